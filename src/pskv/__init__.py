@@ -1,0 +1,51 @@
+"""pskv: the MXNet KVStore as a standalone Python library.
+
+``import pskv as mx`` runs typical MXNet KVStore code unchanged::
+
+    kv = mx.kv.create('local')
+    kv.init(3, mx.nd.ones((2, 3)) * 2)
+    kv.push(3, [mx.nd.ones((2, 3), mx.gpu(i)) for i in range(4)])
+    kv.pull(3, out=a)
+"""
+from __future__ import annotations
+
+from . import kvstore as kv
+from . import lr_scheduler, nd, np, optimizer
+from .context import Context, cpu, cpu_pinned, current_context, gpu, num_gpus
+from .errors import (ClusterError, ClusterTimeoutError, ConfigError, KeyNotInitializedError,
+                     KeyTypeError, KVStoreError, NodeFailedError, ProtocolError,
+                     ShapeMismatchError, UnsupportedError, ValueTypeError)
+from .kvstore import KVStore, KVStoreBase, create
+
+kvstore = kv
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClusterError",
+    "ClusterTimeoutError",
+    "ConfigError",
+    "Context",
+    "KVStore",
+    "KVStoreBase",
+    "KVStoreError",
+    "KeyNotInitializedError",
+    "KeyTypeError",
+    "NodeFailedError",
+    "ProtocolError",
+    "ShapeMismatchError",
+    "UnsupportedError",
+    "ValueTypeError",
+    "cpu",
+    "cpu_pinned",
+    "create",
+    "current_context",
+    "gpu",
+    "kv",
+    "kvstore",
+    "lr_scheduler",
+    "nd",
+    "np",
+    "num_gpus",
+    "optimizer",
+]

@@ -1,0 +1,127 @@
+"""Normalize the (key, value|out) arguments of every KVStore call.
+
+``normalize(key, value)`` returns ``(keys, groups)``: unique keys in order of first
+appearance and, for each, the list of arrays given for it (duplicate keys in one list are
+merged into one group, as MXNet's GroupKVPairs does). Nothing here touches a store.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import KeyTypeError, ShapeMismatchError, ValueTypeError
+from ..nd.ndarray import NDArray
+
+__all__ = ["as_numpy", "check_key", "is_array", "normalize"]
+
+
+def is_array(obj: Any) -> bool:
+    """True for a pskv NDArray, a NumPy array, or any DLPack / array-interface array."""
+    return isinstance(obj, (NDArray, np.ndarray)) or (
+        not isinstance(obj, (list, tuple, str, bytes, dict)) and obj is not None
+        and (hasattr(obj, "__dlpack__") or hasattr(obj, "__array_interface__")))
+
+
+def as_numpy(obj: Any) -> np.ndarray:
+    """The NumPy array behind ``obj``, without a copy where the producer allows.
+
+    A dense NDArray gives its buffer; a torch tensor or other DLPack array gives a view of
+    its memory (the caller's memory: never keep it, copy what must be kept).
+    """
+    if isinstance(obj, NDArray):
+        return obj._dense()
+    if isinstance(obj, np.ndarray):
+        return obj
+    if hasattr(obj, "__dlpack__"):
+        if getattr(obj, "requires_grad", False):  # torch leaf parameters
+            obj = obj.detach()
+        try:
+            return np.from_dlpack(obj)
+        except (TypeError, RuntimeError, BufferError):
+            pass
+    return np.asarray(obj)
+
+
+def check_key(key: Any) -> int | str:
+    """Return ``key`` as int or str, or raise KeyTypeError."""
+    if type(key) is int or type(key) is str:
+        return key
+    if isinstance(key, bool) or not isinstance(key, (int, str, np.integer)):
+        raise KeyTypeError(
+            f"key {key!r} has type {type(key).__name__}; keys must be int or str (or a list "
+            "of them). Use e.g. kv.init(3, value) or kv.init('w0', value).", key=key)
+    return int(key) if isinstance(key, (int, np.integer)) else str(key)
+
+
+def _check_value(key: Any, value: Any, what: str) -> None:
+    if not is_array(value):
+        got = "None" if value is None else f"a {type(value).__name__}"
+        raise ValueTypeError(
+            f"the {what} for key {key!r} is {got}, not an array. Pass an NDArray or NumPy "
+            "array, or a list of them (one per device).", key=key)
+
+
+def _values_for_key(key: Any, value: Any, what: str) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueTypeError(f"{what} for key {key!r} got an empty list. Pass at least "
+                                 "one array.", key=key)
+        for v in value:
+            _check_value(key, v, what)
+        return list(value)
+    _check_value(key, value, what)
+    return [value]
+
+
+def normalize(key: Any, value: Any, what: str = "value") -> tuple[list[int | str], list[list[Any]]]:
+    """Split ``(key, value)`` into unique keys and the arrays given for each.
+
+    Parameters
+    ----------
+    key : int, str, or list of them
+    value : array, list of arrays, or (for a key list) a list of arrays / lists of arrays
+    what : str
+        The argument's name, for error messages (``'value'`` or ``'out'``).
+
+    Returns
+    -------
+    keys : list of int or str
+        Unique, in order of first appearance.
+    groups : list of list
+        The arrays for each key, in the order given.
+    """
+    if not isinstance(key, (list, tuple)):
+        k = check_key(key)
+        return [k], [_values_for_key(k, value, what)]
+    if not isinstance(value, (list, tuple)):
+        if len(key) == 1:  # kv.pull(["3"], a) as the Clojure docs write
+            value = [value]
+        else:
+            raise ValueTypeError(
+                f"{len(key)} keys {list(key)!r} need a list of {len(key)} {what}s, got "
+                f"{type(value).__name__}. Pass one array (or list of arrays) per key.")
+    if len(key) != len(value):
+        raise ShapeMismatchError(
+            f"{len(key)} keys but {len(value)} {what}s: keys {list(key)!r}. Pass one array "
+            "(or one list of arrays) per key.", key=list(key))
+    keys: list[int | str] = []
+    groups: list[list[Any]] = []
+    where: dict[int | str, int] = {}
+    kind: type | None = None
+    for raw, val in zip(key, value):
+        k = check_key(raw)
+        if kind is None:
+            kind = type(k)
+        elif type(k) is not kind:
+            raise KeyTypeError(
+                f"keys {list(key)!r} mix int and str. Use one kind of key per store.", key=k)
+        vals = _values_for_key(k, val, what)
+        i = where.get(k)
+        if i is None:
+            where[k] = len(keys)
+            keys.append(k)
+            groups.append(vals)
+        else:
+            groups[i].extend(vals)
+    return keys, groups

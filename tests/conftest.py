@@ -1,0 +1,18 @@
+"""Shared fixtures: every test starts with no DMLC_*, PSKV_* or MXNET_* variables set."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+_PREFIXES = ("DMLC_", "PSKV_", "MXNET_")
+# the differential tests read this one; it names an interpreter, not pskv behaviour
+_KEEP = {"PSKV_MXNET_PYTHON"}
+
+
+@pytest.fixture(autouse=True)
+def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clear the cluster and MXNet variables so no test sees another's settings."""
+    for name in list(os.environ):
+        if name.startswith(_PREFIXES) and name not in _KEEP:
+            monkeypatch.delenv(name, raising=False)
