@@ -111,7 +111,7 @@ def _parse_threshold(value: object) -> float:
         parsed = None
     if parsed is None:
         raise ConfigError(
-            f"gradient compression threshold {value!r} is not a finite number. "
+            f"gradient compression threshold {value!r} is not a finite float32 number. "
             f"Pass a positive float, for example {{'type': '2bit', 'threshold': 0.5}}.")
     return parsed
 
