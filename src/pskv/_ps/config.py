@@ -1,0 +1,192 @@
+"""ClusterConfig: the only reader of the DMLC_* / PSKV_* variables.
+
+Invariant: a ClusterConfig is frozen and validated; everything else receives one, and tests
+build it directly.
+"""
+from __future__ import annotations
+
+import enum
+import ipaddress
+import os
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+from ..errors import ConfigError
+
+__all__ = [
+    "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
+    "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
+    "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
+    "ENV_SECRET", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "Role",
+]
+
+ENV_ROLE = "DMLC_ROLE"
+ENV_ROOT_URI = "DMLC_PS_ROOT_URI"
+ENV_ROOT_PORT = "DMLC_PS_ROOT_PORT"
+ENV_NUM_SERVER = "DMLC_NUM_SERVER"
+ENV_NUM_WORKER = "DMLC_NUM_WORKER"
+ENV_NODE_HOST = "DMLC_NODE_HOST"
+ENV_BIGARRAY_BOUND = "MXNET_KVSTORE_BIGARRAY_BOUND"
+ENV_SECRET = "PSKV_SECRET"
+ENV_CONNECT_TIMEOUT = "PSKV_CONNECT_TIMEOUT"
+ENV_REQUEST_TIMEOUT = "PSKV_REQUEST_TIMEOUT"
+ENV_ROUND_TIMEOUT = "PSKV_ROUND_TIMEOUT"
+ENV_HEARTBEAT_INTERVAL = "PSKV_HEARTBEAT_INTERVAL"
+ENV_HEARTBEAT_TIMEOUT = "PSKV_HEARTBEAT_TIMEOUT"
+ENV_SHUTDOWN_TIMEOUT = "PSKV_SHUTDOWN_TIMEOUT"
+ENV_TRANSPORT = "PSKV_TRANSPORT"
+
+
+class Role(str, enum.Enum):
+    """A node's role; the values are the DMLC_ROLE strings."""
+
+    SCHEDULER = "scheduler"
+    SERVER = "server"
+    WORKER = "worker"
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None, hint: str,
+         minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise ConfigError(f"{name} is not set. {hint}")
+        return default
+    try:
+        value = int(float(raw)) if "e" in raw.lower() else int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer. {hint}") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r} must be at least {minimum}. {hint}")
+    return value
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds. Set it to e.g. "
+                          f"{default:g}.") from None
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{name}={raw!r} must be a positive, finite number of seconds.")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Everything a node needs to know about its cluster.
+
+    Attributes
+    ----------
+    role : Role
+    root_uri, root_port : where the scheduler listens (DMLC_PS_ROOT_URI / _PORT)
+    num_servers, num_workers : DMLC_NUM_SERVER / DMLC_NUM_WORKER
+    node_host : the address this node binds to and advertises (DMLC_NODE_HOST, default
+        the scheduler's address when it is a loopback address, else all interfaces)
+    secret : the cluster secret (PSKV_SECRET); None runs unauthenticated
+    bigarray_bound : arrays with at least this many elements are split across servers
+    connect_timeout : seconds to reach the scheduler and be admitted
+    request_timeout : seconds any single reply may take
+    round_timeout : seconds a sync round may wait for the slowest worker
+    heartbeat_interval, heartbeat_timeout : liveness probing of every node
+    shutdown_timeout : seconds servers wait for the final goodbye
+    transport : 'auto' (ipc between processes on one host, tcp otherwise), 'tcp' or 'ipc'
+    """
+
+    role: Role
+    root_uri: str = "127.0.0.1"
+    root_port: int = 9091
+    num_servers: int = 1
+    num_workers: int = 1
+    node_host: str = "127.0.0.1"
+    secret: bytes | None = None
+    bigarray_bound: int = 1_000_000
+    connect_timeout: float = 60.0
+    request_timeout: float = 300.0
+    round_timeout: float = 300.0
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 15.0
+    shutdown_timeout: float = 30.0
+    transport: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.role, Role):
+            raise ConfigError(f"role {self.role!r} is not a Role.")
+        if self.num_servers < 1 or self.num_workers < 1:
+            raise ConfigError(
+                f"a cluster needs at least one server and one worker, got "
+                f"{self.num_servers} servers and {self.num_workers} workers. Set "
+                f"{ENV_NUM_SERVER} and {ENV_NUM_WORKER}, or start with pskv-launch -n W -s S.")
+        if not 0 < self.root_port < 65536:
+            raise ConfigError(f"{ENV_ROOT_PORT}={self.root_port} is not a TCP port (1-65535).")
+        if self.transport not in ("auto", "tcp", "ipc"):
+            raise ConfigError(f"{ENV_TRANSPORT}={self.transport!r}: use auto, tcp or ipc.")
+        if self.heartbeat_timeout <= self.heartbeat_interval:
+            raise ConfigError(
+                f"{ENV_HEARTBEAT_TIMEOUT} ({self.heartbeat_timeout:g} s) must exceed "
+                f"{ENV_HEARTBEAT_INTERVAL} ({self.heartbeat_interval:g} s).")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None,
+                 role: Role | str | None = None) -> ClusterConfig:
+        """Read and validate the cluster variables (``os.environ`` by default)."""
+        env = os.environ if environ is None else environ
+        raw_role = role.value if isinstance(role, Role) else (role or env.get(ENV_ROLE, ""))
+        try:
+            the_role = Role(str(raw_role).lower())
+        except ValueError:
+            raise ConfigError(
+                f"{ENV_ROLE}={raw_role!r} is not a role. Set it to scheduler, server or "
+                "worker, or start the job with pskv-launch.") from None
+        uri = env.get(ENV_ROOT_URI, "")
+        if not uri:
+            raise ConfigError(f"{ENV_ROOT_URI} is not set. Set it to the scheduler's address "
+                              "(e.g. 127.0.0.1), or start the job with pskv-launch.")
+        port = _int(env, ENV_ROOT_PORT, None, "Set it to the scheduler's port, or start the "
+                    "job with pskv-launch.", 1)
+        nserv = _int(env, ENV_NUM_SERVER, None, "Set it to the number of server processes, "
+                     "or start with pskv-launch -s 2.", 1)
+        nwork = _int(env, ENV_NUM_WORKER, None, "Set it to the number of worker processes, "
+                     "or start with pskv-launch -n 2.", 1)
+        host = env.get(ENV_NODE_HOST) or _default_host(uri)
+        secret = env.get(ENV_SECRET)
+        return cls(
+            role=the_role, root_uri=uri, root_port=port, num_servers=nserv,
+            num_workers=nwork, node_host=host,
+            secret=secret.encode() if secret else None,
+            bigarray_bound=_int(env, ENV_BIGARRAY_BOUND, 1_000_000,
+                                "Set it to a number of elements, e.g. 1000000.", 1),
+            connect_timeout=_seconds(env, ENV_CONNECT_TIMEOUT, 60.0),
+            request_timeout=_seconds(env, ENV_REQUEST_TIMEOUT, 300.0),
+            round_timeout=_seconds(env, ENV_ROUND_TIMEOUT, 300.0),
+            heartbeat_interval=_seconds(env, ENV_HEARTBEAT_INTERVAL, 1.0),
+            heartbeat_timeout=_seconds(env, ENV_HEARTBEAT_TIMEOUT, 15.0),
+            shutdown_timeout=_seconds(env, ENV_SHUTDOWN_TIMEOUT, 30.0),
+            transport=env.get(ENV_TRANSPORT, "auto") or "auto",
+        )
+
+    def with_role(self, role: Role) -> ClusterConfig:
+        """A copy with another role (tests start a whole cluster from one config)."""
+        return replace(self, role=role)
+
+    @property
+    def root_address(self) -> str:
+        """The scheduler's ZeroMQ endpoint."""
+        return f"tcp://{_bracket(self.root_uri)}:{self.root_port}"
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _default_host(uri: str) -> str:
+    try:
+        if ipaddress.ip_address(uri).is_loopback:
+            return uri
+    except ValueError:
+        if uri == "localhost":
+            return "127.0.0.1"
+    return "0.0.0.0"
