@@ -259,19 +259,27 @@ class NAG(Optimizer):
 
             def kernel(w: np.ndarray, m: np.ndarray, g: np.ndarray, t1: np.ndarray,
                        t2: np.ndarray) -> None:
-                # NAGMomKernel: m = mom*m; w = w - m + (mom+1)*(m - lr*(G + wd*w)); m -= ...
+                # NAGMomKernel: m = mom*m; w = w - m + (mom+1)*(m - lr*(G + wd*w));
+                # then m -= lr*(G + wd*w), where MXNet's in-place kernel reads the NEW weight
                 m *= f(momentum)
                 np.multiply(g, f(rg), out=t1)
                 if clip is not None:
                     np.clip(t1, f(-clip), f(clip), out=t1)
                 if wd:
                     np.multiply(w, f(wd), out=t2)
+                    t2 += t1
+                    t2 *= f(lr)
+                else:
+                    np.multiply(t1, f(lr), out=t2)
+                np.subtract(m, t2, out=t2)
+                t2 *= mom1
+                w -= m
+                w += t2
+                if wd:
+                    np.multiply(w, f(wd), out=t2)
                     t1 += t2
                 t1 *= f(lr)
-                w -= m
                 m -= t1
-                np.multiply(m, mom1, out=t1)
-                w += t1
             run(kernel, [w, mom], [dense_grad(grad)], 2)
         if multi_precision:
             target(weight)[...] = w
