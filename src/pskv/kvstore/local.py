@@ -471,8 +471,9 @@ class LocalKVStore(KVStoreBase):
         def clean(r: Any) -> np.ndarray:
             arr = as_numpy(r)
             if arr.dtype.kind not in "iuf" and arr.size:
-                raise ValueTypeError(f"row_sparse_pull: row_ids of dtype {arr.dtype} are not "
-                                     "numbers. Pass integer row numbers.", key=key)
+                raise ValueTypeError(f"row_sparse_pull of key {key!r}: row_ids of dtype "
+                                     f"{arr.dtype} are not numbers. Pass integer row numbers.",
+                                     key=key)
             return np.unique(arr.astype(np.int64).ravel())
 
         total = sum(len(g) for g in groups)
@@ -485,8 +486,8 @@ class LocalKVStore(KVStoreBase):
                                    else row_ids, "row_ids")
         if sum(len(g) for g in rgroups) != total or rkeys != keys:
             raise ShapeMismatchError(
-                f"row_sparse_pull got {len(row_ids)} row_ids for {total} outs. Pass one "
-                "row_ids per out, or one for all.", key=key)
+                f"row_sparse_pull of key {key!r} got {len(row_ids)} row_ids for {total} "
+                "outs. Pass one row_ids per out, or one for all.", key=key)
         return {k: [clean(r) for r in g] for k, g in zip(rkeys, rgroups)}
 
     # ---- updaters and optimizers ---------------------------------------------------------
