@@ -174,6 +174,14 @@ def normalize_params(params: Mapping[str, object]) -> dict[str, object]:
     return {"type": kind, "threshold": threshold}
 
 
+def _build(normal: Mapping[str, object]) -> GradientCompression | None:
+    """The compressor for normalized parameters (see :func:`normalize_params`)."""
+    kind, threshold = normal["type"], normal.get("threshold")
+    if kind == "none" or not isinstance(threshold, float):
+        return None
+    return TwoBitCompression(threshold) if kind == "2bit" else OneBitCompression(threshold)
+
+
 def create(params: Mapping[str, object]) -> GradientCompression | None:
     """Create the compressor that ``kv.set_gradient_compression(params)`` asks for.
 
@@ -204,12 +212,7 @@ def create(params: Mapping[str, object]) -> GradientCompression | None:
     >>> create({'type': 'none'}) is None
     True
     """
-    normal = normalize_params(params)
-    if normal["type"] == "2bit":
-        return TwoBitCompression(float(normal["threshold"]))  # type: ignore[arg-type]
-    if normal["type"] == "1bit":
-        return OneBitCompression(float(normal["threshold"]))  # type: ignore[arg-type]
-    return None
+    return _build(normalize_params(params))
 
 
 def _as_float32(array: object, what: str) -> np.ndarray:
@@ -319,7 +322,7 @@ class GradientCompression:
         r = _flat_out(r, g.size, "residual")
         per_byte = self._per_byte
         chunk = min(_CHUNK, g.size)
-        scratch = {
+        scratch: dict[str, np.ndarray] = {
             "codes": np.empty(chunk + 8, np.uint8),
             "bytes": np.empty(chunk // per_byte + 1, np.uint8),
             "q": np.empty((chunk // per_byte + 1, per_byte), np.float32),
@@ -500,7 +503,8 @@ class TwoBitCompression(GradientCompression):
         values = np.array([0, 0, -self._t, self._t], np.float32)
         byte = np.arange(256)
         shifts = np.array([6, 4, 2, 0])
-        return values[(byte[:, None] >> shifts) & 3]
+        table: np.ndarray = values[(byte[:, None] >> shifts) & 3]
+        return table
 
     def _encode(self, flat_r: np.ndarray, codes: np.ndarray, scratch: dict[str, np.ndarray]
                 ) -> None:
