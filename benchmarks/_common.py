@@ -103,7 +103,7 @@ def write_results(name: str, data: dict[str, Any], markdown: str,
 def md_table(header: list[str], rows: list[list[Any]]) -> str:
     """A GitHub markdown table."""
     lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join("---" if i == 0 else "--:" for i in range(len(header))) + "|"]
+             "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 

@@ -225,7 +225,7 @@ def _setup(mx, states, name, case, budget):
     state.step()  # first touch: allocation, pools, lazily built kernels
     # warm up for about a third of a repeat's budget, then size a repeat to ``budget``
     per = _time(state.step, 1)
-    warm = max(1, min(1000, int(budget / 3 / max(per, 1e-7))))
+    warm = max(3, min(1000, int(budget / 3 / max(per, 1e-7))))
     per = _time(state.step, warm)
     iters = max(1, min(int(case.get("max_iters", 100000)), int(round(budget / max(per, 1e-7)))))
     state.iters = iters
