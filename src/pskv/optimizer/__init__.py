@@ -23,7 +23,7 @@ from .sgd import NAG, SGD, SignSGD, Signum, ccSGD
 from .test import Test
 from .updater import OptimizerStateError, Updater, get_updater
 
-__all__ = ["FTRL", "NAG", "SGD", "AdaDelta", "AdaGrad", "Adam", "Ftrl", "LearningRateError",
-           "Optimizer", "OptimizerStateError", "RMSProp", "SignSGD", "Signum", "Test",
+__all__ = ["AdaDelta", "AdaGrad", "Adam", "FTRL", "Ftrl", "LearningRateError", "NAG",
+           "Optimizer", "OptimizerStateError", "RMSProp", "SGD", "SignSGD", "Signum", "Test",
            "UnknownArgumentError", "Updater", "ccSGD", "create", "from_spec", "get_updater",
            "register"]
