@@ -1,0 +1,267 @@
+"""pskv-launch: start a scheduler, servers and workers, as MXNet's tools/launch.py.
+
+``pskv-launch -n 2 -s 1 python train.py --lr 0.1`` (or ``python -m pskv.launch ...``) runs
+one scheduler and one server (``python -m pskv.server``) and two workers (the command) on this
+machine, each with ps-lite's ``DMLC_*`` variables and a per-job ``PSKV_SECRET``, prefixes
+their output (``[worker 1] ...``), and exits with the first failure's status.
+``-H hosts.txt`` runs servers and workers on those hosts over ssh (or ``--launcher mpi``).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import sys
+from typing import Mapping, NoReturn, Sequence, TextIO
+
+from ..errors import ConfigError
+from .local import LaunchResult, ProcessResult, local_processes, run_processes
+from .mpi import mpi_processes
+from .spec import (LAUNCHERS, LaunchSpec, ProcessSpec, free_port, get_secret, guess_host_ip,
+                   parse_env_pair, read_hostfile)
+from .ssh import ssh_processes
+
+__all__ = ["LaunchResult", "LaunchSpec", "ProcessResult", "build_processes", "launch",
+           "launch_spec", "main", "parse_args"]
+
+logger = logging.getLogger(__name__)
+
+
+def build_processes(spec: LaunchSpec, *, environ: Mapping[str, str] | None = None,
+                    cwd: str | None = None) -> list[ProcessSpec]:
+    """Every process `spec` starts on this machine, with its argv and environment.
+
+    Picks what the spec leaves open: a free port, the job secret and, for ssh and mpi, this
+    machine's address. Nothing is started.
+
+    Parameters
+    ----------
+    spec : LaunchSpec
+    environ : mapping, optional
+        The launcher's environment (``os.environ``): ``PSKV_SECRET`` and, for ssh and mpi,
+        the variables passed on to remote processes.
+    cwd : str, optional
+        The remote working directory for ssh (``os.getcwd()``).
+
+    Returns
+    -------
+    list of ProcessSpec
+        Scheduler first, then servers, then workers.
+
+    Examples
+    --------
+    >>> spec = LaunchSpec(('python', 'train.py'), 1, 1, port=9000, secret='s')
+    >>> [p.label for p in build_processes(spec, environ={})]
+    ['scheduler', 'server 0', 'worker 0']
+    """
+    env = os.environ if environ is None else environ
+    secret = get_secret(spec, env)
+    if spec.launcher == "local":
+        return local_processes(spec, port=spec.port or free_port(), secret=secret)
+    root_uri = spec.host_ip or guess_host_ip()
+    port = spec.port or free_port("::" if ":" in root_uri else "0.0.0.0")
+    if spec.launcher == "ssh":
+        assert spec.hostfile is not None, "LaunchSpec checks that ssh has a hostfile"
+        return ssh_processes(spec, read_hostfile(spec.hostfile), port=port, secret=secret,
+                             root_uri=root_uri, cwd=os.getcwd() if cwd is None else cwd,
+                             environ=env)
+    return mpi_processes(spec, port=port, secret=secret, root_uri=root_uri, environ=env)
+
+
+def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
+                stderr: TextIO | None = None) -> LaunchResult:
+    """Run the job `spec` describes until it ends; see `launch`."""
+    procs = build_processes(spec)
+    logger.info("launching %d workers and %d servers (%s)", spec.num_workers,
+                spec.num_servers, spec.launcher)
+    result = run_processes(procs, timeout=spec.timeout, grace_period=spec.grace_period,
+                           shutdown_timeout=spec.shutdown_timeout, stdout=stdout,
+                           stderr=stderr)
+    if result.reason == "ok" and result.killed:
+        logger.warning("the job succeeded, but %s had to be killed",
+                       ", ".join(p.label for p in result.killed))
+    return result
+
+
+def launch(command: Sequence[str], num_workers: int, num_servers: int | None = None, *,
+           launcher: str | None = None, hostfile: str | None = None,
+           env: Mapping[str, str] | None = None, env_server: Mapping[str, str] | None = None,
+           env_worker: Mapping[str, str] | None = None, timeout: float | None = None,
+           port: int | None = None, host_ip: str | None = None,
+           server_command: Sequence[str] | None = None, secret: str | None = None,
+           grace_period: float = 5.0, shutdown_timeout: float = 60.0,
+           stdout: TextIO | None = None, stderr: TextIO | None = None) -> LaunchResult:
+    """Launch a distributed job and wait for it, as ``pskv-launch`` does.
+
+    Runs one scheduler, `num_servers` servers (``python -m pskv.server``) and `num_workers`
+    workers (`command`). Every process gets ``DMLC_ROLE``, ``DMLC_PS_ROOT_URI``,
+    ``DMLC_PS_ROOT_PORT``, ``DMLC_NUM_SERVER``, ``DMLC_NUM_WORKER`` and ``PSKV_SECRET``.
+    The first process that exits non-zero stops the others. Called from the main thread,
+    SIGINT and SIGTERM are forwarded to every process.
+
+    Parameters
+    ----------
+    command : sequence of str
+        The worker command as an argv list; no shell is involved.
+    num_workers : int
+    num_servers : int, optional
+        Defaults to `num_workers`.
+    launcher : {'local', 'ssh', 'mpi'}, optional
+        ``'ssh'`` when a `hostfile` is given, else ``'local'``.
+    hostfile : str, optional
+    env, env_server, env_worker : dict, optional
+        Extra variables for all processes, for the scheduler and servers, for the workers.
+    timeout : float, optional
+        Seconds; then everything is killed and the result's returncode is 124.
+    port : int, optional
+        The scheduler's port; a free one by default.
+    host_ip : str, optional
+        This machine's address for ssh/mpi hosts.
+    server_command : sequence of str, optional
+        Run by the scheduler and servers instead of ``python -m pskv.server``.
+    secret : str, optional
+        ``PSKV_SECRET``; by default the environment's, else a new random one.
+    grace_period : float
+        Seconds between SIGTERM and SIGKILL.
+    shutdown_timeout : float
+        Seconds the scheduler and servers get to exit after all workers exited 0.
+    stdout, stderr : text streams, optional
+        Where the prefixed output goes.
+
+    Returns
+    -------
+    LaunchResult
+
+    Raises
+    ------
+    ConfigError
+        Bad arguments, an unreadable hostfile, or a command that cannot be started.
+
+    Examples
+    --------
+    >>> import sys
+    >>> result = launch([sys.executable, '-c', 'pass'], 1, 1,
+    ...                 server_command=[sys.executable, '-c', 'pass'])
+    >>> result.returncode, [p.label for p in result.processes]
+    (0, ['scheduler', 'server 0', 'worker 0'])
+    """
+    spec = LaunchSpec(
+        tuple(command), num_workers, num_servers, launcher,  # type: ignore[arg-type]
+        hostfile, tuple((env or {}).items()), tuple((env_server or {}).items()),
+        tuple((env_worker or {}).items()), timeout, port, host_ip,
+        LaunchSpec.__dataclass_fields__["server_command"].default if server_command is None
+        else tuple(server_command),
+        secret, grace_period, shutdown_timeout)
+    return launch_spec(spec, stdout=stdout, stderr=stderr)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ConfigError instead of exiting, so main() owns the exit code."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message}. See pskv-launch --help.")
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="pskv-launch", description="Launch a distributed pskv job: a scheduler, "
+                "servers and workers (the command), as MXNet's tools/launch.py.")
+    p.add_argument("-n", "--num-workers", required=True, type=int,
+                   help="number of worker processes to launch")
+    p.add_argument("-s", "--num-servers", type=int,
+                   help="number of server processes to launch; defaults to NUM_WORKERS")
+    p.add_argument("-H", "--hostfile", type=str,
+                   help="hosts for the ssh and mpi launchers, one host[:port] or "
+                   "'host slots=N' a line")
+    p.add_argument("--launcher", choices=LAUNCHERS,
+                   help="how to start processes; ssh when -H is given, else local")
+    p.add_argument("--env", action="append", default=[], metavar="VAR[:VALUE]",
+                   help="set VAR for every process (repeatable); VAR alone passes on this "
+                   "machine's value")
+    p.add_argument("--env-server", action="append", default=[], metavar="VAR:VALUE",
+                   help="set VAR for the scheduler and servers (repeatable)")
+    p.add_argument("--env-worker", action="append", default=[], metavar="VAR:VALUE",
+                   help="set VAR for the workers (repeatable)")
+    p.add_argument("--sync-dst-dir", type=str,
+                   help="accepted for tools/launch.py compatibility and ignored: pskv does "
+                   "not copy files to the hosts")
+    p.add_argument("--host-ip", type=str,
+                   help="this machine's address as the hosts reach it (ssh, mpi); the first "
+                   "non-loopback address by default")
+    p.add_argument("--port", type=int, help="the scheduler's port; a free one by default")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="kill everything and exit 124 after SECONDS")
+    p.add_argument("--server-command", type=str, metavar="CMD",
+                   help="what the scheduler and servers run, split like a shell line but "
+                   "never run by one (default: python -m pskv.server)")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="the worker command and its arguments")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None,
+               environ: Mapping[str, str] | None = None) -> LaunchSpec:
+    """Parse pskv-launch's command line into a LaunchSpec.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        Without the program name; ``sys.argv[1:]`` by default.
+    environ : mapping, optional
+        For ``--env VAR`` without a value (``os.environ`` by default).
+
+    Raises
+    ------
+    ConfigError
+        A bad flag, value or missing command; the message says what to do.
+
+    Examples
+    --------
+    >>> spec = parse_args(['-n', '2', '--env', 'A:1', 'python', 'train.py', '--lr', '0.1'])
+    >>> spec.num_workers, spec.num_servers, spec.env, spec.command
+    (2, 2, (('A', '1'),), ('python', 'train.py', '--lr', '0.1'))
+    """
+    env = os.environ if environ is None else environ
+    args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if args.sync_dst_dir is not None:
+        logger.warning("--sync-dst-dir %s is ignored: pskv does not copy files to the hosts; "
+                       "make the command available there yourself", args.sync_dst_dir)
+    server_command: tuple[str, ...] = LaunchSpec.__dataclass_fields__["server_command"].default
+    if args.server_command is not None:
+        try:
+            server_command = tuple(shlex.split(args.server_command))
+        except ValueError as err:
+            raise ConfigError(f"--server-command {args.server_command!r}: {err}. Quote it "
+                              "as one argument.") from None
+    return LaunchSpec(
+        tuple(command), args.num_workers, args.num_servers, args.launcher, args.hostfile,
+        tuple(parse_env_pair(e, "--env", env) for e in args.env),
+        tuple(parse_env_pair(e, "--env-server", env) for e in args.env_server),
+        tuple(parse_env_pair(e, "--env-worker", env) for e in args.env_worker),
+        args.timeout, args.port, args.host_ip, server_command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``pskv-launch`` command; returns the exit status (see LaunchResult.returncode).
+
+    A bad command line returns 2; a command that cannot be found returns 127, one that
+    cannot be executed 126, as a shell would.
+    """
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO,
+                            format="pskv-launch %(levelname)s: %(message)s")
+    try:
+        spec = parse_args(argv)
+        return launch_spec(spec).returncode
+    except ConfigError as err:
+        logger.error("%s", err)
+        if isinstance(err.__cause__, FileNotFoundError):
+            return 127
+        if isinstance(err.__cause__, PermissionError):
+            return 126
+        return 2
+    except SystemExit as exit_:  # --help
+        return exit_.code if isinstance(exit_.code, int) else 0
