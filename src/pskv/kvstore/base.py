@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from ..errors import ConfigError, UnsupportedError
 
@@ -134,22 +134,9 @@ def create(name: str = "local") -> KVStoreBase:
         from .local import LocalKVStore
         return LocalKVStore(lname)
     if lname in DIST_TYPES:
-        factory: Callable[[str], KVStoreBase] | None = _dist_factory()
-        if factory is not None:
-            return factory(lname)
-        raise UnsupportedError(
-            f"store type {name!r} needs pskv's parameter server, which this build does not "
-            f"include yet. Use one of {list(LOCAL_TYPES)} for now.", store_type=lname)
+        from .dist import create_dist
+        return create_dist(lname)
     known = sorted(set(LOCAL_TYPES) | set(DIST_TYPES) | set(KVStoreBase.kv_registry))
     raise ConfigError(f"unknown store type {name!r}. Known types: {', '.join(known)}.",
                       store_type=lname)
 
-
-def _dist_factory() -> Callable[[str], KVStoreBase] | None:
-    """The distributed store's constructor, when the dist module is present."""
-    try:
-        from .dist import create_dist  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    factory: Callable[[str], KVStoreBase] = create_dist
-    return factory

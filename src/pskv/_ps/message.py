@@ -1,0 +1,126 @@
+"""The wire format: one JSON header frame, then one raw frame per array.
+
+Header: ``{"c": cmd, "t": ts, "k": [ps_key, ...], "a": [[dtype, shape], ...], "b": body}``.
+Arrays travel as their raw bytes (zero-copy where ZeroMQ allows); nothing is pickled.
+``decode`` trusts nothing: it checks the command, each dtype against an allowlist and each
+frame's length against its declared shape, and raises ProtocolError on any mismatch.
+"""
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import ProtocolError
+
+__all__ = ["ALLOWED_DTYPES", "Command", "MAX_HEADER", "Meta", "decode", "encode"]
+
+#: dtypes a peer may send; anything else is a protocol error (no object arrays, ever)
+ALLOWED_DTYPES = frozenset({
+    "float16", "float32", "float64", "int8", "uint8", "int32", "int64", "uint32", "bool",
+})
+#: largest header accepted, in bytes
+MAX_HEADER = 16 << 20
+
+
+class Command(enum.IntEnum):
+    """Message kinds. Requests carry a ``ts``; the reply echoes it."""
+
+    HELLO = 1          # node -> scheduler / worker -> server: identity and proof of secret
+    ADMIT = 2          # scheduler -> node: rank and cluster table
+    BARRIER = 3        # node -> scheduler; reply BARRIER_DONE with every member's payload
+    BARRIER_DONE = 4
+    HEARTBEAT = 5
+    HEARTBEAT_ACK = 6
+    NODE_FAILED = 7    # scheduler -> nodes: a peer died
+    GOODBYE = 8        # worker -> scheduler: closed; server -> scheduler: stopped
+    SHUTDOWN = 9       # scheduler -> servers: every worker is gone
+    INIT = 20
+    PUSH = 21
+    PULL = 22
+    PUSHPULL = 23
+    RSP_PULL = 24
+    COMMAND = 25       # optimizer spec, compression params, states save/load
+    ACK = 40           # a reply without arrays
+    DATA = 41          # a reply with arrays
+    ERROR = 42         # a reply: body {"kind": error class name, "msg": text}
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """A decoded header. ``keys`` are ps_keys; ``body`` is any JSON value."""
+
+    cmd: Command
+    ts: int = 0
+    keys: tuple[int, ...] = ()
+    body: Any = None
+    specs: tuple[tuple[str, tuple[int, ...]], ...] = field(default=(), compare=False)
+
+
+def encode(cmd: Command, ts: int = 0, keys: Sequence[int] = (), body: Any = None,
+           arrays: Sequence[np.ndarray] = ()) -> list[Any]:
+    """Frames for one message: the header, then each array's buffer (not copied)."""
+    header: dict[str, Any] = {"c": int(cmd), "t": ts}
+    if keys:
+        header["k"] = list(keys)
+    if body is not None:
+        header["b"] = body
+    frames: list[Any] = [b""]
+    if arrays:
+        header["a"] = [[a.dtype.name, list(a.shape)] for a in arrays]
+        for a in arrays:
+            frames.append(a if a.flags.c_contiguous else np.ascontiguousarray(a))
+    frames[0] = json.dumps(header, separators=(",", ":")).encode()
+    return frames
+
+
+def _bytes(frame: Any) -> memoryview:
+    buf = getattr(frame, "buffer", None)
+    return memoryview(buf if buf is not None else frame)
+
+
+def decode(frames: Sequence[Any]) -> tuple[Meta, list[np.ndarray]]:
+    """Parse and check one message's frames; arrays are read-only views of the frames."""
+    if not frames:
+        raise ProtocolError("empty message")
+    head = _bytes(frames[0])
+    if head.nbytes > MAX_HEADER:
+        raise ProtocolError(f"header of {head.nbytes} bytes exceeds {MAX_HEADER}")
+    try:
+        header = json.loads(head.tobytes())
+        cmd = Command(header["c"])
+        ts = header.get("t", 0)
+        keys = header.get("k", ())
+        specs_raw = header.get("a", ())
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise ProtocolError(f"malformed header: {err}") from None
+    if not isinstance(header, dict) or not isinstance(ts, int) or \
+            not isinstance(keys, list | tuple) or not all(type(k) is int for k in keys):
+        raise ProtocolError("malformed header: ts and keys must be integers")
+    if not isinstance(specs_raw, list | tuple) or len(specs_raw) != len(frames) - 1:
+        raise ProtocolError(f"header declares {len(specs_raw) if isinstance(specs_raw, list) else '?'}"
+                            f" arrays but {len(frames) - 1} data frames arrived")
+    arrays: list[np.ndarray] = []
+    specs = []
+    for i, spec in enumerate(specs_raw):
+        try:
+            dtype, shape = spec
+            shape = tuple(shape)
+        except (TypeError, ValueError):
+            raise ProtocolError(f"array {i}: malformed spec {spec!r}") from None
+        if dtype not in ALLOWED_DTYPES:
+            raise ProtocolError(f"array {i}: dtype {dtype!r} is not allowed")
+        if not all(type(s) is int and 0 <= s < 1 << 40 for s in shape) or len(shape) > 32:
+            raise ProtocolError(f"array {i}: bad shape {shape!r}")
+        dt = np.dtype(dtype)
+        buf = _bytes(frames[i + 1])
+        want = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if buf.nbytes != want:
+            raise ProtocolError(f"array {i}: {buf.nbytes} bytes for shape {shape} of {dtype} "
+                                f"({want} expected)")
+        arrays.append(np.frombuffer(buf, dtype=dt).reshape(shape))
+        specs.append((dtype, shape))
+    return Meta(cmd, ts, tuple(keys), header.get("b"), tuple(specs)), arrays

@@ -1,0 +1,220 @@
+"""Postoffice: a node's link to the scheduler (admission, barriers, heartbeats, failures).
+
+One control thread owns the DEALER socket to the scheduler; other threads talk to it through
+a queue and an inproc wake-up socket. Invariants: after ``start()`` returns the node is
+admitted and knows its rank and the server table; ``failure`` is set (and stays set) as
+soon as the scheduler reports a dead peer or stops answering; every wait is bounded.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from ..errors import ClusterError, ClusterTimeoutError, NodeFailedError, ProtocolError
+from .auth import prove
+from .config import ClusterConfig
+from .message import Command
+from .van import ZmqVan
+
+__all__ = ["Postoffice"]
+
+log = logging.getLogger(__name__)
+
+
+class Postoffice:
+    """The scheduler link of one server or worker.
+
+    Parameters
+    ----------
+    cfg : ClusterConfig
+    van : ZmqVan
+        Where sockets come from (one per node: no process-wide state).
+    endpoints : dict, optional
+        A server's data endpoints, announced to the workers through the scheduler.
+    """
+
+    def __init__(self, cfg: ClusterConfig, van: ZmqVan,
+                 endpoints: dict[str, str] | None = None) -> None:
+        self.cfg = cfg
+        self.role = cfg.role.value
+        self._van = van
+        self._endpoints = endpoints or {}
+        self._ident = f"{self.role}-{os.getpid()}-{id(self):x}".encode()
+        self._sock = van.socket(zmq.DEALER, identity=self._ident)
+        self._wake_addr = f"inproc://pskv-po-{id(self):x}"
+        self._wake_rx = van.socket(zmq.PAIR)
+        self._wake_rx.bind(self._wake_addr)
+        self._wake_tx = van.socket(zmq.PAIR)
+        self._wake_tx.connect(self._wake_addr)
+        self._wake_lock = threading.Lock()
+        self._outbox: queue.SimpleQueue[tuple[Command, int, Any]] = queue.SimpleQueue()
+        self._ts = itertools.count(1)
+        self._replies: dict[int, Any] = {}
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.shutdown = threading.Event()
+        self.failure: str | None = None
+        self.rank = -1
+        self.num_workers = cfg.num_workers
+        self.num_servers = cfg.num_servers
+        self.servers: list[dict[str, str]] = []
+        self.host = socket.gethostname()
+
+    # ---- admission ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Say HELLO and wait (at most ``connect_timeout``) to be admitted."""
+        self._sock.connect(self.cfg.root_address)
+        body = {"role": self.role, "host": self.host, "pid": os.getpid(),
+                "endpoints": self._endpoints, **prove(self.cfg.secret, self.role, "scheduler")}
+        ZmqVan.send(self._sock, Command.HELLO, 1, body=body, copy=True)
+        deadline = time.monotonic() + self.cfg.connect_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClusterTimeoutError(
+                    f"{self.role} waited {self.cfg.connect_timeout:g} s for the scheduler at "
+                    f"{self.cfg.root_address} to admit it. Check DMLC_PS_ROOT_URI/PORT and "
+                    "that every node started, or raise PSKV_CONNECT_TIMEOUT.")
+            if not self._sock.poll(int(min(left, 0.5) * 1000) + 1):
+                continue
+            _, frames = ZmqVan.recv(self._sock)
+            meta, _ = ZmqVan.parse(frames)
+            if meta.cmd == Command.ERROR:
+                raise ClusterError(f"{self.role}: {meta.body.get('msg')}. Check PSKV_SECRET "
+                                   "and the cluster size (DMLC_NUM_SERVER/WORKER).")
+            if meta.cmd == Command.ADMIT:
+                break
+        body = meta.body
+        self.rank = int(body["rank"])
+        self.servers = list(body["servers"])
+        self.num_workers = int(body["num_workers"])
+        self.num_servers = int(body["num_servers"])
+        self._thread = threading.Thread(target=self._loop, name=f"pskv-{self.role}-control",
+                                        daemon=True)
+        self._thread.start()
+
+    # ---- public calls (any thread) ------------------------------------------------------------
+    def check(self) -> None:
+        """Raise NodeFailedError if the cluster has failed."""
+        if self.failure is not None:
+            raise NodeFailedError(self.failure)
+
+    def _post(self, cmd: Command, body: Any) -> int:
+        ts = next(self._ts) + 1
+        self._outbox.put((cmd, ts, body))
+        with self._wake_lock:
+            self._wake_tx.send(b"", copy=True)
+        return ts
+
+    def barrier(self, group: str = "worker", payload: Any = None,
+                timeout: float | None = None) -> dict[str, Any]:
+        """Wait until every member of ``group`` arrives; return each member's payload by rank."""
+        self.check()
+        ts = self._post(Command.BARRIER, {"group": group, "payload": payload})
+        limit = self.cfg.request_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        with self._cond:
+            while ts not in self._replies:
+                self.check()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ClusterTimeoutError(
+                        f"{self.role} {self.rank} waited {limit:g} s at a barrier of the "
+                        f"{group}s. Another {group} has not reached it: check that every "
+                        "worker makes the same calls, or raise PSKV_REQUEST_TIMEOUT.")
+                self._cond.wait(min(left, 0.2))
+            reply = self._replies.pop(ts)
+        if isinstance(reply, Exception):
+            raise reply
+        payloads: dict[str, Any] = reply["payloads"]
+        return payloads
+
+    def goodbye(self) -> None:
+        """Tell the scheduler this node is done (no reply is awaited)."""
+        if self._thread is not None and self._thread.is_alive():
+            self._post(Command.GOODBYE, None)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the control thread (after sending anything queued)."""
+        self._stop.set()
+        if self._thread is not None:
+            with self._wake_lock:
+                try:
+                    self._wake_tx.send(b"", copy=True)
+                except zmq.ZMQError:  # pragma: no cover
+                    pass
+            self._thread.join(timeout)
+
+    # ---- control thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_rx, zmq.POLLIN)
+        interval = self.cfg.heartbeat_interval
+        last_beat = 0.0
+        last_ack = time.monotonic()
+        while True:
+            events = dict(poller.poll(int(interval * 500) + 1))
+            if self._wake_rx in events:
+                while self._wake_rx.poll(0):
+                    self._wake_rx.recv()
+            self._flush_outbox()
+            if self._stop.is_set():
+                return
+            if self._sock in events:
+                while self._sock.poll(0):
+                    _, frames = ZmqVan.recv(self._sock)
+                    try:
+                        meta, _ = ZmqVan.parse(frames)
+                    except ProtocolError as err:  # pragma: no cover - scheduler bug
+                        log.error("%s: bad message from the scheduler: %s", self.role, err)
+                        continue
+                    last_ack = time.monotonic()
+                    self._on_message(meta.cmd, meta.ts, meta.body)
+            now = time.monotonic()
+            if now - last_beat >= interval:
+                ZmqVan.send(self._sock, Command.HEARTBEAT, 0, copy=True)
+                last_beat = now
+            if now - last_ack > self.cfg.heartbeat_timeout and self.failure is None:
+                self._set_failure(f"the scheduler at {self.cfg.root_address} stopped answering "
+                                  f"for {now - last_ack:.1f} s")
+
+    def _flush_outbox(self) -> None:
+        while True:
+            try:
+                cmd, ts, body = self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            ZmqVan.send(self._sock, cmd, ts, body=body, copy=True)
+
+    def _on_message(self, cmd: Command, ts: int, body: Any) -> None:
+        if cmd == Command.BARRIER_DONE:
+            with self._cond:
+                self._replies[ts] = body
+                self._cond.notify_all()
+        elif cmd == Command.NODE_FAILED:
+            msg = body.get("msg") if isinstance(body, dict) else "a node failed"
+            self._set_failure(f"{msg}; this {self.role} cannot go on")
+        elif cmd == Command.SHUTDOWN:
+            self.shutdown.set()
+        elif cmd == Command.ERROR:
+            msg = body.get("msg") if isinstance(body, dict) else "error"
+            with self._cond:
+                self._replies[ts] = ClusterError(f"the scheduler answered: {msg}")
+                self._cond.notify_all()
+
+    def _set_failure(self, msg: str) -> None:
+        if self.failure is None:
+            self.failure = msg
+            log.error("%s %d: %s", self.role, self.rank, msg)
+        with self._cond:
+            self._cond.notify_all()

@@ -1,0 +1,223 @@
+"""The scheduler: admits nodes, assigns ranks, runs barriers, watches heartbeats.
+
+Invariants: a node is admitted only with a good proof of the cluster secret; every node
+that stops heartbeating is reported to all others as failed; the scheduler exits once every
+worker has said goodbye (or died) and every server has stopped, or the cluster never formed
+within ``connect_timeout``.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from ..errors import ClusterTimeoutError, ProtocolError
+from .auth import Verifier
+from .config import ClusterConfig
+from .message import Command
+from .van import ZmqVan
+
+__all__ = ["Scheduler"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Node:
+    ident: bytes
+    role: str
+    rank: int
+    body: dict[str, Any]
+    last_seen: float
+    state: str = "alive"        # alive | closed | dead
+    hello_ts: int = 0
+
+
+@dataclass(slots=True)
+class _Barrier:
+    waiting: dict[int, tuple[bytes, int, Any]] = field(default_factory=dict)
+
+
+class Scheduler:
+    """Runs the scheduler's loop on one ROUTER socket; ``run()`` returns the exit status."""
+
+    def __init__(self, cfg: ClusterConfig, stop: threading.Event | None = None) -> None:
+        self.cfg = cfg
+        self._stop = stop or threading.Event()
+        self._van = ZmqVan()
+        self._sock = self._van.socket(zmq.ROUTER)
+        bind_host = cfg.node_host if cfg.node_host != "127.0.0.1" else cfg.root_uri
+        self._sock.bind(f"tcp://{bind_host}:{cfg.root_port}")
+        self._verifier = Verifier(cfg.secret, "scheduler")
+        self._nodes: dict[bytes, _Node] = {}
+        self._counts = {"server": 0, "worker": 0}
+        self._admitted = False
+        self._barriers: dict[str, _Barrier] = {}
+        self._failed = False
+        self._shutdown_sent = 0.0
+
+    # ---- helpers -----------------------------------------------------------------------
+    def _send(self, ident: bytes, cmd: Command, ts: int = 0, body: Any = None) -> None:
+        try:
+            ZmqVan.send(self._sock, cmd, ts, body=body, to=ident, copy=True)
+        except zmq.ZMQError as err:  # peer gone: ROUTER_MANDATORY says so
+            log.debug("scheduler: cannot send %s to %r: %s", cmd.name, ident, err)
+
+    def _members(self, role: str | None = None) -> list[_Node]:
+        return [n for n in self._nodes.values() if role is None or n.role == role]
+
+    def _live(self) -> list[_Node]:
+        return [n for n in self._nodes.values() if n.state == "alive"]
+
+    # ---- message handlers ------------------------------------------------------------------
+    def _hello(self, ident: bytes, ts: int, body: Any) -> None:
+        why = self._verifier.check(body)
+        role = body.get("role") if isinstance(body, dict) else None
+        if why is None and role not in ("server", "worker"):
+            why = f"an unknown role {role!r}"
+        if why is None and (self._admitted or self._counts[role] >= self._expected(role)):
+            why = f"a {role} beyond the {self._expected(role)} this cluster expects"
+        if why is not None:
+            log.warning("scheduler: refused a node (%s)", why)
+            self._send(ident, Command.ERROR, ts, {"kind": "ClusterError",
+                                                  "msg": f"the scheduler refused this node: {why}"})
+            return
+        if ident in self._nodes:
+            return
+        rank = self._counts[role]
+        self._counts[role] += 1
+        self._nodes[ident] = _Node(ident, role, rank, dict(body), time.monotonic(), hello_ts=ts)
+        if all(self._counts[r] == self._expected(r) for r in ("server", "worker")):
+            self._admit()
+
+    def _expected(self, role: str) -> int:
+        return self.cfg.num_servers if role == "server" else self.cfg.num_workers
+
+    def _admit(self) -> None:
+        servers = sorted(self._members("server"), key=lambda n: n.rank)
+        table = [n.body.get("endpoints", {}) for n in servers]
+        now = time.monotonic()
+        for node in self._nodes.values():
+            node.last_seen = now
+            self._send(node.ident, Command.ADMIT, node.hello_ts, {
+                "role": node.role, "rank": node.rank, "servers": table,
+                "num_workers": self.cfg.num_workers, "num_servers": self.cfg.num_servers})
+        self._admitted = True
+        log.info("scheduler: %d servers and %d workers admitted", len(servers),
+                 self.cfg.num_workers)
+
+    def _barrier(self, node: _Node, ts: int, body: Any) -> None:
+        group = body.get("group", "worker") if isinstance(body, dict) else "worker"
+        if group not in ("worker", "server", "all"):
+            self._send(node.ident, Command.ERROR, ts, {"kind": "ProtocolError",
+                                                       "msg": f"unknown barrier group {group!r}"})
+            return
+        bar = self._barriers.setdefault(group, _Barrier())
+        key = node.rank if group != "all" else (node.rank if node.role == "worker"
+                                                 else -1 - node.rank)
+        bar.waiting[key] = (node.ident, ts, body.get("payload"))
+        size = (self.cfg.num_workers if group == "worker" else self.cfg.num_servers
+                if group == "server" else self.cfg.num_workers + self.cfg.num_servers)
+        if len(bar.waiting) == size:
+            payloads = {str(k): v[2] for k, v in bar.waiting.items()}
+            for ident, bts, _ in bar.waiting.values():
+                self._send(ident, Command.BARRIER_DONE, bts, {"payloads": payloads})
+            del self._barriers[group]
+
+    def _goodbye(self, node: _Node) -> None:
+        if node.state == "alive":
+            node.state = "closed"
+        self._maybe_shutdown()
+
+    def _maybe_shutdown(self) -> None:
+        workers = self._members("worker")
+        if self._admitted and workers and all(n.state != "alive" for n in workers) \
+                and not self._shutdown_sent:
+            self._shutdown_sent = time.monotonic()
+            for n in self._members("server"):
+                if n.state == "alive":
+                    self._send(n.ident, Command.SHUTDOWN)
+
+    def _fail(self, node: _Node, reason: str) -> None:
+        node.state = "dead"
+        self._failed = True
+        msg = f"{node.role} {node.rank} {reason}"
+        log.error("scheduler: %s", msg)
+        for other in self._live():
+            self._send(other.ident, Command.NODE_FAILED, 0,
+                       {"role": node.role, "rank": node.rank, "msg": msg})
+        for bar_group in list(self._barriers):
+            del self._barriers[bar_group]   # members were told; nothing will complete it
+        self._maybe_shutdown()
+
+    # ---- loop ----------------------------------------------------------------------------
+    def run(self) -> int:
+        """Serve until the cluster is done; 0 if every worker closed cleanly, else 1."""
+        start = time.monotonic()
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        tick = min(0.1, self.cfg.heartbeat_interval / 2)
+        try:
+            while not self._stop.is_set():
+                if poller.poll(int(tick * 1000)):
+                    while self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        self._handle(*ZmqVan.recv(self._sock, router=True))
+                now = time.monotonic()
+                if not self._admitted:
+                    if now - start > self.cfg.connect_timeout:
+                        raise ClusterTimeoutError(
+                            f"the scheduler waited {self.cfg.connect_timeout:g} s but only "
+                            f"{self._counts['server']}/{self.cfg.num_servers} servers and "
+                            f"{self._counts['worker']}/{self.cfg.num_workers} workers arrived. "
+                            "Start every node, or raise PSKV_CONNECT_TIMEOUT.")
+                    continue
+                for node in self._live():
+                    if now - node.last_seen > self.cfg.heartbeat_timeout:
+                        self._fail(node, f"sent no heartbeat for {now - node.last_seen:.1f} s "
+                                         "(it died or hangs)")
+                servers = self._members("server")
+                if self._shutdown_sent and all(n.state != "alive" for n in servers):
+                    return 1 if self._failed else 0
+                if self._shutdown_sent and now - self._shutdown_sent > self.cfg.shutdown_timeout:
+                    log.error("scheduler: servers did not stop within %g s",
+                              self.cfg.shutdown_timeout)
+                    return 1
+            return 1 if self._failed else 0
+        finally:
+            self._van.close()
+
+    def _handle(self, ident: bytes | None, frames: list[Any]) -> None:
+        assert ident is not None
+        try:
+            meta, _ = ZmqVan.parse(frames)
+        except ProtocolError as err:
+            log.warning("scheduler: dropped a malformed message: %s", err)
+            self._send(ident, Command.ERROR, 0, {"kind": "ProtocolError", "msg": str(err)})
+            return
+        if meta.cmd == Command.HELLO:
+            self._hello(ident, meta.ts, meta.body)
+            return
+        node = self._nodes.get(ident)
+        if node is None:
+            log.warning("scheduler: refused a %s from a node that was never admitted",
+                        meta.cmd.name)
+            self._send(ident, Command.ERROR, meta.ts, {
+                "kind": "ClusterError", "msg": "this node was never admitted: send HELLO"})
+            return
+        node.last_seen = time.monotonic()
+        if meta.cmd == Command.HEARTBEAT:
+            self._send(ident, Command.HEARTBEAT_ACK, meta.ts)
+        elif meta.cmd == Command.BARRIER:
+            self._barrier(node, meta.ts, meta.body)
+        elif meta.cmd == Command.GOODBYE:
+            if node.role == "server":
+                node.state = "closed"
+            else:
+                self._goodbye(node)
+        else:
+            self._send(ident, Command.ERROR, meta.ts, {
+                "kind": "ProtocolError", "msg": f"the scheduler does not take {meta.cmd.name}"})

@@ -1,0 +1,176 @@
+"""KVWorker: a worker's requests to the servers and the waits for their replies.
+
+One DEALER socket per server (ipc when the server is on this host, else tcp). Requests
+carry a ``ts``; ``wait(ts)`` polls every socket until that reply arrives, keeping other
+replies for their own waits. Invariants: every wait is bounded by ``request_timeout`` and
+ends early with NodeFailedError when the scheduler reports a dead node; an ERROR reply is
+re-raised as the error class the server named, marked "(reported by server N)".
+"""
+from __future__ import annotations
+
+import itertools
+import socket
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import zmq
+
+from .. import errors
+from ..errors import ClusterError, ClusterTimeoutError, ProtocolError
+from .auth import prove
+from .config import ClusterConfig
+from .message import Command, Meta
+from .postoffice import Postoffice
+from .van import ZmqVan
+
+__all__ = ["KVWorker"]
+
+
+def _server_error(kind: str, msg: str, server: int) -> Exception:
+    cls = getattr(errors, kind, None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.KVStoreError)):
+        cls = ClusterError
+    return cls(f"{msg} (reported by server {server})")
+
+
+class KVWorker:
+    """Request/reply with every server of a cluster the Postoffice joined."""
+
+    def __init__(self, cfg: ClusterConfig, van: ZmqVan, po: Postoffice) -> None:
+        self.cfg = cfg
+        self.po = po
+        self._ts = itertools.count(1)
+        self._socks: list[zmq.Socket[Any]] = []
+        self._server_of: dict[zmq.Socket[Any], int] = {}
+        self._poller = zmq.Poller()
+        self._done: dict[int, tuple[Meta, list[np.ndarray]] | Exception] = {}
+        self._outstanding: dict[int, int] = {}     # push ts -> server
+        self._deferred_error: Exception | None = None
+        self._trackers: list[Any] = []
+        me = socket.gethostname()
+        for rank, ep in enumerate(po.servers):
+            use_ipc = ("ipc" in ep and ep.get("host") == me and cfg.transport != "tcp") or \
+                cfg.transport == "ipc"
+            sock = van.socket(zmq.DEALER)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.connect(ep["ipc"] if use_ipc and "ipc" in ep else ep["tcp"])
+            self._socks.append(sock)
+            self._server_of[sock] = rank
+            self._poller.register(sock, zmq.POLLIN)
+        hello = {"role": "worker", "rank": po.rank, **prove(cfg.secret, "worker", "server")}
+        tss = [self.request(s, Command.HELLO, body=hello) for s in range(len(self._socks))]
+        for ts in tss:
+            self.wait(ts, timeout=cfg.connect_timeout)
+
+    def request(self, server: int, cmd: Command, keys: Sequence[int] = (), body: Any = None,
+                arrays: Sequence[np.ndarray] = ()) -> int:
+        """Send one request to ``server``; return its ts."""
+        ts = next(self._ts)
+        big = any(a.nbytes >= zmq.COPY_THRESHOLD for a in arrays)
+        tracker = ZmqVan.send(self._socks[server], cmd, ts, keys, body, arrays, copy=False,
+                              track=big)
+        if big:
+            self._trackers = [t for t in self._trackers if not t.done]
+            self._trackers.append(tracker)
+        return ts
+
+    def flush_sent(self, timeout: float | None = None) -> None:
+        """Wait until ZeroMQ has sent every array handed to it without a copy."""
+        limit = self.cfg.request_timeout if timeout is None else timeout
+        for tracker in self._trackers:
+            try:
+                tracker.wait(limit)
+            except zmq.NotDone:
+                raise ClusterTimeoutError(
+                    f"worker {self.po.rank} could not send a message within {limit:g} s: a "
+                    "server is not reading. Check the servers, or raise PSKV_REQUEST_TIMEOUT."
+                ) from None
+        self._trackers.clear()
+
+    def push(self, server: int, cmd: Command, keys: Sequence[int], body: Any,
+             arrays: Sequence[np.ndarray]) -> int:
+        """Send a push whose ACK nobody waits for now (``flush`` collects it)."""
+        ts = self.request(server, cmd, keys, body, arrays)
+        self._outstanding[ts] = server
+        return ts
+
+    def _receive(self, timeout_ms: int) -> None:
+        for sock, _ in self._poller.poll(timeout_ms):
+            server = self._server_of[sock]
+            while sock.poll(0):
+                _, frames = ZmqVan.recv(sock)
+                try:
+                    meta, arrays = ZmqVan.parse(frames)
+                except ProtocolError as err:
+                    self._deferred_error = ProtocolError(f"server {server} sent a bad reply: "
+                                                         f"{err}")
+                    continue
+                result: tuple[Meta, list[np.ndarray]] | Exception = (meta, arrays)
+                if meta.cmd == Command.ERROR:
+                    body = meta.body if isinstance(meta.body, dict) else {}
+                    result = _server_error(str(body.get("kind", "")),
+                                           str(body.get("msg", "error")), server)
+                if meta.ts in self._outstanding:
+                    del self._outstanding[meta.ts]
+                    if isinstance(result, Exception) and self._deferred_error is None:
+                        self._deferred_error = result
+                    continue
+                self._done[meta.ts] = result
+
+    def raise_deferred(self) -> None:
+        """Raise the error an earlier push got, once."""
+        err, self._deferred_error = self._deferred_error, None
+        if err is not None:
+            raise err
+
+    def wait(self, ts: int, timeout: float | None = None, what: str = "a reply") \
+            -> tuple[Meta, list[np.ndarray]]:
+        """Wait for the reply to ``ts``."""
+        limit = self.cfg.request_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while ts not in self._done:
+            self.po.check()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClusterTimeoutError(
+                    f"worker {self.po.rank} waited {limit:g} s for {what}. A server or another "
+                    "worker is stuck or slow: check that every worker makes the same calls, "
+                    "or raise PSKV_REQUEST_TIMEOUT.")
+            self._receive(int(min(left, 0.2) * 1000) + 1)
+        result = self._done.pop(ts)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def wait_all(self, tss: Sequence[int], what: str) -> list[tuple[Meta, list[np.ndarray]]]:
+        """Wait for several replies (all of them, even if one failed), in order."""
+        results: list[Any] = []
+        first: Exception | None = None
+        for ts in tss:
+            try:
+                results.append(self.wait(ts, what=what))
+            except ClusterTimeoutError:
+                raise
+            except errors.KVStoreError as err:
+                first = first or err
+                results.append(None)
+        if first is not None:
+            raise first
+        return results
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every push has been acknowledged; raise what any of them got."""
+        limit = self.cfg.request_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while self._outstanding:
+            self.po.check()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClusterTimeoutError(
+                    f"worker {self.po.rank} waited {limit:g} s for {len(self._outstanding)} "
+                    "pushes to be acknowledged: another worker has not pushed the same keys. "
+                    "Make every worker push every key, or raise PSKV_REQUEST_TIMEOUT.")
+            self._receive(int(min(left, 0.2) * 1000) + 1)
+        self.raise_deferred()
