@@ -149,19 +149,21 @@ def test_spec_is_frozen_and_slotted() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.num_workers = 3  # type: ignore[misc]
     assert not hasattr(spec, "__dict__")
-    assert LaunchSpec(["x", 1], 1).command == ("x", "1")  # type: ignore[list-item]
+    assert LaunchSpec(["x", 1], 1).command == ("x", "1")  # type: ignore[arg-type]
 
 
 # -- environment per role ---------------------------------------------------------------
 def test_cluster_env_per_role() -> None:
     spec = LaunchSpec(("w",), 2, 1, env=(("A", "all"), ("B", "all")),
                       env_server=(("B", "server"),), env_worker=(("A", "worker"),))
-    kw = dict(root_uri="127.0.0.1", port=9000, secret="s3")
-    assert cluster_env(spec, Role.SCHEDULER, **kw) == {
+    def env(role: Role) -> dict[str, str]:
+        return cluster_env(spec, role, root_uri="127.0.0.1", port=9000, secret="s3")
+
+    assert env(Role.SCHEDULER) == {
         "A": "all", "B": "server", **cluster("scheduler"), ENV_SECRET: "s3"}
-    assert cluster_env(spec, Role.SERVER, **kw) == {
+    assert env(Role.SERVER) == {
         "A": "all", "B": "server", **cluster("server"), ENV_SECRET: "s3"}
-    assert cluster_env(spec, Role.WORKER, **kw) == {
+    assert env(Role.WORKER) == {
         "A": "worker", "B": "all", **cluster("worker"), ENV_SECRET: "s3"}
     assert ENV_SECRET not in cluster_env(spec, Role.WORKER, root_uri="h", port=1, secret=None)
 
@@ -299,6 +301,8 @@ def test_mpi_command_lines() -> None:
                           environ={"OMP_NUM_THREADS": "2"})
     sched, servers, workers = procs
     assert (sched.role, sched.argv) == (Role.SCHEDULER, ("py", "-m", "pskv.server"))
+    assert dict(sched.env) == {**cluster("scheduler", uri="10.0.0.1", workers=4, servers=2),
+                               "S": "1", ENV_SECRET: "sec", ENV_NODE_HOST: "10.0.0.1"}
     names = ["-x", "DMLC_ROLE", "-x", "DMLC_PS_ROOT_URI", "-x", "DMLC_PS_ROOT_PORT",
              "-x", "DMLC_NUM_SERVER", "-x", "DMLC_NUM_WORKER", "-x", "PSKV_SECRET"]
     assert servers.argv == ("mpirun", "-n", "2", "--hostfile", "hosts", "-x", "OMP_NUM_THREADS",

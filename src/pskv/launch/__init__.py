@@ -18,8 +18,8 @@ from typing import Mapping, NoReturn, Sequence, TextIO
 from ..errors import ConfigError
 from .local import LaunchResult, ProcessResult, local_processes, run_processes
 from .mpi import mpi_processes
-from .spec import (LAUNCHERS, LaunchSpec, ProcessSpec, free_port, get_secret, guess_host_ip,
-                   parse_env_pair, read_hostfile)
+from .spec import (DEFAULT_SERVER_COMMAND, LAUNCHERS, LauncherName, LaunchSpec, ProcessSpec,
+                   free_port, get_secret, guess_host_ip, parse_env_pair, read_hostfile)
 from .ssh import ssh_processes
 
 __all__ = ["LaunchResult", "LaunchSpec", "ProcessResult", "build_processes", "launch",
@@ -85,7 +85,7 @@ def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
 
 
 def launch(command: Sequence[str], num_workers: int, num_servers: int | None = None, *,
-           launcher: str | None = None, hostfile: str | None = None,
+           launcher: LauncherName | None = None, hostfile: str | None = None,
            env: Mapping[str, str] | None = None, env_server: Mapping[str, str] | None = None,
            env_worker: Mapping[str, str] | None = None, timeout: float | None = None,
            port: int | None = None, host_ip: str | None = None,
@@ -147,12 +147,13 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
     (0, ['scheduler', 'server 0', 'worker 0'])
     """
     spec = LaunchSpec(
-        tuple(command), num_workers, num_servers, launcher,  # type: ignore[arg-type]
-        hostfile, tuple((env or {}).items()), tuple((env_server or {}).items()),
-        tuple((env_worker or {}).items()), timeout, port, host_ip,
-        LaunchSpec.__dataclass_fields__["server_command"].default if server_command is None
-        else tuple(server_command),
-        secret, grace_period, shutdown_timeout)
+        tuple(command), num_workers, num_servers, launcher=launcher, hostfile=hostfile,
+        env=tuple((env or {}).items()), env_server=tuple((env_server or {}).items()),
+        env_worker=tuple((env_worker or {}).items()), timeout=timeout, port=port,
+        host_ip=host_ip, secret=secret, grace_period=grace_period,
+        shutdown_timeout=shutdown_timeout,
+        server_command=DEFAULT_SERVER_COMMAND if server_command is None
+        else tuple(server_command))
     return launch_spec(spec, stdout=stdout, stderr=stderr)
 
 
@@ -229,7 +230,7 @@ def parse_args(argv: Sequence[str] | None = None,
     if args.sync_dst_dir is not None:
         logger.warning("--sync-dst-dir %s is ignored: pskv does not copy files to the hosts; "
                        "make the command available there yourself", args.sync_dst_dir)
-    server_command: tuple[str, ...] = LaunchSpec.__dataclass_fields__["server_command"].default
+    server_command = DEFAULT_SERVER_COMMAND
     if args.server_command is not None:
         try:
             server_command = tuple(shlex.split(args.server_command))
@@ -237,11 +238,13 @@ def parse_args(argv: Sequence[str] | None = None,
             raise ConfigError(f"--server-command {args.server_command!r}: {err}. Quote it "
                               "as one argument.") from None
     return LaunchSpec(
-        tuple(command), args.num_workers, args.num_servers, args.launcher, args.hostfile,
-        tuple(parse_env_pair(e, "--env", env) for e in args.env),
-        tuple(parse_env_pair(e, "--env-server", env) for e in args.env_server),
-        tuple(parse_env_pair(e, "--env-worker", env) for e in args.env_worker),
-        args.timeout, args.port, args.host_ip, server_command)
+        tuple(command), args.num_workers, args.num_servers, launcher=args.launcher,
+        hostfile=args.hostfile,
+        env=tuple(parse_env_pair(e, "--env", env) for e in args.env),
+        env_server=tuple(parse_env_pair(e, "--env-server", env) for e in args.env_server),
+        env_worker=tuple(parse_env_pair(e, "--env-worker", env) for e in args.env_worker),
+        timeout=args.timeout, port=args.port, host_ip=args.host_ip,
+        server_command=server_command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .._ps.config import Role
+from .._ps.config import ENV_NODE_HOST, Role
 from .spec import LaunchSpec, ProcessSpec, cluster_env, forwarded_env
 
 __all__ = ["mpirun_argv", "mpi_processes"]
@@ -51,8 +51,11 @@ def mpi_processes(spec: LaunchSpec, *, port: int, secret: str, root_uri: str,
     -------
     list of ProcessSpec
     """
-    procs = [ProcessSpec(Role.SCHEDULER, 0, spec.server_command, tuple(cluster_env(
-        spec, Role.SCHEDULER, root_uri=root_uri, port=port, secret=secret).items()))]
+    scheduler_env = cluster_env(spec, Role.SCHEDULER, root_uri=root_uri, port=port,
+                                secret=secret)
+    scheduler_env[ENV_NODE_HOST] = root_uri
+    procs = [ProcessSpec(Role.SCHEDULER, 0, spec.server_command,
+                         tuple(scheduler_env.items()))]
     forwarded = forwarded_env(environ)
     for role, num, command in ((Role.SERVER, spec.num_servers or 0, spec.server_command),
                                (Role.WORKER, spec.num_workers, spec.command)):
