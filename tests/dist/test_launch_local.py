@@ -111,6 +111,39 @@ def test_env_and_prefixes() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_output_is_live() -> None:
+    # a worker that prints without flushing, then hangs: its line must come out before the
+    # timeout kills it (PYTHONUNBUFFERED)
+    result, out, _ = run([PY, "-c", "import time; print('early'); time.sleep(60)"], workers=1,
+                         server_command=py(HANG), timeout=1.5)
+    assert result.returncode == 124
+    assert "[worker 0] early" in out.splitlines()
+
+
+@pytest.mark.timeout(90)
+def test_real_cluster_smoke() -> None:
+    # the default server command, python -m pskv.server, with a dist_sync worker
+    worker = [PY, "-c", (
+        "import pskv as mx\n"
+        "kv = mx.kv.create('dist_sync')\n"
+        "kv.init(3, mx.nd.zeros((2, 3)))\n"
+        "kv.push(3, mx.nd.ones((2, 3)) * (kv.rank + 1))\n"
+        "out = mx.nd.zeros((2, 3))\n"
+        "kv.pull(3, out=out)\n"
+        "print('sum', kv.rank, out.asnumpy().sum())\n"
+        "kv.close()\n")]
+    out, err = io.StringIO(), io.StringIO()
+    result = launch(worker, 2, 2, timeout=60, stdout=out, stderr=err)
+    assert_all_gone([p.pid for p in result.processes])
+    assert result.returncode == 0, err.getvalue()
+    assert result.killed == ()  # scheduler and servers exit by themselves
+    # the scheduler, not the launch order, assigns kv.rank (as ps-lite)
+    lines = out.getvalue().splitlines()
+    assert sorted(line.split("] ")[0] for line in lines) == ["[worker 0", "[worker 1"]
+    assert sorted(line.split("] ")[1] for line in lines) == ["sum 0 18.0", "sum 1 18.0"]
+
+
+@pytest.mark.timeout(60)
 def test_secret_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_SECRET, "my-secret")
     _, out, _ = run(py(), workers=1)

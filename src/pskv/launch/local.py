@@ -206,6 +206,8 @@ class _Supervisor:
     # -- processes ------------------------------------------------------------------------
     def _spawn(self, ps: ProcessSpec) -> _Child:
         env = dict(os.environ)
+        # Python children print through a pipe: unbuffered, their lines come out as written
+        env.setdefault("PYTHONUNBUFFERED", "1")
         env.update(ps.env)
         try:
             popen = subprocess.Popen(
