@@ -155,8 +155,11 @@ class DistKVStore(LocalKVStore):
             rank = min(bad, key=int)
             raise ClusterError(f"init failed on worker {rank}: {bad[rank]}. Every worker must "
                                "init the same keys with the same shapes.")
+        def by_pskey(ss: Any) -> list[Any]:   # the order keys are listed in does not matter
+            return sorted(ss or [], key=lambda s: s[0])
+
         for r, p in sorted(payloads.items(), key=lambda kv: int(kv[0])):
-            if p["specs"] != specs:
+            if by_pskey(p["specs"]) != by_pskey(specs):
                 theirs = {s[1]: s[2:] for s in p["specs"] or []}
                 mine = {s[1]: s[2:] for s in specs}
                 diff = sorted({k for k in set(mine) | set(theirs)
