@@ -209,6 +209,16 @@ def test_servers_that_do_not_exit_are_killed(caplog: pytest.LogCaptureFixture) -
 
 
 @pytest.mark.timeout(60)
+def test_timeout_after_the_workers_finished_is_success() -> None:
+    start = time.monotonic()
+    result, _, _ = run(py(), workers=1, server_command=py(HANG), timeout=1.5,
+                       shutdown_timeout=30)
+    assert (result.returncode, result.reason) == (0, "ok")
+    assert {p.label for p in result.killed} == {"scheduler", "server 0"}
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.timeout(60)
 def test_grandchildren_are_killed(tmp_path: Path) -> None:
     # a worker that leaves a background process behind when it exits 0
     pidfile = tmp_path / "grandchild"

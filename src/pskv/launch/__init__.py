@@ -90,7 +90,7 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
            env_worker: Mapping[str, str] | None = None, timeout: float | None = None,
            port: int | None = None, host_ip: str | None = None,
            server_command: Sequence[str] | None = None, secret: str | None = None,
-           grace_period: float = 5.0, shutdown_timeout: float = 60.0,
+           grace_period: float = 5.0, shutdown_timeout: float = 30.0,
            stdout: TextIO | None = None, stderr: TextIO | None = None) -> LaunchResult:
     """Launch a distributed job and wait for it, as ``pskv-launch`` does.
 

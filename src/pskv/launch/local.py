@@ -322,29 +322,31 @@ class _Supervisor:
             if not running:
                 return "ok", None
             now = time.monotonic()
+            if shutdown_deadline is None and not any(c.running for c in workers):
+                # every worker exited 0: the scheduler and servers should follow by themselves
+                # (ps-lite's Finalize); the job has succeeded, so --timeout only caps the wait
+                shutdown_deadline = now + self.shutdown_timeout
+                if deadline is not None:
+                    shutdown_deadline = min(shutdown_deadline, deadline)
+                logger.info("all %d workers finished; waiting up to %.3g s for %s to exit",
+                            len(workers), shutdown_deadline - now,
+                            ", ".join(c.spec.label for c in running))
+            if shutdown_deadline is not None and now >= shutdown_deadline:
+                logger.warning("%s did not exit after the workers finished; killing them",
+                               ", ".join(c.spec.label for c in running))
+                self._stop(running)
+                return "ok", None
             if deadline is not None and now >= deadline:
                 logger.error("timed out after %.3g s; still running: %s. Killing them.",
                              self.timeout, ", ".join(c.spec.label for c in running))
                 self._stop(self.children)
                 return "timeout", None
-            if shutdown_deadline is None and not any(c.running for c in workers):
-                # every worker exited 0: the scheduler and servers should follow by themselves
-                shutdown_deadline = now + self.shutdown_timeout
-                logger.info("all %d workers finished; waiting up to %.3g s for %s to exit",
-                            len(workers), self.shutdown_timeout,
-                            ", ".join(c.spec.label for c in running))
-            if shutdown_deadline is not None and now >= shutdown_deadline:
-                logger.warning("%s did not exit %.3g s after the workers finished; killing "
-                               "them", ", ".join(c.spec.label for c in running),
-                               self.shutdown_timeout)
-                self._stop(running)
-                return "ok", None
             self.wake.wait(_POLL_S)
             self.wake.clear()
 
 
 def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
-                  grace_period: float = 5.0, shutdown_timeout: float = 60.0,
+                  grace_period: float = 5.0, shutdown_timeout: float = 30.0,
                   stdout: TextIO | None = None,
                   stderr: TextIO | None = None) -> LaunchResult:
     """Start `procs` in order and supervise them until the job ends.
@@ -354,7 +356,8 @@ def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
     others get `shutdown_timeout` seconds to exit by themselves before they are stopped.
     SIGINT or SIGTERM to the launcher (when called from the main thread) is forwarded to
     every process group. After `timeout` seconds everything is stopped and the job fails
-    with status 124.
+    with status 124, unless every worker had already exited 0 (then `timeout` only caps
+    the wait for the others).
 
     Parameters
     ----------

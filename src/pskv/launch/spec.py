@@ -83,7 +83,8 @@ class LaunchSpec:
         Extra variables for every process, for the scheduler and servers, and for the
         workers; later pairs win, role-specific pairs win over `env`.
     timeout : float, optional
-        Seconds after which everything is killed and the job fails (exit status 124).
+        Seconds after which everything is killed and the job fails (exit status 124);
+        once every worker has exited 0 it only caps the wait for the others.
     port : int, optional
         The scheduler's port (``DMLC_PS_ROOT_PORT``); a free port from the OS when None.
     host_ip : str, optional
@@ -96,7 +97,7 @@ class LaunchSpec:
         Seconds between SIGTERM and SIGKILL when processes are stopped.
     shutdown_timeout : float
         Seconds the scheduler and servers get to exit by themselves once every worker
-        has exited 0; then they are killed.
+        has exited 0; then they are killed and the job still succeeds.
 
     Examples
     --------
@@ -119,7 +120,7 @@ class LaunchSpec:
     server_command: tuple[str, ...] = field(default=DEFAULT_SERVER_COMMAND)
     secret: str | None = None
     grace_period: float = 5.0
-    shutdown_timeout: float = 60.0
+    shutdown_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         # frozen: normalise through object.__setattr__, as attrs converters do
