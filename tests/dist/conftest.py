@@ -63,7 +63,7 @@ class ThreadCluster:
             role=Role.WORKER, root_port=free_port(), num_servers=self.num_servers,
             num_workers=self.num_workers, secret=b"thread-cluster-secret",
             heartbeat_interval=0.2, heartbeat_timeout=3.0, request_timeout=10.0,
-            connect_timeout=10.0, shutdown_timeout=10.0)
+            connect_timeout=10.0, shutdown_timeout=10.0, transport="tcp")
         settings.update(self.overrides)
         self.cfg = ClusterConfig(**settings)
         self.codes: dict[str, int | BaseException] = {}
@@ -167,12 +167,10 @@ def run_threads(fn: Callable[..., Any], num_workers: int = 2, num_servers: int =
     return results
 
 
-def ok(results: Mapping[int, Any]) -> dict[int, Any]:
-    """Results by rank, raising the first worker exception."""
-    for value in results.values():
-        if isinstance(value, BaseException):
-            raise value
-    return dict(results)
+@pytest.fixture(name="run_threads")
+def run_threads_fixture() -> Callable[..., dict[int, Any]]:
+    """:func:`run_threads`, for tests (conftest modules are not imported by tests)."""
+    return run_threads
 
 
 @pytest.fixture
