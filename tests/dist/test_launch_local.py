@@ -331,6 +331,14 @@ def test_cli_success_with_env() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_cli_command_not_found() -> None:
+    cli = Cli("-n", "1", "--server-command", f"{PY} -c 'import time; time.sleep(60)'",
+              "/nonexistent/pskv-test")
+    assert cli.wait() == 127
+    assert "cannot start worker 0" in cli.stderr
+
+
+@pytest.mark.timeout(60)
 def test_cli_bad_flags() -> None:
     cli = Cli("-n", "0", "x")
     assert cli.wait() == 2
