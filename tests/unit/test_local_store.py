@@ -158,6 +158,23 @@ class TestNeverInitialized:
             np.testing.assert_array_equal(o.asnumpy(), 0)
 
 
+def test_failed_push_leaves_optimizer_state_alone() -> None:
+    def run(with_failure: bool) -> np.ndarray:
+        kv = mx.kv.create()
+        kv.init([0, 1], [np.ones(SHAPE, np.float32), np.ones(SHAPE, np.float32)])
+        kv.set_optimizer(mx.optimizer.create("adam", learning_rate=0.1))
+        if with_failure:
+            before = snapshot(kv)
+            with pytest.raises(ShapeMismatchError):
+                kv.push([0, 1], [np.ones(SHAPE, np.float32), np.ones((5,), np.float32)])
+            assert_unchanged(kv, before)
+        for _ in range(3):
+            kv.push([0, 1], [np.full(SHAPE, 0.5, np.float32)] * 2)
+        return np.stack(kv.pull([0, 1]))
+
+    np.testing.assert_array_equal(run(True), run(False))
+
+
 class TestDoubleInit:
     def test_second_init(self, kv: LocalKVStore) -> None:
         err = expect_error(kv, lambda: kv.init(3, mx.nd.ones(SHAPE) * 7),
