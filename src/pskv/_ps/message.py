@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import ProtocolError
 
-__all__ = ["ALLOWED_DTYPES", "Command", "MAX_HEADER", "Meta", "decode", "encode"]
+__all__ = ["ALLOWED_DTYPES", "Command", "MAX_HEADER", "Meta", "decode", "encode", "parse_header"]
 
 #: dtypes a peer may send; anything else is a protocol error (no object arrays, ever)
 ALLOWED_DTYPES = frozenset({
@@ -82,11 +82,10 @@ def _bytes(frame: Any) -> memoryview:
     return memoryview(buf if buf is not None else frame)
 
 
-def decode(frames: Sequence[Any]) -> tuple[Meta, list[np.ndarray]]:
-    """Parse and check one message's frames; arrays are read-only views of the frames."""
-    if not frames:
-        raise ProtocolError("empty message")
-    head = _bytes(frames[0])
+def parse_header(raw: bytes | memoryview, nframes: int | None = None) \
+        -> tuple[Meta, list[tuple[np.dtype[Any], tuple[int, ...], int]]]:
+    """Check a header; return its Meta and, per array, (dtype, shape, nbytes)."""
+    head = memoryview(raw)
     if head.nbytes > MAX_HEADER:
         raise ProtocolError(f"header of {head.nbytes} bytes exceeds {MAX_HEADER}")
     try:
@@ -95,16 +94,16 @@ def decode(frames: Sequence[Any]) -> tuple[Meta, list[np.ndarray]]:
         ts = header.get("t", 0)
         keys = header.get("k", ())
         specs_raw = header.get("a", ())
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError) as err:
         raise ProtocolError(f"malformed header: {err}") from None
-    if not isinstance(header, dict) or not isinstance(ts, int) or \
-            not isinstance(keys, list | tuple) or not all(type(k) is int for k in keys):
+    if not isinstance(ts, int) or not isinstance(keys, list | tuple) or \
+            not all(type(k) is int for k in keys):
         raise ProtocolError("malformed header: ts and keys must be integers")
-    if not isinstance(specs_raw, list | tuple) or len(specs_raw) != len(frames) - 1:
+    if not isinstance(specs_raw, list | tuple) or \
+            (nframes is not None and len(specs_raw) != nframes):
         raise ProtocolError(f"header declares {len(specs_raw) if isinstance(specs_raw, list) else '?'}"
-                            f" arrays but {len(frames) - 1} data frames arrived")
-    arrays: list[np.ndarray] = []
-    specs = []
+                            f" arrays but {nframes} data frames arrived")
+    specs: list[tuple[np.dtype[Any], tuple[int, ...], int]] = []
     for i, spec in enumerate(specs_raw):
         try:
             dtype, shape = spec
@@ -113,14 +112,25 @@ def decode(frames: Sequence[Any]) -> tuple[Meta, list[np.ndarray]]:
             raise ProtocolError(f"array {i}: malformed spec {spec!r}") from None
         if dtype not in ALLOWED_DTYPES:
             raise ProtocolError(f"array {i}: dtype {dtype!r} is not allowed")
-        if not all(type(s) is int and 0 <= s < 1 << 40 for s in shape) or len(shape) > 32:
+        if len(shape) > 32 or not all(type(s) is int and 0 <= s < 1 << 40 for s in shape):
             raise ProtocolError(f"array {i}: bad shape {shape!r}")
         dt = np.dtype(dtype)
+        specs.append((dt, shape, int(np.prod(shape, dtype=np.int64)) * dt.itemsize))
+    meta = Meta(cmd, ts, tuple(keys), header.get("b"),
+                tuple((d.name, sh) for d, sh, _ in specs))
+    return meta, specs
+
+
+def decode(frames: Sequence[Any]) -> tuple[Meta, list[np.ndarray]]:
+    """Parse and check one message's frames; arrays are read-only views of the frames."""
+    if not frames:
+        raise ProtocolError("empty message")
+    meta, specs = parse_header(_bytes(frames[0]), len(frames) - 1)
+    arrays: list[np.ndarray] = []
+    for i, (dt, shape, want) in enumerate(specs):
         buf = _bytes(frames[i + 1])
-        want = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         if buf.nbytes != want:
-            raise ProtocolError(f"array {i}: {buf.nbytes} bytes for shape {shape} of {dtype} "
+            raise ProtocolError(f"array {i}: {buf.nbytes} bytes for shape {shape} of {dt.name} "
                                 f"({want} expected)")
         arrays.append(np.frombuffer(buf, dtype=dt).reshape(shape))
-        specs.append((dtype, shape))
-    return Meta(cmd, ts, tuple(keys), header.get("b"), tuple(specs)), arrays
+    return meta, arrays

@@ -22,6 +22,7 @@ from .auth import prove
 from .config import ClusterConfig
 from .message import Command, Meta
 from .postoffice import Postoffice
+from .uds import UdsConn
 from .van import ZmqVan
 
 __all__ = ["KVWorker"]
@@ -41,7 +42,7 @@ class KVWorker:
         self.cfg = cfg
         self.po = po
         self._ts = itertools.count(1)
-        self._socks: list[zmq.Socket[Any]] = []
+        self._socks: list[Any] = []
         self._server_of: dict[zmq.Socket[Any], int] = {}
         self._poller = zmq.Poller()
         self._done: dict[int, tuple[Meta, list[np.ndarray]] | Exception] = {}
@@ -49,13 +50,19 @@ class KVWorker:
         self._deferred_error: Exception | None = None
         self._trackers: list[Any] = []
         me = socket.gethostname()
+        self._conns: dict[int, tuple[UdsConn, int]] = {}
         for rank, ep in enumerate(po.servers):
-            use_ipc = ("ipc" in ep and ep.get("host") == me and cfg.transport != "tcp") or \
-                cfg.transport == "ipc"
+            if "uds" in ep and cfg.transport != "tcp" and (
+                    ep.get("host") == me or cfg.transport == "ipc"):
+                conn = UdsConn.connect(ep["uds"], cfg.request_timeout, f"server {rank}")
+                self._socks.append(conn)
+                self._conns[conn.fileno()] = (conn, rank)
+                self._poller.register(conn.fileno(), zmq.POLLIN)
+                continue
             sock = van.socket(zmq.DEALER)
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
-            sock.connect(ep["ipc"] if use_ipc and "ipc" in ep else ep["tcp"])
+            sock.connect(ep["tcp"])
             self._socks.append(sock)
             self._server_of[sock] = rank
             self._poller.register(sock, zmq.POLLIN)
@@ -68,8 +75,14 @@ class KVWorker:
                 arrays: Sequence[np.ndarray] = ()) -> int:
         """Send one request to ``server``; return its ts."""
         ts = next(self._ts)
+        target = self._socks[server]
+        if isinstance(target, UdsConn):
+            if self._conns and self._poller.poll(0):
+                self._receive(0)      # keep the server's replies from piling up
+            target.send(cmd, ts, keys, body, arrays)   # written now: buffers are free again
+            return ts
         big = any(a.nbytes >= zmq.COPY_THRESHOLD for a in arrays)
-        tracker = ZmqVan.send(self._socks[server], cmd, ts, keys, body, arrays, copy=False,
+        tracker = ZmqVan.send(target, cmd, ts, keys, body, arrays, copy=False,
                               track=big)
         if big:
             self._trackers = [t for t in self._trackers if not t.done]
@@ -96,8 +109,19 @@ class KVWorker:
         self._outstanding[ts] = server
         return ts
 
-    def _receive(self, timeout_ms: int) -> None:
+    def _messages(self, timeout_ms: int) -> Any:
+        """Yield (server, meta, arrays) for every message that arrives within the timeout."""
         for sock, _ in self._poller.poll(timeout_ms):
+            if isinstance(sock, int):
+                conn, server = self._conns[sock]
+                try:
+                    meta, arrays = conn.recv()
+                except ProtocolError as err:
+                    self._deferred_error = ProtocolError(f"server {server} sent a bad reply: "
+                                                         f"{err}")
+                    continue
+                yield server, meta, arrays
+                continue
             server = self._server_of[sock]
             while sock.poll(0):
                 _, frames = ZmqVan.recv(sock)
@@ -107,17 +131,21 @@ class KVWorker:
                     self._deferred_error = ProtocolError(f"server {server} sent a bad reply: "
                                                          f"{err}")
                     continue
-                result: tuple[Meta, list[np.ndarray]] | Exception = (meta, arrays)
-                if meta.cmd == Command.ERROR:
-                    body = meta.body if isinstance(meta.body, dict) else {}
-                    result = _server_error(str(body.get("kind", "")),
-                                           str(body.get("msg", "error")), server)
-                if meta.ts in self._outstanding:
-                    del self._outstanding[meta.ts]
-                    if isinstance(result, Exception) and self._deferred_error is None:
-                        self._deferred_error = result
-                    continue
-                self._done[meta.ts] = result
+                yield server, meta, arrays
+
+    def _receive(self, timeout_ms: int) -> None:
+        for server, meta, arrays in self._messages(timeout_ms):
+            result: tuple[Meta, list[np.ndarray]] | Exception = (meta, arrays)
+            if meta.cmd == Command.ERROR:
+                body = meta.body if isinstance(meta.body, dict) else {}
+                result = _server_error(str(body.get("kind", "")),
+                                       str(body.get("msg", "error")), server)
+            if meta.ts in self._outstanding:
+                del self._outstanding[meta.ts]
+                if isinstance(result, Exception) and self._deferred_error is None:
+                    self._deferred_error = result
+                continue
+            self._done[meta.ts] = result
 
     def raise_deferred(self) -> None:
         """Raise the error an earlier push got, once."""

@@ -9,6 +9,9 @@ worker's second push in an open round waits for the next round; nothing waits fo
 from __future__ import annotations
 
 import logging
+import os
+import select
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +28,7 @@ from .._ps.auth import Verifier
 from .._ps.config import ClusterConfig, Role
 from .._ps.message import Command
 from .._ps.postoffice import Postoffice
+from .._ps.uds import UdsConn
 from .._ps.van import ZmqVan, ipc_path
 
 __all__ = ["KVServer", "run_node"]
@@ -72,17 +76,24 @@ class KVServer:
         port = self._sock.bind_to_random_port(f"tcp://{cfg.node_host}")
         host = cfg.node_host if cfg.node_host != "0.0.0.0" else _my_address(cfg.root_uri)
         endpoints = {"tcp": f"tcp://{host}:{port}"}
-        if cfg.transport != "tcp" and zmq.has("ipc"):
-            path = ipc_path("server")
-            self._sock.bind(f"ipc://{path}")
-            self._ipc_path: str | None = path
-            endpoints["ipc"] = f"ipc://{path}"
-        else:
-            self._ipc_path = None
+        self._listener: socket.socket | None = None
+        self._conns: dict[int, UdsConn] = {}
+        self._ipc_path: str | None = None
+        if cfg.transport != "tcp":
+            # same-host workers connect here: a Unix socket only this user can open
+            self._ipc_path = ipc_path("server")
+            lis = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            lis.bind(self._ipc_path)
+            os.chmod(self._ipc_path, 0o600)
+            lis.listen(64)
+            lis.setblocking(False)
+            self._listener = lis
+            endpoints["uds"] = self._ipc_path
         self.po = Postoffice(cfg, self._van, endpoints={**endpoints, "host": ""})
         self.po._endpoints["host"] = self.po.host
         self._verifier = Verifier(cfg.secret, "server")
-        self._admitted: dict[bytes, int] = {}
+        self._admitted: dict[Any, int] = {}
+        self._poller: zmq.Poller | None = None
         self._entries: dict[int, _Entry] = {}
         self._sync = True
         self._updater: Callable[[Any, Any, Any], None] | None = None
@@ -91,8 +102,15 @@ class KVServer:
         self._gc_params: Any = None
 
     # ---- replies -------------------------------------------------------------------------
-    def _send(self, ident: bytes, cmd: Command, ts: int, body: Any = None,
+    def _send(self, ident: bytes | UdsConn, cmd: Command, ts: int, body: Any = None,
               arrays: list[np.ndarray] | tuple[()] = ()) -> None:
+        if isinstance(ident, UdsConn):
+            try:
+                ident.send(cmd, ts, body=body, arrays=arrays)
+            except KVStoreError as err:
+                log.warning("server %d: dropping %s: %s", self.po.rank, ident.peer, err)
+                self._drop(ident)
+            return
         try:
             ZmqVan.send(self._sock, cmd, ts, body=body, arrays=arrays, to=ident, copy=False)
         except zmq.ZMQError as err:
@@ -147,7 +165,7 @@ class KVServer:
 
     def _add(self, entry: _Entry, worker: int, arrays: list[np.ndarray], kind: str) -> None:
         if kind == "r":
-            entry.sparse_parts.append((arrays[0].astype(np.int64), arrays[1]))
+            entry.sparse_parts.append((arrays[0].astype(np.int64), np.array(arrays[1])))
             return
         value = self._gc.decompress(arrays[0], entry.stored.size).reshape(entry.stored.shape) \
             if kind == "c" else arrays[0].reshape(entry.stored.shape)
@@ -169,7 +187,8 @@ class KVServer:
             self._apply(entry, self._merged(entry))
             return
         if worker in entry.pushers:       # its next round: wait (distinct workers per round)
-            entry.deferred.append((worker, arrays, kind, rep))
+            # receive buffers are reused: keep a copy
+            entry.deferred.append((worker, [np.array(a) for a in arrays], kind, rep))
             if rep is not None:
                 rep.remaining += 1
             return
@@ -245,6 +264,9 @@ class KVServer:
             log.warning("server %d: malformed message: %s", self.po.rank, err)
             self._error(ident, 0, f"malformed message: {err}", "ProtocolError")
             return
+        self._dispatch(ident, meta, arrays)
+
+    def _dispatch(self, ident: Any, meta: Any, arrays: list[np.ndarray]) -> None:
         if meta.cmd == Command.HELLO:
             why = self._verifier.check(meta.body)
             if why is not None:
@@ -434,22 +456,69 @@ class KVServer:
     }
 
     # ---- loop ---------------------------------------------------------------------------------
+    def _accept(self, poller: zmq.Poller) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            conn = UdsConn(sock, self.cfg.request_timeout, f"a worker (fd {sock.fileno()})")
+            self._conns[conn.fileno()] = conn
+            poller.register(conn.fileno(), zmq.POLLIN)
+
+    def _drop(self, conn: UdsConn) -> None:
+        fd = conn.fileno()
+        if self._conns.pop(fd, None) is not None and self._poller is not None:
+            self._poller.unregister(fd)
+        self._admitted.pop(conn, None)   # type: ignore[call-overload]
+        conn.close()
+
+    def _read_conn(self, conn: UdsConn) -> None:
+        for _ in range(64):             # whatever is buffered, a bounded batch
+            try:
+                meta, arrays = conn.recv()
+            except ProtocolError as err:
+                log.warning("server %d: %s; closing it", self.po.rank, err)
+                try:
+                    conn.send(Command.ERROR, 0, body={"kind": "ProtocolError",
+                                                      "msg": f"malformed message: {err}"})
+                except KVStoreError:
+                    pass
+                self._drop(conn)
+                return
+            except KVStoreError:         # the worker went away
+                self._drop(conn)
+                return
+            self._dispatch(conn, meta, arrays)
+            if conn.fileno() not in self._conns or not _readable(conn):
+                return
+
     def run(self) -> int:
         """Join the cluster and serve until the scheduler says SHUTDOWN; return 0."""
         try:
             self.po.start()
-            poller = zmq.Poller()
+            poller = self._poller = zmq.Poller()
             poller.register(self._sock, zmq.POLLIN)
+            lfd = -1
+            if self._listener is not None:
+                lfd = self._listener.fileno()
+                poller.register(lfd, zmq.POLLIN)
             last_check = time.monotonic()
             failed_seen = False
             while not self._stop.is_set() and not self.po.shutdown.is_set():
-                if poller.poll(100):
-                    for _ in range(1000):
-                        if not self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                            break
-                        ident, frames = ZmqVan.recv(self._sock, router=True)
-                        assert ident is not None
-                        self._handle(ident, frames)
+                for what, _ in poller.poll(100):
+                    if what is self._sock:
+                        for _ in range(1000):
+                            if not self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                                break
+                            ident, frames = ZmqVan.recv(self._sock, router=True)
+                            assert ident is not None
+                            self._handle(ident, frames)
+                    elif what == lfd:
+                        self._accept(poller)
+                    elif what in self._conns:
+                        self._read_conn(self._conns[what])
                 now = time.monotonic()
                 if now - last_check > 0.5:
                     last_check = now
@@ -461,14 +530,21 @@ class KVServer:
             self.po.goodbye()
             return 0
         finally:
+            for conn in list(self._conns.values()):
+                conn.close()
+            if self._listener is not None:
+                self._listener.close()
             self.po.close()
             self._van.close()
             if self._ipc_path is not None:
                 try:
-                    import os
                     os.unlink(self._ipc_path)
                 except OSError:
                     pass
+
+
+def _readable(conn: UdsConn) -> bool:
+    return bool(select.select([conn.sock], [], [], 0)[0])
 
 
 def _my_address(root_uri: str) -> str:
