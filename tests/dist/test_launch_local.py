@@ -251,10 +251,11 @@ class Cli:
         self.lines: queue.Queue[str] = queue.Queue()
         self.err: list[str] = []
         assert self.proc.stdout is not None and self.proc.stderr is not None
-        self.threads = [threading.Thread(target=self._read, args=(self.proc.stdout, self.lines.put),
-                                         daemon=True),
-                        threading.Thread(target=self._read, args=(self.proc.stderr, self.err.append),
-                                         daemon=True)]
+        self.threads = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.lines.put),
+                             daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.err.append),
+                             daemon=True)]
         for t in self.threads:
             t.start()
 

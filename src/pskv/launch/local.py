@@ -110,8 +110,12 @@ def local_processes(spec: LaunchSpec, *, port: int, secret: str) -> list[Process
     Examples
     --------
     >>> spec = LaunchSpec(('python', 'train.py'), 2, 1, server_command=('srv',))
-    >>> [(p.label, p.argv) for p in local_processes(spec, port=9000, secret='s')]
-    [('scheduler', ('srv',)), ('server 0', ('srv',)), ('worker 0', ('python', 'train.py')), ('worker 1', ('python', 'train.py'))]
+    >>> for p in local_processes(spec, port=9000, secret='s'):
+    ...     print(p.label, p.argv, dict(p.env)['DMLC_ROLE'])
+    scheduler ('srv',) scheduler
+    server 0 ('srv',) server
+    worker 0 ('python', 'train.py') worker
+    worker 1 ('python', 'train.py') worker
     """
     def env(role: Role) -> tuple[tuple[str, str], ...]:
         return tuple(cluster_env(spec, role, root_uri=LOCAL_HOST, port=port,

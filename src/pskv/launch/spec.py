@@ -256,8 +256,11 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
 
     Examples
     --------
-    >>> parse_hostfile('a\\nb:2222  # comment\\n\\nc slots=4\\n')
-    [Host(name='a', port=22, slots=1), Host(name='b', port=2222, slots=1), Host(name='c', port=22, slots=4)]
+    >>> for host in parse_hostfile('a\\nb:2222  # comment\\n\\nc slots=4\\n'):
+    ...     print(host)
+    Host(name='a', port=22, slots=1)
+    Host(name='b', port=2222, slots=1)
+    Host(name='c', port=22, slots=4)
     """
     hosts: list[Host] = []
     for lineno, raw in enumerate(text.splitlines(), 1):
