@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,8 +77,9 @@ class DistKVStore(LocalKVStore):
         self._wire_residual: dict[int | str, np.ndarray] = {}
         self._sendbuf: dict[int | str, np.ndarray] = {}
         self._by_pskey: dict[int, int | str] = {}
-        ref = weakref.ref(self)
-        self._atexit = lambda: (lambda s: s.close() if s is not None else None)(ref())
+        # a strong reference: a store dropped without close() must still say goodbye at
+        # exit, or the scheduler takes the silent worker for dead and exits 1
+        self._atexit = self.close
         atexit.register(self._atexit)
 
     @property
