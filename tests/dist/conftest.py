@@ -302,6 +302,38 @@ class LocalCluster:
                 return p
         pytest.fail(f"no worker reported rank {rank}:\n{self.dump()}")
 
+    def server_by_rank(self, rank: int, endpoints: Sequence[Mapping[str, str]]) -> Proc:
+        """The server process of ``rank``, found by who listens on its tcp endpoint.
+
+        Ranks follow arrival at the scheduler, so the process started as "server 0" need not
+        be rank 0; ``endpoints`` is the server table a worker got (``kv._po.servers``).
+        """
+        port = int(endpoints[rank]["tcp"].rsplit(":", 1)[1])
+        inodes = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                lines = Path(table).read_text().splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+                    inodes.add(f"socket:[{fields[9]}]")
+        for p in self.procs:
+            if not p.label.startswith("server"):
+                continue
+            try:
+                fds = list(Path(f"/proc/{p.pid}/fd").iterdir())
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    if os.readlink(fd) in inodes:
+                        return p
+                except OSError:
+                    continue
+        pytest.fail(f"no server process listens on port {port} (rank {rank})")
+
     def wait(self, timeout: float) -> dict[str, int]:
         """Wait for every process to exit by itself; exit codes by label."""
         end = time.monotonic() + timeout

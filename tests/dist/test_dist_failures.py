@@ -1,0 +1,263 @@
+"""Failures: a node killed mid-round, strangers without the secret, garbage on the wire.
+
+Kills use real processes (``local_cluster``, SIGKILL, heartbeats every 0.2 s with a 2 s
+deadline); strangers and garbage are sent to thread clusters from a raw ZeroMQ DEALER.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+import pskv as mx
+from pskv._ps.auth import prove
+from pskv._ps.message import Command, encode
+
+HEARTBEAT_TIMEOUT = 2.0
+#: the deadline for every other node to hear of a death: heartbeat timeout plus slack for
+#: this small, busy machine
+DEADLINE = HEARTBEAT_TIMEOUT + 4.0
+
+
+# ---- a node killed mid-round (processes) --------------------------------------------------
+def _wait_ready(cluster: Any, ranks: list[int], timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        ready = {r["rank"] for p in cluster.workers for r in p.reports()
+                 if r.get("event") == "ready"}
+        if set(ranks) <= ready:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"workers {ranks} were not ready in {timeout} s:\n{cluster.dump()}")
+
+
+def _errors(cluster: Any) -> dict[int, dict[str, Any]]:
+    return {r["rank"]: r for p in cluster.workers for r in p.reports() if "error" in r}
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(60)
+def test_worker_killed_mid_round(local_cluster: Any) -> None:
+    cluster = local_cluster(2, 2, env={"MXNET_KVSTORE_BIGARRAY_BOUND": "16"})
+    cluster.start("fail_node.py", "worker-dies")
+    _wait_ready(cluster, [0, 1])
+    victim = cluster.worker_by_rank(1)
+    time.sleep(0.3)                        # rank 0 is now waiting for rank 1's push
+    killed_at = time.time()
+    victim.kill()
+    codes = cluster.wait(30)
+    err = _errors(cluster)[0]
+    assert "ClusterError" in err["mro"] and err["error"] == "NodeFailedError", err
+    assert "worker 1" in err["msg"], err
+    assert err["time"] - killed_at < DEADLINE, (err["time"] - killed_at, err)
+    survivor = cluster.worker_by_rank(0)
+    assert codes[survivor.label] == 3
+    # the servers heard too, and every node left by itself
+    for label in ("server 0", "server 1"):
+        assert "worker 1" in cluster.get(label).output(), cluster.dump()
+        assert codes[label] == 0
+    assert codes["scheduler"] == 1            # the job failed
+    assert "worker 1" in cluster.get("scheduler").output()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(60)
+def test_server_killed_mid_round(local_cluster: Any) -> None:
+    cluster = local_cluster(2, 2, env={"MXNET_KVSTORE_BIGARRAY_BOUND": "16"})
+    cluster.start("fail_node.py", "server-dies")
+    _wait_ready(cluster, [0, 1])
+    table = next(r["servers"] for p in cluster.workers for r in p.reports() if "servers" in r)
+    victim = cluster.server_by_rank(1, table)
+    survivor = cluster.server_by_rank(0, table)
+    killed_at = time.time()
+    victim.kill()
+    codes = cluster.wait(30)
+    errors = _errors(cluster)
+    assert sorted(errors) == [0, 1], cluster.dump()
+    for rank, err in errors.items():
+        assert "ClusterError" in err["mro"], err
+        assert "server 1" in err["msg"], err
+        assert err["time"] - killed_at < DEADLINE, (rank, err["time"] - killed_at, err)
+    # the scheduler reports the dead server; the surviving server may have been shut down
+    # (every worker gone) before the heartbeat deadline, which is a clean exit
+    assert "server 1" in cluster.get("scheduler").output(), cluster.dump()
+    assert codes[survivor.label] == 0 and codes["scheduler"] == 1, codes
+    assert all(codes[p.label] == 3 for p in cluster.workers), codes
+
+
+# ---- strangers and garbage (threads) -------------------------------------------------------
+class Stranger:
+    """A raw DEALER socket that speaks (or mangles) the wire format."""
+
+    def __init__(self, address: str) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+
+    def ask(self, frames: list[Any], timeout: float = 5.0) -> dict[str, Any]:
+        """Send frames, return the reply's JSON header."""
+        self.sock.send_multipart(frames)
+        assert self.sock.poll(int(timeout * 1000)), f"no reply to {frames!r}"
+        reply = self.sock.recv_multipart()
+        header: dict[str, Any] = json.loads(reply[0])
+        return header
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+
+def hello(role: str, proof: dict[str, str]) -> list[Any]:
+    return encode(Command.HELLO, 1, body={"role": role, "host": "x", "pid": 1, **proof})
+
+
+def test_stranger_without_secret_is_refused(thread_cluster: Any,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    cluster = thread_cluster(2, 1)
+    root = cluster.cfg.root_address
+    # before the cluster forms: no proof, a wrong proof, a replayed proof
+    stranger = Stranger(root)
+    try:
+        for frames in (hello("worker", {}),
+                       hello("worker", prove(b"wrong secret", "worker", "scheduler")),
+                       hello("server", {"nonce": "00", "proof": "nonsense"})):
+            reply = stranger.ask(frames)
+            assert reply["c"] == Command.ERROR and "refused" in reply["b"]["msg"], reply
+        # messages other than HELLO from an unadmitted node
+        reply = stranger.ask(encode(Command.BARRIER, 5, body={"group": "worker"}))
+        assert reply["c"] == Command.ERROR and reply["t"] == 5
+    finally:
+        stranger.close()
+    replay = prove(cluster.cfg.secret, "worker", "scheduler")
+    results: dict[str, Any] = {}
+
+    def fn(kv: Any) -> Any:
+        kv.init(1, mx.nd.zeros((3,)))
+        if kv.rank == 0:
+            results["servers"] = kv._po.servers
+            # after: a stranger, with or without the secret, is beyond the expected workers
+            s = Stranger(root)
+            try:
+                results["late"] = s.ask(hello("worker", replay))
+                results["late_bad"] = s.ask(hello("worker", {}))
+                results["replayed"] = s.ask(hello("worker", replay))
+            finally:
+                s.close()
+        kv.barrier()
+        kv.push(1, mx.nd.ones((3,)))
+        return kv.pull(1).asnumpy()
+
+    res = cluster.run(fn)
+    for rank in (0, 1):
+        np.testing.assert_array_equal(res[rank], np.full(3, 2.0))
+    for what in ("late", "late_bad", "replayed"):
+        assert results[what]["c"] == Command.ERROR, (what, results[what])
+    assert "beyond" in results["late"]["b"]["msg"]
+    assert "replayed" in results["replayed"]["b"]["msg"]
+    assert cluster.join(10) == {"scheduler": 0, "server 0": 0}
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) >= 5, refusals
+
+
+def test_stranger_and_garbage_to_a_server(thread_cluster: Any,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    cluster = thread_cluster(2, 2, bigarray_bound=16)
+    replies: dict[str, dict[str, Any]] = {}
+    go = threading.Event()
+
+    def attack(address: str) -> None:
+        s = Stranger(address)
+        try:
+            replies["no proof"] = s.ask(hello("worker", {}))
+            replies["wrong proof"] = s.ask(hello("worker", prove(b"nope", "worker", "server")))
+            replies["scheduler proof"] = s.ask(   # a proof for another purpose
+                hello("worker", prove(cluster.cfg.secret, "worker", "scheduler")))
+            replies["push unadmitted"] = s.ask(encode(
+                Command.PUSH, 3, [2], {"kinds": "d"}, [np.ones(3, np.float32)]))
+            replies["not json"] = s.ask([b"\xff\x00garbage"])
+            replies["empty header"] = s.ask([b""])
+            replies["unknown command"] = s.ask([b'{"c": 999, "t": 1}'])
+            replies["truncated"] = s.ask([b'{"c": 21, "t": 4, "k": [2], "a": [["float32", [3]]]}',
+                                          b"\x00" * 7])
+            replies["missing frame"] = s.ask([b'{"c": 21, "t": 4, "k": [2], '
+                                              b'"a": [["float32", [3]]]}'])
+            replies["object dtype"] = s.ask([b'{"c": 21, "t": 4, "k": [2], "a": [["object", [1]]]}',
+                                             b"\x00" * 8])
+            replies["huge shape"] = s.ask([b'{"c": 21, "t": 4, "k": [2], '
+                                           b'"a": [["float32", [-1]]]}', b""])
+        finally:
+            s.close()
+
+    def fn(kv: Any) -> Any:
+        kv.init(1, mx.nd.zeros((40,)))            # split over both servers (bound 16)
+        if kv.rank == 0:
+            for ep in kv._po.servers:
+                attack(ep["tcp"])
+            go.set()
+        else:
+            go.wait(20)
+        seen = []
+        for _ in range(3):
+            kv.push(1, mx.nd.ones((40,)))
+            seen.append(kv.pull(1).asnumpy())
+        return seen
+
+    res = cluster.run(fn)
+    for rank in (0, 1):
+        assert not isinstance(res[rank], BaseException), res[rank]
+        for got in res[rank]:
+            np.testing.assert_array_equal(got, np.full(40, 2.0))
+    for what, reply in replies.items():
+        assert reply["c"] == Command.ERROR, (what, reply)
+        assert reply["b"]["kind"] == "ProtocolError", (what, reply)
+    for what in ("no proof", "wrong proof", "scheduler proof"):
+        assert "refused" in replies[what]["b"]["msg"], replies[what]
+    assert cluster.join(10) == {"scheduler": 0, "server 0": 0, "server 1": 0}
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "refused a connection" in logged and "malformed message" in logged
+
+
+def test_malformed_requests_from_an_admitted_worker(thread_cluster: Any) -> None:
+    # an admitted peer sending nonsense gets an ERROR reply; the server keeps serving
+    cluster = thread_cluster(2, 1)
+
+    def fn(kv: Any) -> Any:
+        kv.init(1, mx.nd.zeros((3,)))
+        if kv.rank == 0:
+            bad = [(Command.PUSH, [2], {"kinds": "x"}, [np.ones(3, np.float32)]),
+                   (Command.PUSH, [2], {"kinds": "d"}, [np.ones(4, np.float32)]),
+                   (Command.PUSH, [2], None, [np.ones(3, np.float32)]),
+                   (Command.PUSH, [12345], {"kinds": "d"}, [np.ones(3, np.float32)]),
+                   (Command.PULL, [777], None, []),
+                   (Command.INIT, [2], {"entries": [{"key": 1, "shape": [3]}]},
+                    [np.ones(3, np.float32)]),
+                   (Command.COMMAND, [], {"op": "explode"}, []),
+                   (Command.COMMAND, [], {"op": "optimizer", "spec": {"name": "nope"}}, []),
+                   (Command.RSP_PULL, [2], None, [np.array([5], np.int64)])]
+            errors = []
+            for cmd, keys, body, arrays in bad:
+                ts = kv._kv.request(0, cmd, keys, body, arrays)
+                try:
+                    kv._kv.wait(ts, timeout=5)
+                except mx.KVStoreError as err:
+                    errors.append(err)
+            assert len(errors) == len(bad), errors
+            assert all("(reported by server 0)" in str(e) for e in errors)
+        kv.barrier()
+        kv.push(1, mx.nd.ones((3,)))
+        return kv.pull(1).asnumpy()
+
+    res = cluster.run(fn)
+    for rank in (0, 1):
+        assert not isinstance(res[rank], BaseException), res[rank]
+        np.testing.assert_array_equal(res[rank], np.full(3, 2.0))
+    assert cluster.join(10) == {"scheduler": 0, "server 0": 0}
