@@ -44,7 +44,9 @@ class Command(enum.IntEnum):
     PUSHPULL = 23
     RSP_PULL = 24
     COMMAND = 25       # optimizer spec, compression params, states save/load
-    ACK = 40           # a reply without arrays
+    FLUSH = 26         # reply ACK once every earlier push of this worker is applied
+    ACK = 40           # a reply without arrays (pushes get none: their ts is negative,
+                       # and only an ERROR answers one)
     DATA = 41          # a reply with arrays
     ERROR = 42         # a reply: body {"kind": error class name, "msg": text}
 

@@ -46,7 +46,7 @@ class KVWorker:
         self._server_of: dict[zmq.Socket[Any], int] = {}
         self._poller = zmq.Poller()
         self._done: dict[int, tuple[Meta, list[np.ndarray]] | Exception] = {}
-        self._outstanding: dict[int, int] = {}     # push ts -> server
+        self._dirty: set[int] = set()              # servers pushed to since the last flush
         self._deferred_error: Exception | None = None
         self._trackers: list[Any] = []
         me = socket.gethostname()
@@ -72,9 +72,9 @@ class KVWorker:
             self.wait(ts, timeout=cfg.connect_timeout)
 
     def request(self, server: int, cmd: Command, keys: Sequence[int] = (), body: Any = None,
-                arrays: Sequence[np.ndarray] = ()) -> int:
+                arrays: Sequence[np.ndarray] = (), negative: bool = False) -> int:
         """Send one request to ``server``; return its ts."""
-        ts = next(self._ts)
+        ts = -next(self._ts) if negative else next(self._ts)
         target = self._socks[server]
         if isinstance(target, UdsConn):
             if self._conns and self._poller.poll(0):
@@ -104,9 +104,12 @@ class KVWorker:
 
     def push(self, server: int, cmd: Command, keys: Sequence[int], body: Any,
              arrays: Sequence[np.ndarray]) -> int:
-        """Send a push whose ACK nobody waits for now (``flush`` collects it)."""
-        ts = self.request(server, cmd, keys, body, arrays)
-        self._outstanding[ts] = server
+        """Send a push. No reply comes unless it fails; ``flush`` waits until it is applied.
+
+        Its ts is negative, so an ERROR for it is told apart from a reply someone awaits.
+        """
+        ts = self.request(server, cmd, keys, body, arrays, negative=True)
+        self._dirty.add(server)
         return ts
 
     def _messages(self, timeout_ms: int) -> Any:
@@ -140,8 +143,7 @@ class KVWorker:
                 body = meta.body if isinstance(meta.body, dict) else {}
                 result = _server_error(str(body.get("kind", "")),
                                        str(body.get("msg", "error")), server)
-            if meta.ts in self._outstanding:
-                del self._outstanding[meta.ts]
+            if meta.ts < 0:              # only a failed push is answered
                 if isinstance(result, Exception) and self._deferred_error is None:
                     self._deferred_error = result
                 continue
@@ -189,16 +191,11 @@ class KVWorker:
         return results
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every push has been acknowledged; raise what any of them got."""
-        limit = self.cfg.request_timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        while self._outstanding:
-            self.po.check()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ClusterTimeoutError(
-                    f"worker {self.po.rank} waited {limit:g} s for {len(self._outstanding)} "
-                    "pushes to be acknowledged: another worker has not pushed the same keys. "
-                    "Make every worker push every key, or raise PSKV_REQUEST_TIMEOUT.")
-            self._receive(int(min(left, 0.2) * 1000) + 1)
+        """Wait until every push sent so far has been applied; raise what any of them got."""
+        if self._dirty:
+            servers, self._dirty = sorted(self._dirty), set()
+            tss = [self.request(s, Command.FLUSH) for s in servers]
+            for ts in tss:
+                self.wait(ts, timeout, "the servers to apply this worker's pushes (another "
+                          "worker has not pushed the same keys?)")
         self.raise_deferred()

@@ -94,6 +94,8 @@ class KVServer:
         self._verifier = Verifier(cfg.secret, "server")
         self._admitted: dict[Any, int] = {}
         self._poller: zmq.Poller | None = None
+        self._open: dict[Any, int] = {}           # per worker: pushes not yet applied
+        self._flushes: dict[Any, list[int]] = {}  # per worker: FLUSH requests waiting
         self._entries: dict[int, _Entry] = {}
         self._sync = True
         self._updater: Callable[[Any, Any, Any], None] | None = None
@@ -122,10 +124,24 @@ class KVServer:
         self._send(ident, Command.ERROR, ts, {"kind": kind, "msg": msg})
 
     def _answer(self, rep: _Reply) -> None:
-        if rep.cmd == Command.PUSH:
-            self._send(rep.ident, Command.ACK, rep.ts)
+        if rep.cmd == Command.PUSH:      # pushes are not acknowledged one by one
+            self._push_done(rep.ident)
         else:
             self._send(rep.ident, Command.DATA, rep.ts, arrays=self._values(rep))
+
+    def _push_done(self, ident: Any) -> None:
+        left = self._open.get(ident, 1) - 1
+        self._open[ident] = left
+        if left <= 0:
+            for ts in self._flushes.pop(ident, ()):
+                self._send(ident, Command.ACK, ts)
+
+    def _on_flush(self, ident: Any, worker: int, ts: int, keys: tuple[int, ...], body: Any,
+                  arrays: list[np.ndarray]) -> None:
+        if self._open.get(ident, 0) <= 0:
+            self._send(ident, Command.ACK, ts)
+        else:
+            self._flushes.setdefault(ident, []).append(ts)
 
     def _values(self, rep: _Reply) -> list[np.ndarray]:
         out = []
@@ -246,6 +262,8 @@ class KVServer:
             [d[3] for d in entry.deferred if d[3] is not None]
         for rep in {id(r): r for r in reps}.values():
             self._error(rep.ident, rep.ts, msg, kind)
+            if rep.cmd == Command.PUSH:
+                self._push_done(rep.ident)
             for other in rep.keys:   # answered: stop counting it anywhere else
                 o = self._entries.get(other)
                 if o is not None and o is not entry:
@@ -380,6 +398,8 @@ class KVServer:
                  arrays: list[np.ndarray], cmd: Command = Command.PUSH) -> None:
         items = self._split_push(keys, body, arrays)     # validate all before any change
         rep = _Reply(ident, ts, cmd, keys)
+        if cmd == Command.PUSH:
+            self._open[ident] = self._open.get(ident, 0) + 1
         rep.remaining = 1                                 # held until every key is queued
         for k, _, kind, part in items:
             self._push_one(k, worker, part, kind, rep if self._sync else None)
@@ -452,7 +472,7 @@ class KVServer:
     _handlers: dict[Command, Callable[..., None]] = {
         Command.INIT: _on_init, Command.PUSH: _on_push, Command.PULL: _on_pull,
         Command.PUSHPULL: _on_pushpull, Command.RSP_PULL: _on_rsp_pull,
-        Command.COMMAND: _on_command,
+        Command.COMMAND: _on_command, Command.FLUSH: _on_flush,
     }
 
     # ---- loop ---------------------------------------------------------------------------------
