@@ -285,21 +285,22 @@ def figures(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
-def target_rows(figs: dict[str, dict[str, Any]], servers: list[int]) -> list[dict[str, Any]]:
+def target_rows(figs: dict[str, dict[str, Any]], servers: list[int],
+                variants: list[str]) -> list[dict[str, Any]]:
     rows = []
-    for s in servers:
-        mx_f, ps_f = figs.get(f"mxnet/S{s}", {}), figs.get(f"pskv/S{s}", {})
+    for variant, s in ((v, s) for v in variants for s in servers):
+        mx_f, ps_f = figs.get(f"mxnet/S{s}", {}), figs.get(f"{variant}/S{s}", {})
         for name, (goal, desc) in TARGETS.items():
             m = (mx_f.get(name) or {}).get("value")
             p = (ps_f.get(name) or {}).get("value")
             if m is None or p is None:
-                rows.append({"servers": s, "figure": name, "goal": goal, "target": desc,
-                             "ratio": None, "verdict": "n/a"})
+                rows.append({"pskv": variant, "servers": s, "figure": name, "goal": goal,
+                             "target": desc, "ratio": None, "verdict": "n/a"})
                 continue
             ratio = p / m
             ok = ratio <= goal if name == "small" else ratio >= goal
-            rows.append({"servers": s, "figure": name, "goal": goal, "target": desc,
-                         "ratio": ratio, "verdict": "PASS" if ok else "MISS"})
+            rows.append({"pskv": variant, "servers": s, "figure": name, "goal": goal,
+                         "target": desc, "ratio": ratio, "verdict": "PASS" if ok else "MISS"})
     return rows
 
 
@@ -333,8 +334,9 @@ def _extra(fig: dict[str, Any] | None, name: str) -> str:
 
 def result_table(data: dict[str, Any], markdown: bool) -> str:
     jobs = [j for j in data["job_order_keys"]]
-    header = ["figure"] + jobs + [f"pskv/MXNet S={s}" for s in data["servers"]
-                                  if f"mxnet/S{s}" in jobs and f"pskv/S{s}" in jobs]
+    pairs = [(v, s) for s in data["servers"] for v in data["variants"]
+             if f"mxnet/S{s}" in jobs and f"{v}/S{s}" in jobs]
+    header = ["figure"] + jobs + [f"{v}/MXNet S={s}" for v, s in pairs]
     rows = []
     for name in data["workload_names"]:
         row = [LABELS.get(name, name)]
@@ -344,19 +346,18 @@ def result_table(data: dict[str, Any], markdown: bool) -> str:
             bad = w0 and any(c.startswith("wrong") for c in w0["check"])
             row.append((_fmt(f["value"] if f else None, name) + _extra(w0, name)
                         + (" (wrong)" if bad else "")) if f else "error")
-        for s in data["servers"]:
+        for v, s in pairs:
             m = data["figures"].get(f"mxnet/S{s}", {}).get(name)
-            p = data["figures"].get(f"pskv/S{s}", {}).get(name)
-            if f"mxnet/S{s}" in jobs and f"pskv/S{s}" in jobs:
-                row.append(f"{p['value'] / m['value']:.2f}x" if m and p and m["value"] and
-                           p["value"] else "n/a")
+            p = data["figures"].get(f"{v}/S{s}", {}).get(name)
+            row.append(f"{p['value'] / m['value']:.2f}x" if m and p and m["value"] and
+                       p["value"] else "n/a")
         rows.append(row)
     return _common.md_table(header, rows) if markdown else _common.text_table(header, rows)
 
 
 def targets_table(data: dict[str, Any], markdown: bool) -> str:
-    header = ["S", "target", "pskv/MXNet", "verdict"]
-    rows = [[r["servers"], r["target"], "n/a" if r["ratio"] is None else f"{r['ratio']:.2f}",
+    header = ["pskv", "S", "target", "pskv/MXNet", "verdict"]
+    rows = [[r["pskv"], r["servers"], r["target"], "n/a" if r["ratio"] is None else f"{r['ratio']:.2f}",
              r["verdict"]] for r in data["targets"]]
     return _common.md_table(header, rows) if markdown else _common.text_table(header, rows)
 
@@ -373,9 +374,10 @@ def markdown(data: dict[str, Any]) -> str:
         f"- load average (1, 5, 15 min): {m['loadavg_at_start']} at start, "
         f"{m.get('loadavg_at_end')} at end",
         f"- cluster: {NUM_WORKERS} workers, S servers, one scheduler, all on this host; "
-        f"dist_sync; pskv transport `{data['transport']}`"
-        f"{' (ipc:// between processes of one host)' if data['transport'] == 'auto' else ''};"
-        f" MXNet over loopback TCP; server handler `{data['server_handler']}`",
+        "dist_sync; `pskv` is pskv's default transport (`PSKV_TRANSPORT=auto`: Unix "
+        "sockets between processes of one host), `pskv-tcp` forces ZeroMQ over loopback "
+        f"TCP; MXNet (ps-lite) uses ZeroMQ over loopback TCP; server handler "
+        f"`{data['server_handler']}`",
         f"- versions: {data.get('versions')}",
         f"- rounds: {data['rounds']} (jobs in order: {', '.join(data['job_order'])})",
         "",
@@ -414,8 +416,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--server-handler", choices=["normal", "empty"], default="normal",
                    help="empty: pskv servers that do no arithmetic (transport alone; "
                         "pskv only, MXNet's servers have no such mode)")
-    p.add_argument("--transport", choices=["auto", "tcp", "ipc"], default="auto",
-                   help="pskv's PSKV_TRANSPORT (auto takes ipc between local processes)")
+    p.add_argument("--transport", choices=["auto", "tcp", "ipc"], nargs="+",
+                   default=["auto", "tcp"],
+                   help="pskv's PSKV_TRANSPORT, one pskv job per value (default: auto tcp; "
+                        "auto takes Unix sockets between processes of one host)")
     p.add_argument("--no-mxnet", action="store_true", help=f"ignore {ENV_MXNET_PYTHON}")
     p.add_argument("--timeout", type=float, default=None,
                    help="hard limit per job in seconds (default 300, --quick 120)")
@@ -438,22 +442,24 @@ def main(argv: list[str] | None = None) -> int:
                                         if int(k) in args.sizes}
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
-    libs: dict[str, str] = {}
+    libs: dict[str, tuple[str, str, str]] = {}     # label -> (library, python, transport)
     mxpy = os.environ.get(ENV_MXNET_PYTHON)
     if mxpy and not args.no_mxnet and args.server_handler == "normal":
-        libs["mxnet"] = mxpy
+        libs["mxnet"] = ("mxnet", mxpy, "tcp")
     elif args.server_handler == "empty":
         log.info("--server-handler=empty: pskv only (MXNet's servers have no empty handler)")
     elif not args.no_mxnet:
         log.info("%s is not set: pskv only; the MXNet targets read n/a", ENV_MXNET_PYTHON)
-    libs["pskv"] = sys.executable
+    for t in dict.fromkeys(args.transport):
+        libs["pskv" if t == "auto" else f"pskv-{t}"] = ("pskv", sys.executable, t)
+    variants = [v for v in libs if v != "mxnet"]
     timeout = args.timeout or (120.0 if args.quick else 300.0)
 
     data: dict[str, Any] = {
         "benchmark": "bench_dist", "command": _common.command_line(),
         "timestamp": _common.timestamp(), "commit": _common.commit_info(),
         "machine": _common.machine_info(), "servers": args.servers, "rounds": args.rounds,
-        "num_workers": NUM_WORKERS, "transport": args.transport,
+        "num_workers": NUM_WORKERS, "transport": args.transport, "variants": variants,
         "server_handler": args.server_handler, "config": config, "job_order": [],
         "errors": {}, "jobs": {}, "issue_pslite": ISSUE_PSLITE,
     }
@@ -472,8 +478,8 @@ def main(argv: list[str] | None = None) -> int:
                     if args.profile:
                         cfg["profile_dir"] = str(args.profile / tag)
                         Path(cfg["profile_dir"]).mkdir(parents=True, exist_ok=True)
-                    job = Job(lib, libs[lib], s, cfg, tmp, tag, args.server_handler,
-                              args.transport)
+                    name, python, transport = libs[lib]
+                    job = Job(name, python, s, cfg, tmp, tag, args.server_handler, transport)
                     t0 = time.monotonic()
                     log.info("job %s ...", tag)
                     try:
@@ -492,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
                     data["jobs"][tag] = [{k: v for k, v in w.items() if k != "results"}
                                          for w in res]
                     n += 1
-                order.reverse()     # alternate which library goes first
+                order = order[1:] + order[:1]    # rotate which library goes first
     data["elapsed_s"] = time.monotonic() - t_all
     try:
         data["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -505,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     for f in data["figures"].values():
         names += [n for n in f if n not in names]
     data["workload_names"] = names
-    data["targets"] = target_rows(data["figures"], args.servers)
+    data["targets"] = target_rows(data["figures"], args.servers, variants)
     data["versions"] = {lib: next((w[0]["version"] for w in v if w and w[0]), None)
                         for lib, v in {k.split("/")[0]: runs[k] for k in runs}.items()}
     data["raw"] = runs
