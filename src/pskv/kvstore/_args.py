@@ -110,13 +110,14 @@ def normalize(key: Any, value: Any, what: str = "value") -> tuple[list[int | str
     where: dict[int | str, int] = {}
     kind: type | None = None
     for raw, val in zip(key, value):
-        k = check_key(raw)
+        k = raw if type(raw) is int or type(raw) is str else check_key(raw)
         if kind is None:
             kind = type(k)
         elif type(k) is not kind:
             raise KeyTypeError(
                 f"keys {list(key)!r} mix int and str. Use one kind of key per store.", key=k)
-        vals = _values_for_key(k, val, what)
+        tv = type(val)
+        vals = [val] if tv is NDArray or tv is np.ndarray else _values_for_key(k, val, what)
         i = where.get(k)
         if i is None:
             where[k] = len(keys)

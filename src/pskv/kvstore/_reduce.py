@@ -46,9 +46,9 @@ class Reducer:
         return [(a, min(a + step, size)) for a in range(0, size, step)]
 
     def _run(self, out: np.ndarray, arrays: Sequence[np.ndarray]) -> None:
-        flat_ok = out.flags.c_contiguous and all(
-            a.flags.c_contiguous and a.shape == out.shape for a in arrays)
-        if self.threads == 1 or out.size < PARALLEL_MIN or not flat_ok:
+        if out.size < PARALLEL_MIN or self.threads == 1 or not (
+                out.flags.c_contiguous and all(a.flags.c_contiguous and a.shape == out.shape
+                                               for a in arrays)):
             _sum_chunk(out, arrays)
             return
         if self._pool is None:
@@ -70,8 +70,34 @@ class Reducer:
 
     def copy_into(self, out: np.ndarray, src: np.ndarray) -> np.ndarray:
         """``out[:] = src``, cast same_kind."""
-        self._run(out, (src,))
+        if out.size < PARALLEL_MIN:
+            np.copyto(out, src, casting="same_kind")
+        else:
+            self._run(out, (src,))
         return out
+
+    def broadcast_into(self, outs: Sequence[np.ndarray], src: np.ndarray) -> None:
+        """``o[:] = src`` for every ``o``, one hand-off to the pool for all of them."""
+        if len(outs) == 1 or src.size < PARALLEL_MIN or self.threads == 1 or not (
+                src.flags.c_contiguous and all(o.flags.c_contiguous and o.shape == src.shape
+                                               for o in outs)):
+            for o in outs:
+                self.copy_into(o, src)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="pskv-reduce")
+        flat = src.reshape(-1)
+        flats = [o.reshape(-1) for o in outs]
+
+        def chunk(a: int, b: int) -> None:
+            for f in flats:
+                np.copyto(f[a:b], flat[a:b], casting="same_kind")
+
+        chunks = self._chunks(flat.size)
+        futures = [self._pool.submit(chunk, a, b) for a, b in chunks[1:]]
+        chunk(*chunks[0])
+        for fut in futures:
+            fut.result()
 
     def close(self) -> None:
         """Stop the pool's threads (a later call starts a new pool)."""

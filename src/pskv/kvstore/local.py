@@ -109,6 +109,10 @@ class LocalKVStore(KVStoreBase):
                      into: bool = False) -> None:
         """``arr`` fits ``stored`` (anything with shape and dtype): same shape, and a
         same_kind cast into it (``into``: out of it)."""
+        data = getattr(arr, "_data", None)
+        if type(data) is np.ndarray and type(arr) is not RowSparseNDArray and \
+                data.shape == stored.shape and data.dtype == stored.dtype:
+            return                        # the common case, decided without NumPy calls
         shape = tuple(arr.shape)
         if shape != stored.shape:
             raise ShapeMismatchError(
@@ -205,10 +209,30 @@ class LocalKVStore(KVStoreBase):
         array([3., 3., 3.], dtype=float32)
         """
         with self._lock:
+            if self._fast_push(key, value):
+                return
             self._check_open()
             keys, groups = normalize(key, value)
             self._validate_push(keys, groups)
             self._push_validated(keys, groups)
+
+    def _fast_push(self, key: Any, value: Any) -> bool:
+        """One key, one dense array of the stored shape and dtype, assign: copy it in.
+
+        Everything the general path checks holds here by construction; anything else
+        returns False and takes the general path.
+        """
+        if self._updater is not None or self._gc is not None or self._closed or \
+                (type(key) is not int and type(key) is not str):
+            return False
+        stored = self._store.get(key)
+        if type(stored) is not NDArray:
+            return False
+        data = _dense_data(value)
+        if data is None or data.shape != stored._data.shape or data.dtype != stored._data.dtype:
+            return False
+        self._reducer.copy_into(stored._data, data)
+        return True
 
     def _validate_push(self, keys: list[int | str], groups: list[list[Any]]) -> None:
         self._check_kind(keys)
@@ -297,6 +321,14 @@ class LocalKVStore(KVStoreBase):
         None, or with ``out=None`` the pulled array (a list for a list of keys).
         """
         with self._lock:
+            if not self._closed and (type(key) is int or type(key) is str):
+                stored = self._store.get(key)
+                data = _dense_data(out)
+                if data is not None and type(stored) is NDArray and data.flags.writeable \
+                        and data.shape == stored._data.shape \
+                        and data.dtype == stored._data.dtype:
+                    self._reducer.copy_into(data, stored._data)    # the one-key fast path
+                    return None
             self._check_open()
             if out is None:
                 return self._pull_new(key)
@@ -319,6 +351,7 @@ class LocalKVStore(KVStoreBase):
                         ignore_sparse: bool) -> None:
         for k, outs in zip(keys, groups):
             stored = self._store[k]
+            dense = []
             for o in outs:
                 if isinstance(o, RowSparseNDArray):
                     if ignore_sparse:
@@ -327,7 +360,9 @@ class LocalKVStore(KVStoreBase):
                     o._data = np.array(stored._dense(), dtype=o.dtype, copy=True)
                     o._indices = np.arange(stored.shape[0], dtype=np.int64)
                     continue
-                self._reducer.copy_into(as_numpy(o), stored._dense())
+                dense.append(o._data if type(o) is NDArray else as_numpy(o))
+            if dense:
+                self._reducer.broadcast_into(dense, stored._dense())
 
     def _warn_sparse(self, key: int | str) -> None:
         if key not in self._warned:
@@ -628,6 +663,15 @@ class LocalKVStore(KVStoreBase):
 
     def __repr__(self) -> str:
         return f"<LocalKVStore type={self._type!r} keys={len(self._store)}>"
+
+
+def _dense_data(value: Any) -> np.ndarray | None:
+    """The buffer of a dense NDArray or NumPy array; None for anything else."""
+    if type(value) is np.ndarray:
+        return value
+    if isinstance(value, NDArray) and type(value) is not RowSparseNDArray:
+        return value._data
+    return None
 
 
 def _sum_row_sparse(vals: list[Any]) -> RowSparseNDArray:
