@@ -115,6 +115,7 @@ class Job:
         self.tmp, self.tag = tmp, tag
         self.handler, self.transport = handler, transport
         self.config_path = tmp / f"{tag}.config.json"
+        self.config = config
         self.config_path.write_text(json.dumps(config))
         self.out_prefix = tmp / f"{tag}.out"
         self.procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
@@ -133,12 +134,16 @@ class Job:
                 env["PSKV_TRANSPORT"] = self.transport
         return env
 
-    def _node_argv(self) -> list[str]:
+    def _node_argv(self, label: str) -> list[str]:
         if self.lib == "mxnet":
             return [self.python, "-c", "import mxnet"]
+        prof = self.config.get("profile_dir")
+        pre = [self.python] if not prof or label == "scheduler" else \
+            [self.python, "-m", "cProfile", "-o",
+             str(Path(prof) / f"{label.replace(' ', '')}.prof")]
         if self.handler == "empty":
-            return [self.python, str(WORKER), "serve-empty"]
-        return [self.python, "-m", "pskv.server"]
+            return pre + [str(WORKER), "serve-empty"]
+        return pre + ["-m", "pskv.server"]
 
     def _start(self, label: str, argv: list[str], env: dict[str, str]) -> None:
         logf = self.tmp / f"{self.tag}.{label.replace(' ', '')}.log"
@@ -152,9 +157,11 @@ class Job:
         """Run the job to its end; the workers' JSON (by rank). Raises on any failure."""
         port = free_port()
         try:
-            self._start("scheduler", self._node_argv(), self._env("scheduler", port))
+            self._start("scheduler", self._node_argv("scheduler"),
+                        self._env("scheduler", port))
             for i in range(self.num_servers):
-                self._start(f"server {i}", self._node_argv(), self._env("server", port))
+                label = f"server {i}"
+                self._start(label, self._node_argv(label), self._env("server", port))
             wargv = [self.python, str(WORKER), "worker", self.lib, str(self.config_path),
                      str(self.out_prefix)]
             for i in range(NUM_WORKERS):
@@ -424,7 +431,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=None,
                    help="hard limit per job in seconds (default 300, --quick 120)")
     p.add_argument("--profile", type=Path, default=None,
-                   help="write cProfile stats of worker 0's timed loops into this folder")
+                   help="write cProfile stats into this folder: worker 0's timed loops, "
+                        "and each pskv server's whole run")
     p.add_argument("--out", type=Path, default=_common.RESULTS_DIR,
                    help="results folder (default benchmarks/results)")
     p.add_argument("--name", default="bench_dist", help="results file name (no suffix)")
