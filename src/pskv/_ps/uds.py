@@ -135,8 +135,13 @@ class UdsConn:
             buf = self._bufs[index] = np.empty(nbytes, np.uint8)
         return buf[:nbytes].view(dtype).reshape(shape)
 
-    def recv(self, alloc: Alloc | None = None) -> tuple[Meta, list[np.ndarray]]:
-        """Read one whole message; arrays land in buffers from ``alloc`` (default: reuse)."""
+    def recv(self, alloc_for: Callable[[Meta], Alloc | None] | None = None) \
+            -> tuple[Meta, list[np.ndarray]]:
+        """Read one whole message.
+
+        Arrays land in the buffers ``alloc_for(meta)`` gives (when it gives an Alloc), else
+        in buffers reused between messages (:meth:`reuse`).
+        """
         prefix = bytearray(_PREFIX.size)
         self._read_into(memoryview(prefix))
         magic, hlen = _PREFIX.unpack(prefix)
@@ -145,7 +150,7 @@ class UdsConn:
         header = bytearray(hlen)
         self._read_into(memoryview(header))
         meta, specs = parse_header(header)
-        get = alloc or self.reuse
+        get = (alloc_for(meta) if alloc_for is not None else None) or self.reuse
         arrays = []
         for i, (dt, shape, nbytes) in enumerate(specs):
             arr = get(i, dt, shape)

@@ -49,6 +49,7 @@ class KVWorker:
         self._dirty: set[int] = set()              # servers pushed to since the last flush
         self._deferred_error: Exception | None = None
         self._trackers: list[Any] = []
+        self._into: dict[int, Sequence[np.ndarray | None]] = {}
         me = socket.gethostname()
         self._conns: dict[int, tuple[UdsConn, int]] = {}
         for rank, ep in enumerate(po.servers):
@@ -72,11 +73,18 @@ class KVWorker:
             self.wait(ts, timeout=cfg.connect_timeout)
 
     def request(self, server: int, cmd: Command, keys: Sequence[int] = (), body: Any = None,
-                arrays: Sequence[np.ndarray] = (), negative: bool = False) -> int:
-        """Send one request to ``server``; return its ts."""
+                arrays: Sequence[np.ndarray] = (), negative: bool = False,
+                into: Sequence[np.ndarray | None] | None = None) -> int:
+        """Send one request to ``server``; return its ts.
+
+        ``into``: where the reply's arrays should land, one per array (None: anywhere);
+        honoured on the same-host path when shape and dtype match.
+        """
         ts = -next(self._ts) if negative else next(self._ts)
         target = self._socks[server]
         if isinstance(target, UdsConn):
+            if into is not None:
+                self._into[ts] = into
             if self._conns and self._poller.poll(0):
                 self._receive(0)      # keep the server's replies from piling up
             target.send(cmd, ts, keys, body, arrays)   # written now: buffers are free again
@@ -112,13 +120,30 @@ class KVWorker:
         self._dirty.add(server)
         return ts
 
+    def sends_now(self, server: int) -> bool:
+        """Whether a request to ``server`` is written before ``request`` returns (so the
+        arrays it carries may be changed right after)."""
+        return isinstance(self._socks[server], UdsConn)
+
+    def _alloc_for(self, meta: Meta, conn: UdsConn) -> Any:
+        into = self._into.pop(meta.ts, None)
+        if into is None:
+            return None
+
+        def alloc(i: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
+            t = into[i] if i < len(into) else None
+            if t is not None and t.dtype == dtype and t.shape == shape:
+                return t
+            return conn.reuse(i, dtype, shape)
+        return alloc
+
     def _messages(self, timeout_ms: int) -> Any:
         """Yield (server, meta, arrays) for every message that arrives within the timeout."""
         for sock, _ in self._poller.poll(timeout_ms):
             if isinstance(sock, int):
                 conn, server = self._conns[sock]
                 try:
-                    meta, arrays = conn.recv()
+                    meta, arrays = conn.recv(lambda m, c=conn: self._alloc_for(m, c))
                 except ProtocolError as err:
                     self._deferred_error = ProtocolError(f"server {server} sent a bad reply: "
                                                          f"{err}")

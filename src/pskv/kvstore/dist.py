@@ -224,7 +224,13 @@ class DistKVStore(LocalKVStore):
                         key=k, store_type=self._type)
 
     def _merged_dense(self, key: int | str, info: _KeyInfo, vals: list[Any]) -> np.ndarray:
-        """The sum of ``vals`` in this key's own send buffer (never the caller's memory)."""
+        """The sum of ``vals``: the caller's own array when it is one array that is written
+        out before push returns (the same-host path), else this key's send buffer."""
+        if len(vals) == 1 and self._wire_gc is None:
+            data = vals[0]._data if type(vals[0]) is NDArray else as_numpy(vals[0])
+            if data.dtype == info.dtype and data.flags.c_contiguous and all(
+                    self._kv.sends_now(seg.server) for seg in info.segments):
+                return data
         buf = self._sendbuf.get(key)
         if buf is None:
             buf = self._sendbuf[key] = np.empty(info.shape, info.dtype)
@@ -284,23 +290,34 @@ class DistKVStore(LocalKVStore):
 
     # ---- pull --------------------------------------------------------------------------------
     def _fetch(self, keys: list[int | str], cmd: Command = Command.PULL,
-               push: dict[int, tuple[list[int], str, list[np.ndarray]]] | None = None) \
+               push: dict[int, tuple[list[int], str, list[np.ndarray]]] | None = None,
+               targets: dict[int | str, np.ndarray] | None = None) \
             -> dict[int | str, list[np.ndarray]]:
-        """Each key's segments as the servers hold them now (after this worker's pushes)."""
+        """Each key's segments as the servers hold them now (after this worker's pushes).
+
+        ``targets``: an array per key that the reply may be read straight into (then the
+        returned parts are views of it).
+        """
         per: dict[int, list[int]] = {}
+        into: dict[int, list[np.ndarray | None]] = {}
         for k in keys:
             info: _KeyInfo = self._store[k]  # type: ignore[assignment]
+            t = targets.get(k) if targets else None
+            flat = t.reshape(-1) if t is not None and len(info.segments) > 1 else None
             for seg in info.segments:
                 per.setdefault(seg.server, []).append(info.pskey)
+                into.setdefault(seg.server, []).append(
+                    None if t is None else t if flat is None else flat[seg.start:seg.stop])
         if push is not None:
-            tss = {s: self._kv.request(s, cmd, pk, {"kinds": kinds}, arrays)
+            tss = {s: self._kv.request(s, cmd, pk, {"kinds": kinds}, arrays,
+                                       into=into.get(s))
                    for s, (pk, kinds, arrays) in push.items()}
         else:
-            tss = {s: self._kv.request(s, cmd, pk) for s, pk in per.items()}
+            tss = {s: self._kv.request(s, cmd, pk, into=into[s]) for s, pk in per.items()}
         replies = dict(zip(tss, self._kv.wait_all(list(tss.values()), "a pull reply")))
         got: dict[int, list[np.ndarray]] = {}
         for s, (meta, arrays) in replies.items():
-            if len(arrays) != len(meta.keys) and len(arrays) != len(per[s]):
+            if len(arrays) != len(per[s]):
                 raise ClusterError(f"server {s} answered {len(arrays)} arrays for "
                                    f"{len(per[s])} keys (reported by server {s})")
             got[s] = list(arrays)
@@ -312,22 +329,39 @@ class DistKVStore(LocalKVStore):
 
     def _assemble(self, info: _KeyInfo, parts: list[np.ndarray], out: np.ndarray) -> None:
         if len(parts) == 1:
-            np.copyto(out, parts[0].reshape(info.shape), casting="same_kind")
+            if not np.shares_memory(parts[0], out):      # not read in place
+                np.copyto(out, parts[0].reshape(info.shape), casting="same_kind")
             return
-        if info.sparse:
-            for seg, part in zip(info.segments, parts):
-                np.copyto(out[seg.start:seg.stop], part, casting="same_kind")
-            return
-        flat = out.reshape(-1)
+        dst = out if info.sparse else out.reshape(-1)
         for seg, part in zip(info.segments, parts):
-            np.copyto(flat[seg.start:seg.stop], part, casting="same_kind")
+            view = dst[seg.start:seg.stop]
+            if not np.shares_memory(part, view):
+                np.copyto(view, part, casting="same_kind")
+
+    @staticmethod
+    def _target(info: _KeyInfo, outs: list[Any]) -> np.ndarray | None:
+        """An out the reply can be read straight into: dense, contiguous, same dtype."""
+        for o in outs:
+            if isinstance(o, RowSparseNDArray):
+                continue
+            arr = as_numpy(o)
+            if arr.dtype == info.dtype and arr.flags.c_contiguous and arr.flags.writeable:
+                return arr
+        return None
 
     def _pull_validated(self, keys: list[int | str], groups: list[list[Any]],
                         ignore_sparse: bool, fetched: dict[int | str, list[np.ndarray]]
                         | None = None) -> None:
         wanted = [k for k, outs in zip(keys, groups)
                   if any(not (ignore_sparse and isinstance(o, RowSparseNDArray)) for o in outs)]
-        parts = fetched if fetched is not None else (self._fetch(wanted) if wanted else {})
+        if fetched is None:
+            targets = {}
+            for k, outs in zip(keys, groups):
+                t = self._target(self._store[k], outs)  # type: ignore[arg-type]
+                if t is not None and k in wanted:
+                    targets[k] = t
+            fetched = self._fetch(wanted, targets=targets) if wanted else {}
+        parts = fetched
         for k, outs in zip(keys, groups):
             info: _KeyInfo = self._store[k]  # type: ignore[assignment]
             for o in outs:
@@ -384,7 +418,14 @@ class DistKVStore(LocalKVStore):
             self._validate_push(keys, groups)
             self._validate_pull(okeys, ogroups)
             self._kv.flush_sent()
-            fetched = self._fetch(keys, Command.PUSHPULL, self._push_items(keys, groups))
+            items = self._push_items(keys, groups)
+            targets = {}
+            if out is not None:     # with out=None the reply overwrites the values: later
+                for k, outs in zip(okeys, ogroups):
+                    t = self._target(self._store[k], outs)  # type: ignore[arg-type]
+                    if t is not None:
+                        targets[k] = t
+            fetched = self._fetch(keys, Command.PUSHPULL, items, targets)
             self._pull_validated(okeys, ogroups, True, fetched)
 
     def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
