@@ -63,7 +63,7 @@ class ThreadCluster:
             role=Role.WORKER, root_port=free_port(), num_servers=self.num_servers,
             num_workers=self.num_workers, secret=b"thread-cluster-secret",
             heartbeat_interval=0.2, heartbeat_timeout=3.0, request_timeout=10.0,
-            connect_timeout=10.0, shutdown_timeout=10.0, transport="tcp")
+            connect_timeout=10.0, shutdown_timeout=10.0)
         settings.update(self.overrides)
         self.cfg = ClusterConfig(**settings)
         self.codes: dict[str, int | BaseException] = {}

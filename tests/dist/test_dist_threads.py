@@ -43,8 +43,8 @@ def both_equal(results: dict[int, Any]) -> Any:
 
 
 # ---- sums and rounds ----------------------------------------------------------------------
-@pytest.mark.parametrize("servers", [1, 2])
-def test_sync_sum(servers: int, run_threads: Any) -> None:
+@pytest.mark.parametrize("servers,transport", [(1, "auto"), (2, "auto"), (2, "tcp")])
+def test_sync_sum(servers: int, transport: str, run_threads: Any) -> None:
     def fn(kv: Any) -> Any:
         assert (kv.type, kv.num_workers) == ("dist_sync", 2)
         kv.init(3, mx.nd.ones(SHAPE))
@@ -59,7 +59,8 @@ def test_sync_sum(servers: int, run_threads: Any) -> None:
         kv.pull([5, 7], out=outs)
         return first, out.asnumpy(), outs[0].asnumpy(), outs[1].asnumpy()
 
-    first, summed, big, small = both_equal(run_threads(fn, num_servers=servers))
+    first, summed, big, small = both_equal(run_threads(fn, num_servers=servers,
+                                                       transport=transport))
     np.testing.assert_array_equal(first, np.ones(SHAPE))
     np.testing.assert_array_equal(summed, np.full(SHAPE, 3.0))
     np.testing.assert_array_equal(big, np.full(40, 4.0))
@@ -82,23 +83,29 @@ def test_sync_rounds_pull_after_push_sees_its_round(run_threads: Any) -> None:
     assert seen == [20.0 * r + 1 for r in range(rounds)]
 
 
-def test_second_push_before_others_goes_to_next_round(run_threads: Any) -> None:
-    # rounds count distinct workers (MXNet counts requests and would sum 1 + 10 here)
+@pytest.mark.parametrize("size", [2, 20000], ids=["small", "big"])
+def test_second_push_before_others_goes_to_next_round(size: int, run_threads: Any) -> None:
+    # rounds count distinct workers (MXNet counts requests and would sum 1 + 10 here); big
+    # pushes check that a deferred push's data survives the same worker's next message
     def fn(kv: Any) -> Any:
-        kv.init(3, mx.nd.zeros((2,)))
+        kv.init([3, 4], [mx.nd.zeros((size,)), mx.nd.zeros((size,))])
         if kv.rank == 0:
-            kv.push(3, mx.nd.ones((2,)))
-            kv.push(3, mx.nd.ones((2,)) * 10)
-            return kv.pull(3).asnumpy()          # the round of its second push
-        kv.push(3, mx.nd.ones((2,)) * 100)
+            kv.push(3, mx.nd.ones((size,)))
+            kv.push(3, mx.nd.ones((size,)) * 10)
+            kv.push(4, mx.nd.ones((size,)) * 7)
+            return kv.pull(3).asnumpy(), kv.pull(4).asnumpy()   # its second push's round
+        kv.push(3, mx.nd.ones((size,)) * 100)
         first = kv.pull(3).asnumpy()             # the round of its first push
-        kv.push(3, mx.nd.ones((2,)) * 1000)
-        return first, kv.pull(3).asnumpy()
+        kv.push(3, mx.nd.ones((size,)) * 1000)
+        kv.push(4, mx.nd.ones((size,)))
+        return first, kv.pull(3).asnumpy(), kv.pull(4).asnumpy()
 
-    res = ok(run_threads(fn))
-    np.testing.assert_array_equal(res[0], [1010.0, 1010.0])
-    np.testing.assert_array_equal(res[1][0], [101.0, 101.0])
-    np.testing.assert_array_equal(res[1][1], [1010.0, 1010.0])
+    res = ok(run_threads(fn, num_servers=2))
+    np.testing.assert_array_equal(res[0][0], np.full(size, 1010.0))
+    np.testing.assert_array_equal(res[0][1], np.full(size, 8.0))
+    np.testing.assert_array_equal(res[1][0], np.full(size, 101.0))
+    np.testing.assert_array_equal(res[1][1], np.full(size, 1010.0))
+    np.testing.assert_array_equal(res[1][2], np.full(size, 8.0))
 
 
 def test_pushpull_and_broadcast(run_threads: Any) -> None:
