@@ -413,8 +413,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="smoke run: few iterations (<2 min)")
     p.add_argument("--servers", type=int, nargs="+", default=[1, 2],
                    help="numbers of servers to run (default: 1 2)")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="run every job this many times (alternating libraries)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="run every job this many times, alternating libraries; the repeats "
+                        "of all rounds are pooled (default 3, --quick 1)")
     p.add_argument("--only", nargs="+",
                    choices=["small", "dense", "list", "resnet", "resnet_sgd"],
                    help="run only these workloads")
@@ -443,6 +444,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
     config: dict[str, Any] = {"workloads": workloads(args.quick, args.only),
                               "empty": args.server_handler == "empty"}
     if args.sizes and "dense" in config["workloads"]:
