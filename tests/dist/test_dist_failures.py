@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import struct
 import threading
 import time
 from typing import Any
@@ -261,3 +263,118 @@ def test_malformed_requests_from_an_admitted_worker(thread_cluster: Any) -> None
         assert not isinstance(res[rank], BaseException), res[rank]
         np.testing.assert_array_equal(res[rank], np.full(3, 2.0))
     assert cluster.join(10) == {"scheduler": 0, "server 0": 0}
+
+
+# ---- the same-host socket (Unix domain) -------------------------------------------------------
+def uds_exchange(path: str, data: bytes, timeout: float = 5.0) -> bytes:
+    """Send ``data`` on a fresh connection; everything the server sends until it closes.
+
+    Ends with ``<open>`` if the server kept the connection, ``<reset>`` if it closed it with
+    bytes unread (the kernel then resets the connection, and its reply may be lost).
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        got = b""
+        try:
+            sock.sendall(data)
+            while True:
+                try:
+                    chunk = sock.recv(65536)
+                except TimeoutError:
+                    return got + b"<open>"
+                if not chunk:
+                    return got
+                got += chunk
+        except (ConnectionResetError, BrokenPipeError):
+            return got + b"<reset>"
+
+
+def uds_frame(header: bytes, payload: bytes = b"") -> bytes:
+    return b"PSKV" + struct.pack("<I", len(header)) + header + payload
+
+
+def test_garbage_on_the_same_host_socket(thread_cluster: Any) -> None:
+    cluster = thread_cluster(2, 1)
+    replies: dict[str, bytes] = {}
+    go = threading.Event()
+
+    def fn(kv: Any) -> Any:
+        kv.init(1, mx.nd.zeros((3,)))
+        if kv.rank == 0:
+            path = kv._po.servers[0].get("uds")
+            if path is not None:
+                replies["garbage"] = uds_exchange(path, b"GET / HTTP/1.0\r\n\r\n")
+                replies["bad header"] = uds_exchange(path, uds_frame(b"{not json"))
+                replies["bad dtype"] = uds_exchange(path, uds_frame(
+                    b'{"c": 21, "t": 4, "k": [2], "a": [["object", [1]]]}', b"\x00" * 8))
+                replies["unadmitted push"] = uds_exchange(path, uds_frame(
+                    b'{"c": 21, "t": 4, "k": [2], "b": {"kinds": "d"}, '
+                    b'"a": [["float32", [3]]]}', b"\x00" * 12), timeout=1.0)
+            go.set()
+        else:
+            go.wait(20)
+        kv.push(1, mx.nd.ones((3,)))
+        return kv.pull(1).asnumpy()
+
+    res = cluster.run(fn)
+    for rank in (0, 1):
+        assert not isinstance(res[rank], BaseException), res[rank]
+        np.testing.assert_array_equal(res[rank], np.full(3, 2.0))
+    assert cluster.join(10) == {"scheduler": 0, "server 0": 0}
+    if not replies:
+        pytest.skip("this server has no same-host socket (issue #3)")
+    # an ERROR reply, then the connection is closed (the reply may be lost to a reset when
+    # the server drops a connection with bytes unread)
+    for what in ("garbage", "bad header", "bad dtype"):
+        reply = replies[what]
+        assert b'"c":42' in reply or reply.endswith(b"<reset>"), (what, reply)
+        assert not reply.endswith(b"<open>"), (what, reply)
+    # a well-formed request from a peer that never said HELLO: refused, nothing applied
+    assert b'"c":42' in replies["unadmitted push"], replies["unadmitted push"]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the server reads a same-host message with blocking reads bounded by "
+    "PSKV_REQUEST_TIMEOUT: a peer that sends part of a message stalls every other worker "
+    "for that long (300 s by default); needs incremental, non-blocking reads"))
+def test_truncated_message_on_the_same_host_socket_does_not_stall_the_server(
+        thread_cluster: Any) -> None:
+    cluster = thread_cluster(2, 1, request_timeout=4.0)
+    took: dict[int, float] = {}
+    missing: list[bool] = []
+    go = threading.Event()
+    holder: list[socket.socket] = []
+
+    def fn(kv: Any) -> Any:
+        kv.init(1, mx.nd.zeros((3,)))
+        if kv.rank == 0:
+            path = kv._po.servers[0].get("uds")
+            if path is None:
+                missing.append(True)
+            else:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                holder.append(sock)
+                sock.connect(path)
+                sock.sendall(uds_frame(b'{"c": 22, "t": 4, "k": [2], '
+                                       b'"a": [["float32", [3]]]}', b"\x00" * 4))  # 4 of 12
+                time.sleep(0.2)
+            go.set()
+        else:
+            go.wait(20)
+        start = time.monotonic()
+        kv.push(1, mx.nd.ones((3,)))
+        value = kv.pull(1).asnumpy()
+        took[kv.rank] = time.monotonic() - start
+        return value
+
+    try:
+        res = cluster.run(fn)
+    finally:
+        for sock in holder:
+            sock.close()
+    if missing:
+        pytest.skip("this server has no same-host socket (issue #3)")
+    for rank in (0, 1):
+        assert not isinstance(res[rank], BaseException), res[rank]
+    assert max(took.values()) < 2.0, took
