@@ -50,27 +50,16 @@ class KVWorker:
         self._deferred_error: Exception | None = None
         self._trackers: list[Any] = []
         self._into: dict[int, Sequence[np.ndarray | None]] = {}
-        me = socket.gethostname()
         self._conns: dict[int, tuple[UdsConn, int]] = {}
-        for rank, ep in enumerate(po.servers):
-            if "uds" in ep and cfg.transport != "tcp" and (
-                    ep.get("host") == me or cfg.transport == "ipc"):
-                conn = UdsConn.connect(ep["uds"], cfg.request_timeout, f"server {rank}")
-                self._socks.append(conn)
-                self._conns[conn.fileno()] = (conn, rank)
-                self._poller.register(conn.fileno(), zmq.POLLIN)
-                continue
-            sock = van.socket(zmq.DEALER)
-            sock.setsockopt(zmq.SNDHWM, 0)
-            sock.setsockopt(zmq.RCVHWM, 0)
-            sock.connect(ep["tcp"])
-            self._socks.append(sock)
-            self._server_of[sock] = rank
-            self._poller.register(sock, zmq.POLLIN)
         hello = {"role": "worker", "rank": po.rank, **prove(cfg.secret, "worker", "server")}
-        tss = [self.request(s, Command.HELLO, body=hello) for s in range(len(self._socks))]
-        for ts in tss:
-            self.wait(ts, timeout=cfg.connect_timeout)
+        try:
+            self._connect(van, po.servers)
+            tss = [self.request(s, Command.HELLO, body=hello) for s in range(len(self._socks))]
+            for ts in tss:
+                self.wait(ts, timeout=cfg.connect_timeout)
+        except BaseException:
+            self.close()
+            raise
 
     def request(self, server: int, cmd: Command, keys: Sequence[int] = (), body: Any = None,
                 arrays: Sequence[np.ndarray] = (), negative: bool = False,
@@ -119,6 +108,31 @@ class KVWorker:
         ts = self.request(server, cmd, keys, body, arrays, negative=True)
         self._dirty.add(server)
         return ts
+
+    def _connect(self, van: ZmqVan, servers: list[dict[str, str]]) -> None:
+        me = socket.gethostname()
+        cfg = self.cfg
+        for rank, ep in enumerate(servers):
+            if "uds" in ep and cfg.transport != "tcp" and (
+                    ep.get("host") == me or cfg.transport == "ipc"):
+                conn = UdsConn.connect(ep["uds"], cfg.request_timeout, f"server {rank}")
+                self._socks.append(conn)
+                self._conns[conn.fileno()] = (conn, rank)
+                self._poller.register(conn.fileno(), zmq.POLLIN)
+                continue
+            sock = van.socket(zmq.DEALER)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.connect(ep["tcp"])
+            self._socks.append(sock)
+            self._server_of[sock] = rank
+            self._poller.register(sock, zmq.POLLIN)
+
+    def close(self) -> None:
+        """Close the same-host connections (the van closes the ZeroMQ sockets)."""
+        for conn, _ in self._conns.values():
+            conn.close()
+        self._conns.clear()
 
     def sends_now(self, server: int) -> bool:
         """Whether a request to ``server`` is written before ``request`` returns (so the

@@ -573,6 +573,7 @@ class DistKVStore(LocalKVStore):
             finally:
                 self._po.goodbye()
                 self._po.close()
+                self._kv.close()
                 self._van.close()
                 self._reducer.close()
 

@@ -191,7 +191,8 @@ class KVServer:
         if not entry.pushers or entry.merge is None:
             if entry.merge is None:
                 entry.merge = np.empty(entry.stored.shape, entry.stored.dtype)
-            np.copyto(entry.merge, value, casting="same_kind")
+            if not np.may_share_memory(value, entry.merge):   # else it was read in place
+                np.copyto(entry.merge, value, casting="same_kind")
         else:
             np.add(entry.merge, value, out=entry.merge, casting="same_kind")
 
@@ -380,6 +381,8 @@ class KVServer:
         kinds = body.get("kinds") if isinstance(body, dict) else None
         if not isinstance(kinds, str) or len(kinds) != len(keys):
             raise ProtocolError("a push needs one kind letter per key")
+        if len(set(keys)) != len(keys):
+            raise ProtocolError("a push names a key twice")
         items, pos = [], 0
         for k, kind in zip(keys, kinds):
             n = 2 if kind == "r" else 1
@@ -494,10 +497,28 @@ class KVServer:
         self._admitted.pop(conn, None)   # type: ignore[call-overload]
         conn.close()
 
+    def _alloc_for(self, meta: Any, conn: UdsConn) -> Any:
+        """Read a sync push that opens a key's round straight into its merge buffer."""
+        body = meta.body
+        if meta.cmd not in (Command.PUSH, Command.PUSHPULL) or not self._sync or \
+                not isinstance(body, dict) or body.get("kinds") != "d" * len(meta.keys):
+            return None
+
+        def alloc(i: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
+            entry = self._entries.get(meta.keys[i]) if i < len(meta.keys) else None
+            if entry is not None and not entry.pushers and not entry.sparse and \
+                    dtype == entry.stored.dtype and \
+                    int(np.prod(shape, dtype=np.int64)) == entry.stored.size:
+                if entry.merge is None:
+                    entry.merge = np.empty(entry.stored.shape, entry.stored.dtype)
+                return entry.merge.reshape(shape)
+            return conn.reuse(i, dtype, shape)
+        return alloc
+
     def _read_conn(self, conn: UdsConn) -> None:
         for _ in range(64):             # whatever is buffered, a bounded batch
             try:
-                meta, arrays = conn.recv()
+                meta, arrays = conn.recv(lambda m, c=conn: self._alloc_for(m, c))
             except ProtocolError as err:
                 log.warning("server %d: %s; closing it", self.po.rank, err)
                 try:
