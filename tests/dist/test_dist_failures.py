@@ -334,10 +334,6 @@ def test_garbage_on_the_same_host_socket(thread_cluster: Any) -> None:
     assert b'"c":42' in replies["unadmitted push"], replies["unadmitted push"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the server reads a same-host message with blocking reads bounded by "
-    "PSKV_REQUEST_TIMEOUT: a peer that sends part of a message stalls every other worker "
-    "for that long (300 s by default); needs incremental, non-blocking reads"))
 def test_truncated_message_on_the_same_host_socket_does_not_stall_the_server(
         thread_cluster: Any) -> None:
     cluster = thread_cluster(2, 1, request_timeout=4.0)

@@ -9,12 +9,16 @@ big arrays are neither copied in user space nor faulted into fresh pages.
 Framing: ``b"PSKV"``, the header length (u32, little-endian), the JSON header of
 :mod:`.message`, then each array's bytes. Invariants: a reader checks the magic, the header
 and every length before it reads data, and gives up (ProtocolError, the connection is
-closed) at the first inconsistency; every blocking call has a timeout.
+closed) at the first inconsistency. Sockets are non-blocking: reads are incremental (a
+peer that stops half-way through a message stalls nobody but itself, and is dropped after
+the timeout), writes wait for room at most the timeout.
 """
 from __future__ import annotations
 
+import select
 import socket
 import struct
+import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -44,9 +48,9 @@ class UdsConn:
     Parameters
     ----------
     sock : socket.socket
-        Connected; switched to blocking mode with ``timeout`` per call.
+        Connected; switched to non-blocking mode.
     timeout : float
-        Seconds any single send or receive may block.
+        Seconds a write may wait for room, and a half-read message may wait for the rest.
     peer : str
         A name for error messages.
     """
@@ -55,8 +59,19 @@ class UdsConn:
         self.sock = sock
         self.peer = peer
         self.timeout = timeout
-        sock.settimeout(timeout)
+        sock.setblocking(False)
         self._bufs: dict[int, np.ndarray] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self._phase = 0                     # 0 prefix, 1 header, 2 arrays
+        self._target: memoryview = memoryview(bytearray(_PREFIX.size))
+        self._pos = 0
+        self._meta: Meta | None = None
+        self._specs: list[tuple[np.dtype[Any], tuple[int, ...], int]] = []
+        self._arrays: list[np.ndarray] = []
+        self._alloc: Alloc = self.reuse
+        self._since = 0.0                   # when the message in progress last moved
 
     @classmethod
     def connect(cls, path: str, timeout: float, peer: str) -> UdsConn:
@@ -84,14 +99,22 @@ class UdsConn:
     # ---- writing ----------------------------------------------------------------------------
     def send(self, cmd: Command, ts: int = 0, keys: Sequence[int] = (), body: Any = None,
              arrays: Sequence[np.ndarray] = ()) -> None:
-        """Write one whole message (blocking, at most ``timeout`` per chunk)."""
+        """Write one whole message; wait for room at most ``timeout`` at a time."""
         frames = encode(cmd, ts, keys, body, arrays)
         header = frames[0]
         bufs = [memoryview(_PREFIX.pack(_MAGIC, len(header))), memoryview(header)]
         bufs += [memoryview(a).cast("B") for a in frames[1:] if a.nbytes]
         try:
             while bufs:
-                sent = self.sock.sendmsg(bufs[:_IOV_MAX])
+                try:
+                    sent = self.sock.sendmsg(bufs[:_IOV_MAX])
+                except BlockingIOError:
+                    if not select.select([], [self.sock], [], self.timeout)[1]:
+                        raise ClusterTimeoutError(
+                            f"sending to {self.peer} waited over {self.timeout:g} s: it is "
+                            "not reading. Raise PSKV_REQUEST_TIMEOUT if it is just slow.") \
+                            from None
+                    continue
                 while sent and bufs:
                     if sent >= bufs[0].nbytes:
                         sent -= bufs[0].nbytes
@@ -99,29 +122,10 @@ class UdsConn:
                     else:
                         bufs[0] = bufs[0][sent:]
                         sent = 0
-        except TimeoutError:
-            raise ClusterTimeoutError(f"sending to {self.peer} took over {self.timeout:g} s: it "
-                                      "is not reading. Raise PSKV_REQUEST_TIMEOUT if it is "
-                                      "just slow.") from None
         except OSError as err:
             raise NodeFailedError(f"the connection to {self.peer} broke: {err}") from err
 
     # ---- reading ----------------------------------------------------------------------------
-    def _read_into(self, view: memoryview) -> None:
-        got = 0
-        n = view.nbytes
-        while got < n:
-            try:
-                k = self.sock.recv_into(view[got:], n - got)
-            except TimeoutError:
-                raise ProtocolError(f"{self.peer} sent part of a message, then nothing for "
-                                    f"{self.timeout:g} s") from None
-            except OSError as err:
-                raise NodeFailedError(f"the connection to {self.peer} broke: {err}") from err
-            if k == 0:
-                raise NodeFailedError(f"{self.peer} closed the connection")
-            got += k
-
     def reuse(self, index: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
         """An Alloc that reuses one buffer per array position for big arrays.
 
@@ -135,26 +139,61 @@ class UdsConn:
             buf = self._bufs[index] = np.empty(nbytes, np.uint8)
         return buf[:nbytes].view(dtype).reshape(shape)
 
-    def recv(self, alloc_for: Callable[[Meta], Alloc | None] | None = None) \
-            -> tuple[Meta, list[np.ndarray]]:
-        """Read one whole message.
+    def stalled(self, now: float) -> bool:
+        """Whether a message has been half-read for longer than ``timeout``."""
+        return (self._phase or self._pos) and now - self._since > self.timeout  # type: ignore[return-value]
+
+    def _next_array(self) -> bool:
+        """Point the target at the next array with bytes; True when the message is done."""
+        while len(self._arrays) < len(self._specs):
+            dt, shape, nbytes = self._specs[len(self._arrays)]
+            arr = self._alloc(len(self._arrays), dt, shape)
+            self._arrays.append(arr)
+            if nbytes:
+                self._target, self._pos = memoryview(arr).cast("B"), 0
+                return False
+        return True
+
+    def _advance(self, alloc_for: Callable[[Meta], Alloc | None] | None) -> bool:
+        """The target is full: move to the next part; True when a message is complete."""
+        if self._phase == 0:
+            magic, hlen = _PREFIX.unpack(self._target)
+            if magic != _MAGIC or not 0 < hlen <= MAX_HEADER:
+                raise ProtocolError(f"{self.peer} sent bytes that are not a pskv message")
+            self._phase, self._target, self._pos = 1, memoryview(bytearray(hlen)), 0
+            return False
+        if self._phase == 1:
+            self._meta, self._specs = parse_header(self._target)
+            self._alloc = (alloc_for(self._meta) if alloc_for is not None else None) or \
+                self.reuse
+            self._phase = 2
+            return self._next_array()
+        return self._next_array()
+
+    def read_available(self, alloc_for: Callable[[Meta], Alloc | None] | None = None,
+                       limit: int = 64) -> list[tuple[Meta, list[np.ndarray]]]:
+        """Read what has arrived, without waiting; return the messages it completed.
 
         Arrays land in the buffers ``alloc_for(meta)`` gives (when it gives an Alloc), else
         in buffers reused between messages (:meth:`reuse`).
         """
-        prefix = bytearray(_PREFIX.size)
-        self._read_into(memoryview(prefix))
-        magic, hlen = _PREFIX.unpack(prefix)
-        if magic != _MAGIC or hlen > MAX_HEADER:
-            raise ProtocolError(f"{self.peer} sent bytes that are not a pskv message")
-        header = bytearray(hlen)
-        self._read_into(memoryview(header))
-        meta, specs = parse_header(header)
-        get = (alloc_for(meta) if alloc_for is not None else None) or self.reuse
-        arrays = []
-        for i, (dt, shape, nbytes) in enumerate(specs):
-            arr = get(i, dt, shape)
-            if nbytes:
-                self._read_into(memoryview(arr).cast("B"))
-            arrays.append(arr)
-        return meta, arrays
+        done: list[tuple[Meta, list[np.ndarray]]] = []
+        while len(done) < limit:
+            view = self._target[self._pos:]
+            try:
+                k = self.sock.recv_into(view, view.nbytes)
+            except BlockingIOError:
+                break
+            except OSError as err:
+                raise NodeFailedError(f"the connection to {self.peer} broke: {err}") from err
+            if k == 0:
+                raise NodeFailedError(f"{self.peer} closed the connection")
+            self._pos += k
+            self._since = time.monotonic()
+            if self._pos < self._target.nbytes:
+                continue
+            if self._advance(alloc_for):
+                assert self._meta is not None
+                done.append((self._meta, self._arrays))
+                self._reset()
+        return done

@@ -156,13 +156,15 @@ class KVWorker:
         for sock, _ in self._poller.poll(timeout_ms):
             if isinstance(sock, int):
                 conn, server = self._conns[sock]
-                try:
-                    meta, arrays = conn.recv(lambda m, c=conn: self._alloc_for(m, c))
-                except ProtocolError as err:
-                    self._deferred_error = ProtocolError(f"server {server} sent a bad reply: "
-                                                         f"{err}")
-                    continue
-                yield server, meta, arrays
+                while True:         # one message at a time: its buffers may be reused
+                    try:
+                        got = conn.read_available(lambda m, c=conn: self._alloc_for(m, c), 1)
+                    except ProtocolError as err:
+                        raise ProtocolError(f"server {server} sent a bad reply: {err}") \
+                            from None
+                    if not got:
+                        break
+                    yield server, got[0][0], got[0][1]
                 continue
             server = self._server_of[sock]
             while sock.poll(0):

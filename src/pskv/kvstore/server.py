@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import socket
 import threading
 import time
@@ -516,9 +515,10 @@ class KVServer:
         return alloc
 
     def _read_conn(self, conn: UdsConn) -> None:
-        for _ in range(64):             # whatever is buffered, a bounded batch
+        for _ in range(64):             # whatever has arrived, a bounded batch
             try:
-                meta, arrays = conn.recv(lambda m, c=conn: self._alloc_for(m, c))
+                # one message at a time: the next one may reuse this one's buffers
+                got = conn.read_available(lambda m, c=conn: self._alloc_for(m, c), 1)
             except ProtocolError as err:
                 log.warning("server %d: %s; closing it", self.po.rank, err)
                 try:
@@ -531,8 +531,10 @@ class KVServer:
             except KVStoreError:         # the worker went away
                 self._drop(conn)
                 return
-            self._dispatch(conn, meta, arrays)
-            if conn.fileno() not in self._conns or not _readable(conn):
+            if not got:
+                return
+            self._dispatch(conn, *got[0])
+            if conn.fileno() not in self._conns:
                 return
 
     def run(self) -> int:
@@ -564,6 +566,10 @@ class KVServer:
                 if now - last_check > 0.5:
                     last_check = now
                     self._check_rounds()
+                    for conn in [c for c in self._conns.values() if c.stalled(now)]:
+                        log.warning("server %d: %s sent part of a message, then nothing for "
+                                    "%g s; dropping it", self.po.rank, conn.peer, conn.timeout)
+                        self._drop(conn)
                 if self.po.failure is not None and not failed_seen:
                     failed_seen = True
                     for entry in self._entries.values():
@@ -582,10 +588,6 @@ class KVServer:
                     os.unlink(self._ipc_path)
                 except OSError:
                     pass
-
-
-def _readable(conn: UdsConn) -> bool:
-    return bool(select.select([conn.sock], [], [], 0)[0])
 
 
 def _my_address(root_uri: str) -> str:
