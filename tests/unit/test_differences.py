@@ -131,3 +131,49 @@ def test_optimizer_states_are_not_pickled(tmp_path: "pytest.TempPathFactory") ->
     # same momentum state, so the same step size as the second push had
     np.testing.assert_allclose(kv.pull(0).asnumpy() - after_two,
                                after_two - (-0.1 * np.ones(SHAPE)), rtol=1e-6)
+
+
+def test_stored_value_is_not_the_merge_buffer(kv: mx.kv.LocalKVStore) -> None:
+    kv.init(0, mx.nd.zeros(SHAPE))
+    kv.push(0, [mx.nd.ones(SHAPE) * 2, mx.nd.ones(SHAPE) * 2])     # ASSIGN: stored = 4
+
+    def update(key: int, input: mx.nd.NDArray, stored: mx.nd.NDArray) -> None:
+        stored += input * 2
+
+    kv.set_updater(update)
+    kv.push(0, [mx.nd.ones(SHAPE), mx.nd.ones(SHAPE)])             # 4 + 2 * 2
+    np.testing.assert_array_equal(kv.pull(0).asnumpy(), np.full(SHAPE, 8))  # MXNet: 6
+
+
+def test_str_keys_reach_the_updater_as_str(kv: mx.kv.LocalKVStore) -> None:
+    seen: list[object] = []
+    kv.init("w", mx.nd.zeros(SHAPE))
+    kv.set_updater(lambda key, input, stored: seen.append(key))
+    kv.push("w", mx.nd.ones(SHAPE))
+    assert seen == ["w"]                                            # MXNet: b"w"
+
+
+def test_key_list_with_one_array_raises(kv: mx.kv.LocalKVStore) -> None:
+    kv.init([3, 4], [mx.nd.zeros(SHAPE)] * 2)
+    with pytest.raises(mx.ValueTypeError, match="2 keys"):         # MXNet: crashes
+        kv.push([3, 4], mx.nd.ones(SHAPE))
+    assert issubclass(mx.ValueTypeError, TypeError)
+
+
+def test_inputs_mxnet_accepts_are_refused(kv: mx.kv.LocalKVStore) -> None:
+    with pytest.raises(KeyTypeError, match="bool"):
+        kv.init(True, mx.nd.zeros(SHAPE))
+    with pytest.raises(TypeError, match="callable"):
+        kv.set_updater(42)  # type: ignore[arg-type]
+    kv.init(0, mx.nd.zeros(SHAPE))
+    with pytest.raises(TypeError, match="empty list"):
+        kv.push(0, [])
+
+
+def test_bad_lists_and_keys_are_not_assertion_errors(kv: mx.kv.LocalKVStore) -> None:
+    with pytest.raises(ShapeMismatchError, match="2 keys but 1 values"):   # MXNet: assert
+        kv.init([1, 2], [mx.nd.zeros(SHAPE)])
+    with pytest.raises(KeyTypeError, match="float"):
+        kv.init(1.5, mx.nd.zeros(SHAPE))
+    with pytest.raises(KeyTypeError, match="mix int and str"):
+        kv.init([1, "a"], [mx.nd.zeros(SHAPE)] * 2)
