@@ -1,0 +1,21 @@
+"""The dist example runs under the real launcher."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(120)
+def test_dist_example_under_the_launcher() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pskv.launch", "-n", "2", "-s", "1", "--timeout", "100",
+         sys.executable, str(EXAMPLES / "dist_sync_sgd.py")],
+        capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("w = 3.0000") + proc.stdout.count("w = 2.9999") == 2, proc.stdout
