@@ -1,10 +1,21 @@
 """``pskv.kv``: key-value stores for data-parallel training (``mxnet.kv``)."""
 from __future__ import annotations
 
+from typing import Any
+
 from .base import KVStoreBase, create
 from .local import LocalKVStore, SparsePullIgnoredWarning
 
 #: MXNet's name for the store class
 KVStore = LocalKVStore
 
-__all__ = ["KVStore", "KVStoreBase", "LocalKVStore", "SparsePullIgnoredWarning", "create"]
+__all__ = ["DistKVStore", "KVStore", "KVStoreBase", "LocalKVStore",
+           "SparsePullIgnoredWarning", "create"]
+
+
+def __getattr__(name: str) -> Any:
+    # the dist store needs pyzmq: import it when asked for, not with pskv
+    if name == "DistKVStore":
+        from .dist import DistKVStore
+        return DistKVStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
