@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -22,6 +23,9 @@ __all__ = ["ALLOWED_DTYPES", "Command", "MAX_HEADER", "Meta", "decode", "encode"
 ALLOWED_DTYPES = frozenset({
     "float16", "float32", "float64", "int8", "uint8", "int32", "int64", "uint32", "bool",
 })
+#: dtype -> name, without numpy's slow ``dtype.name`` on the hot path
+_NAMES = {np.dtype(n): n for n in ALLOWED_DTYPES}
+_DTYPES = {n: np.dtype(n) for n in ALLOWED_DTYPES}
 #: largest header accepted, in bytes
 MAX_HEADER = 16 << 20
 
@@ -72,7 +76,7 @@ def encode(cmd: Command, ts: int = 0, keys: Sequence[int] = (), body: Any = None
         header["b"] = body
     frames: list[Any] = [b""]
     if arrays:
-        header["a"] = [[a.dtype.name, list(a.shape)] for a in arrays]
+        header["a"] = [[_NAMES.get(a.dtype) or a.dtype.name, list(a.shape)] for a in arrays]
         for a in arrays:
             frames.append(a if a.flags.c_contiguous else np.ascontiguousarray(a))
     frames[0] = json.dumps(header, separators=(",", ":")).encode()
@@ -116,10 +120,10 @@ def parse_header(raw: bytes | memoryview, nframes: int | None = None) \
             raise ProtocolError(f"array {i}: dtype {dtype!r} is not allowed")
         if len(shape) > 32 or not all(type(s) is int and 0 <= s < 1 << 40 for s in shape):
             raise ProtocolError(f"array {i}: bad shape {shape!r}")
-        dt = np.dtype(dtype)
-        specs.append((dt, shape, int(np.prod(shape, dtype=np.int64)) * dt.itemsize))
+        dt = _DTYPES[dtype]
+        specs.append((dt, shape, math.prod(shape) * dt.itemsize))
     meta = Meta(cmd, ts, tuple(keys), header.get("b"),
-                tuple((d.name, sh) for d, sh, _ in specs))
+                tuple((spec[0], sh) for spec, (_, sh, _) in zip(specs_raw, specs)))
     return meta, specs
 
 

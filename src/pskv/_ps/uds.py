@@ -15,6 +15,7 @@ the timeout), writes wait for room at most the timeout.
 """
 from __future__ import annotations
 
+import math
 import select
 import socket
 import struct
@@ -131,7 +132,7 @@ class UdsConn:
 
         The caller must be done with a message's arrays before it reads the next one.
         """
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < REUSE_MIN:
             return np.empty(shape, dtype)
         buf = self._bufs.get(index)
@@ -147,7 +148,11 @@ class UdsConn:
         """Point the target at the next array with bytes; True when the message is done."""
         while len(self._arrays) < len(self._specs):
             dt, shape, nbytes = self._specs[len(self._arrays)]
-            arr = self._alloc(len(self._arrays), dt, shape)
+            try:
+                arr = self._alloc(len(self._arrays), dt, shape)
+            except (MemoryError, ValueError) as err:
+                raise ProtocolError(f"{self.peer} announced an array of shape {shape} that "
+                                    f"cannot be held: {err}") from None
             self._arrays.append(arr)
             if nbytes:
                 self._target, self._pos = memoryview(arr).cast("B"), 0

@@ -329,13 +329,13 @@ class DistKVStore(LocalKVStore):
 
     def _assemble(self, info: _KeyInfo, parts: list[np.ndarray], out: np.ndarray) -> None:
         if len(parts) == 1:
-            if not np.shares_memory(parts[0], out):      # not read in place
+            if not np.may_share_memory(parts[0], out):   # not read in place
                 np.copyto(out, parts[0].reshape(info.shape), casting="same_kind")
             return
         dst = out if info.sparse else out.reshape(-1)
         for seg, part in zip(info.segments, parts):
             view = dst[seg.start:seg.stop]
-            if not np.shares_memory(part, view):
+            if not np.may_share_memory(part, view):
                 np.copyto(view, part, casting="same_kind")
 
     @staticmethod

@@ -9,6 +9,7 @@ worker's second push in an open round waits for the next round; nothing waits fo
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -507,7 +508,7 @@ class KVServer:
             entry = self._entries.get(meta.keys[i]) if i < len(meta.keys) else None
             if entry is not None and not entry.pushers and not entry.sparse and \
                     dtype == entry.stored.dtype and \
-                    int(np.prod(shape, dtype=np.int64)) == entry.stored.size:
+                    math.prod(shape) == entry.stored.size:
                 if entry.merge is None:
                     entry.merge = np.empty(entry.stored.shape, entry.stored.dtype)
                 return entry.merge.reshape(shape)
@@ -529,6 +530,11 @@ class KVServer:
                 self._drop(conn)
                 return
             except KVStoreError:         # the worker went away
+                self._drop(conn)
+                return
+            except Exception:            # a server never dies of what a peer sent
+                log.exception("server %d: reading from %s failed; dropping it",
+                              self.po.rank, conn.peer)
                 self._drop(conn)
                 return
             if not got:
