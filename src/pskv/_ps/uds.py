@@ -32,6 +32,8 @@ __all__ = ["Alloc", "UdsConn", "fresh"]
 _MAGIC = b"PSKV"
 _PREFIX = struct.Struct("<4sI")
 _IOV_MAX = 512
+#: socket buffer size asked for (the kernel caps it at net.core.wmem_max / rmem_max)
+SOCKET_BUFFER = 4 << 20
 #: receive buffers of at least this size are reused between messages
 REUSE_MIN = 1 << 16
 
@@ -61,6 +63,11 @@ class UdsConn:
         self.peer = peer
         self.timeout = timeout
         sock.setblocking(False)
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:    # room for a few MiB in flight: fewer stalls of sender and receiver
+                sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+            except OSError:  # pragma: no cover - capped by the system, keep its default
+                pass
         self._bufs: dict[int, np.ndarray] = {}
         self._reset()
 
