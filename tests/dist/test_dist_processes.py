@@ -98,3 +98,17 @@ def test_server_refuses_worker_role(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "pskv.server"], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1 and "DMLC_NUM_SERVER='two'" in proc.stderr
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("servers", [1, 2])
+def test_big_pushes_from_both_workers_sum_exactly(local_cluster: Any, servers: int) -> None:
+    # the two workers' multi-MiB pushes are read by the server interleaved; every round's
+    # sum must be exact (a receive buffer shared between them once mixed them up)
+    cluster = local_cluster(2, servers)
+    cluster.start("big_rounds.py")
+    codes = cluster.wait(80)
+    reports = [r for p in cluster.workers for r in p.reports()]
+    assert codes == {label: 0 for label in codes}, (reports, cluster.dump())
+    assert sorted(r["rank"] for r in reports) == [0, 1]
+    assert all(r["ok"] for r in reports), reports

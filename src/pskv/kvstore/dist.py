@@ -356,9 +356,10 @@ class DistKVStore(LocalKVStore):
                   if any(not (ignore_sparse and isinstance(o, RowSparseNDArray)) for o in outs)]
         if fetched is None:
             targets = {}
+            want = set(wanted)
             for k, outs in zip(keys, groups):
-                t = self._target(self._store[k], outs)  # type: ignore[arg-type]
-                if t is not None and k in wanted:
+                t = self._target(self._store[k], outs) if k in want else None  # type: ignore[arg-type]
+                if t is not None:
                     targets[k] = t
             fetched = self._fetch(wanted, targets=targets) if wanted else {}
         parts = fetched

@@ -9,7 +9,6 @@ worker's second push in an open round waits for the next round; nothing waits fo
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import threading
@@ -114,7 +113,9 @@ class KVServer:
                 self._drop(ident)
             return
         try:
-            ZmqVan.send(self._sock, cmd, ts, body=body, arrays=arrays, to=ident, copy=False)
+            # copied: a reply of stored values must not change if a round closes before
+            # ZeroMQ's I/O thread has sent it
+            ZmqVan.send(self._sock, cmd, ts, body=body, arrays=arrays, to=ident, copy=True)
         except zmq.ZMQError as err:
             log.warning("server %d: cannot reply to %r: %s", self.po.rank, ident, err)
 
@@ -191,8 +192,7 @@ class KVServer:
         if not entry.pushers or entry.merge is None:
             if entry.merge is None:
                 entry.merge = np.empty(entry.stored.shape, entry.stored.dtype)
-            if not np.may_share_memory(value, entry.merge):   # else it was read in place
-                np.copyto(entry.merge, value, casting="same_kind")
+            np.copyto(entry.merge, value, casting="same_kind")
         else:
             np.add(entry.merge, value, out=entry.merge, casting="same_kind")
 
@@ -497,29 +497,11 @@ class KVServer:
         self._admitted.pop(conn, None)   # type: ignore[call-overload]
         conn.close()
 
-    def _alloc_for(self, meta: Any, conn: UdsConn) -> Any:
-        """Read a sync push that opens a key's round straight into its merge buffer."""
-        body = meta.body
-        if meta.cmd not in (Command.PUSH, Command.PUSHPULL) or not self._sync or \
-                not isinstance(body, dict) or body.get("kinds") != "d" * len(meta.keys):
-            return None
-
-        def alloc(i: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
-            entry = self._entries.get(meta.keys[i]) if i < len(meta.keys) else None
-            if entry is not None and not entry.pushers and not entry.sparse and \
-                    dtype == entry.stored.dtype and \
-                    math.prod(shape) == entry.stored.size:
-                if entry.merge is None:
-                    entry.merge = np.empty(entry.stored.shape, entry.stored.dtype)
-                return entry.merge.reshape(shape)
-            return conn.reuse(i, dtype, shape)
-        return alloc
-
     def _read_conn(self, conn: UdsConn) -> None:
         for _ in range(64):             # whatever has arrived, a bounded batch
             try:
                 # one message at a time: the next one may reuse this one's buffers
-                got = conn.read_available(lambda m, c=conn: self._alloc_for(m, c), 1)
+                got = conn.read_available(None, 1)
             except ProtocolError as err:
                 log.warning("server %d: %s; closing it", self.po.rank, err)
                 try:
