@@ -525,7 +525,12 @@ def main(argv: list[str] | None = None) -> int:
     data["targets"] = target_rows(data["figures"], args.servers, variants)
     data["versions"] = {lib: next((w[0]["version"] for w in v if w and w[0]), None)
                         for lib, v in {k.split("/")[0]: runs[k] for k in runs}.items()}
-    data["raw"] = runs
+    # per-run results without the per-iteration samples (the figures summarize them)
+    data["raw"] = {k: [[{kk: (vv if kk != "results" else
+                            {n: {f: x for f, x in r.items() if f != "iteration_s"}
+                             for n, r in vv.items()} if isinstance(vv, dict) else vv)
+                         for kk, vv in w.items()} if isinstance(w, dict) else w
+                        for w in job] for job in v] for k, v in runs.items()}
 
     print()
     print(result_table(data, markdown=False))
