@@ -19,7 +19,7 @@ from ..errors import (ConfigError, KeyNotInitializedError, KeyTypeError, ShapeMi
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from ._args import as_numpy, normalize
-from ._reduce import Reducer
+from ._reduce import PARALLEL_MIN, Reducer
 from .base import KVStoreBase
 
 __all__ = ["LocalKVStore", "SparsePullIgnoredWarning"]
@@ -247,15 +247,24 @@ class LocalKVStore(KVStoreBase):
                         "compression.", key=k, store_type=self._type)
 
     def _push_validated(self, keys: list[int | str], groups: list[list[Any]]) -> None:
+        if self._updater is None:        # assign: the order of keys does not matter
+            small = PARALLEL_MIN
+            for k, vals in zip(keys, groups):
+                stored = self._store[k]
+                if len(vals) == 1 and self._gc is None and type(stored) is NDArray:
+                    data = _dense_data(vals[0])
+                    if data is not None and data.size < small:
+                        np.copyto(stored._data, data, casting="same_kind")
+                        continue
+                self._assign(k, vals, stored)
+            return
+        # the updater runs in key order, as MXNet's sorted key groups do
         order = sorted(range(len(keys)), key=lambda i: self._ikey[keys[i]]) \
             if len(keys) > 1 else (0,)
         for i in order:
             k, vals = keys[i], groups[i]
             stored = self._store[k]
-            if self._updater is None:
-                self._assign(k, vals, stored)
-            else:
-                self._updater(k, self._merged(k, vals, stored), stored)
+            self._updater(k, self._merged(k, vals, stored), stored)
 
     def _dense_values(self, key: int | str, vals: list[Any]) -> list[np.ndarray]:
         arrays = [v._dense() if isinstance(v, NDArray) else as_numpy(v) for v in vals]
@@ -351,6 +360,11 @@ class LocalKVStore(KVStoreBase):
                         ignore_sparse: bool) -> None:
         for k, outs in zip(keys, groups):
             stored = self._store[k]
+            if len(outs) == 1 and type(stored) is NDArray:
+                data = _dense_data(outs[0])
+                if data is not None and data.size < PARALLEL_MIN:
+                    np.copyto(data, stored._data, casting="same_kind")
+                    continue
             dense = []
             for o in outs:
                 if isinstance(o, RowSparseNDArray):
