@@ -6,14 +6,14 @@ merged into one group, as MXNet's GroupKVPairs does). Nothing here touches a sto
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import KeyTypeError, ShapeMismatchError, ValueTypeError
 from ..nd.ndarray import NDArray
 
-__all__ = ["as_numpy", "check_key", "is_array", "normalize"]
+__all__ = ["as_numpy", "check_key", "is_array", "normalize", "tensor_maker"]
 
 
 def is_array(obj: Any) -> bool:
@@ -39,8 +39,30 @@ def as_numpy(obj: Any) -> np.ndarray:
         try:
             return np.from_dlpack(obj)
         except (TypeError, RuntimeError, BufferError):
-            pass
+            _check_host(obj)
     return np.asarray(obj)
+
+
+def _check_host(obj: Any) -> None:
+    """Raise ValueTypeError for an array in device memory (a CUDA or meta torch tensor)."""
+    device = getattr(obj, "device", None)
+    kind = getattr(device, "type", device)
+    if isinstance(kind, str) and kind != "cpu":
+        raise ValueTypeError(
+            f"got a {type(obj).__name__} on device {device!s}; pskv stores hold host memory. "
+            "Pass CPU arrays (tensor.cpu()), and copy the result back to the device.")
+
+
+def tensor_maker(value: Any) -> Callable[[np.ndarray], Any] | None:
+    """``torch.from_numpy`` if ``value`` is a torch tensor, else None.
+
+    A key initialized with a torch tensor keeps it as the prototype of what
+    ``pull(key)`` (``out=None``) returns: a tensor sharing the new NumPy array's memory.
+    """
+    if type(value).__module__.partition(".")[0] != "torch":
+        return None
+    import torch  # already imported: value is one of its tensors
+    return torch.from_numpy
 
 
 def check_key(key: Any) -> int | str:
