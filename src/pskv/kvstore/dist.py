@@ -27,7 +27,7 @@ from .._ps.partition import Segment, place, ps_key
 from .._ps.postoffice import Postoffice
 from .._ps.van import ZmqVan
 from .._ps.worker import KVWorker
-from ._args import as_numpy, normalize
+from ._args import as_numpy, normalize, tensor_maker
 from .local import LocalKVStore, _sum_row_sparse
 
 __all__ = ["DistKVStore", "create_dist"]
@@ -183,7 +183,8 @@ class DistKVStore(LocalKVStore):
         else:
             segs = place(size, dtype.itemsize, self._po.num_servers, self._cfg.bigarray_bound,
                          1, self._loads)
-        proto = value if sparse else (type(value) if isinstance(value, NDArray) else np.ndarray)
+        proto = value if sparse else (type(value) if isinstance(value, NDArray) else
+                                      tensor_maker(value) or np.ndarray)
         ctx = value.context if isinstance(value, NDArray) else None
         return _KeyInfo(ps_key(key), shape, dtype, sparse, segs, ctx, proto)
 
@@ -404,6 +405,8 @@ class DistKVStore(LocalKVStore):
                 result.append(data)
             elif isinstance(proto, RowSparseNDArray):
                 result.append(RowSparseNDArray._all_rows(data, info.ctx))  # type: ignore[attr-defined]
+            elif not isinstance(proto, type):   # torch.from_numpy: _args.tensor_maker
+                result.append(proto(data))
             else:
                 arr = object.__new__(proto)
                 arr._data, arr._ctx = data, info.ctx  # type: ignore[attr-defined]

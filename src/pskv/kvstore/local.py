@@ -18,7 +18,7 @@ from ..errors import (ConfigError, KeyNotInitializedError, KeyTypeError, ShapeMi
                       UnsupportedError, ValueTypeError)
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
-from ._args import as_numpy, normalize
+from ._args import as_numpy, normalize, tensor_maker
 from ._reduce import PARALLEL_MIN, Reducer
 from .base import KVStoreBase
 
@@ -180,7 +180,8 @@ class LocalKVStore(KVStoreBase):
             data = np.array(as_numpy(value), copy=True)
             ctx = value.context if isinstance(value, NDArray) else None
             stored = NDArray(data, ctx)
-            self._proto[key] = type(value) if isinstance(value, NDArray) else np.ndarray
+            self._proto[key] = type(value) if isinstance(value, NDArray) else \
+                tensor_maker(value) or np.ndarray
         self._store[key] = stored
         self._ikey[key] = len(self._ikey)
 
@@ -401,6 +402,8 @@ class LocalKVStore(KVStoreBase):
             return stored._dense().copy()
         if isinstance(proto, RowSparseNDArray):
             return stored.copy()
+        if not isinstance(proto, type):   # torch.from_numpy: _args.tensor_maker
+            return proto(stored._dense().copy())
         out = object.__new__(proto)
         out._data = stored._dense().copy()
         out._ctx = stored.context
