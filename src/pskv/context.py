@@ -40,6 +40,8 @@ class Context:
     """
 
     __slots__ = ("device_type", "device_id", "_tokens")
+    device_type: str
+    device_id: int
 
     devtype2str = {v: k for k, v in _DEVTYPES.items()}
     devstr2type = dict(_DEVTYPES)
@@ -48,7 +50,7 @@ class Context:
         if isinstance(device_type, Context):
             device_id = device_type.device_id
             device_type = device_type.device_type
-        if device_type not in _DEVTYPES:
+        if not isinstance(device_type, str) or device_type not in _DEVTYPES:
             raise ConfigError(
                 f"unknown device type {device_type!r}. Use one of {sorted(_DEVTYPES)}.")
         if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:

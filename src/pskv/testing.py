@@ -423,7 +423,7 @@ def check_optimizer(mx: Any, store_type: str) -> None:
     init = np.linspace(-1, 1, 6, dtype=np.float32).reshape(SHAPE)
     kv.init(0, mx.nd.array(init))
     kv.set_optimizer(mx.optimizer.create("sgd", learning_rate=0.1, wd=0.01))
-    w = init.copy()
+    w: np.ndarray = init.copy()
     for step in range(3):
         g = np.full(SHAPE, 0.5 * (step + 1), np.float32)
         kv.push(0, [mx.nd.array(g), mx.nd.array(g)])

@@ -76,7 +76,7 @@ class Scheduler:
     # ---- message handlers ------------------------------------------------------------------
     def _hello(self, ident: bytes, ts: int, body: Any) -> None:
         why = self._verifier.check(body)
-        role = body.get("role") if isinstance(body, dict) else None
+        role = str(body.get("role")) if isinstance(body, dict) else ""
         if why is None and role not in ("server", "worker"):
             why = f"an unknown role {role!r}"
         if why is None and (self._admitted or self._counts[role] >= self._expected(role)):
@@ -164,7 +164,7 @@ class Scheduler:
         try:
             while not self._stop.is_set():
                 if poller.poll(int(tick * 1000)):
-                    while self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    while int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                         self._handle(*ZmqVan.recv(self._sock, router=True))
                 now = time.monotonic()
                 if not self._admitted:

@@ -162,7 +162,7 @@ class UdsConn:
                                     f"cannot be held: {err}") from None
             self._arrays.append(arr)
             if nbytes:
-                self._target, self._pos = memoryview(arr).cast("B"), 0
+                self._target, self._pos = memoryview(arr).cast("B"), 0  # type: ignore[arg-type]
                 return False
         return True
 

@@ -8,6 +8,7 @@ re-raised as the error class the server named, marked "(reported by server N)".
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import socket
 import time
@@ -158,7 +159,8 @@ class KVWorker:
                 conn, server = self._conns[sock]
                 while True:         # one message at a time: its buffers may be reused
                     try:
-                        got = conn.read_available(lambda m, c=conn: self._alloc_for(m, c), 1)
+                        got = conn.read_available(functools.partial(self._alloc_for, conn=conn),
+                                                  1)
                     except ProtocolError as err:
                         raise ProtocolError(f"server {server} sent a bad reply: {err}") \
                             from None

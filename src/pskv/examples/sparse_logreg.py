@@ -30,7 +30,7 @@ import numpy as np
 import pskv as mx
 
 __all__ = ["SparseData", "auc", "batch_order", "init_table", "logistic_loss", "main",
-           "make_data", "parse_args", "shard_grad", "train"]
+           "make_data", "parse_args", "shard_grad", "sigmoid", "train"]
 
 #: 64-bit Fibonacci hashing multiplier (2**64 / golden ratio)
 _HASH = np.uint64(0x9E3779B97F4A7C15)
@@ -83,7 +83,7 @@ def make_data(vocab: int, features: int, samples: int, seed: int = 0,
     true_w = rng.normal(0.0, 2.0 / np.sqrt(features), size=vocab).astype(np.float32)
     true_b = -0.5
     logit = true_w[ids].sum(axis=1) + true_b
-    y = (rng.random(samples) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
+    y = (rng.random(samples) < sigmoid(logit)).astype(np.float32)
     n_test = int(round(samples * test_fraction))
     n_train = samples - n_test
     return SparseData(ids[:n_train], y[:n_train], ids[n_train:], y[n_train:], true_w, true_b)
@@ -102,6 +102,11 @@ def batch_order(n: int, batch_size: int, seed: int, epoch: int) -> Iterator[np.n
     perm = np.random.default_rng([seed, 2, epoch]).permutation(n)
     for start in range(0, n, batch_size):
         yield perm[start:start + batch_size]
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """The logistic function, without overflow for any ``x``."""
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
 
 
 def logistic_loss(logit: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -136,7 +141,7 @@ def shard_grad(ids: np.ndarray, y: np.ndarray, rows: np.ndarray, w_rows: np.ndar
     """
     pos = np.searchsorted(rows, ids)                      # (n, k) positions in rows
     logit = w_rows[pos, 0].astype(np.float64).sum(axis=1) + bias
-    resid = 1.0 / (1.0 + np.exp(-logit)) - y              # d loss / d logit
+    resid = sigmoid(logit) - y                            # d loss / d logit
     grad = np.bincount(pos.ravel(), weights=np.repeat(resid, ids.shape[1]),
                        minlength=len(rows))
     return ((grad * scale).astype(np.float32).reshape(-1, 1), float(resid.sum() * scale),

@@ -317,7 +317,7 @@ class DistKVStore(LocalKVStore):
             tss = {s: self._kv.request(s, cmd, pk, into=into[s]) for s, pk in per.items()}
         replies = dict(zip(tss, self._kv.wait_all(list(tss.values()), "a pull reply")))
         got: dict[int, list[np.ndarray]] = {}
-        for s, (meta, arrays) in replies.items():
+        for s, (_meta, arrays) in replies.items():
             if len(arrays) != len(per[s]):
                 raise ClusterError(f"server {s} answered {len(arrays)} arrays for "
                                    f"{len(per[s])} keys (reported by server {s})")
@@ -401,16 +401,15 @@ class DistKVStore(LocalKVStore):
             data = np.empty(info.shape, info.dtype)
             self._assemble(info, parts[k], data)  # type: ignore[arg-type]
             proto = info.proto  # type: ignore[attr-defined]
-            if proto is np.ndarray:
-                result.append(data)
-            elif isinstance(proto, RowSparseNDArray):
-                result.append(RowSparseNDArray._all_rows(data, info.ctx))  # type: ignore[attr-defined]
+            item: Any = data
+            if isinstance(proto, RowSparseNDArray):
+                item = RowSparseNDArray._all_rows(data, info.ctx)
             elif not isinstance(proto, type):   # torch.from_numpy: _args.tensor_maker
-                result.append(proto(data))
-            else:
-                arr = object.__new__(proto)
-                arr._data, arr._ctx = data, info.ctx  # type: ignore[attr-defined]
-                result.append(arr)
+                item = proto(data)
+            elif proto is not np.ndarray:
+                item = object.__new__(proto)
+                item._data, item._ctx = data, info.ctx
+            result.append(item)
         return result if many else result[0]
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
@@ -467,7 +466,7 @@ class DistKVStore(LocalKVStore):
                             f"{info.shape[0]}).", key=k, shape=info.shape)
                     reqs.append((k, o, r))
             per: dict[int, tuple[list[int], list[np.ndarray], list[tuple[int, int]]]] = {}
-            for i, (k, o, r) in enumerate(reqs):
+            for i, (k, _o, r) in enumerate(reqs):
                 info = self._store[k]  # type: ignore[assignment]
                 for seg in info.segments:
                     lo, hi = np.searchsorted(r, [seg.start, seg.stop])
@@ -483,7 +482,7 @@ class DistKVStore(LocalKVStore):
             for s, (_, _, where) in per.items():
                 for (i, lo), part in zip(where, replies[s][1]):
                     datas[i][lo:lo + len(part)] = part
-            for (k, o, r), data in zip(reqs, datas):
+            for (_k, o, r), data in zip(reqs, datas):
                 o._data, o._indices = data, r
 
     # ---- optimizer, compression, states -----------------------------------------------------

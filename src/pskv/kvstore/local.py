@@ -6,6 +6,7 @@ key, so a call that raises changes nothing; ``_lock`` serializes calls.
 """
 from __future__ import annotations
 
+import builtins
 import os
 import threading
 import warnings
@@ -674,8 +675,8 @@ class LocalKVStore(KVStoreBase):
     def __enter__(self) -> LocalKVStore:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, exc_type: builtins.type[BaseException] | None,
+                 exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
     def __repr__(self) -> str:

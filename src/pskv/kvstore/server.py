@@ -228,10 +228,10 @@ class KVServer:
         pulls, entry.pulls = entry.pulls, []
         for rep in waiting:
             self._release(rep)
-        for worker, arrays, kind, rep in deferred:   # they open the next round
-            if rep is not None:
-                rep.remaining -= 1
-            self._push_one(entry.pskey, worker, arrays, kind, rep)
+        for worker, arrays, kind, drep in deferred:  # they open the next round
+            if drep is not None:
+                drep.remaining -= 1
+            self._push_one(entry.pskey, worker, arrays, kind, drep)
         for worker, rep in pulls:
             if self._pushed(entry, worker):
                 entry.pulls.append((worker, rep))    # its later push is not applied yet
@@ -249,7 +249,7 @@ class KVServer:
 
     def _check_rounds(self) -> None:
         now = time.monotonic()
-        for k, entry in self._entries.items():
+        for entry in self._entries.values():
             if entry.pushers and now - entry.started > self.cfg.round_timeout:
                 missing = sorted(set(range(self.po.num_workers)) - entry.pushers)
                 msg = (f"sync round {entry.round} of key {entry.key!r} waited "
@@ -494,7 +494,7 @@ class KVServer:
         fd = conn.fileno()
         if self._conns.pop(fd, None) is not None and self._poller is not None:
             self._poller.unregister(fd)
-        self._admitted.pop(conn, None)   # type: ignore[call-overload]
+        self._admitted.pop(conn, None)
         conn.close()
 
     def _read_conn(self, conn: UdsConn) -> None:

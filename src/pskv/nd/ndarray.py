@@ -302,7 +302,7 @@ class NDArray:
         a, b = self._dense(), _operand(other)
         return self._new(np.asarray(fn(b, a) if reverse else fn(a, b)))
 
-    def _inplace(self, other: Any, fn: Callable[..., Any]) -> NDArray:
+    def _inplace(self, other: Any, fn: Callable[..., Any]) -> Any:
         if not isinstance(other, (NDArray, np.ndarray, int, float, bool, np.generic)):
             return NotImplemented
         try:
@@ -326,8 +326,8 @@ class NDArray:
     def __pow__(self, o: Any) -> Any: return self._binary(o, np.power)
     def __rpow__(self, o: Any) -> Any: return self._binary(o, np.power, True)
     def __matmul__(self, o: Any) -> Any: return self._binary(o, np.matmul)
-    def __eq__(self, o: Any) -> Any: return self._binary(o, np.equal)  # type: ignore[override]
-    def __ne__(self, o: Any) -> Any: return self._binary(o, np.not_equal)  # type: ignore[override]
+    def __eq__(self, o: Any) -> Any: return self._binary(o, np.equal)
+    def __ne__(self, o: Any) -> Any: return self._binary(o, np.not_equal)
     def __lt__(self, o: Any) -> Any: return self._binary(o, np.less)
     def __le__(self, o: Any) -> Any: return self._binary(o, np.less_equal)
     def __gt__(self, o: Any) -> Any: return self._binary(o, np.greater)
@@ -366,9 +366,11 @@ def _rebuild(cls: type[NDArray], data: np.ndarray, ctx: Context) -> NDArray:
 
 def _creation_dtype(source: Any, dtype: Any) -> np.dtype[Any]:
     if dtype is not None:
-        return np.dtype(dtype)
+        given: np.dtype[Any] = np.dtype(dtype)
+        return given
     if isinstance(source, (NDArray, np.ndarray)):
-        return np.dtype(source.dtype)
+        dt: np.dtype[Any] = np.dtype(source.dtype)
+        return dt
     return np.dtype(_DEFAULT_DTYPE)
 
 

@@ -169,7 +169,7 @@ class RowSparseNDArray(NDArray):
                             reverse and fn is np.subtract)
         return NDArray._binary(self, other, fn, reverse)
 
-    def _inplace(self, other: Any, fn: Any) -> NDArray:
+    def _inplace(self, other: Any, fn: Any) -> Any:
         result = self._binary(other, fn)
         if result is NotImplemented:
             return NotImplemented

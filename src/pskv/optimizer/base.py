@@ -270,7 +270,7 @@ class Optimizer:
 
     def _get_lrs(self, indices: list[Any]) -> list[float]:
         lr = self.lr_scheduler(self.num_update) if self.lr_scheduler is not None else self.lr
-        lrs = [lr for _ in indices]
+        lrs: list[float] = [float(lr) for _ in indices]  # type: ignore[arg-type]
         for i, index in enumerate(indices):
             if index in self.param_dict:
                 lrs[i] *= self.param_dict[index].lr_mult
@@ -278,7 +278,7 @@ class Optimizer:
                 lrs[i] *= self.lr_mult[index]
             elif index in self.idx2name:
                 lrs[i] *= self.lr_mult.get(self.idx2name[index], 1.0)
-        return lrs  # type: ignore[return-value]
+        return lrs
 
     def _get_lr(self, index: Any) -> float:
         """The learning rate of ``index``: scheduler or ``lr``, times its ``lr_mult``."""
