@@ -73,6 +73,12 @@ def make_data(vocab: int, features: int, samples: int, seed: int = 0,
     Returns
     -------
     SparseData
+
+    Examples
+    --------
+    >>> d = make_data(vocab=1024, features=4, samples=100, seed=0)
+    >>> d.train_ids.shape, d.test_ids.shape, int(d.train_ids.max()) < 1024
+    ((80, 4), (20, 4), True)
     """
     rng = np.random.default_rng(seed)
     raw = rng.zipf(zipf, size=(samples, features)).astype(np.uint64)
@@ -149,7 +155,13 @@ def shard_grad(ids: np.ndarray, y: np.ndarray, rows: np.ndarray, w_rows: np.ndar
 
 
 def auc(score: np.ndarray, y: np.ndarray) -> float:
-    """Area under the ROC curve (Mann-Whitney U, ties counted half)."""
+    """Area under the ROC curve (Mann-Whitney U, ties counted half).
+
+    Examples
+    --------
+    >>> auc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1]))
+    0.75
+    """
     pos = int(y.sum())
     neg = len(y) - pos
     if pos == 0 or neg == 0:
@@ -298,11 +310,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     kv = mx.kv.create(args.kv_store)
     try:
         if kv.rank == 0:
+            best = logistic_loss(data.true_w[data.test_ids].sum(1) + data.true_b, data.test_y)
             print(f"sparse_logreg: {args.kv_store} x{kv.num_workers} workers, vocab "
                   f"{args.vocab}, {args.features_per_sample} features/sample, "
                   f"{len(data.train_y)} train + {len(data.test_y)} test samples, batch "
                   f"{args.batch_size}, {args.optimizer} lr {args.lr} (data made in "
-                  f"{time.perf_counter() - t0:.2f} s)", flush=True)
+                  f"{time.perf_counter() - t0:.2f} s); the true model's test loss is "
+                  f"{best.mean():.4f}", flush=True)
         result = train(args, kv, data, verbose=True)
     finally:
         kv.close()
