@@ -18,7 +18,7 @@ SMALL = ["--vocab", "8192", "--features-per-sample", "8", "--samples", "10001",
 
 
 def _table(kv: Any, vocab: int) -> tuple[np.ndarray, float]:
-    out = mx.nd.sparse.zeros("row_sparse", (vocab, 1))
+    out: Any = mx.nd.sparse.zeros("row_sparse", (vocab, 1))
     kv.row_sparse_pull("w", out=out, row_ids=mx.nd.array(np.arange(vocab)))
     return np.array(out.data.asnumpy()), float(kv.pull("b").asnumpy()[0])
 
@@ -52,7 +52,7 @@ def test_sync_sgd_matches_one_local_run(run_threads: Callable[..., dict[int, Any
         assert r["samples"] + results[1 - rank]["samples"] == local["samples"]
         assert r["samples"] == 3 * (4001 if rank == 0 else 4000)   # rank 1: an empty shard
         # every worker evaluates the whole test set on the same weights
-        for hd, hl in zip(r["history"], local["history"]):
+        for hd, hl in zip(r["history"], local["history"], strict=True):
             assert hd["test_loss"] == pytest.approx(hl["test_loss"], rel=1e-5)
         train = [h["train_loss"] for h in r["history"]]
         assert train[0] > train[1] > train[2], train

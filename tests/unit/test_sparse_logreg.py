@@ -18,7 +18,7 @@ def _args(*extra: str) -> Any:
 
 
 def _table(kv: Any, vocab: int) -> np.ndarray:
-    out = mx.nd.sparse.zeros("row_sparse", (vocab, 1))
+    out: Any = mx.nd.sparse.zeros("row_sparse", (vocab, 1))
     kv.row_sparse_pull("w", out=out, row_ids=mx.nd.array(np.arange(vocab)))
     return np.asarray(out.data.asnumpy())
 
@@ -41,7 +41,7 @@ def test_loss_falls_across_epochs() -> None:
 def test_only_the_rows_of_a_batch_travel() -> None:
     args = _args("--epochs", "1")
     data = sl.make_data(args.vocab, args.features_per_sample, args.samples, args.seed)
-    kv = mx.kv.create("local")
+    kv: Any = mx.kv.create("local")
     pulls: list[tuple[np.ndarray, np.ndarray]] = []
     pushes: list[np.ndarray] = []
     rsp_pull, push = kv.row_sparse_pull, kv.push
@@ -56,12 +56,12 @@ def test_only_the_rows_of_a_batch_travel() -> None:
             pushes.append(value.indices.asnumpy().copy())
         push(key, value, priority)
 
-    kv.row_sparse_pull, kv.push = spy_pull, spy_push  # type: ignore[method-assign]
+    kv.row_sparse_pull, kv.push = spy_pull, spy_push
     res = sl.train(args, kv)
     batches = list(sl.batch_order(len(data.train_y), args.batch_size, args.seed, 0))
     train_pulls = pulls[:len(batches)]               # then the test-set evaluation
     assert len(pushes) == len(batches) == res["steps"]
-    for batch, (asked, got), pushed in zip(batches, train_pulls, pushes):
+    for batch, (asked, got), pushed in zip(batches, train_pulls, pushes, strict=True):
         want = np.unique(data.train_ids[batch])
         assert len(want) < args.vocab // 4              # a small part of the table
         np.testing.assert_array_equal(asked, want)
@@ -74,7 +74,7 @@ def test_only_the_rows_of_a_batch_travel() -> None:
 def test_rows_never_seen_keep_their_initial_value() -> None:
     args = _args("--init-scale", "0.01", "--epochs", "2")
     data = sl.make_data(args.vocab, args.features_per_sample, args.samples, args.seed)
-    kv = mx.kv.create("local")
+    kv: Any = mx.kv.create("local")
     sl.train(args, kv)
     init = sl.init_table(args.vocab, args.init_scale, args.seed)
     table = _table(kv, args.vocab)
@@ -90,7 +90,7 @@ def test_one_step_matches_numpy(optimizer: str) -> None:
     args = _args("--optimizer", optimizer, "--lr", "0.5", "--init-scale", "0.01",
                  "--max-steps", "1")
     data = sl.make_data(args.vocab, args.features_per_sample, args.samples, args.seed)
-    kv = mx.kv.create("local")
+    kv: Any = mx.kv.create("local")
     res = sl.train(args, kv)
     assert res["steps"] == 1
     # a NumPy oracle for the first batch, written out independently of shard_grad

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, cast
 
 import numpy as np
 
@@ -117,7 +117,8 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 def logistic_loss(logit: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Per-sample ``-log p(y | logit)``, computed without overflow."""
-    return np.maximum(logit, 0.0) - logit * y + np.log1p(np.exp(-np.abs(logit)))
+    loss: np.ndarray = np.maximum(logit, 0.0) - logit * y + np.log1p(np.exp(-np.abs(logit)))
+    return loss
 
 
 def shard_grad(ids: np.ndarray, y: np.ndarray, rows: np.ndarray, w_rows: np.ndarray,
@@ -175,9 +176,14 @@ def auc(score: np.ndarray, y: np.ndarray) -> float:
     return float((ranks[y > 0.5].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
 
 
+def _rsp_zeros(vocab: int) -> mx.nd.sparse.RowSparseNDArray:
+    """An empty ``(vocab, 1)`` row_sparse out for row_sparse_pull."""
+    return cast(mx.nd.sparse.RowSparseNDArray, mx.nd.sparse.zeros("row_sparse", (vocab, 1)))
+
+
 def _evaluate(kv: Any, ids: np.ndarray, y: np.ndarray, vocab: int) -> dict[str, float]:
     rows = np.unique(ids)
-    out = mx.nd.sparse.zeros("row_sparse", (vocab, 1))
+    out = _rsp_zeros(vocab)
     kv.row_sparse_pull("w", out=out, row_ids=mx.nd.array(rows, dtype="int64"))
     bias = kv.pull("b").asnumpy()[0]
     logit = out.data.asnumpy()[np.searchsorted(rows, ids), 0].astype(np.float64).sum(1) + bias
@@ -222,7 +228,7 @@ def train(args: argparse.Namespace, kv: Any, data: SparseData | None = None,
             .tostype("row_sparse"))
     kv.init("b", mx.nd.zeros((1,)))
     kv.set_optimizer(_optimizer(args))           # every worker may call it (MXNet scripts do)
-    rsp = mx.nd.sparse.zeros("row_sparse", (vocab, 1))
+    rsp = _rsp_zeros(vocab)
     bias = mx.nd.zeros((1,))
     history: list[dict[str, float]] = []
     steps = samples = pulled = pushed = 0
@@ -307,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
     data = make_data(args.vocab, args.features_per_sample, args.samples, args.seed)
-    kv = mx.kv.create(args.kv_store)
+    kv: Any = mx.kv.create(args.kv_store)
     try:
         if kv.rank == 0:
             best = logistic_loss(data.true_w[data.test_ids].sum(1) + data.true_b, data.test_y)
