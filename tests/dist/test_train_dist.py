@@ -57,7 +57,7 @@ def test_dist_sync_equals_one_process_with_the_global_batch(
                                        atol=1e-5, err_msg=f"rank {rank}: {name}")
         # the weights moved: the comparison is not of two initializations
         assert not np.allclose(got.weights["fc1_weight"],
-                               _mlp.init_params(64, 64, 10, 7)["fc1_weight"], atol=1e-3)
+                               _mlp.init_params(64, 128, 10, 7)["fc1_weight"], atol=1e-3)
         assert got.history[-1].accuracy == pytest.approx(expected.history[-1].accuracy)
 
 
@@ -66,7 +66,7 @@ def test_rank_0_initialization_wins(run_threads: Callable[..., dict[int, Any]]) 
     # hold rank 0's, which are one process's
     flags = ["--quiet", "--max-steps", "1", "--lr", "1e-30", "--seed", "5"]
     results = run_threads(lambda kv: tr.train(tr.parse_args(flags), kv), 2, 1)
-    init = _mlp.init_params(64, 64, 10, 5)
+    init = _mlp.init_params(64, 128, 10, 5)
     for got in results.values():
         assert isinstance(got, tr.TrainResult), got
         np.testing.assert_array_equal(got.weights["fc1_weight"], init["fc1_weight"])

@@ -132,7 +132,7 @@ def test_dist_store_without_launcher_fails_cleanly(capsys: pytest.CaptureFixture
 
 
 def test_lr_defaults_by_optimizer() -> None:
-    assert tr.parse_args([]).lr == 0.1
+    assert tr.parse_args([]).lr == 0.05
     assert tr.parse_args(["--optimizer", "Adam"]).lr == 0.01
     assert tr.make_optimizer(tr.parse_args(["--optimizer", "adam"])).learning_rate == 0.01
     assert tr.make_optimizer(tr.parse_args(["--momentum", "0.5"])).momentum == 0.5

@@ -33,7 +33,7 @@ __all__ = ["EpochStats", "TrainResult", "build_parser", "main", "make_optimizer"
            "parse_args", "plot_curves", "train"]
 
 STORE_TYPES = ("local", "device", "dist_sync", "dist_async", "dist_device_sync")
-#: optimizers whose default learning rate is 0.1; the others default to 0.01
+#: optimizers whose default learning rate is 0.05; the others default to 0.01
 _SGD_LIKE = ("sgd", "nag")
 
 
@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="samples per worker per step (default: 32); the global batch is "
                         "num_workers times this")
     p.add_argument("--lr", type=_positive_float, default=None,
-                   help="learning rate (default: 0.1 for sgd and nag, 0.01 otherwise)")
+                   help="learning rate (default: 0.05 for sgd and nag, 0.01 otherwise)")
     p.add_argument("--momentum", type=_nonnegative_float, default=0.9,
                    help="momentum, for optimizers that take one (default: 0.9)")
     p.add_argument("--wd", type=_nonnegative_float, default=0.0,
@@ -126,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="sgd",
                    help="any registered pskv optimizer: sgd, nag, adam, rmsprop, adagrad, ... "
                         "(default: sgd)")
-    p.add_argument("--hidden", type=_positive_int, default=64,
-                   help="hidden units (default: 64)")
+    p.add_argument("--hidden", type=_positive_int, default=128,
+                   help="hidden units (default: 128)")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, the order and "
                    "the initialization (default: 0)")
     p.add_argument("--update-on-kvstore", type=int, choices=(0, 1), default=1,
@@ -158,7 +158,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--update-on-kvstore 0 needs a synchronous store: in dist_async the "
                      "servers apply each push on its own. Use --update-on-kvstore 1.")
     if args.lr is None:
-        args.lr = 0.1 if args.optimizer in _SGD_LIKE else 0.01
+        args.lr = 0.05 if args.optimizer in _SGD_LIKE else 0.01
     return args
 
 
