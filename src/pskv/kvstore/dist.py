@@ -209,7 +209,7 @@ class DistKVStore(LocalKVStore):
                 pk.append(info.pskey)
                 specs.append({"key": k, "shape": list(part.shape),
                               "stype": "row_sparse" if info.sparse else "default"})
-                arrays.append(np.ascontiguousarray(part))
+                arrays.append(np.ascontiguousarray(part).reshape(part.shape))  # keeps 0-d
         tss = [self._kv.request(s, Command.INIT, pk, {"entries": sp}, arr)
                for s, (pk, sp, arr) in per.items()]
         self._kv.wait_all(tss, "the servers to take init")
