@@ -5,8 +5,8 @@ so every worker sees the same global batches and takes a disjoint shard of each.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 
@@ -39,13 +39,13 @@ def load_digits(seed: int, test_fraction: float = 0.25) -> Digits:
     Features are standardized with the training set's mean and standard deviation
     (pixels that never vary keep standard deviation 1).
     """
-    from sklearn.datasets import load_digits as sk_load_digits
+    from sklearn import datasets  # type: ignore[import-untyped, unused-ignore]
 
-    bunch = sk_load_digits()
+    bunch = datasets.load_digits()
     x = np.asarray(bunch.data, dtype=np.float64)
     y = np.asarray(bunch.target, dtype=np.int64)
     order = np.random.default_rng([seed, 0]).permutation(len(x))
-    n_test = int(round(len(x) * test_fraction))
+    n_test = round(len(x) * test_fraction)
     test, train = order[:n_test], order[n_test:]
     mean = x[train].mean(axis=0)
     std = x[train].std(axis=0)

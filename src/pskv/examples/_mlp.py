@@ -5,7 +5,7 @@ names are MXNet's (``fc1_weight``, ``fc1_bias``, ...). Everything is float32.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -44,7 +44,8 @@ def logits(params: Params, x: np.ndarray) -> np.ndarray:
 
 def _log_softmax(z: np.ndarray) -> np.ndarray:
     z = z - z.max(axis=1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    out: np.ndarray = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    return out
 
 
 def loss(params: Params, x: np.ndarray, y: np.ndarray) -> float:

@@ -19,8 +19,9 @@ import argparse
 import inspect
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -180,13 +181,13 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
     """
     if not enabled:
         return None
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
     tty = sys.stdout.isatty()
     return tqdm(total=total, desc=desc, unit="batch", leave=not tty, ncols=80,
                 mininterval=0.25 if tty else 1.0, file=sys.stdout)
 
 
-def train(args: argparse.Namespace, kv: Any,
+def train(args: argparse.Namespace, kv: mx.kv.LocalKVStore,
           on_epoch: Callable[[EpochStats], None] | None = None) -> TrainResult:
     """Train with the flags ``args`` (from :func:`parse_args`) through the store ``kv``.
 
@@ -198,8 +199,9 @@ def train(args: argparse.Namespace, kv: Any,
     ----------
     args : argparse.Namespace
         The flags, as :func:`parse_args` returns them.
-    kv : KVStore
-        A local store or a worker's ``DistKVStore``; its keys are the parameter names.
+    kv : pskv.kv.LocalKVStore
+        A local store or a worker's ``DistKVStore`` (a subclass); its keys are the
+        parameter names.
     on_epoch : callable, optional
         Called with each epoch's :class:`EpochStats`.
 
@@ -324,7 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; 0 on success, 2 for bad flags or a store that cannot start."""
     args = parse_args(argv)
     try:
-        kv = mx.kv.create(args.kv_store)
+        # every type STORE_TYPES names is a LocalKVStore or its DistKVStore subclass
+        kv = cast(mx.kv.LocalKVStore, mx.kv.create(args.kv_store))
     except mx.KVStoreError as err:
         print(f"train: cannot create a {args.kv_store!r} store: {err}", file=sys.stderr)
         return 2
