@@ -405,7 +405,7 @@ class LocalKVStore(KVStoreBase):
             return stored.copy()
         if not isinstance(proto, type):   # torch.from_numpy: _args.tensor_maker
             return proto(stored._dense().copy())
-        out = object.__new__(proto)
+        out: Any = object.__new__(proto)
         out._data = stored._dense().copy()
         out._ctx = stored.context
         return out
