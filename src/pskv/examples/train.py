@@ -335,9 +335,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rank, num_workers = kv.rank, kv.num_workers
         report = None
         if rank == 0 and not args.quiet:
-            print(f"training a 64-{args.hidden}-10 MLP on digits: {kv.type}, {num_workers} worker(s) x {args.num_devices} "
-                  f"device(s), batch {args.batch_size} per worker, {args.optimizer} "
-                  f"lr {args.lr}, update_on_kvstore={args.update_on_kvstore}", flush=True)
+            print(f"training a 64-{args.hidden}-10 MLP on digits: {kv.type}, {num_workers} "
+                  f"worker(s) x {args.num_devices} device(s), batch {args.batch_size} per "
+                  f"worker, {args.optimizer} lr {args.lr}, "
+                  f"update_on_kvstore={args.update_on_kvstore}", flush=True)
 
             def report(stats: EpochStats) -> None:
                 print(_epoch_line(stats, args.epochs), flush=True)
