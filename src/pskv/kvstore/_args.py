@@ -38,8 +38,14 @@ def as_numpy(obj: Any) -> np.ndarray:
             obj = obj.detach()
         try:
             return np.from_dlpack(obj)
-        except (TypeError, RuntimeError, BufferError):
+        except (TypeError, RuntimeError, BufferError) as err:
             _check_host(obj)
+            try:
+                return np.asarray(obj)
+            except (TypeError, ValueError, RuntimeError):
+                raise ValueTypeError(
+                    f"cannot read a {type(obj).__name__} of dtype {getattr(obj, 'dtype', '?')} "
+                    f"as a NumPy array ({err}). Convert it first, e.g. tensor.float().") from err
     return np.asarray(obj)
 
 
