@@ -61,7 +61,7 @@ def _import_torch() -> Any:
 def _named_tensors(params: Any, what: str) -> list[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` pairs from a state_dict, named_parameters() or a list of pairs;
     names unique, tensors on the CPU."""
-    torch = _import_torch()
+    th = _import_torch()
     items = list(params.items()) if isinstance(params, Mapping) else list(params)
     out: list[tuple[str, torch.Tensor]] = []
     seen: set[str] = set()
@@ -72,7 +72,7 @@ def _named_tensors(params: Any, what: str) -> list[tuple[str, torch.Tensor]]:
                 f"pairs; got an item {type(item).__name__}. Pass model.state_dict() or "
                 "model.named_parameters().")
         name, tensor = item
-        if not isinstance(tensor, torch.Tensor):
+        if not isinstance(tensor, th.Tensor):
             raise ValueTypeError(f"{what}: entry {name!r} is a {type(tensor).__name__}, not "
                                  "a torch tensor. Leave it out.", key=name)
         if tensor.device.type != "cpu":
@@ -100,8 +100,8 @@ def _broadcast(kv: Any, keys: list[str], tensors: list[torch.Tensor], root_rank:
     kv.init(keys, tensors)          # collective: rank 0's values are kept
     if root_rank != 0:
         # the root pushes its values, every other worker zeros: the round's sum is the root's
-        torch = _import_torch()
-        kv.push(keys, [t if kv.rank == root_rank else torch.zeros_like(t) for t in tensors])
+        th = _import_torch()
+        kv.push(keys, [t if kv.rank == root_rank else th.zeros_like(t) for t in tensors])
     kv.pull(keys, out=tensors)
 
 
@@ -164,7 +164,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, kv: Any, root_ra
     prefix : str, default 'optimizer/'
         Put before each state entry's name to form its key.
     """
-    torch = _import_torch()
+    th = _import_torch()
     _check_root(kv, root_rank)
     numbers: list[tuple[dict[Any, Any], Any]] = []    # (container, key) of Python numbers
     named: list[tuple[str, torch.Tensor]] = []
@@ -180,12 +180,12 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, kv: Any, root_ra
             continue
         for name in sorted(state):
             value = state[name]
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, th.Tensor):
                 named.append((f"state.{i}.{name}", value))
             elif _is_number(value):
                 numbers.append((state, name))
     named.sort(key=lambda nt: nt[0])
-    scalars = torch.tensor([float(c[k]) for c, k in numbers], dtype=torch.float64)
+    scalars = th.tensor([float(c[k]) for c, k in numbers], dtype=th.float64)
     keys = [prefix + n for n, _ in named] + [prefix + "numbers"]
     _broadcast(kv, keys, [t for _, t in named] + [scalars], root_rank)
     for (container, key), value in zip(numbers, scalars.tolist()):
@@ -213,12 +213,12 @@ class _Sync:
     def grads(self) -> list[torch.Tensor]:
         """Every parameter's ``.grad``; zeros where there is none, dense where sparse (each
         worker must push every key in every sync round)."""
-        torch = _import_torch()
+        th = _import_torch()
         out = []
         for p in self.params:
             if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            elif p.grad.layout != torch.strided:
+                p.grad = th.zeros_like(p)
+            elif p.grad.layout != th.strided:
                 p.grad = p.grad.to_dense()
             out.append(p.grad)
         return out
@@ -337,7 +337,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
             torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), kv)
         opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
     """
-    torch = _import_torch()
+    th = _import_torch()
     if op not in _OPS:
         raise ConfigError(f"op={op!r} is not one of {_OPS}.")
     if update_on_kvstore and kv_optimizer is None:
@@ -346,7 +346,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
     if not update_on_kvstore and (kv_optimizer is not None or optimizer is None):
         raise ConfigError("update_on_kvstore=False steps the torch optimizer: pass one, and "
                           "no kv_optimizer (or set update_on_kvstore=True).")
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+    if optimizer is not None and not isinstance(optimizer, th.optim.Optimizer):
         raise ValueTypeError(f"optimizer must be a torch.optim.Optimizer or None, got "
                              f"{type(optimizer).__name__}.")
     named = [(n, p) for n, p in _named_tensors(named_parameters, "DistributedOptimizer")
@@ -361,12 +361,12 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
     kv.init(sync.keys, params)
     if update_on_kvstore:
         kv.pull(sync.keys, out=params)   # every worker starts from rank 0's weights
-    base = type(optimizer) if optimizer is not None else torch.optim.Optimizer
+    base = type(optimizer) if optimizer is not None else th.optim.Optimizer
     cls = type(base.__name__, (_DistributedMixin, base), {"__module__": base.__module__})
     if optimizer is None:
         wrapped = cls(params, {})
     else:
-        wrapped = cls.__new__(cls)
+        wrapped = object.__new__(cls)
         # share param_groups, state and hooks; not a step an LR scheduler put on the instance
         wrapped.__dict__.update((k, v) for k, v in optimizer.__dict__.items() if k != "step")
     wrapped._pskv_sync = sync

@@ -226,6 +226,12 @@ def test_tensors_off_the_cpu_raise(kv: Any) -> None:
         kv.pull(3, out=torch.zeros(SHAPE, device="meta"))
 
 
+def test_a_dtype_numpy_cannot_read_raises(kv: Any) -> None:
+    kv.init(3, torch.zeros(SHAPE))
+    with pytest.raises(ValueTypeError, match="bfloat16"):
+        kv.push(3, torch.zeros(SHAPE, dtype=torch.bfloat16))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="issue #4: needs a CUDA device")
 def test_cuda_tensors_raise(kv: Any) -> None:  # pragma: no cover - no GPU in CI
     kv.init(3, torch.zeros(SHAPE))
