@@ -142,6 +142,13 @@ def test_lr_defaults_by_optimizer() -> None:
     assert isinstance(sgd, mx.optimizer.SGD) and sgd.momentum == 0.5
 
 
+def test_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "sklearn", None)      # import sklearn now fails
+    assert tr.main(["--quiet"]) == 2
+    assert "pip install 'pskv[examples]'" in capsys.readouterr().err
+
+
 @pytest.mark.timeout(60)
 def test_runs_as_a_module() -> None:
     proc = subprocess.run([sys.executable, "-m", "pskv.examples.train", "--max-steps", "5",

@@ -34,6 +34,8 @@ __all__ = ["EpochStats", "TrainResult", "build_parser", "main", "make_optimizer"
            "parse_args", "plot_curves", "train"]
 
 STORE_TYPES = ("local", "device", "dist_sync", "dist_async", "dist_device_sync")
+#: the modules of the ``examples`` extra
+_EXTRAS = ("sklearn", "tqdm", "matplotlib")
 #: optimizers whose default learning rate is 0.05; the others default to 0.01
 _SGD_LIKE = ("sgd", "nag")
 
@@ -343,10 +345,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             def report(stats: EpochStats) -> None:
                 print(_epoch_line(stats, args.epochs), flush=True)
         result = train(args, kv, on_epoch=report)
+        if rank == 0 and args.plot and result.history:
+            plot_curves(result.history, args.plot)
+    except ModuleNotFoundError as err:
+        if err.name not in _EXTRAS:
+            raise
+        print(f"train: this example needs {err.name!r}, which is not installed. Install the "
+              "examples extra: pip install 'pskv[examples]'.", file=sys.stderr)
+        return 2
     finally:
         kv.close()
-    if rank == 0 and args.plot and result.history:
-        plot_curves(result.history, args.plot)
     total_samples = sum(s.samples_per_sec * s.seconds for s in result.history)
     rate = total_samples / result.train_seconds if result.train_seconds > 0 else 0.0
     share = result.comm_seconds / result.train_seconds if result.train_seconds > 0 else 0.0
