@@ -1,7 +1,9 @@
 """KVStoreBase, the store-type registry and ``create``."""
 from __future__ import annotations
 
+import builtins
 import warnings
+from types import TracebackType
 from typing import Any, TypeVar
 
 from ..errors import ConfigError, UnsupportedError
@@ -77,6 +79,16 @@ class KVStoreBase:
         """Load optimizer states saved by :meth:`save_optimizer_states`."""
         raise UnsupportedError(
             f"{type(self).__name__} does not implement load_optimizer_states().")
+
+    def close(self) -> None:
+        """Release the store's resources (a store without any has nothing to do)."""
+
+    def __enter__(self) -> KVStoreBase:
+        return self
+
+    def __exit__(self, exc_type: builtins.type[BaseException] | None,
+                 exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
 
     @property
     def type(self) -> str:
