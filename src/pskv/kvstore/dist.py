@@ -281,14 +281,6 @@ class DistKVStore(LocalKVStore):
         for server, (pk, kinds, arrays) in self._push_items(keys, groups).items():
             self._kv.push(server, Command.PUSH, pk, {"kinds": kinds}, arrays)
 
-    def push(self, key: Any, value: Any, priority: int = 0) -> None:
-        """Push values to the servers (summed over devices first); returns without waiting."""
-        with self._lock:
-            self._begin()
-            keys, groups = normalize(key, value)
-            self._validate_push(keys, groups)
-            self._push_validated(keys, groups)
-
     # ---- pull --------------------------------------------------------------------------------
     def _fetch(self, keys: list[int | str], cmd: Command = Command.PULL,
                push: dict[int, tuple[list[int], str, list[np.ndarray]]] | None = None,
@@ -376,18 +368,6 @@ class DistKVStore(LocalKVStore):
                     o._data, o._indices = table, np.arange(info.shape[0], dtype=np.int64)
                     continue
                 self._assemble(info, parts[k], as_numpy(o))
-
-    def pull(self, key: Any, out: Any = None, priority: int = 0,
-             ignore_sparse: bool = True) -> Any:
-        """Pull values from the servers; after this worker's push, the value of its round."""
-        with self._lock:
-            self._begin()
-            if out is None:
-                return self._pull_new(key)
-            keys, groups = normalize(key, out, "out")
-            self._validate_pull(keys, groups)
-            self._pull_validated(keys, groups, ignore_sparse)
-            return None
 
     def _pull_new(self, key: Any) -> Any:
         from ._args import check_key

@@ -73,17 +73,11 @@ class LocalKVStore(KVStoreBase):
         """The store type, as given to ``create`` and lower-cased."""
         return self._type
 
-    @property
-    def rank(self) -> int:
-        """The rank of this worker: always 0 in a local store."""
-        return 0
-
-    @property
-    def num_workers(self) -> int:
-        """The number of workers: always 1 in a local store."""
-        return 1
-
     # ---- validation ----------------------------------------------------------------
+    def _begin(self) -> None:
+        """Checks at the start of every call (a dist store adds the cluster's)."""
+        self._check_open()
+
     def _check_open(self) -> None:
         if self._closed:
             raise UnsupportedError(f"this {self._type!r} store was closed. Create a new one "
@@ -213,7 +207,7 @@ class LocalKVStore(KVStoreBase):
         with self._lock:
             if self._fast_push(key, value):
                 return
-            self._check_open()
+            self._begin()
             keys, groups = normalize(key, value)
             self._validate_push(keys, groups)
             self._push_validated(keys, groups)
@@ -340,7 +334,7 @@ class LocalKVStore(KVStoreBase):
                         and data.dtype == stored._data.dtype:
                     self._reducer.copy_into(data, stored._data)    # the one-key fast path
                     return None
-            self._check_open()
+            self._begin()
             if out is None:
                 return self._pull_new(key)
             keys, groups = normalize(key, out, "out")
