@@ -218,7 +218,7 @@ def run_worker(lib, config, out_prefix):
     rank, nw = kv.rank, kv.num_workers
     info = {"lib": lib, "version": getattr(mx, "__version__", "?"), "rank": rank,
             "num_workers": nw, "numpy": np.__version__, "python": platform.python_version(),
-            "pid": os.getpid(), "module": getattr(mx, "__file__", None),
+            "pid": os.getpid(), "module": getattr(mx, "__name__", None),
             "results": {}, "errors": {},
             "env": {k: v for k, v in sorted(os.environ.items())
                     if k.startswith(("MXNET_", "PSKV_", "OMP_", "DMLC_NUM", "DMLC_INTERFACE"))
