@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import KeyTypeError, ShapeMismatchError, ValueTypeError
 from ..nd.ndarray import NDArray
+from ..nd.sparse import RowSparseNDArray
 
 __all__ = ["as_numpy", "check_key", "is_array", "normalize", "tensor_maker"]
 
@@ -154,3 +155,41 @@ def normalize(key: Any, value: Any, what: str = "value") -> tuple[list[int | str
         else:
             groups[i].extend(vals)
     return keys, groups
+
+
+def dense_data(value: Any) -> np.ndarray | None:
+    """The buffer of a dense NDArray or NumPy array; None for anything else."""
+    if type(value) is np.ndarray:
+        return value
+    if isinstance(value, NDArray) and type(value) is not RowSparseNDArray:
+        return value._data
+    return None
+
+
+def row_ids_by_key(key: Any, keys: list[int | str], groups: list[list[Any]],
+                   row_ids: Any) -> dict[int | str, list[np.ndarray]]:
+    """The row ids of a row_sparse_pull, per key and out: unique, sorted, int64.
+
+    ``row_ids`` is one array for every out, or one per out (as the outs are given).
+    """
+    def clean(r: Any) -> np.ndarray:
+        arr = as_numpy(r)
+        if arr.dtype.kind not in "iuf" and arr.size:
+            raise ValueTypeError(f"row_sparse_pull of key {key!r}: row_ids of dtype "
+                                 f"{arr.dtype} are not numbers. Pass integer row numbers.",
+                                 key=key)
+        return np.unique(arr.astype(np.int64).ravel())
+
+    total = sum(len(g) for g in groups)
+    if not isinstance(row_ids, (list, tuple)):
+        row_ids = [row_ids]
+    if len(row_ids) == 1:
+        one = clean(row_ids[0])
+        return {k: [one] * len(g) for k, g in zip(keys, groups)}
+    rkeys, rgroups = normalize(key, list(row_ids) if not isinstance(key, (list, tuple))
+                               else row_ids, "row_ids")
+    if sum(len(g) for g in rgroups) != total or rkeys != keys:
+        raise ShapeMismatchError(
+            f"row_sparse_pull of key {key!r} got {len(row_ids)} row_ids for {total} "
+            "outs. Pass one row_ids per out, or one for all.", key=key)
+    return {k: [clean(r) for r in g] for k, g in zip(rkeys, rgroups)}

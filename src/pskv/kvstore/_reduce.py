@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["Reducer"]
+from ..nd.sparse import RowSparseNDArray
+
+__all__ = ["Reducer", "sum_row_sparse"]
 
 #: below this many elements one thread is faster than handing work to the pool
 PARALLEL_MIN = 1 << 17
@@ -104,3 +106,16 @@ class Reducer:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+def sum_row_sparse(vals: list[Any]) -> RowSparseNDArray:
+    """Sum row_sparse arrays: the union of their rows, sorted."""
+    first: RowSparseNDArray = vals[0]
+    if len(vals) == 1:
+        return RowSparseNDArray(first._data.copy(), first._indices.copy(), first.shape,
+                                first.context)
+    rows = np.unique(np.concatenate([v._indices for v in vals]))
+    data = np.zeros((len(rows),) + first.shape[1:], dtype=first.dtype)
+    for v in vals:
+        data[np.searchsorted(rows, v._indices)] += v._data  # indices unique per array
+    return RowSparseNDArray(data, rows, first.shape, first.context)

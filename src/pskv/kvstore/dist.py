@@ -27,8 +27,9 @@ from .._ps.partition import Segment, place, ps_key
 from .._ps.postoffice import Postoffice
 from .._ps.van import ZmqVan
 from .._ps.worker import KVWorker
-from ._args import as_numpy, normalize, tensor_maker
-from .local import LocalKVStore, _sum_row_sparse
+from ._args import as_numpy, normalize, row_ids_by_key, tensor_maker
+from ._reduce import sum_row_sparse
+from .local import LocalKVStore
 
 __all__ = ["DistKVStore", "create_dist"]
 
@@ -248,7 +249,7 @@ class DistKVStore(LocalKVStore):
             if info.sparse:
                 rsp = [v if isinstance(v, RowSparseNDArray) else
                        RowSparseNDArray.from_dense(as_numpy(v)) for v in vals]
-                merged = _sum_row_sparse(rsp)
+                merged = sum_row_sparse(rsp)
                 for seg in info.segments:
                     lo, hi = np.searchsorted(merged._indices, [seg.start, seg.stop])
                     pk, kinds, arrays = per.setdefault(seg.server, ([], [], []))
@@ -425,7 +426,7 @@ class DistKVStore(LocalKVStore):
             if out is None or row_ids is None:
                 raise ValueTypeError("row_sparse_pull needs both out= and row_ids=.", key=key)
             keys, groups = normalize(key, out, "out")
-            rows = self._row_ids(key, keys, groups, row_ids)
+            rows = row_ids_by_key(key, keys, groups, row_ids)
             self._check_kind(keys)
             reqs: list[tuple[int | str, Any, np.ndarray]] = []
             for k, outs in zip(keys, groups):

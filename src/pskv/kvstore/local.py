@@ -19,8 +19,8 @@ from ..errors import (ConfigError, KeyNotInitializedError, KeyTypeError, ShapeMi
                       UnsupportedError, ValueTypeError)
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
-from ._args import as_numpy, normalize, tensor_maker
-from ._reduce import PARALLEL_MIN, Reducer
+from ._args import as_numpy, dense_data, normalize, row_ids_by_key, tensor_maker
+from ._reduce import PARALLEL_MIN, Reducer, sum_row_sparse
 from .base import KVStoreBase
 
 __all__ = ["LocalKVStore", "SparsePullIgnoredWarning"]
@@ -224,7 +224,7 @@ class LocalKVStore(KVStoreBase):
         stored = self._store.get(key)
         if type(stored) is not NDArray:
             return False
-        data = _dense_data(value)
+        data = dense_data(value)
         if data is None or data.shape != stored._data.shape or data.dtype != stored._data.dtype:
             return False
         self._reducer.copy_into(stored._data, data)
@@ -248,7 +248,7 @@ class LocalKVStore(KVStoreBase):
             for k, vals in zip(keys, groups):
                 stored = self._store[k]
                 if len(vals) == 1 and self._gc is None and type(stored) is NDArray:
-                    data = _dense_data(vals[0])
+                    data = dense_data(vals[0])
                     if data is not None and data.size < small:
                         np.copyto(stored._data, data, casting="same_kind")
                         continue
@@ -278,7 +278,7 @@ class LocalKVStore(KVStoreBase):
 
     def _assign(self, key: int | str, vals: list[Any], stored: NDArray) -> None:
         if all(isinstance(v, RowSparseNDArray) for v in vals) and self._gc is None:
-            merged = _sum_row_sparse(vals)
+            merged = sum_row_sparse(vals)
             table = stored._data
             table[...] = 0
             table[merged._indices] = merged._data
@@ -288,7 +288,7 @@ class LocalKVStore(KVStoreBase):
     def _merged(self, key: int | str, vals: list[Any], stored: NDArray) -> NDArray:
         """The sum of ``vals`` as an NDArray the updater may read but not keep."""
         if all(isinstance(v, RowSparseNDArray) for v in vals) and self._gc is None:
-            merged = _sum_row_sparse(vals)
+            merged = sum_row_sparse(vals)
             merged._data.flags.writeable = False
             return merged
         arrays = self._dense_values(key, vals)
@@ -328,7 +328,7 @@ class LocalKVStore(KVStoreBase):
         with self._lock:
             if not self._closed and (type(key) is int or type(key) is str):
                 stored = self._store.get(key)
-                data = _dense_data(out)
+                data = dense_data(out)
                 if data is not None and type(stored) is NDArray and data.flags.writeable \
                         and data.shape == stored._data.shape \
                         and data.dtype == stored._data.dtype:
@@ -357,7 +357,7 @@ class LocalKVStore(KVStoreBase):
         for k, outs in zip(keys, groups):
             stored = self._store[k]
             if len(outs) == 1 and type(stored) is NDArray:
-                data = _dense_data(outs[0])
+                data = dense_data(outs[0])
                 if data is not None and data.size < PARALLEL_MIN:
                     np.copyto(data, stored._data, casting="same_kind")
                     continue
@@ -485,7 +485,7 @@ class LocalKVStore(KVStoreBase):
                 raise ValueTypeError("row_sparse_pull needs both out= and row_ids=. Pass a "
                                      "row_sparse out and the rows to pull.", key=key)
             keys, groups = normalize(key, out, "out")
-            rows = self._row_ids(key, keys, groups, row_ids)
+            rows = row_ids_by_key(key, keys, groups, row_ids)
             self._check_kind(keys)
             for k, outs in zip(keys, groups):
                 stored = self._stored(k, "row_sparse_pull")
@@ -511,31 +511,6 @@ class LocalKVStore(KVStoreBase):
                 for o, r in zip(outs, rows[k]):
                     o._data = table[r].astype(o.dtype, copy=False)  # fancy index: a copy
                     o._indices = r
-
-    @staticmethod
-    def _row_ids(key: Any, keys: list[int | str], groups: list[list[Any]],
-                 row_ids: Any) -> dict[int | str, list[np.ndarray]]:
-        def clean(r: Any) -> np.ndarray:
-            arr = as_numpy(r)
-            if arr.dtype.kind not in "iuf" and arr.size:
-                raise ValueTypeError(f"row_sparse_pull of key {key!r}: row_ids of dtype "
-                                     f"{arr.dtype} are not numbers. Pass integer row numbers.",
-                                     key=key)
-            return np.unique(arr.astype(np.int64).ravel())
-
-        total = sum(len(g) for g in groups)
-        if not isinstance(row_ids, (list, tuple)):
-            row_ids = [row_ids]
-        if len(row_ids) == 1:
-            one = clean(row_ids[0])
-            return {k: [one] * len(g) for k, g in zip(keys, groups)}
-        rkeys, rgroups = normalize(key, list(row_ids) if not isinstance(key, (list, tuple))
-                                   else row_ids, "row_ids")
-        if sum(len(g) for g in rgroups) != total or rkeys != keys:
-            raise ShapeMismatchError(
-                f"row_sparse_pull of key {key!r} got {len(row_ids)} row_ids for {total} "
-                "outs. Pass one row_ids per out, or one for all.", key=key)
-        return {k: [clean(r) for r in g] for k, g in zip(rkeys, rgroups)}
 
     # ---- updaters and optimizers ---------------------------------------------------------
     def set_updater(self, updater: Callable[[Any, Any, Any], None]) -> None:
@@ -675,25 +650,3 @@ class LocalKVStore(KVStoreBase):
 
     def __repr__(self) -> str:
         return f"<LocalKVStore type={self._type!r} keys={len(self._store)}>"
-
-
-def _dense_data(value: Any) -> np.ndarray | None:
-    """The buffer of a dense NDArray or NumPy array; None for anything else."""
-    if type(value) is np.ndarray:
-        return value
-    if isinstance(value, NDArray) and type(value) is not RowSparseNDArray:
-        return value._data
-    return None
-
-
-def _sum_row_sparse(vals: list[Any]) -> RowSparseNDArray:
-    """Sum row_sparse arrays: the union of their rows, sorted."""
-    first: RowSparseNDArray = vals[0]
-    if len(vals) == 1:
-        return RowSparseNDArray(first._data.copy(), first._indices.copy(), first.shape,
-                                first.context)
-    rows = np.unique(np.concatenate([v._indices for v in vals]))
-    data = np.zeros((len(rows),) + first.shape[1:], dtype=first.dtype)
-    for v in vals:
-        data[np.searchsorted(rows, v._indices)] += v._data  # indices unique per array
-    return RowSparseNDArray(data, rows, first.shape, first.context)
