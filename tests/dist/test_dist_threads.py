@@ -480,3 +480,42 @@ def test_nodes_exit_zero_when_every_worker_closes(thread_cluster: Any) -> None:
     assert cluster.join(10) == {"scheduler": 0, "server 0": 0, "server 1": 0}
 
 
+
+
+# ---- pushes that wait for the next call, barriers ----------------------------------------
+def test_barrier_does_not_wait_for_rounds_that_need_later_pushes(run_threads: Any) -> None:
+    # MXNet's barrier does not wait for pushes; a round that needs another worker's push
+    # after the barrier must not deadlock it
+    def fn(kv: Any) -> Any:
+        kv.init(0, mx.nd.zeros((2,)))
+        if kv.rank == 0:
+            kv.push(0, mx.nd.ones((2,)))
+            kv.barrier()
+        else:
+            kv.barrier()
+            kv.push(0, mx.nd.ones((2,)) * 2)
+        return kv.pull(0).asnumpy()
+
+    np.testing.assert_array_equal(both_equal(run_threads(fn, request_timeout=10.0)), [3, 3])
+
+
+@pytest.mark.parametrize("coalesce", ["65536", "0"])
+def test_small_push_is_sent_by_any_next_call(coalesce: str, run_threads: Any) -> None:
+    # a small dist_sync push waits for the store's next call; a pull of other keys (or any
+    # other call) must send it, and a pull of the same keys must see its round
+    def fn(kv: Any) -> Any:
+        kv.init([0, 1], [mx.nd.zeros((3,)), mx.nd.ones((3,))])
+        kv.push(0, mx.nd.ones((3,)) * (kv.rank + 1))
+        other = kv.pull(1).asnumpy()            # not key 0: the held push goes first
+        kv.push(0, mx.nd.ones((3,)) * 10)
+        same = mx.nd.zeros((3,))
+        kv.pull(0, out=same)                    # key 0: push and pull travel together
+        kv.push([0, 1], [mx.nd.ones((3,)), mx.nd.ones((3,)) * 4])
+        both = kv.pull([0, 1])
+        return other, same.asnumpy(), both[0].asnumpy(), both[1].asnumpy()
+
+    other, same, k0, k1 = both_equal(run_threads(fn, coalesce_bytes=int(coalesce)))
+    np.testing.assert_array_equal(other, np.ones(3))
+    np.testing.assert_array_equal(same, np.full(3, 20.0))
+    np.testing.assert_array_equal(k0, np.full(3, 2.0))
+    np.testing.assert_array_equal(k1, np.full(3, 8.0))

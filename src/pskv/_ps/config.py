@@ -14,7 +14,7 @@ from typing import Mapping
 from ..errors import ConfigError
 
 __all__ = [
-    "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
+    "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_SECRET", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "Role",
@@ -35,6 +35,7 @@ ENV_HEARTBEAT_INTERVAL = "PSKV_HEARTBEAT_INTERVAL"
 ENV_HEARTBEAT_TIMEOUT = "PSKV_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "PSKV_SHUTDOWN_TIMEOUT"
 ENV_TRANSPORT = "PSKV_TRANSPORT"
+ENV_COALESCE_BYTES = "PSKV_COALESCE_BYTES"
 
 
 class Role(str, enum.Enum):
@@ -94,6 +95,8 @@ class ClusterConfig:
     heartbeat_interval, heartbeat_timeout : liveness probing of every node
     shutdown_timeout : seconds servers wait for the final goodbye
     transport : 'auto' (ipc between processes on one host, tcp otherwise), 'tcp' or 'ipc'
+    coalesce_bytes : a dist_sync push of at most this many bytes waits for the store's next
+        call, so that a pull of the same keys right after it travels with it (0: never)
     """
 
     role: Role
@@ -111,6 +114,7 @@ class ClusterConfig:
     heartbeat_timeout: float = 15.0
     shutdown_timeout: float = 30.0
     transport: str = "auto"
+    coalesce_bytes: int = 65536
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -166,6 +170,8 @@ class ClusterConfig:
             heartbeat_timeout=_seconds(env, ENV_HEARTBEAT_TIMEOUT, 15.0),
             shutdown_timeout=_seconds(env, ENV_SHUTDOWN_TIMEOUT, 30.0),
             transport=env.get(ENV_TRANSPORT, "auto") or "auto",
+            coalesce_bytes=_int(env, ENV_COALESCE_BYTES, 65536,
+                                "Set it to a number of bytes (0 sends every push at once)."),
         )
 
     def with_role(self, role: Role) -> ClusterConfig:

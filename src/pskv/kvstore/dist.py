@@ -78,6 +78,8 @@ class DistKVStore(LocalKVStore):
         self._wire_residual: dict[int | str, np.ndarray] = {}
         self._sendbuf: dict[int | str, np.ndarray] = {}
         self._by_pskey: dict[int, int | str] = {}
+        self._held: tuple[list[int | str], dict[int, tuple[list[int], str, list[np.ndarray]]]] \
+            | None = None
         # a strong reference: a store dropped without close() must still say goodbye at
         # exit, or the scheduler takes the silent worker for dead and exits 1
         self._atexit = self.close
@@ -98,10 +100,19 @@ class DistKVStore(LocalKVStore):
         tss = [self._kv.request(s, cmd, body=body) for s in range(self._po.num_servers)]
         return self._kv.wait_all(tss, f"the servers to take {body.get('op', cmd.name)}")
 
-    def _begin(self) -> None:
+    def _begin(self, pulling: bool = False) -> None:
         self._check_open()
         self._po.check()
         self._kv.raise_deferred()
+        if not pulling:
+            self._send_held()
+
+    def _send_held(self) -> None:
+        """Send the push that waited for this call (it was not a pull of its keys)."""
+        held, self._held = self._held, None
+        if held is not None:
+            for server, (pk, kinds, arrays) in held[1].items():
+                self._kv.push(server, Command.PUSH, pk, {"kinds": kinds}, arrays)
 
     # ---- init ------------------------------------------------------------------------------
     def init(self, key: Any, value: Any) -> None:
@@ -277,9 +288,20 @@ class DistKVStore(LocalKVStore):
         return {s: (pk, "".join(kinds), arrays) for s, (pk, kinds, arrays) in per.items()}
 
     def _push_validated(self, keys: list[int | str], groups: list[list[Any]]) -> None:
+        self._send_held()
         # the send buffers are reused: earlier pushes must have left before overwriting
         self._kv.flush_sent()
-        for server, (pk, kinds, arrays) in self._push_items(keys, groups).items():
+        items = self._push_items(keys, groups)
+        if self._sync and all(set(kinds) <= {"d", "c"} for _, kinds, _ in items.values()) \
+                and sum(a.nbytes for _, _, arr in items.values() for a in arr) \
+                <= self._cfg.coalesce_bytes:
+            # a small push waits for this store's next call: when that is a pull of the
+            # same keys (a training loop's push-then-pull), both travel as one PUSHPULL and
+            # the round's value comes back at once; any other call sends it first
+            self._held = (list(keys), {s: (pk, kinds, [np.array(a) for a in arrays])
+                                       for s, (pk, kinds, arrays) in items.items()})
+            return
+        for server, (pk, kinds, arrays) in items.items():
             self._kv.push(server, Command.PUSH, pk, {"kinds": kinds}, arrays)
 
     # ---- pull --------------------------------------------------------------------------------
@@ -348,6 +370,19 @@ class DistKVStore(LocalKVStore):
                         | None = None) -> None:
         wanted = [k for k, outs in zip(keys, groups)
                   if any(not (ignore_sparse and isinstance(o, RowSparseNDArray)) for o in outs)]
+        held = self._held
+        if fetched is None and held is not None:
+            self._held = None
+            if held[0] == keys and wanted == keys:     # the push this pull follows: together
+                targets = {}
+                for k, outs in zip(keys, groups):
+                    t = self._target(self._store[k], outs)  # type: ignore[arg-type]
+                    if t is not None:
+                        targets[k] = t
+                fetched = self._fetch(keys, Command.PUSHPULL, held[1], targets)
+            else:
+                self._held = held
+                self._send_held()
         if fetched is None:
             targets = {}
             want = set(wanted)
@@ -372,6 +407,7 @@ class DistKVStore(LocalKVStore):
 
     def _pull_new(self, key: Any) -> Any:
         from ._args import check_key
+        self._send_held()
         many = isinstance(key, (list, tuple))
         ks = [check_key(k) for k in (key if many else [key])]
         self._check_kind(ks)
@@ -481,7 +517,7 @@ class DistKVStore(LocalKVStore):
         with self._lock:
             self._begin()
             spec = optimizer.to_spec()
-            self._kv.flush()
+            self._kv.flush_sent()
             self._to_all(Command.COMMAND, {"op": "optimizer", "spec": spec})
 
     def set_updater(self, updater: Any) -> None:
@@ -511,7 +547,7 @@ class DistKVStore(LocalKVStore):
         """Gather every server's optimizer states into ``fname`` (NumPy arrays + JSON)."""
         with self._lock:
             self._begin()
-            self._kv.flush()
+            self._kv.flush_sent()
             replies = self._to_all(Command.COMMAND, {"op": "save", "dump": dump_optimizer})
             blobs = {f"server_{i}": arrays[0] for i, (_, arrays) in enumerate(replies)}
             with open(fname, "wb") as f:
@@ -527,17 +563,22 @@ class DistKVStore(LocalKVStore):
             except (OSError, KeyError, ValueError) as err:
                 raise ConfigError(f"cannot load optimizer states from {fname!r}: {err}. Load "
                                   "a file saved by a cluster with as many servers.") from err
-            self._kv.flush()
+            self._kv.flush_sent()
             tss = [self._kv.request(s, Command.COMMAND, body={"op": "load"}, arrays=[b])
                    for s, b in enumerate(blobs)]
             self._kv.wait_all(tss, "the servers to load states")
 
     # ---- cluster ---------------------------------------------------------------------------------
     def barrier(self) -> None:
-        """Wait until every worker reaches this barrier (after its pushes are acknowledged)."""
+        """Wait until every worker reaches this barrier.
+
+        Earlier pushes are sent first (so the servers see them before anything that follows
+        the barrier) but not waited for: their rounds may need pushes other workers make
+        after the barrier, as in MXNet.
+        """
         with self._lock:
             self._begin()
-            self._kv.flush()
+            self._kv.flush_sent()
             self._po.barrier("worker")
 
     _barrier = barrier
@@ -551,6 +592,7 @@ class DistKVStore(LocalKVStore):
             atexit.unregister(self._atexit)
             try:
                 if self._po.failure is None:
+                    self._send_held()
                     self._kv.flush(timeout=min(self._cfg.request_timeout, 10.0))
             except KVStoreError as err:
                 log.warning("worker %d: closing with unacknowledged pushes: %s", self.rank, err)

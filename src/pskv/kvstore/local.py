@@ -74,7 +74,7 @@ class LocalKVStore(KVStoreBase):
         return self._type
 
     # ---- validation ----------------------------------------------------------------
-    def _begin(self) -> None:
+    def _begin(self, pulling: bool = False) -> None:
         """Checks at the start of every call (a dist store adds the cluster's)."""
         self._check_open()
 
@@ -334,7 +334,7 @@ class LocalKVStore(KVStoreBase):
                         and data.dtype == stored._data.dtype:
                     self._reducer.copy_into(data, stored._data)    # the one-key fast path
                     return None
-            self._begin()
+            self._begin(pulling=True)
             if out is None:
                 return self._pull_new(key)
             keys, groups = normalize(key, out, "out")
