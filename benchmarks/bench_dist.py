@@ -8,8 +8,9 @@ Run from the repository root::
     python benchmarks/bench_dist.py --server-handler=empty --no-mxnet   # pskv transport alone
 
 One job per (library, number of servers): a scheduler, S servers and 2 workers on this
-machine, talking over loopback (pskv: its default transport, ``auto``, which takes ipc://
-between processes of one host; ``--transport tcp`` forces loopback TCP). MXNet's scheduler
+machine, talking over loopback (pskv: its default transport, ``auto``, which takes a Unix
+socket between processes of one host; ``--transport tcp`` forces its cross-host TCP path,
+``--transport zmq`` ZeroMQ). MXNet's scheduler
 and servers are ``python -c 'import mxnet'`` under ``PSKV_MXNET_PYTHON``; pskv's are
 ``python -m pskv.server``. Both libraries' workers run ``_dist_worker.py``, the same
 workload code and timing loop (``import mxnet as mx`` or ``import pskv as mx``). Jobs go
@@ -382,8 +383,9 @@ def markdown(data: dict[str, Any]) -> str:
         f"{m.get('loadavg_at_end')} at end",
         f"- cluster: {NUM_WORKERS} workers, S servers, one scheduler, all on this host; "
         "dist_sync; `pskv` is pskv's default transport (`PSKV_TRANSPORT=auto`: Unix "
-        "sockets between processes of one host), `pskv-tcp` forces ZeroMQ over loopback "
-        f"TCP; MXNet (ps-lite) uses ZeroMQ over loopback TCP; server handler "
+        "sockets between processes of one host), `pskv-tcp` forces its TCP path (what "
+        "workers on other hosts use), `pskv-zmq` sends over ZeroMQ; MXNet (ps-lite) uses "
+        f"ZeroMQ over loopback TCP; server handler "
         f"`{data['server_handler']}`",
         f"- versions: {data.get('versions')}",
         f"- rounds: {data['rounds']} (jobs in order: {', '.join(data['job_order'])})",
@@ -424,8 +426,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--server-handler", choices=["normal", "empty"], default="normal",
                    help="empty: pskv servers that do no arithmetic (transport alone; "
                         "pskv only, MXNet's servers have no such mode)")
-    p.add_argument("--transport", choices=["auto", "tcp", "ipc"], nargs="+",
-                   default=["auto", "tcp"],
+    p.add_argument("--transport", choices=["auto", "tcp", "ipc", "zmq"], nargs="+",
+                   default=["auto", "tcp", "zmq"],
                    help="pskv's PSKV_TRANSPORT, one pskv job per value (default: auto tcp; "
                         "auto takes Unix sockets between processes of one host)")
     p.add_argument("--no-mxnet", action="store_true", help=f"ignore {ENV_MXNET_PYTHON}")

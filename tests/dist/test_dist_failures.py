@@ -272,9 +272,14 @@ def uds_exchange(path: str, data: bytes, timeout: float = 5.0) -> bytes:
     Ends with ``<open>`` if the server kept the connection, ``<reset>`` if it closed it with
     bytes unread (the kernel then resets the connection, and its reply may be lost).
     """
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+    if path.startswith("tcp:"):          # the cross-host stream path: host:port
+        host, _, port = path[4:].rpartition(":")
+        family, addr = socket.AF_INET, (host, int(port))
+    else:
+        family, addr = socket.AF_UNIX, path    # type: ignore[assignment]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
-        sock.connect(path)
+        sock.connect(addr)
         got = b""
         try:
             sock.sendall(data)
@@ -294,7 +299,9 @@ def uds_frame(header: bytes, payload: bytes = b"") -> bytes:
     return b"PSKV" + struct.pack("<I", len(header)) + header + payload
 
 
-def test_garbage_on_the_same_host_socket(thread_cluster: Any) -> None:
+@pytest.mark.parametrize("endpoint", ["uds", "raw"])
+def test_garbage_on_the_stream_sockets(endpoint: str, thread_cluster: Any) -> None:
+    # the Unix socket (same host) and the raw TCP socket (other hosts) take the same framing
     cluster = thread_cluster(2, 1)
     replies: dict[str, bytes] = {}
     go = threading.Event()
@@ -302,7 +309,7 @@ def test_garbage_on_the_same_host_socket(thread_cluster: Any) -> None:
     def fn(kv: Any) -> Any:
         kv.init(1, mx.nd.zeros((3,)))
         if kv.rank == 0:
-            path = kv._po.servers[0].get("uds")
+            path = kv._po.servers[0].get(endpoint)
             if path is not None:
                 replies["garbage"] = uds_exchange(path, b"GET / HTTP/1.0\r\n\r\n")
                 replies["bad header"] = uds_exchange(path, uds_frame(b"{not json"))
@@ -311,6 +318,10 @@ def test_garbage_on_the_same_host_socket(thread_cluster: Any) -> None:
                 replies["unadmitted push"] = uds_exchange(path, uds_frame(
                     b'{"c": 21, "t": 4, "k": [2], "b": {"kinds": "d"}, '
                     b'"a": [["float32", [3]]]}', b"\x00" * 12), timeout=1.0)
+                # a stranger may not make the server hold a big message
+                replies["big before hello"] = uds_exchange(path, uds_frame(
+                    b'{"c": 21, "t": 4, "k": [2], "b": {"kinds": "d"}, '
+                    b'"a": [["float32", [1000000000]]]}'), timeout=2.0)
             go.set()
         else:
             go.wait(20)
@@ -326,7 +337,7 @@ def test_garbage_on_the_same_host_socket(thread_cluster: Any) -> None:
         pytest.skip("this server has no same-host socket (issue #3)")
     # an ERROR reply, then the connection is closed (the reply may be lost to a reset when
     # the server drops a connection with bytes unread)
-    for what in ("garbage", "bad header", "bad dtype"):
+    for what in ("garbage", "bad header", "bad dtype", "big before hello"):
         reply = replies[what]
         assert b'"c":42' in reply or reply.endswith(b"<reset>"), (what, reply)
         assert not reply.endswith(b"<open>"), (what, reply)

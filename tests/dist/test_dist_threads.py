@@ -43,7 +43,8 @@ def both_equal(results: dict[int, Any]) -> Any:
 
 
 # ---- sums and rounds ----------------------------------------------------------------------
-@pytest.mark.parametrize("servers,transport", [(1, "auto"), (2, "auto"), (2, "tcp")])
+@pytest.mark.parametrize("servers,transport", [(1, "auto"), (2, "auto"), (2, "tcp"),
+                                               (2, "ipc"), (2, "zmq")])
 def test_sync_sum(servers: int, transport: str, run_threads: Any) -> None:
     def fn(kv: Any) -> Any:
         assert (kv.type, kv.num_workers) == ("dist_sync", 2)

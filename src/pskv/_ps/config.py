@@ -94,7 +94,8 @@ class ClusterConfig:
     round_timeout : seconds a sync round may wait for the slowest worker
     heartbeat_interval, heartbeat_timeout : liveness probing of every node
     shutdown_timeout : seconds servers wait for the final goodbye
-    transport : 'auto' (ipc between processes on one host, tcp otherwise), 'tcp' or 'ipc'
+    transport : data path to the servers: 'auto' (Unix sockets within a host, TCP between
+        hosts), 'tcp' (TCP always), 'ipc' (Unix sockets always) or 'zmq' (ZeroMQ always)
     coalesce_bytes : a dist_sync push of at most this many bytes waits for the store's next
         call, so that a pull of the same keys right after it travels with it (0: never)
     """
@@ -126,8 +127,8 @@ class ClusterConfig:
                 f"{ENV_NUM_SERVER} and {ENV_NUM_WORKER}, or start with pskv-launch -n W -s S.")
         if not 0 < self.root_port < 65536:
             raise ConfigError(f"{ENV_ROOT_PORT}={self.root_port} is not a TCP port (1-65535).")
-        if self.transport not in ("auto", "tcp", "ipc"):
-            raise ConfigError(f"{ENV_TRANSPORT}={self.transport!r}: use auto, tcp or ipc.")
+        if self.transport not in ("auto", "tcp", "ipc", "zmq"):
+            raise ConfigError(f"{ENV_TRANSPORT}={self.transport!r}: use auto, tcp, ipc or zmq.")
         if self.heartbeat_timeout <= self.heartbeat_interval:
             raise ConfigError(
                 f"{ENV_HEARTBEAT_TIMEOUT} ({self.heartbeat_timeout:g} s) must exceed "

@@ -1,4 +1,4 @@
-"""The same-host fast path: messages over a Unix domain stream socket, no broker threads.
+"""The data path: pskv messages over a stream socket (Unix within a host, TCP between).
 
 ZeroMQ hands every message to its I/O threads, which costs several thread wake-ups per
 message (about 100 us a round trip on a small VM); a Unix socket read and written by the
@@ -63,6 +63,10 @@ class UdsConn:
         self.peer = peer
         self.timeout = timeout
         sock.setblocking(False)
+        if sock.family != socket.AF_UNIX:    # small requests go out at once
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        #: bytes one message may carry; a server keeps it small until the peer is admitted
+        self.max_bytes: int | None = None
         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             try:    # room for a few MiB in flight: fewer stalls of sender and receiver
                 sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
@@ -83,11 +87,17 @@ class UdsConn:
 
     @classmethod
     def connect(cls, path: str, timeout: float, peer: str) -> UdsConn:
-        """Connect to a server's socket at ``path``."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        """Connect to a server's Unix socket at ``path``, or TCP ``host:port``."""
+        if path.startswith("tcp:"):
+            host, _, port = path[4:].rpartition(":")
+            family, addr = socket.AF_INET6 if ":" in host else socket.AF_INET, \
+                (host.strip("[]"), int(port))
+        else:
+            family, addr = socket.AF_UNIX, path   # type: ignore[assignment]
+        sock = socket.socket(family, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
-            sock.connect(path)
+            sock.connect(addr)
         except OSError as err:
             sock.close()
             raise NodeFailedError(f"cannot connect to {peer} at {path}: {err}") from err
@@ -170,12 +180,17 @@ class UdsConn:
         """The target is full: move to the next part; True when a message is complete."""
         if self._phase == 0:
             magic, hlen = _PREFIX.unpack(self._target)
-            if magic != _MAGIC or not 0 < hlen <= MAX_HEADER:
+            limit = MAX_HEADER if self.max_bytes is None else min(MAX_HEADER, self.max_bytes)
+            if magic != _MAGIC or not 0 < hlen <= limit:
                 raise ProtocolError(f"{self.peer} sent bytes that are not a pskv message")
             self._phase, self._target, self._pos = 1, memoryview(bytearray(hlen)), 0
             return False
         if self._phase == 1:
             self._meta, self._specs = parse_header(self._target)
+            if self.max_bytes is not None and \
+                    sum(n for _, _, n in self._specs) > self.max_bytes:
+                raise ProtocolError(f"{self.peer} sent a message of over {self.max_bytes} bytes "
+                                    "before it was admitted")
             self._alloc = (alloc_for(self._meta) if alloc_for is not None else None) or \
                 self.reuse
             self._phase = 2

@@ -114,9 +114,14 @@ class KVWorker:
         me = socket.gethostname()
         cfg = self.cfg
         for rank, ep in enumerate(servers):
-            if "uds" in ep and cfg.transport != "tcp" and (
-                    ep.get("host") == me or cfg.transport == "ipc"):
-                conn = UdsConn.connect(ep["uds"], cfg.request_timeout, f"server {rank}")
+            path = None
+            if "uds" in ep and (cfg.transport == "ipc" or (cfg.transport == "auto"
+                                                            and ep.get("host") == me)):
+                path = ep["uds"]                 # same host: a Unix socket
+            elif "raw" in ep and cfg.transport != "zmq":
+                path = ep["raw"]                 # another host: TCP, pskv's framing
+            if path is not None:
+                conn = UdsConn.connect(path, cfg.request_timeout, f"server {rank}")
                 self._socks.append(conn)
                 self._conns[conn.fileno()] = (conn, rank)
                 self._poller.register(conn.fileno(), zmq.POLLIN)

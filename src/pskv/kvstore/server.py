@@ -30,9 +30,12 @@ from .._ps.postoffice import Postoffice
 from .._ps.uds import UdsConn
 from .._ps.van import ZmqVan, ipc_path
 
-__all__ = ["KVServer", "run_node"]
+__all__ = ["ADMISSION_BYTES", "KVServer", "run_node"]
 
 log = logging.getLogger(__name__)
+
+#: the most a stream connection may send in one message before its HELLO is accepted
+ADMISSION_BYTES = 1 << 16
 
 
 class _Reply:
@@ -75,19 +78,26 @@ class KVServer:
         port = self._sock.bind_to_random_port(f"tcp://{cfg.node_host}")
         host = cfg.node_host if cfg.node_host != "0.0.0.0" else _my_address(cfg.root_uri)
         endpoints = {"tcp": f"tcp://{host}:{port}"}
-        self._listener: socket.socket | None = None
+        self._listeners: list[socket.socket] = []
         self._conns: dict[int, UdsConn] = {}
         self._ipc_path: str | None = None
-        if cfg.transport != "tcp":
+        # workers on other hosts connect here: pskv's framing straight over TCP
+        family = socket.AF_INET6 if ":" in cfg.node_host else socket.AF_INET
+        lis = socket.socket(family, socket.SOCK_STREAM)
+        lis.bind((cfg.node_host, 0))
+        endpoints["raw"] = f"tcp:{host}:{lis.getsockname()[1]}"
+        self._listeners.append(lis)
+        if cfg.transport in ("auto", "ipc"):
             # same-host workers connect here: a Unix socket only this user can open
             self._ipc_path = ipc_path("server")
             lis = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             lis.bind(self._ipc_path)
             os.chmod(self._ipc_path, 0o600)
+            self._listeners.append(lis)
+            endpoints["uds"] = self._ipc_path
+        for lis in self._listeners:
             lis.listen(64)
             lis.setblocking(False)
-            self._listener = lis
-            endpoints["uds"] = self._ipc_path
         self.po = Postoffice(cfg, self._van, endpoints={**endpoints, "host": ""})
         self.po._endpoints["host"] = self.po.host
         self._verifier = Verifier(cfg.secret, "server")
@@ -294,6 +304,8 @@ class KVServer:
                             "ProtocolError")
                 return
             self._admitted[ident] = int(meta.body.get("rank", -1))
+            if isinstance(ident, UdsConn):
+                ident.max_bytes = None
             self._send(ident, Command.ACK, meta.ts)
             return
         worker = self._admitted.get(ident)
@@ -479,14 +491,14 @@ class KVServer:
     }
 
     # ---- loop ---------------------------------------------------------------------------------
-    def _accept(self, poller: zmq.Poller) -> None:
-        assert self._listener is not None
+    def _accept(self, listener: socket.socket, poller: zmq.Poller) -> None:
         while True:
             try:
-                sock, _ = self._listener.accept()
+                sock, _ = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             conn = UdsConn(sock, self.cfg.request_timeout, f"a worker (fd {sock.fileno()})")
+            conn.max_bytes = ADMISSION_BYTES     # until it proves it holds the secret
             self._conns[conn.fileno()] = conn
             poller.register(conn.fileno(), zmq.POLLIN)
 
@@ -531,10 +543,9 @@ class KVServer:
             self.po.start()
             poller = self._poller = zmq.Poller()
             poller.register(self._sock, zmq.POLLIN)
-            lfd = -1
-            if self._listener is not None:
-                lfd = self._listener.fileno()
-                poller.register(lfd, zmq.POLLIN)
+            listening = {lis.fileno(): lis for lis in self._listeners}
+            for fd in listening:
+                poller.register(fd, zmq.POLLIN)
             last_check = time.monotonic()
             failed_seen = False
             while not self._stop.is_set() and not self.po.shutdown.is_set():
@@ -546,8 +557,8 @@ class KVServer:
                             ident, frames = ZmqVan.recv(self._sock, router=True)
                             assert ident is not None
                             self._handle(ident, frames)
-                    elif what == lfd:
-                        self._accept(poller)
+                    elif what in listening:
+                        self._accept(listening[what], poller)
                     elif what in self._conns:
                         self._read_conn(self._conns[what])
                 now = time.monotonic()
@@ -567,8 +578,8 @@ class KVServer:
         finally:
             for conn in list(self._conns.values()):
                 conn.close()
-            if self._listener is not None:
-                self._listener.close()
+            for lis in self._listeners:
+                lis.close()
             self.po.close()
             self._van.close()
             if self._ipc_path is not None:
