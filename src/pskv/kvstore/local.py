@@ -146,8 +146,8 @@ class LocalKVStore(KVStoreBase):
         >>> import pskv as mx
         >>> kv = mx.kv.create('local')
         >>> kv.init(['5', '7'], [mx.nd.ones((2, 3))] * 2)
-        >>> kv.pull('7').asnumpy().sum()
-        np.float32(6.0)
+        >>> float(kv.pull('7').asnumpy().sum())
+        6.0
         """
         with self._lock:
             self._check_open()
