@@ -100,8 +100,40 @@ def _mom_kernel(f: Callable[[float], Any], lr: float, wd: float, rg: float,
     return kernel
 
 
+class _Momentum(Optimizer):
+    """What SGD and NAG share: a momentum state, and a float32 master copy of float16
+    weights with ``multi_precision`` (MXNet's ``*_mom_update`` / ``mp_*`` kernels)."""
+
+    momentum: float
+
+    def create_state_multi_precision(self, index: Any, weight: NDArray) -> Any:
+        if self.multi_precision and weight.dtype == np.float16:
+            master = weight.astype(np.float32)
+            return (self.create_state(index, master), master)
+        return super().create_state_multi_precision(index, weight)
+
+    def create_state(self, index: Any, weight: NDArray) -> Any:
+        if self.momentum != 0.0:
+            return self._zeros_like(weight)
+        return None
+
+    def _buffers(self, weight: NDArray, state: Any, multi_precision: bool) -> tuple[Any, Any]:
+        """The array to update (the master copy under multi_precision) and the momentum."""
+        if multi_precision:
+            mom_state, master = state
+            return target(master), mom_state
+        return target(weight), state
+
+    def _update_impl(self, index: Any, weight: NDArray, grad: NDArray, state: Any,
+                     multi_precision: bool) -> None:
+        raise NotImplementedError
+
+    def update(self, index: Any, weight: NDArray, grad: NDArray, state: Any) -> None:
+        self._update_impl(index, weight, grad, state, multi_precision=False)
+
+
 @register
-class SGD(Optimizer):
+class SGD(_Momentum):
     """The SGD optimizer with momentum and weight decay.
 
     Standard updates::
@@ -142,28 +174,13 @@ class SGD(Optimizer):
         self.momentum = momentum
         self.lazy_update = lazy_update
 
-    def create_state_multi_precision(self, index: Any, weight: NDArray) -> Any:
-        if self.multi_precision and weight.dtype == np.float16:
-            master = weight.astype(np.float32)
-            return (self.create_state(index, master), master)
-        return super().create_state_multi_precision(index, weight)
-
-    def create_state(self, index: Any, weight: NDArray) -> Any:
-        if self.momentum != 0.0:
-            return self._zeros_like(weight)
-        return None
-
     def _update_impl(self, index: Any, weight: NDArray, grad: NDArray, state: Any,
                      multi_precision: bool) -> None:
         self._update_count(index)
         lr, wd = self._get_lr(index), self._get_wd(index)
         rg, clip = self.rescale_grad, self._clip()
         momentum = self.momentum if self.momentum > 0 else 0.0
-        if multi_precision:
-            mom_state, master = state
-            w = target(master)
-        else:
-            mom_state, w = state, target(weight)
+        w, mom_state = self._buffers(weight, state, multi_precision)
         mom = None if mom_state is None else target(mom_state, "momentum state")
         values, rows = grad_parts(grad)
         if rows is None:  # MXNet aggregates dense updates: multi_(mp_)sgd_(mom_)update
@@ -185,9 +202,6 @@ class SGD(Optimizer):
         if multi_precision:
             target(weight)[...] = w
 
-    def update(self, index: Any, weight: NDArray, grad: NDArray, state: Any) -> None:
-        self._update_impl(index, weight, grad, state, multi_precision=False)
-
     def update_multi_precision(self, index: Any, weight: NDArray, grad: NDArray,
                                state: Any) -> None:
         use_mp = self.multi_precision and weight.dtype == np.float16
@@ -200,7 +214,7 @@ class ccSGD(SGD):  # noqa: N801 - MXNet's name
 
 
 @register
-class NAG(Optimizer):
+class NAG(_Momentum):
     """Nesterov accelerated gradient.
 
     This optimizer updates each weight by::
@@ -224,28 +238,13 @@ class NAG(Optimizer):
         super().__init__(**kwargs)
         self.momentum = momentum
 
-    def create_state_multi_precision(self, index: Any, weight: NDArray) -> Any:
-        if self.multi_precision and weight.dtype == np.float16:
-            master = weight.astype(np.float32)
-            return (self.create_state(index, master), master)
-        return super().create_state_multi_precision(index, weight)
-
-    def create_state(self, index: Any, weight: NDArray) -> Any:
-        if self.momentum != 0.0:
-            return self._zeros_like(weight)
-        return None
-
     def _update_impl(self, index: Any, weight: NDArray, grad: NDArray, state: Any,
                      multi_precision: bool) -> None:
         self._update_count(index)
         lr, wd = self._get_lr(index), self._get_wd(index)
         rg, clip = self.rescale_grad, self._clip()
         momentum = self.momentum if self.momentum > 0 else 0.0
-        if multi_precision:
-            mom_state, master = state
-            w = target(master)
-        else:
-            mom_state, w = state, target(weight)
+        w, mom_state = self._buffers(weight, state, multi_precision)
         f = w.dtype.type
         if mom_state is None:
             values, rows = grad_parts(grad)
@@ -283,9 +282,6 @@ class NAG(Optimizer):
             run(kernel, [w, mom], [dense_grad(grad)], 2)
         if multi_precision:
             target(weight)[...] = w
-
-    def update(self, index: Any, weight: NDArray, grad: NDArray, state: Any) -> None:
-        self._update_impl(index, weight, grad, state, multi_precision=False)
 
     def update_multi_precision(self, index: Any, weight: NDArray, grad: NDArray,
                                state: Any) -> None:
