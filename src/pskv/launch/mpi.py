@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .._ps.config import ENV_NODE_HOST, Role
-from .spec import LaunchSpec, ProcessSpec, cluster_env, forwarded_env
+from .._ps.config import Role
+from .spec import scheduler_here, LaunchSpec, ProcessSpec, cluster_env, forwarded_env
 
 __all__ = ["mpirun_argv", "mpi_processes"]
 
@@ -51,11 +51,7 @@ def mpi_processes(spec: LaunchSpec, *, port: int, secret: str, root_uri: str,
     -------
     list of ProcessSpec
     """
-    scheduler_env = cluster_env(spec, Role.SCHEDULER, root_uri=root_uri, port=port,
-                                secret=secret)
-    scheduler_env[ENV_NODE_HOST] = root_uri
-    procs = [ProcessSpec(Role.SCHEDULER, 0, spec.server_command,
-                         tuple(scheduler_env.items()))]
+    procs = [scheduler_here(spec, port=port, secret=secret, root_uri=root_uri)]
     forwarded = forwarded_env(environ)
     for role, num, command in ((Role.SERVER, spec.num_servers or 0, spec.server_command),
                                (Role.WORKER, spec.num_workers, spec.command)):

@@ -14,14 +14,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Iterable, Literal, Mapping
 
-from .._ps.config import (ENV_BIGARRAY_BOUND, ENV_NUM_SERVER, ENV_NUM_WORKER, ENV_ROLE,
-                          ENV_ROOT_PORT, ENV_ROOT_URI, ENV_SECRET, Role)
+from .._ps.config import (ENV_BIGARRAY_BOUND, ENV_NODE_HOST, ENV_NUM_SERVER, ENV_NUM_WORKER,
+                          ENV_ROLE, ENV_ROOT_PORT, ENV_ROOT_URI, ENV_SECRET, Role)
 from ..errors import ConfigError
 
 __all__ = [
     "DEFAULT_SERVER_COMMAND", "Host", "LaunchSpec", "LauncherName", "ProcessSpec",
     "RESERVED_ENV", "cluster_env", "forwarded_env", "free_port", "get_secret", "guess_host_ip",
-    "parse_env_pair", "parse_hostfile", "read_hostfile",
+    "parse_env_pair", "parse_hostfile", "read_hostfile", "scheduler_here",
 ]
 
 LauncherName = Literal["local", "ssh", "mpi"]
@@ -380,6 +380,13 @@ def cluster_env(spec: LaunchSpec, role: Role, *, root_uri: str, port: int,
     if secret is not None:
         env[ENV_SECRET] = secret
     return env
+
+
+def scheduler_here(spec: LaunchSpec, *, port: int, secret: str, root_uri: str) -> ProcessSpec:
+    """The scheduler of an ssh or mpi job: on this machine, at ``root_uri``."""
+    env = cluster_env(spec, Role.SCHEDULER, root_uri=root_uri, port=port, secret=secret)
+    env[ENV_NODE_HOST] = root_uri
+    return ProcessSpec(Role.SCHEDULER, 0, spec.server_command, tuple(env.items()))
 
 
 def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:

@@ -17,7 +17,7 @@ import shlex
 from typing import Mapping, Sequence
 
 from .._ps.config import ENV_NODE_HOST, ENV_SECRET, Role
-from .spec import Host, LaunchSpec, ProcessSpec, cluster_env, forwarded_env
+from .spec import scheduler_here, Host, LaunchSpec, ProcessSpec, cluster_env, forwarded_env
 
 __all__ = ["SSH_OPTIONS", "place", "remote_command", "ssh_processes"]
 
@@ -90,11 +90,7 @@ def ssh_processes(spec: LaunchSpec, hosts: Sequence[Host], *, port: int, secret:
     -------
     list of ProcessSpec
     """
-    scheduler_env = cluster_env(spec, Role.SCHEDULER, root_uri=root_uri, port=port,
-                                secret=secret)
-    scheduler_env[ENV_NODE_HOST] = root_uri
-    procs = [ProcessSpec(Role.SCHEDULER, 0, spec.server_command,
-                         tuple(scheduler_env.items()))]
+    procs = [scheduler_here(spec, port=port, secret=secret, root_uri=root_uri)]
     forwarded = forwarded_env(environ)
     stdin = (secret + "\n").encode()
     for role, rank, host in place(spec.num_servers or 0, spec.num_workers, hosts):
