@@ -24,7 +24,7 @@ from pskv._ps.message import Command, encode
 HEARTBEAT_TIMEOUT = 2.0
 #: the deadline for every other node to hear of a death: heartbeat timeout plus slack for
 #: this small, busy machine
-DEADLINE = HEARTBEAT_TIMEOUT + 4.0
+DEADLINE = HEARTBEAT_TIMEOUT + 10.0
 
 
 # ---- a node killed mid-round (processes) --------------------------------------------------
@@ -347,7 +347,7 @@ def test_garbage_on_the_stream_sockets(endpoint: str, thread_cluster: Any) -> No
 
 def test_truncated_message_on_the_same_host_socket_does_not_stall_the_server(
         thread_cluster: Any) -> None:
-    cluster = thread_cluster(2, 1, request_timeout=4.0)
+    cluster = thread_cluster(2, 1, request_timeout=12.0)
     took: dict[int, float] = {}
     missing: list[bool] = []
     go = threading.Event()
@@ -384,4 +384,5 @@ def test_truncated_message_on_the_same_host_socket_does_not_stall_the_server(
         pytest.skip("this server has no same-host socket (issue #3)")
     for rank in (0, 1):
         assert not isinstance(res[rank], BaseException), res[rank]
-    assert max(took.values()) < 2.0, took
+    # a stalled server would hold both workers for the whole request timeout (12 s)
+    assert max(took.values()) < 6.0, took
