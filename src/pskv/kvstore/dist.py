@@ -572,13 +572,17 @@ class DistKVStore(LocalKVStore):
     def barrier(self) -> None:
         """Wait until every worker reaches this barrier.
 
-        Earlier pushes are sent first (so the servers see them before anything that follows
-        the barrier) but not waited for: their rounds may need pushes other workers make
-        after the barrier, as in MXNet.
+        ``dist_async``: every worker's earlier pushes are applied before anyone leaves it.
+        ``dist_sync``: earlier pushes are sent first but not waited for, since their rounds
+        may need pushes other workers make after the barrier; a pull after the barrier
+        still returns the round that includes this worker's push.
         """
         with self._lock:
             self._begin()
-            self._kv.flush_sent()
+            if self._sync:
+                self._kv.flush_sent()
+            else:
+                self._kv.flush()
             self._po.barrier("worker")
 
     _barrier = barrier
