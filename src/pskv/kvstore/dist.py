@@ -354,6 +354,17 @@ class DistKVStore(LocalKVStore):
             if not np.may_share_memory(part, view):
                 np.copyto(view, part, casting="same_kind")
 
+    def _targets(self, keys: list[int | str], groups: list[list[Any]],
+                 only: set[int | str] | None = None) -> dict[int | str, np.ndarray]:
+        """Per key (of ``only``, if given), an out the reply can be read straight into."""
+        targets = {}
+        for k, outs in zip(keys, groups):
+            if only is None or k in only:
+                t = self._target(self._store[k], outs)  # type: ignore[arg-type]
+                if t is not None:
+                    targets[k] = t
+        return targets
+
     @staticmethod
     def _target(info: _KeyInfo, outs: list[Any]) -> np.ndarray | None:
         """An out the reply can be read straight into: dense, contiguous, same dtype."""
@@ -374,23 +385,14 @@ class DistKVStore(LocalKVStore):
         if fetched is None and held is not None:
             self._held = None
             if held[0] == keys and wanted == keys:     # the push this pull follows: together
-                targets = {}
-                for k, outs in zip(keys, groups):
-                    t = self._target(self._store[k], outs)  # type: ignore[arg-type]
-                    if t is not None:
-                        targets[k] = t
-                fetched = self._fetch(keys, Command.PUSHPULL, held[1], targets)
+                fetched = self._fetch(keys, Command.PUSHPULL, held[1],
+                                      self._targets(keys, groups))
             else:
                 self._held = held
                 self._send_held()
         if fetched is None:
-            targets = {}
-            want = set(wanted)
-            for k, outs in zip(keys, groups):
-                t = self._target(self._store[k], outs) if k in want else None  # type: ignore[arg-type]
-                if t is not None:
-                    targets[k] = t
-            fetched = self._fetch(wanted, targets=targets) if wanted else {}
+            fetched = self._fetch(wanted, targets=self._targets(keys, groups, set(wanted))) \
+                if wanted else {}
         parts = fetched
         for k, outs in zip(keys, groups):
             info: _KeyInfo = self._store[k]  # type: ignore[assignment]
@@ -439,12 +441,8 @@ class DistKVStore(LocalKVStore):
             self._validate_pull(okeys, ogroups)
             self._kv.flush_sent()
             items = self._push_items(keys, groups)
-            targets = {}
-            if out is not None:     # with out=None the reply overwrites the values: later
-                for k, outs in zip(okeys, ogroups):
-                    t = self._target(self._store[k], outs)  # type: ignore[arg-type]
-                    if t is not None:
-                        targets[k] = t
+            # with out=None the reply overwrites the values: after they were sent
+            targets = self._targets(okeys, ogroups) if out is not None else {}
             fetched = self._fetch(keys, Command.PUSHPULL, items, targets)
             self._pull_validated(okeys, ogroups, True, fetched)
 
