@@ -46,16 +46,7 @@ def _multi_sgd(w: np.ndarray, g: np.ndarray, lr: float, wd: float, rg: float,
         run(kernel, [w], [g], 2)
         return
 
-    def mkernel(w: np.ndarray, m: np.ndarray, g: np.ndarray, t1: np.ndarray,
-                t2: np.ndarray) -> None:
-        m *= f(momentum)
-        if rate:
-            np.multiply(w, rate, out=t1)
-            m -= t1
-        _term(g, t2, f, lr, rg, clip)
-        m -= t2
-        w += m
-    run(mkernel, [w, mom], [g], 2)
+    run(_mom_kernel(f, lr, wd, rg, clip, momentum), [w, mom], [g], 2)
 
 
 def _sgd_kernel(f: Callable[[float], Any], lr: float, wd: float, rg: float,
