@@ -1,13 +1,10 @@
-"""The dist example runs under the real launcher."""
+"""The dist example runs under the real launcher, as ``python -m pskv.examples.NAME``."""
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.mark.dist
@@ -15,7 +12,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def test_dist_example_under_the_launcher() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pskv.launch", "-n", "2", "-s", "1", "--timeout", "100",
-         sys.executable, str(EXAMPLES / "dist_sync_sgd.py")],
+         sys.executable, "-m", "pskv.examples.dist_sync_sgd"],
         capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("w = 3.0000") + proc.stdout.count("w = 2.9999") == 2, proc.stdout
+    assert "worker 1 of 2:" in proc.stdout, proc.stdout
