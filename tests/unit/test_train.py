@@ -1,6 +1,7 @@
 """The training example (``python -m pskv.examples.train``) on local stores."""
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 import pskv as mx
-from pskv.examples import _data, _mlp
+from pskv.examples import _data, _mlp, _report
 from pskv.examples import train as tr
 
 QUICK = ["--quiet", "--seed", "3"]
@@ -88,13 +89,60 @@ def test_shards_cover_each_global_batch_once() -> None:
         assert np.concatenate(parts).tolist() == batch.tolist()
 
 
-def test_main_prints_epochs_and_summary(capsys: pytest.CaptureFixture[str]) -> None:
+def _fast_clock(monkeypatch: pytest.MonkeyPatch, step: float) -> None:
+    """Each reading of the progress clock is ``step`` seconds after the last."""
+    ticks = iter(range(10**9))
+    monkeypatch.setattr(_report, "_clock", lambda: step * next(ticks))
+
+
+def test_main_prints_epochs_and_summary(capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    _fast_clock(monkeypatch, 0.3)                   # a progress line every 4th batch
     assert tr.main(["--epochs", "2", "--seed", "1"]) == 0
     out = capsys.readouterr().out
-    assert "epoch 1/2: loss" in out and "epoch 2/2: loss" in out
-    assert "batch" in out                           # the progress bar
+    lines = out.splitlines()
+    assert "1 worker x 1 device," in lines[0]       # no "1 worker(s)"
+    assert [ln.split(":")[0] for ln in lines if ": loss" in ln] == ["epoch 1/2", "epoch 2/2"]
+    assert "epoch 1/2: 4/43 batches (9%)" in lines  # progress, a plain line (not a TTY)
+    assert "\r" not in out
     assert "samples/s" in out and "push/pull" in out
-    assert out.rstrip().splitlines()[-1].startswith("rank 0 of 1 done: test accuracy 0.9")
+    assert lines[-1].startswith("rank 0 of 1 done: test accuracy 0.9")
+    assert ", 2 epochs (86 steps) in " in lines[-1]
+
+
+def test_progress_on_a_pipe_prints_a_line_every_interval(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _fast_clock(monkeypatch, 0.4)
+    out = io.StringIO()                             # not a TTY, as under pskv-launch
+    bar = _report.Progress(10, "epoch 1/3", stream=out, interval=1.0)
+    for _ in range(10):
+        bar.update()
+    bar.close()
+    # readings at 0.4 s apart: a line when 1.2, 2.4, 3.6 s have passed (the last batch: none)
+    assert out.getvalue().splitlines() == ["epoch 1/3: 3/10 batches (30%)",
+                                           "epoch 1/3: 6/10 batches (60%)",
+                                           "epoch 1/3: 9/10 batches (90%)"]
+    silent = io.StringIO()
+    quiet = _report.Progress(10, "x", enabled=False, stream=silent)
+    quiet.update(10)
+    assert silent.getvalue() == "" and quiet.done == 10
+
+
+def test_one_epoch_one_step_grammar(capsys: pytest.CaptureFixture[str]) -> None:
+    assert tr.main(["--epochs", "1", "--max-steps", "1", "--quiet"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert ", 1 epoch (1 step) in " in line, line
+
+
+@pytest.mark.timeout(60)
+def test_output_through_a_pipe_is_whole_lines() -> None:
+    # pskv-launch reads its workers' output through a pipe, a line at a time: a bar that
+    # redraws one line with carriage returns would show only at the end of the epoch
+    proc = subprocess.run([sys.executable, "-m", "pskv.examples.train", "--epochs", "1"],
+                          capture_output=True, text=True, timeout=50, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "\r" not in proc.stdout + proc.stderr
+    assert "epoch 1/1: loss" in proc.stdout
 
 
 def test_quiet_prints_only_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
@@ -109,6 +157,19 @@ def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
                     str(path)]) == 0
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(path) in capsys.readouterr().out
+
+
+def test_plot_has_the_runs_settings_and_a_whole_accuracy_axis() -> None:
+    history = [tr.EpochStats(e, 43, 0.3 / e, 0.966 + 0.003 * e, 1.0, 1000.0, 0.2)
+               for e in (1, 2, 3)]
+    title = _report.run_title("digits MLP", "dist_sync", 2, 32, 0.05, 3)
+    fig = _report.make_figure([s.epoch for s in history], [s.loss for s in history],
+                              "accuracy", [s.accuracy for s in history], title)
+    assert fig.get_suptitle() == ("digits MLP: dist_sync, 2 workers, batch 32 per worker, "
+                                  "lr 0.05, 3 epochs")
+    _, ax_acc = fig.axes
+    assert ax_acc.get_ylim() == (0.0, 1.0)          # not zoomed to 0.966..0.975
+    assert ax_acc.get_title() == "test accuracy"
 
 
 @pytest.mark.parametrize("flags, message", [

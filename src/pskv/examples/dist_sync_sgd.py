@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -26,7 +27,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv:
         raise SystemExit(f"dist_sync_sgd takes no arguments, got {list(argv)!r}")
     try:
-        kv = mx.kv.create("dist_sync")
+        # a DistKVStore: the worker side, a LocalKVStore subclass
+        kv = cast(mx.kv.LocalKVStore, mx.kv.create("dist_sync"))
     except mx.KVStoreError as err:
         print(f"dist_sync_sgd: cannot create a 'dist_sync' store: {err}", file=sys.stderr)
         return 2

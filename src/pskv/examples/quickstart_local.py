@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import pskv as mx
 
@@ -19,7 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv:
         raise SystemExit(f"quickstart_local takes no arguments, got {list(argv)!r}")
     shape = (2, 3)
-    with mx.kv.create("local") as kv:
+    with cast(mx.kv.LocalKVStore, mx.kv.create("local")) as kv:
         kv.init("weight", mx.nd.ones(shape))
         kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9))
         devices = [mx.gpu(i) for i in range(4)]          # tags: pskv computes on the host

@@ -27,13 +27,15 @@ import numpy as np
 
 import pskv as mx
 
-from . import _mlp
+from . import _cli, _mlp
 from ._data import global_batches, load_digits, shard
+from ._report import Progress, epoch_line, plot_curves as _plot, plural, run_title, \
+    summary_line
 
 __all__ = ["EpochStats", "TrainResult", "build_parser", "main", "make_optimizer",
            "parse_args", "plot_curves", "train"]
 
-STORE_TYPES = ("local", "device", "dist_sync", "dist_async", "dist_device_sync")
+STORE_TYPES = _cli.STORE_TYPES
 #: the modules of the ``examples`` extra
 _EXTRAS = ("sklearn", "tqdm", "matplotlib")
 #: optimizers whose default learning rate is 0.05; the others default to 0.01
@@ -77,74 +79,26 @@ class TrainResult:
 
 
 # ---- command line --------------------------------------------------------------------------
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or not np.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
-    return value
-
-
-def _nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or not np.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} must be zero or a positive number")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m pskv.examples.train``."""
-    p = argparse.ArgumentParser(
-        prog="python -m pskv.examples.train",
-        description="Train a NumPy MLP on scikit-learn's digits, data-parallel through a "
-                    "pskv KVStore. Under pskv-launch each worker trains on its shard of "
-                    "every batch.")
-    p.add_argument("--kv-store", default="local", choices=STORE_TYPES,
-                   help="store type (default: local); dist_* need pskv-launch")
-    p.add_argument("--epochs", type=_positive_int, default=10, help="epochs (default: 10)")
-    p.add_argument("--batch-size", type=_positive_int, default=32,
-                   help="samples per worker per step (default: 32); the global batch is "
-                        "num_workers times this")
-    p.add_argument("--lr", type=_positive_float, default=None,
-                   help="learning rate (default: 0.05 for sgd and nag, 0.01 otherwise)")
-    p.add_argument("--momentum", type=_nonnegative_float, default=0.9,
+    """The command line of ``python -m pskv.examples.train`` (the shared flags, then its own)."""
+    p = _cli.build_parser(
+        "python -m pskv.examples.train",
+        "Train a NumPy MLP on scikit-learn's digits, data-parallel through a pskv KVStore. "
+        "Under pskv-launch each worker trains on its shard of every batch.",
+        epochs=10, batch_size=32, lr=None, update_on_kvstore=1,
+        lr_help="learning rate (default: 0.05 for sgd and nag, 0.01 otherwise)")
+    p.add_argument("--momentum", type=_cli.nonnegative_float, default=0.9,
                    help="momentum, for optimizers that take one (default: 0.9)")
-    p.add_argument("--wd", type=_nonnegative_float, default=0.0,
+    p.add_argument("--wd", type=_cli.nonnegative_float, default=0.0,
                    help="weight decay (default: 0)")
     p.add_argument("--optimizer", default="sgd",
                    help="any registered pskv optimizer: sgd, nag, adam, rmsprop, adagrad, ... "
                         "(default: sgd)")
-    p.add_argument("--hidden", type=_positive_int, default=128,
+    p.add_argument("--hidden", type=_cli.positive_int, default=128,
                    help="hidden units (default: 128)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split, the order and "
-                   "the initialization (default: 0)")
-    p.add_argument("--update-on-kvstore", type=int, choices=(0, 1), default=1,
-                   help="1: the store runs the optimizer (default); 0: pull the summed "
-                        "gradients and run the same optimizer on each worker")
-    p.add_argument("--num-devices", type=_positive_int, default=1,
+    p.add_argument("--num-devices", type=_cli.positive_int, default=1,
                    help="devices per worker (mx.cpu(i)); each computes the gradient of its "
                         "part of the shard and the store sums them (default: 1)")
-    p.add_argument("--max-steps", type=_positive_int, default=None,
-                   help="stop after this many steps in all (for quick checks)")
-    p.add_argument("--plot", metavar="PATH", default=None,
-                   help="save loss and accuracy curves to this image (rank 0)")
-    p.add_argument("--quiet", action="store_true",
-                   help="no progress bar and no per-epoch lines; only the final summary")
     return p
 
 
@@ -156,10 +110,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.optimizer not in mx.optimizer.Optimizer.opt_registry:
         parser.error(f"argument --optimizer: unknown optimizer {args.optimizer!r}; choose "
                      f"from {', '.join(sorted(mx.optimizer.Optimizer.opt_registry))}")
-    if "async" in args.kv_store and not args.update_on_kvstore:
-        # as MXNet's gluon.Trainer: summed gradients mean nothing when pushes never meet
-        parser.error("--update-on-kvstore 0 needs a synchronous store: in dist_async the "
-                     "servers apply each push on its own. Use --update-on-kvstore 1.")
+    _cli.check_args(parser, args)
     if args.lr is None:
         args.lr = 0.05 if args.optimizer in _SGD_LIKE else 0.01
     return args
@@ -175,20 +126,6 @@ def make_optimizer(args: argparse.Namespace) -> mx.optimizer.Optimizer:
 
 
 # ---- training ----------------------------------------------------------------------------------
-def _progress(total: int, desc: str, enabled: bool) -> Any:
-    """A tqdm bar on stdout (in order with the epoch lines), or None.
-
-    On a terminal the bar is cleared when the epoch ends; on a pipe (under pskv-launch,
-    which forwards output a line at a time) it is left, so each epoch's bar ends its line.
-    """
-    if not enabled:
-        return None
-    from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
-    tty = sys.stdout.isatty()
-    return tqdm(total=total, desc=desc, unit="batch", leave=not tty, ncols=80,
-                mininterval=0.25 if tty else 1.0, file=sys.stdout)
-
-
 def train(args: argparse.Namespace, kv: mx.kv.LocalKVStore,
           on_epoch: Callable[[EpochStats], None] | None = None) -> TrainResult:
     """Train with the flags ``args`` (from :func:`parse_args`) through the store ``kv``.
@@ -243,7 +180,7 @@ def train(args: argparse.Namespace, kv: mx.kv.LocalKVStore,
         batches = list(global_batches(len(data.x_train), global_batch, args.seed, epoch))
         if args.max_steps is not None:
             batches = batches[:args.max_steps - result.steps]
-        bar = _progress(len(batches), f"epoch {epoch + 1}/{args.epochs}", show)
+        bar = Progress(len(batches), f"epoch {epoch + 1}/{args.epochs}", show)
         t_epoch = time.perf_counter()
         comm = 0.0
         samples = 0
@@ -255,7 +192,7 @@ def train(args: argparse.Namespace, kv: mx.kv.LocalKVStore,
                 continue
             params = {n: weights[n][0].asnumpy() for n in names}
             grads: dict[str, list[Any]] = {n: [] for n in names}
-            for ctx, part in zip(ctxs, np.array_split(mine, len(ctxs))):
+            for ctx, part in zip(ctxs, np.array_split(mine, len(ctxs)), strict=True):
                 g, _ = _mlp.gradients(params, data.x_train[part], data.y_train[part], divisor)
                 for n in names:
                     grads[n].append(mx.nd.array(g[n], ctx=ctx))
@@ -271,11 +208,9 @@ def train(args: argparse.Namespace, kv: mx.kv.LocalKVStore,
                     for w in weights[n][1:]:
                         w[:] = weights[n][0]
             result.steps += 1
-            if bar is not None:
-                bar.update(1)
+            bar.update()
         seconds = time.perf_counter() - t_epoch
-        if bar is not None:
-            bar.close()
+        bar.close()
         params = {n: weights[n][0].asnumpy() for n in names}
         stats = EpochStats(
             epoch=epoch + 1, steps=len(batches),
@@ -297,31 +232,14 @@ def train(args: argparse.Namespace, kv: mx.kv.LocalKVStore,
 
 
 # ---- output ---------------------------------------------------------------------------------
-def plot_curves(history: Sequence[EpochStats], path: str) -> None:
-    """Save the per-epoch loss and test accuracy as two panels in the image ``path``.
+def plot_curves(history: Sequence[EpochStats], path: str, title: str = "digits MLP") -> None:
+    """Save the per-epoch training loss and test accuracy (axis 0 to 1) as two panels in
+    the image ``path``, under the title ``title`` (the run's settings, from :func:`main`).
 
     Uses matplotlib's Agg canvas directly, so no GUI backend or global state is touched.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    epochs = [s.epoch for s in history]
-    fig = Figure(figsize=(9, 3.5))
-    FigureCanvasAgg(fig)
-    ax_loss, ax_acc = fig.subplots(1, 2)
-    ax_loss.plot(epochs, [s.loss for s in history], marker="o")
-    ax_loss.set(title="training loss", xlabel="epoch", ylabel="cross-entropy")
-    ax_acc.plot(epochs, [s.accuracy for s in history], marker="o", color="tab:green")
-    ax_acc.set(title="test accuracy", xlabel="epoch", ylabel="accuracy")
-    for ax in (ax_loss, ax_acc):
-        ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-
-
-def _epoch_line(s: EpochStats, epochs: int) -> str:
-    return (f"epoch {s.epoch}/{epochs}: loss {s.loss:.4f}  test accuracy {s.accuracy:.4f}  "
-            f"{s.samples_per_sec:,.0f} samples/s  push/pull {s.comm_share:.0%} of step time")
+    _plot(path, [s.epoch for s in history], [s.loss for s in history], "accuracy",
+          [s.accuracy for s in history], title)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -337,16 +255,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         rank, num_workers = kv.rank, kv.num_workers
         report = None
         if rank == 0 and not args.quiet:
-            print(f"training a 64-{args.hidden}-10 MLP on digits: {kv.type}, {num_workers} "
-                  f"worker(s) x {args.num_devices} device(s), batch {args.batch_size} per "
-                  f"worker, {args.optimizer} lr {args.lr}, "
+            print(f"training a 64-{args.hidden}-10 MLP on digits: {kv.type}, "
+                  f"{plural(num_workers, 'worker')} x {plural(args.num_devices, 'device')}, "
+                  f"batch {args.batch_size} per worker, {args.optimizer} lr {args.lr:g}, "
                   f"update_on_kvstore={args.update_on_kvstore}", flush=True)
 
-            def report(stats: EpochStats) -> None:
-                print(_epoch_line(stats, args.epochs), flush=True)
+            def report(s: EpochStats) -> None:
+                print(epoch_line(s.epoch, args.epochs, s.loss, "accuracy", s.accuracy,
+                                 s.samples_per_sec, s.comm_share), flush=True)
         result = train(args, kv, on_epoch=report)
         if rank == 0 and args.plot and result.history:
-            plot_curves(result.history, args.plot)
+            plot_curves(result.history, args.plot, run_title(
+                "digits MLP", kv.type, num_workers, args.batch_size, args.lr, args.epochs))
     except ModuleNotFoundError as err:
         if err.name not in _EXTRAS:
             raise
@@ -359,11 +279,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rate = total_samples / result.train_seconds if result.train_seconds > 0 else 0.0
     share = result.comm_seconds / result.train_seconds if result.train_seconds > 0 else 0.0
     last_loss = result.history[-1].loss if result.history else float("nan")
-    print(f"rank {rank} of {num_workers} done: test accuracy {result.accuracy:.4f}, loss "
-          f"{last_loss:.4f}, {len(result.history)} epochs ({result.steps} steps) in "
-          f"{result.seconds:.1f} s, {rate:,.0f} samples/s, push/pull {share:.0%} of step "
-          f"time" + (f", curves in {args.plot}" if rank == 0 and args.plot else ""),
-          flush=True)
+    extra = [f"curves in {args.plot}"] if rank == 0 and args.plot else []
+    print(summary_line(rank, num_workers, "accuracy", result.accuracy, last_loss,
+                       len(result.history), result.steps, result.seconds, rate, share,
+                       extra), flush=True)
     return 0
 
 
