@@ -412,3 +412,35 @@ def test_broadcast_optimizer_state_local(kv: Any) -> None:
     for i, st in before["state"].items():
         for name, value in st.items():
             assert torch.equal(after["state"][i][name], value)
+
+
+# ---- the example: python -m pskv.examples.train_torch ---------------------------------------
+def test_train_torch_example_prints_like_train(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("sklearn", reason="issue #4: the torch example needs scikit-learn "
+                                          "(pip install 'pskv[examples]')")
+    from pskv.examples import train_torch as tt
+    assert tt.main(["--epochs", "2", "--max-steps", "50", "--seed", "1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("training a 64-64-10 torch MLP on digits: local, 1 worker,")
+    epochs = [ln for ln in lines if ": loss" in ln]
+    assert [ln.split(":")[0] for ln in epochs] == ["epoch 1/2", "epoch 2/2"]  # from 1
+    assert all("samples/s  push/pull" in ln for ln in epochs)
+    assert lines[-1].startswith("rank 0 of 1 done: test accuracy ")
+    assert ", 2 epochs (50 steps) in " in lines[-1] and "crc" not in lines[-1]
+
+
+def test_train_torch_example_quiet_and_same_weights_both_modes(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("sklearn", reason="issue #4: the torch example needs scikit-learn "
+                                          "(pip install 'pskv[examples]')")
+    from pskv.examples import train_torch as tt
+    assert tt.main(["--max-steps", "3", "--quiet"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rank 0 of 1 done:")
+    weights = []
+    for mode in ("0", "1"):     # torch's SGD on the averaged gradients, or the store's SGD
+        args = tt.parse_args(["--max-steps", "10", "--quiet", "--update-on-kvstore", mode])
+        with mx.kv.create("local") as kv:
+            weights.append(tt.train(args, kv).weights)
+    for name, value in weights[0].items():
+        np.testing.assert_allclose(weights[1][name], value, rtol=0, atol=1e-5, err_msg=name)

@@ -3,113 +3,201 @@
     pskv-launch -n 2 -s 1 python -m pskv.examples.train_torch --kv-store dist_sync
     python -m pskv.examples.train_torch                      # one process, a local store
 
-Each worker trains on its own shard of the training set. ``broadcast_parameters`` makes
-every worker start from rank 0's weights; ``DistributedOptimizer`` averages the gradients
-of all workers before each step (``--update-on-kvstore 1``: the servers run SGD and every
-worker pulls the new weights). Needs ``pip install 'pskv[torch,examples]'``.
+Each worker trains on its own shard of the training set, ``--batch-size`` samples per
+step. ``broadcast_parameters`` makes every worker start from rank 0's weights;
+``DistributedOptimizer`` averages the gradients of all workers before each step
+(``--update-on-kvstore 1``: the servers run SGD and every worker pulls the new weights).
+The flags and the output are those of ``python -m pskv.examples.train``. Needs
+``pip install 'pskv[torch,examples]'``.
 """
 from __future__ import annotations
 
 import argparse
-import zlib
-from typing import Any, Sequence
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 import pskv as mx
 
-__all__ = ["main"]
+from . import _cli
+from ._report import Progress, epoch_line, plot_curves, plural, run_title, summary_line
+from .train import EpochStats, TrainResult
+
+__all__ = ["build_parser", "main", "parse_args", "train"]
+
+#: the modules this example needs beyond pskv
+_EXTRAS = ("torch", "sklearn", "tqdm", "matplotlib")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pskv.examples.train_torch",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--kv-store", default="local", help="store type (default: local)")
-    p.add_argument("--update-on-kvstore", type=int, choices=(0, 1), default=0,
-                   help="1: the store's SGD updates the weights; 0: torch's SGD steps with "
-                        "the averaged gradients (default)")
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=32, help="per worker")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--max-steps", type=int, default=0,
-                   help="stop after this many steps (0: no limit), for CI")
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m pskv.examples.train_torch`` (the shared flags)."""
+    p = _cli.build_parser(
+        "python -m pskv.examples.train_torch",
+        "Train a torch MLP on scikit-learn's digits, data-parallel through a pskv KVStore "
+        "with pskv.torch.DistributedOptimizer.",
+        epochs=10, batch_size=32, lr=0.1, update_on_kvstore=0)
+    p.add_argument("--momentum", type=_cli.nonnegative_float, default=0.9,
+                   help="SGD momentum (default: 0.9)")
     return p
 
 
-def _data(rank: int, num_workers: int) -> tuple[Any, Any, Any, Any]:
-    """This worker's shard of the training set (the same size on every worker) and the
-    whole test set, as torch tensors."""
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and check the flags; bad ones exit with status 2 and a message (argparse)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _cli.check_args(parser, args)
+    return args
+
+
+def _data(rank: int, num_workers: int, seed: int) -> dict[str, Any]:
+    """This worker's shard of the training set (the same size on every worker: dist_sync
+    needs every worker in every round), the whole training set and the test set, as torch
+    tensors."""
     import torch
-    from sklearn.datasets import load_digits  # type: ignore[import-untyped]
-    from sklearn.model_selection import train_test_split  # type: ignore[import-untyped]
+    from sklearn.datasets import load_digits  # type: ignore[import-untyped, unused-ignore]
+    from sklearn.model_selection import (  # type: ignore[import-untyped, unused-ignore]
+        train_test_split)
     x, y = load_digits(return_X_y=True)
     x_train, x_test, y_train, y_test = train_test_split(
-        (x / 16.0).astype(np.float32), y.astype(np.int64), test_size=0.25, random_state=0,
-        stratify=y)
-    per = len(x_train) // num_workers          # equal shards: dist_sync needs every worker
-    shard = slice(rank * per, (rank + 1) * per)  # in every round
-    return (torch.from_numpy(x_train[shard]), torch.from_numpy(y_train[shard]),
-            torch.from_numpy(x_test), torch.from_numpy(y_test))
+        (x / 16.0).astype(np.float32), y.astype(np.int64), test_size=0.25,
+        random_state=seed, stratify=y)
+    per = len(x_train) // num_workers
+    mine = slice(rank * per, (rank + 1) * per)
+    t = torch.from_numpy
+    return {"x": t(x_train[mine]), "y": t(y_train[mine]), "x_train": t(x_train),
+            "y_train": t(y_train), "x_test": t(x_test), "y_test": t(y_test)}
 
 
-def _checksum(model: Any) -> int:
-    """A CRC of every weight's bytes: equal on every worker when they are in sync."""
-    crc = 0
-    for t in model.state_dict().values():
-        crc = zlib.crc32(t.detach().numpy().tobytes(), crc)
-    return crc
+def train(args: argparse.Namespace, kv: Any,
+          on_epoch: Callable[[EpochStats], None] | None = None) -> TrainResult:
+    """Train with the flags ``args`` (from :func:`parse_args`) through the store ``kv``.
 
+    Every worker of a cluster calls it with the same flags; the caller creates and closes
+    the store. Shows progress on rank 0 unless ``args.quiet``; calls ``on_epoch`` after
+    each epoch with the training loss over the whole training set and the test accuracy
+    (both the same on every worker of a ``dist_sync`` run: the weights are).
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Train, print each epoch's loss and test accuracy; 0 if the accuracy is sensible
-    (always 0 with --max-steps, which may stop before it is)."""
+    Returns
+    -------
+    TrainResult
+        The final weights (NumPy, by ``state_dict`` name) and the per-epoch history.
+    """
     import torch
 
     import pskv.torch as pt
-    args = _parser().parse_args(argv)
-    torch.set_num_threads(1)
-    kv: Any = mx.kv.create(args.kv_store)   # a LocalKVStore or DistKVStore
-    try:
-        x, y, x_test, y_test = _data(kv.rank, kv.num_workers)
-        torch.manual_seed(kv.rank + 1)          # different on each worker: broadcast fixes it
-        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                    torch.nn.Linear(64, 10))
-        pt.broadcast_parameters(model.state_dict(), kv)
-        if args.update_on_kvstore:
-            opt = pt.DistributedOptimizer(
-                None, model.named_parameters(), kv, update_on_kvstore=True,
-                kv_optimizer=mx.optimizer.SGD(learning_rate=args.lr, momentum=args.momentum))
-        else:
-            opt = pt.DistributedOptimizer(
-                torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum),
-                model.named_parameters(), kv)
-        steps, acc = 0, 0.0
-        gen = torch.Generator().manual_seed(1000 + kv.rank)
-        for epoch in range(args.epochs):
-            order = torch.randperm(len(x), generator=gen)
-            total, batches = 0.0, 0
-            for start in range(0, len(x) - args.batch_size + 1, args.batch_size):
-                idx = order[start:start + args.batch_size]
-                opt.zero_grad()
-                loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
-                loss.backward()  # type: ignore[no-untyped-call]
+    start = time.perf_counter()
+    rank, num_workers = kv.rank, kv.num_workers
+    d = _data(rank, num_workers, args.seed)
+    torch.manual_seed(args.seed + rank + 1)    # different on each worker: broadcast fixes it
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 10))
+    pt.broadcast_parameters(model.state_dict(), kv)
+    opt: Any        # the torch optimizer's class plus DistributedOptimizer's methods
+    if args.update_on_kvstore:
+        opt = pt.DistributedOptimizer(
+            None, model.named_parameters(), kv, update_on_kvstore=True,
+            kv_optimizer=mx.optimizer.SGD(learning_rate=args.lr, momentum=args.momentum))
+    else:
+        opt = pt.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum),
+            model.named_parameters(), kv)
+    loss_fn = torch.nn.functional.cross_entropy
+    result = TrainResult(weights={})
+    gen = torch.Generator().manual_seed(1000 * (args.seed + 1) + rank)
+    show = rank == 0 and not args.quiet
+    x, y, bs = d["x"], d["y"], args.batch_size
+    for epoch in range(args.epochs):
+        if args.max_steps is not None and result.steps >= args.max_steps:
+            break
+        order = torch.randperm(len(x), generator=gen)
+        starts = list(range(0, len(x) - bs + 1, bs))   # whole batches: every worker steps
+        if args.max_steps is not None:
+            starts = starts[:args.max_steps - result.steps]
+        bar = Progress(len(starts), f"epoch {epoch + 1}/{args.epochs}", show)
+        t_epoch = time.perf_counter()
+        comm = 0.0
+        for first in starts:
+            idx = order[first:first + bs]
+            opt.zero_grad()
+            loss_fn(model(x[idx]), y[idx]).backward()  # type: ignore[no-untyped-call]
+            t_comm = time.perf_counter()
+            opt.synchronize()                     # push/pull: the workers' average gradient
+            comm += time.perf_counter() - t_comm
+            with opt.skip_synchronize():
                 opt.step()
-                total, batches, steps = total + loss.item(), batches + 1, steps + 1
-                if steps == args.max_steps:
-                    break
-            with torch.no_grad():
-                acc = (model(x_test).argmax(1) == y_test).float().mean().item()
-            if kv.rank == 0:
-                print(f"epoch {epoch}: loss {total / max(batches, 1):.4f}, "
-                      f"test accuracy {acc:.4f}", flush=True)
-            if steps == args.max_steps:
-                break
-        print(f"worker {kv.rank}/{kv.num_workers}: steps {steps}, test accuracy {acc:.4f}, "
-              f"weights crc {_checksum(model):08x}", flush=True)
+            result.steps += 1
+            bar.update()
+        seconds = time.perf_counter() - t_epoch
+        bar.close()
+        with torch.no_grad():
+            loss = loss_fn(model(d["x_train"]), d["y_train"]).item()
+            acc = (model(d["x_test"]).argmax(1) == d["y_test"]).float().mean().item()
+        samples = len(starts) * bs * num_workers
+        stats = EpochStats(epoch=epoch + 1, steps=len(starts), loss=loss, accuracy=acc,
+                           seconds=seconds,
+                           samples_per_sec=samples / seconds if seconds > 0 else 0.0,
+                           comm_share=comm / seconds if seconds > 0 else 0.0)
+        result.history.append(stats)
+        result.comm_seconds += comm
+        result.train_seconds += seconds
+        if on_epoch is not None:
+            on_epoch(stats)
+    result.weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Train and print as ``pskv.examples.train`` does; 0 if the test accuracy ends above
+    0.5 (always 0 with ``--max-steps``, which may stop before it does), 2 for bad flags, a
+    store that cannot start or a missing extra."""
+    args = parse_args(argv)
+    try:
+        kv: Any = mx.kv.create(args.kv_store)   # a LocalKVStore or DistKVStore
+    except mx.KVStoreError as err:
+        print(f"train_torch: cannot create a {args.kv_store!r} store: {err}", file=sys.stderr)
+        return 2
+    try:
+        import torch
+        torch.set_num_threads(1)
+        rank, num_workers = kv.rank, kv.num_workers
+        report = None
+        if rank == 0 and not args.quiet:
+            print(f"training a 64-64-10 torch MLP on digits: {kv.type}, "
+                  f"{plural(num_workers, 'worker')}, batch {args.batch_size} per worker, "
+                  f"sgd lr {args.lr:g}, update_on_kvstore={args.update_on_kvstore}",
+                  flush=True)
+
+            def report(s: EpochStats) -> None:
+                print(epoch_line(s.epoch, args.epochs, s.loss, "accuracy", s.accuracy,
+                                 s.samples_per_sec, s.comm_share), flush=True)
+        result = train(args, kv, on_epoch=report)
+        if rank == 0 and args.plot and result.history:
+            h = result.history
+            plot_curves(args.plot, [s.epoch for s in h], [s.loss for s in h], "accuracy",
+                        [s.accuracy for s in h],
+                        run_title("digits torch MLP", kv.type, num_workers, args.batch_size,
+                                  args.lr, args.epochs))
+    except ModuleNotFoundError as err:
+        if err.name not in _EXTRAS:
+            raise
+        print(f"train_torch: this example needs {err.name!r}, which is not installed. "
+              "Install the extras: pip install 'pskv[torch,examples]'.", file=sys.stderr)
+        return 2
     finally:
         kv.close()
-    return 0 if acc > 0.5 or args.max_steps else 1
+    h = result.history
+    samples = sum(s.samples_per_sec * s.seconds for s in h)
+    rate = samples / result.train_seconds if result.train_seconds > 0 else 0.0
+    share = result.comm_seconds / result.train_seconds if result.train_seconds > 0 else 0.0
+    extra = [f"curves in {args.plot}"] if rank == 0 and args.plot else []
+    print(summary_line(rank, num_workers, "accuracy", result.accuracy,
+                       h[-1].loss if h else float("nan"), len(h), result.steps,
+                       result.seconds, rate, share, extra), flush=True)
+    return 0 if result.accuracy > 0.5 or args.max_steps else 1
 
 
 if __name__ == "__main__":
