@@ -11,10 +11,11 @@ import pytest
 import pskv as mx
 from pskv.examples import sparse_logreg as sl
 
-# 8001 train samples in batches of 100: the last global batch has one sample, so one
-# worker's shard is empty there and it pushes a row_sparse gradient with no rows
+# 8001 train samples in global batches of 100 (2 workers x 50): the last global batch has
+# one sample, so one worker's shard is empty there and it pushes a row_sparse gradient
+# with no rows
 SMALL = ["--vocab", "8192", "--features-per-sample", "8", "--samples", "10001",
-         "--batch-size", "100", "--epochs", "3"]
+         "--batch-size", "50", "--epochs", "3"]
 
 
 def _table(kv: Any, vocab: int) -> tuple[np.ndarray, float]:
@@ -36,7 +37,10 @@ def test_sync_sgd_matches_one_local_run(run_threads: Callable[..., dict[int, Any
     for r in results.values():
         if isinstance(r, BaseException):
             raise r
-    local = _run(mx.kv.create("local"), args)
+    # --batch-size is per worker: one process with batch 2 x 50 takes the same steps
+    local = _run(mx.kv.create("local"), sl.parse_args(
+        SMALL + ["--optimizer", "sgd", "--lr", "0.5", "--init-scale", "0.01",
+                 "--batch-size", "100"]))
     # the table's rows are split across both servers
     segs = results[0]["segments"]
     assert [s.server for s in segs] == [0, 1]
@@ -85,6 +89,8 @@ def test_cli_under_the_launcher() -> None:
         capture_output=True, text=True, timeout=170)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    assert out.count("test auc") == 2, out           # rank 0: one line per epoch
-    assert out.count("rows pulled/s") == 2, out      # every worker: its throughput
-    assert "x2 workers" in out, out
+    assert out.count(": loss") == 2, out             # rank 0: one line per epoch
+    assert "epoch 2/2: loss" in out, out
+    assert out.count("rows pulled/s") == 2, out      # every worker: its final line
+    assert out.count(" of 2 done: test auc ") == 2, out
+    assert "dist_sync, 2 workers, " in out, out

@@ -166,9 +166,38 @@ def test_data_follows_the_seed() -> None:
 
 def test_main_prints_loss_and_throughput(capsys: pytest.CaptureFixture[str]) -> None:
     assert sl.main(SMALL + ["--epochs", "2", "--optimizer", "ftrl"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("test auc") == 2
-    assert "rows pulled/s" in out and "samples/s" in out
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "local, 1 worker, " in lines[0] and "batch 100 per worker" in lines[0]
+    epochs = [ln for ln in lines if ": loss" in ln]
+    assert [ln.split(":")[0] for ln in epochs] == ["epoch 1/2", "epoch 2/2"]
+    assert all("test auc" in ln and "samples/s  push/pull" in ln for ln in epochs)
+    assert lines[-1].startswith("rank 0 of 1 done: test auc ")
+    assert ", 2 epochs (80 steps) in " in lines[-1] and "rows pulled/s" in lines[-1]
+
+
+def test_quiet_and_plot(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "auc.png"
+    assert sl.main(SMALL + ["--max-steps", "1", "--quiet", "--plot", str(path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and ", 1 epoch (1 step) in " in lines[0]
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_flags_are_the_shared_ones() -> None:
+    from pskv.examples import train as tr
+    from pskv.examples import train_torch as tt
+    shared = {"--kv-store", "--epochs", "--batch-size", "--lr", "--seed", "--max-steps",
+              "--plot", "--quiet"}
+
+    def flags(parser: Any) -> dict[str, Any]:
+        return {o: a for a in parser._actions for o in a.option_strings}
+
+    parsers = [flags(m.build_parser()) for m in (tr, tt, sl)]
+    for opts in parsers:
+        assert shared <= set(opts)
+        assert opts["--kv-store"].choices == parsers[0]["--kv-store"].choices
+        assert "per worker" in opts["--batch-size"].help
+    assert "--update-on-kvstore" in parsers[0] and "--update-on-kvstore" in parsers[1]
 
 
 def test_max_steps_stops_early() -> None:

@@ -5,15 +5,16 @@ hashed with its field number into one of ``V`` rows of a ``(V, 1)`` row_sparse w
 table that lives on the servers (split by rows across them), plus a dense bias key. Labels
 come from a hidden true weight table, so the problem is learnable. Each step, every worker
 
-1. takes its shard of the global batch (``batch[rank::num_workers]``) and the unique
-   feature ids ``ids`` of that shard;
+1. takes its shard of the global batch of ``num_workers * --batch-size`` samples
+   (``batch[rank::num_workers]``) and the unique feature ids ``ids`` of that shard;
 2. ``kv.row_sparse_pull('w', out=rsp, row_ids=ids)``: each server sends only its rows;
 3. computes the logistic-loss gradient of those rows (divided by the global batch size);
 4. pushes it as ``row_sparse_array((grad, ids), shape=(V, 1))`` and the dense bias
    gradient; the servers sum the workers' pushes and apply the optimizer lazily, to the
    pushed rows only.
 
-Run it locally or under the launcher::
+The flags and the output are those of ``python -m pskv.examples.train`` (the metric is
+the test AUC). Run it locally or under the launcher::
 
     python -m pskv.examples.sparse_logreg --epochs 3
     pskv-launch -n 2 -s 2 python -m pskv.examples.sparse_logreg --kv-store dist_sync
@@ -21,6 +22,7 @@ Run it locally or under the launcher::
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence, cast
@@ -29,8 +31,11 @@ import numpy as np
 
 import pskv as mx
 
-__all__ = ["SparseData", "auc", "batch_order", "init_table", "logistic_loss", "main",
-           "make_data", "parse_args", "shard_grad", "sigmoid", "train"]
+from . import _cli
+from ._report import Progress, epoch_line, plot_curves, plural, run_title, summary_line
+
+__all__ = ["SparseData", "auc", "batch_order", "build_parser", "init_table", "logistic_loss",
+           "main", "make_data", "parse_args", "shard_grad", "sigmoid", "train"]
 
 #: 64-bit Fibonacci hashing multiplier (2**64 / golden ratio)
 _HASH = np.uint64(0x9E3779B97F4A7C15)
@@ -211,15 +216,17 @@ def train(args: argparse.Namespace, kv: Any, data: SparseData | None = None,
     data : SparseData, optional
         Default: ``make_data`` from ``args`` (the same on every worker).
     verbose : bool
-        Print one line per epoch (rank 0) and the throughput (every worker).
+        On rank 0 (unless ``args.quiet``): show progress and print one line per epoch.
 
     Returns
     -------
     dict
         ``history`` (per epoch: ``train_loss`` over this worker's shards, ``test_loss``,
-        ``test_auc``, ``test_accuracy``, ``seconds``), ``steps``, ``samples`` (this
-        worker's), ``rows_pulled``, ``rows_pushed``, ``train_seconds`` and the rates
-        ``samples_per_s``, ``rows_pulled_per_s``, ``rows_pushed_per_s``.
+        ``test_auc``, ``test_accuracy``, ``seconds``, ``samples_per_s`` of every worker,
+        ``comm_share`` of the time in push/pull), ``steps``, ``samples`` (this worker's),
+        ``rows_pulled``, ``rows_pushed``, ``train_seconds``, ``comm_seconds`` and the rates
+        ``samples_per_s`` (this worker's), ``global_samples_per_s`` (every worker's),
+        ``rows_pulled_per_s``, ``rows_pushed_per_s``.
     """
     if data is None:
         data = make_data(args.vocab, args.features_per_sample, args.samples, args.seed)
@@ -231,102 +238,141 @@ def train(args: argparse.Namespace, kv: Any, data: SparseData | None = None,
     rsp = _rsp_zeros(vocab)
     bias = mx.nd.zeros((1,))
     history: list[dict[str, float]] = []
-    steps = samples = pulled = pushed = 0
-    train_s = 0.0
+    steps = samples = pulled = pushed = global_samples = 0
+    train_s = comm_s = 0.0
+    global_batch = args.batch_size * nw          # --batch-size is per worker
+    show = verbose and rank == 0 and not getattr(args, "quiet", False)
     for epoch in range(args.epochs):
         if args.max_steps is not None and steps >= args.max_steps:
             break
-        loss_sum, n_seen, t0 = 0.0, 0, time.perf_counter()
-        for batch in batch_order(len(data.train_y), args.batch_size, args.seed, epoch):
-            if args.max_steps is not None and steps >= args.max_steps:
-                break
+        batches = list(batch_order(len(data.train_y), global_batch, args.seed, epoch))
+        if args.max_steps is not None:
+            batches = batches[:args.max_steps - steps]
+        bar = Progress(len(batches), f"epoch {epoch + 1}/{args.epochs}", show)
+        loss_sum, n_seen, n_global, comm, t0 = 0.0, 0, 0, 0.0, time.perf_counter()
+        for batch in batches:
             shard = batch[rank::nw]
             ids, y = data.train_ids[shard], data.train_y[shard]
             rows = np.unique(ids)
+            t_comm = time.perf_counter()
             # only this shard's rows travel: each server answers for the rows it holds
             kv.row_sparse_pull("w", out=rsp, row_ids=mx.nd.array(rows, dtype="int64"))
             kv.pull("b", out=bias)
+            comm += time.perf_counter() - t_comm
             g_rows, g_bias, loss = shard_grad(ids, y, rows, rsp.data.asnumpy(),
                                               float(bias.asnumpy()[0]), 1.0 / len(batch))
+            t_comm = time.perf_counter()
             kv.push("w", mx.nd.sparse.row_sparse_array((g_rows, rows), shape=(vocab, 1)))
             kv.push("b", mx.nd.array([g_bias]))
+            comm += time.perf_counter() - t_comm
             steps += 1
             samples += len(shard)
             pulled += len(rows)
             pushed += len(rows)
             loss_sum += loss
             n_seen += len(shard)
+            n_global += len(batch)
+            bar.update()
         seconds = time.perf_counter() - t0
+        bar.close()
         train_s += seconds
+        comm_s += comm
+        global_samples += n_global
         kv.barrier()                              # every worker's pushes are in
         ev = _evaluate(kv, data.test_ids, data.test_y, vocab)
         kv.barrier()                              # nobody pushes before everyone evaluated
         history.append({"epoch": epoch + 1, "train_loss": loss_sum / max(n_seen, 1),
                         "test_loss": ev["loss"], "test_auc": ev["auc"],
-                        "test_accuracy": ev["accuracy"], "seconds": seconds})
-        if verbose and rank == 0:
+                        "test_accuracy": ev["accuracy"], "seconds": seconds,
+                        "samples_per_s": n_global / max(seconds, 1e-9),
+                        "comm_share": comm / max(seconds, 1e-9)})
+        if show:
             h = history[-1]
-            print(f"epoch {h['epoch']}: train loss {h['train_loss']:.4f}  test loss "
-                  f"{h['test_loss']:.4f}  test auc {h['test_auc']:.4f}  test acc "
-                  f"{h['test_accuracy']:.4f}  ({n_seen / max(seconds, 1e-9):.0f} samples/s "
-                  "on this worker)", flush=True)
+            print(epoch_line(epoch + 1, args.epochs, h["train_loss"], "auc", h["test_auc"],
+                             h["samples_per_s"], h["comm_share"]), flush=True)
     rate = 1.0 / max(train_s, 1e-9)
-    result = {"history": history, "steps": steps, "samples": samples, "rows_pulled": pulled,
-              "rows_pushed": pushed, "train_seconds": train_s, "rank": rank,
-              "num_workers": nw, "samples_per_s": samples * rate,
-              "rows_pulled_per_s": pulled * rate, "rows_pushed_per_s": pushed * rate}
-    if verbose:
-        print(f"throughput (worker {rank}/{nw}): {result['samples_per_s']:.0f} samples/s, "
-              f"{result['rows_pulled_per_s']:.0f} rows pulled/s, "
-              f"{result['rows_pushed_per_s']:.0f} rows pushed/s, {steps} steps in "
-              f"{train_s:.2f} s", flush=True)
-    return result
+    return {"history": history, "steps": steps, "samples": samples, "rows_pulled": pulled,
+            "rows_pushed": pushed, "train_seconds": train_s, "comm_seconds": comm_s,
+            "rank": rank, "num_workers": nw, "samples_per_s": samples * rate,
+            "global_samples_per_s": global_samples * rate,
+            "rows_pulled_per_s": pulled * rate, "rows_pushed_per_s": pushed * rate}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m pskv.examples.sparse_logreg`` (the shared flags,
+    then its own; no ``--update-on-kvstore``: the servers always run the optimizer)."""
+    p = _cli.build_parser("python -m pskv.examples.sparse_logreg",
+                          __doc__.splitlines()[0] if __doc__ else "",
+                          epochs=3, batch_size=512, lr=0.1, update_on_kvstore=None)
+    p.add_argument("--vocab", type=_cli.positive_int, default=1 << 20,
+                   help="rows of the weight table (default: 2**20)")
+    p.add_argument("--features-per-sample", type=_cli.positive_int, default=16,
+                   help="active features per sample (default: 16)")
+    p.add_argument("--samples", type=_cli.positive_int, default=200_000,
+                   help="train + test (20%%) samples (default: 200000)")
+    p.add_argument("--optimizer", default="adagrad", choices=["sgd", "adagrad", "ftrl", "adam"],
+                   help="the servers' optimizer (default: adagrad)")
+    p.add_argument("--l1", type=_cli.nonnegative_float, default=0.0,
+                   help="FTRL's lamda1 (default: 0)")
+    p.add_argument("--init-scale", type=_cli.nonnegative_float, default=0.0,
+                   help="std of the initial weights (default: 0, zeros)")
+    return p
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command line flags (see ``--help``)."""
-    p = argparse.ArgumentParser(prog="python -m pskv.examples.sparse_logreg",
-                                description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--kv-store", default="local",
-                   choices=["local", "device", "dist_sync", "dist_async", "dist"])
-    p.add_argument("--vocab", type=int, default=1 << 20, help="rows of the weight table")
-    p.add_argument("--features-per-sample", type=int, default=16)
-    p.add_argument("--samples", type=int, default=200_000, help="train + test (20%%)")
-    p.add_argument("--batch-size", type=int, default=512, help="global batch")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--optimizer", default="adagrad", choices=["sgd", "adagrad", "ftrl", "adam"])
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--l1", type=float, default=0.0, help="FTRL's lamda1")
-    p.add_argument("--init-scale", type=float, default=0.0,
-                   help="std of the initial weights (0: zeros)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
-    args = p.parse_args(argv)
-    for name in ("vocab", "features_per_sample", "samples", "batch_size"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    """Parse and check the flags; bad ones exit with status 2 and a message (argparse)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _cli.check_args(parser, args)
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the workload as the flags say; print per-epoch loss, AUC and throughput."""
+    """Run the workload as the flags say; print as ``pskv.examples.train`` does (the metric
+    is the test AUC), plus the rows pulled and pushed per second in the final line.
+
+    Returns 0 when every epoch's test loss is finite, 1 otherwise, 2 for bad flags or a
+    store that cannot start.
+    """
     args = parse_args(argv)
     t0 = time.perf_counter()
     data = make_data(args.vocab, args.features_per_sample, args.samples, args.seed)
-    kv: Any = mx.kv.create(args.kv_store)
     try:
-        if kv.rank == 0:
+        kv: Any = mx.kv.create(args.kv_store)
+    except mx.KVStoreError as err:
+        print(f"sparse_logreg: cannot create a {args.kv_store!r} store: {err}",
+              file=sys.stderr)
+        return 2
+    try:
+        rank, nw = kv.rank, kv.num_workers
+        if rank == 0 and not args.quiet:
             best = logistic_loss(data.true_w[data.test_ids].sum(1) + data.true_b, data.test_y)
-            print(f"sparse_logreg: {args.kv_store} x{kv.num_workers} workers, vocab "
-                  f"{args.vocab}, {args.features_per_sample} features/sample, "
+            print(f"sparse logistic regression: {kv.type}, {plural(nw, 'worker')}, vocab "
+                  f"{args.vocab}, {args.features_per_sample} features per sample, "
                   f"{len(data.train_y)} train + {len(data.test_y)} test samples, batch "
-                  f"{args.batch_size}, {args.optimizer} lr {args.lr} (data made in "
-                  f"{time.perf_counter() - t0:.2f} s); the true model's test loss is "
+                  f"{args.batch_size} per worker, {args.optimizer} lr {args.lr:g} (data made "
+                  f"in {time.perf_counter() - t0:.2f} s); the true model's test loss is "
                   f"{best.mean():.4f}", flush=True)
         result = train(args, kv, data, verbose=True)
+        hist = result["history"]
+        if rank == 0 and args.plot and hist:
+            plot_curves(args.plot, [h["epoch"] for h in hist], [h["train_loss"] for h in hist],
+                        "auc", [h["test_auc"] for h in hist],
+                        run_title("sparse logistic regression", kv.type, nw, args.batch_size,
+                                  args.lr, args.epochs))
     finally:
         kv.close()
-    hist = result["history"]
+    train_s = result["train_seconds"]
+    extra = [f"{result['rows_pulled_per_s']:,.0f} rows pulled/s",
+             f"{result['rows_pushed_per_s']:,.0f} rows pushed/s"]
+    if rank == 0 and args.plot:
+        extra.append(f"curves in {args.plot}")
+    print(summary_line(rank, nw, "auc", hist[-1]["test_auc"] if hist else float("nan"),
+                       hist[-1]["train_loss"] if hist else float("nan"), len(hist),
+                       result["steps"], time.perf_counter() - t0,
+                       result["global_samples_per_s"],
+                       result["comm_seconds"] / train_s if train_s > 0 else 0.0, extra),
+          flush=True)
     return 0 if hist and all(np.isfinite(h["test_loss"]) for h in hist) else 1
 
 
