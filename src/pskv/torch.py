@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
-from .errors import ConfigError, ValueTypeError
+from .errors import ConfigError, KeyNotInitializedError, ValueTypeError
 
 if TYPE_CHECKING:
     import torch
@@ -93,11 +93,53 @@ def _check_root(kv: Any, root_rank: int) -> None:
                           f"{kv.num_workers} workers (ranks 0 to {kv.num_workers - 1}).")
 
 
-def _broadcast(kv: Any, keys: list[str], tensors: list[torch.Tensor], root_rank: int) -> None:
+def _is_tensor(value: Any) -> bool:
+    """Whether ``value`` is a torch tensor (without importing torch)."""
+    return type(value).__module__.partition(".")[0] == "torch"
+
+
+def _dtype_hint(value: Any, stored: Any, into: bool) -> str:
+    """The fix for a dtype mismatch between ``value`` and a key holding dtype ``stored``
+    (a NumPy dtype); ``into``: ``value`` is a pull's out. Worded for torch tensors, which
+    have ``.to(dtype)`` and no ``.astype``, and for NumPy-like arrays.
+
+    >>> import numpy as np
+    >>> _dtype_hint(np.zeros(2, np.int64), np.dtype("float32"), into=False)
+    "Convert with .astype('float32')."
+    """
+    name = str(stored)
+    if not _is_tensor(value):
+        return f"Convert with .astype({name!r})."
+    if into:
+        return (f"Pull into a torch.{name} tensor (e.g. buf = torch.empty_like(out, "
+                f"dtype=torch.{name})), then copy it over with out.copy_(buf), which "
+                f"converts to {value.dtype}.")
+    return f"Convert it with .to(torch.{name})."
+
+
+def _init_keys(kv: Any, keys: list[str], tensors: list[torch.Tensor], what: str,
+               prefix: str) -> None:
+    """``kv.init(keys, tensors)``; a key that exists already raises with the real fix.
+
+    Each key gets one value here, so init's only KeyNotInitializedError is a key that an
+    earlier call initialized: the fix is a new ``prefix=``, not a push.
+    """
+    try:
+        kv.init(keys, tensors)      # collective: rank 0's values are kept
+    except KeyNotInitializedError as err:
+        raise KeyNotInitializedError(
+            f"{what}: key {err.key!r} exists already in this store: an earlier {what} (or "
+            f"kv.init) with prefix={prefix!r} initialized it, and a key takes one init. Pass "
+            f"a prefix not used before, e.g. prefix={prefix + 'round2/'!r}, so this call gets "
+            "new keys.", key=err.key, store_type=err.store_type) from err
+
+
+def _broadcast(kv: Any, keys: list[str], tensors: list[torch.Tensor], root_rank: int,
+               what: str, prefix: str) -> None:
     """Every worker's ``tensors`` := the root's, in place (collective)."""
     if not keys:
         return
-    kv.init(keys, tensors)          # collective: rank 0's values are kept
+    _init_keys(kv, keys, tensors, what, prefix)
     if root_rank != 0:
         # the root pushes its values, every other worker zeros: the round's sum is the root's
         th = _import_torch()
@@ -122,7 +164,8 @@ def broadcast_parameters(params: Any, kv: Any, root_rank: int = 0, prefix: str =
         The worker whose values win. A root other than 0 broadcasts by a push round, so
         the store must have no optimizer set at that point.
     prefix : str, default ''
-        Put before each name to form its key; use a new prefix for a second broadcast.
+        Put before each name to form its key. Each broadcast needs keys of its own: give
+        a second broadcast on the same store a new prefix (``prefix='epoch5/'``).
 
     Raises
     ------
@@ -130,9 +173,11 @@ def broadcast_parameters(params: Any, kv: Any, root_rank: int = 0, prefix: str =
         For an entry that is not a CPU tensor, or a repeated name.
     ConfigError
         For a ``root_rank`` that is not a worker's rank.
+    KeyNotInitializedError
+        If a key ``prefix + name`` exists already (an earlier broadcast with the same
+        ``prefix``): pass a new ``prefix``.
     KVStoreError
-        If the workers disagree on names, shapes or dtypes (raised on every worker), or a
-        key ``prefix + name`` exists already.
+        If the workers disagree on names, shapes or dtypes (raised on every worker).
 
     Examples
     --------
@@ -143,7 +188,8 @@ def broadcast_parameters(params: Any, kv: Any, root_rank: int = 0, prefix: str =
     """
     _check_root(kv, root_rank)
     named = _named_tensors(params, "broadcast_parameters")
-    _broadcast(kv, [prefix + n for n, _ in named], [t for _, t in named], root_rank)
+    _broadcast(kv, [prefix + n for n, _ in named], [t for _, t in named], root_rank,
+               "broadcast_parameters", prefix)
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, kv: Any, root_rank: int = 0,
@@ -187,7 +233,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, kv: Any, root_ra
     named.sort(key=lambda nt: nt[0])
     scalars = th.tensor([float(c[k]) for c, k in numbers], dtype=th.float64)
     keys = [prefix + n for n, _ in named] + [prefix + "numbers"]
-    _broadcast(kv, keys, [t for _, t in named] + [scalars], root_rank)
+    _broadcast(kv, keys, [t for _, t in named] + [scalars], root_rank,
+               "broadcast_optimizer_state", prefix)
     for (container, key), value in zip(numbers, scalars.tolist()):
         container[key] = type(container[key])(value)
 
@@ -358,7 +405,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
     sync = _Sync(kv, names, params, prefix, update_on_kvstore, op)
     if update_on_kvstore:
         kv.set_optimizer(kv_optimizer)
-    kv.init(sync.keys, params)
+    _init_keys(kv, sync.keys, params, "DistributedOptimizer", prefix)
     if update_on_kvstore:
         kv.pull(sync.keys, out=params)   # every worker starts from rank 0's weights
     base = type(optimizer) if optimizer is not None else th.optim.Optimizer

@@ -444,3 +444,34 @@ def test_train_torch_example_quiet_and_same_weights_both_modes(
             weights.append(tt.train(args, kv).weights)
     for name, value in weights[0].items():
         np.testing.assert_allclose(weights[1][name], value, rtol=0, atol=1e-5, err_msg=name)
+
+
+# ---- error hints for torch users ----------------------------------------------------------
+def test_dtype_mismatch_hints_are_torch_methods(kv: Any) -> None:
+    kv.init("w", torch.zeros(3))
+    with pytest.raises(ShapeMismatchError) as info:
+        kv.pull("w", out=torch.zeros(3, dtype=torch.int64))
+    msg = str(info.value)
+    assert ".astype" not in msg                     # torch tensors have no .astype
+    assert "torch.float32 tensor" in msg and "out.copy_(buf)" in msg and "torch.int64" in msg
+    kv.init("i", torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(ShapeMismatchError, match=r"Convert it with \.to\(torch\.int32\)\."):
+        kv.push("i", torch.ones(3))
+    with pytest.raises(ShapeMismatchError, match=r"\.astype\('float32'\)"):   # NumPy: as before
+        kv.pull("w", out=np.zeros(3, np.int64))
+
+
+def test_second_broadcast_names_prefix_as_the_fix(kv: Any) -> None:
+    model = torch.nn.Linear(2, 2)
+    pt.broadcast_parameters(model.state_dict(), kv)
+    with pytest.raises(KeyError) as info:           # KeyNotInitializedError, as before
+        pt.broadcast_parameters(model.state_dict(), kv)
+    msg = str(info.value)
+    assert "push to change" not in msg
+    assert "exists already" in msg and "earlier broadcast_parameters" in msg
+    assert "prefix=" in msg and info.value.key == "weight"  # type: ignore[attr-defined]
+    pt.broadcast_parameters(model.state_dict(), kv, prefix="round2/")   # the fix works
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    pt.DistributedOptimizer(sgd, model.named_parameters(), kv)
+    with pytest.raises(KeyError, match="earlier DistributedOptimizer .* prefix='opt/'"):
+        pt.DistributedOptimizer(sgd, model.named_parameters(), kv)

@@ -117,10 +117,11 @@ class LocalKVStore(KVStoreBase):
         dtype = arr.dtype if isinstance(arr, (NDArray, np.ndarray)) else as_numpy(arr).dtype
         src, dst = (stored.dtype, np.dtype(dtype)) if into else (np.dtype(dtype), stored.dtype)
         if not _same_kind(src, dst):
+            from ..torch import _dtype_hint     # the fix differs for torch tensors
             raise ShapeMismatchError(
                 f"{action} key {key!r} got dtype {dtype}, but key {key!r} holds {stored.dtype} "
-                f"and {src} cannot be cast to {dst} safely (NumPy 'same_kind'). Convert "
-                f"with .astype({str(stored.dtype)!r}).", key=key, shape=shape,
+                f"and {src} cannot be cast to {dst} safely (NumPy 'same_kind'). "
+                f"{_dtype_hint(arr, stored.dtype, into)}", key=key, shape=shape,
                 store_type=self._type)
 
     # ---- init ------------------------------------------------------------------------
