@@ -64,8 +64,7 @@ def _string_keys(mx: Any, out: TextIO) -> None:
     a = mx.nd.zeros(shape)
     kv.push(["3", "3", "3"], [mx.nd.ones(shape, mx.cpu(i)) for i in range(3)])
     kv.pull("3", a)
-    print(f">>> push ['3', '3', '3'] ones from 3 cpus -> {a.asnumpy().ravel().tolist()}",
-          file=out)
+    _show(out, ">>> push ['3', '3', '3'] ones from 3 cpus; a", a)
 
 
 def _notebook(mx: Any, out: TextIO) -> None:
@@ -108,7 +107,8 @@ def _optimizer(mx: Any, out: TextIO) -> None:
     for step in range(3):
         kv.push(3, mx.nd.ones((2, 2)))
         kv.pull(3, out=w)
-        print(f"step {step + 1}: weight {w.asnumpy().ravel().tolist()}", file=out)
+        # the array as NumPy prints it (float32 shown as -0.1, not -0.10000000149011612)
+        _show(out, f"step {step + 1}: weight", w)
 
 
 SECTIONS: list[Callable[[Any, TextIO], None]] = [_basic, _string_keys, _notebook, _optimizer]

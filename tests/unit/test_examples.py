@@ -66,4 +66,9 @@ def test_tour_prints_the_tutorial_results() -> None:
     assert "[[11. 11. 11.]\n [11. 11. 11.]]" in text    # keys 5, 7, 9 after 4 devices
     assert "array([[-0.3, -0.3, -0.3]," in text         # the notebook's -0.1 x 3
     assert "[[3.05 3.05 3.05]" in text
+    # float32 values as NumPy prints them, the way the tutorial shows them
+    assert "0000" not in text and "9999" not in text, text
+    assert "step 1: weight\n[[-0.1 -0.1]\n [-0.1 -0.1]]" in text
+    assert "step 3: weight\n[[-0.561 -0.561]" in text
+    assert "ones from 3 cpus; a\n[[3. 3. 3.]\n [3. 3. 3.]]" in text
     assert tour.main([]) == 0
