@@ -107,8 +107,9 @@ class Scheduler:
                 "role": node.role, "rank": node.rank, "servers": table,
                 "num_workers": self.cfg.num_workers, "num_servers": self.cfg.num_servers})
         self._admitted = True
-        log.info("scheduler: %d servers and %d workers admitted", len(servers),
-                 self.cfg.num_workers)
+        ns, nw = len(servers), self.cfg.num_workers
+        log.info("scheduler: %d server%s and %d worker%s admitted", ns, "s"[:ns != 1], nw,
+                 "s"[:nw != 1])
 
     def _barrier(self, node: _Node, ts: int, body: Any) -> None:
         group = body.get("group", "worker") if isinstance(body, dict) else "worker"

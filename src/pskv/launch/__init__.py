@@ -73,8 +73,9 @@ def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
                 stderr: TextIO | None = None) -> LaunchResult:
     """Run the job `spec` describes until it ends; see `launch`."""
     procs = build_processes(spec)
-    logger.info("launching %d workers and %d servers (%s)", spec.num_workers,
-                spec.num_servers, spec.launcher)
+    w, s = spec.num_workers, spec.num_servers
+    logger.info("launching %d worker%s and %d server%s (%s)", w, "s"[:w != 1], s,
+                "s"[:s != 1], spec.launcher)
     result = run_processes(procs, timeout=spec.timeout, grace_period=spec.grace_period,
                            shutdown_timeout=spec.shutdown_timeout, stdout=stdout,
                            stderr=stderr)
