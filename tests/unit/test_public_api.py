@@ -8,6 +8,8 @@ import importlib.metadata
 import inspect
 import pydoc
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -204,3 +206,14 @@ def test_every_module_has_all_and_no_import_side_effects() -> None:
             obj = getattr(mod, public)
             if inspect.isclass(obj) or inspect.isfunction(obj):
                 assert obj.__doc__, f"{name}.{public} has no docstring"
+
+
+def test_reference_builds_without_warnings(tmp_path: Path) -> None:
+    """What CI does: Sphinx with -W over docs/reference (a child python)."""
+    pytest.importorskip("sphinx", reason="Sphinx is not installed: pip install -e '.[docs]'")
+    proc = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
+         str(REFERENCE), str(tmp_path / "html")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "html" / "kvstore.html").exists()
