@@ -1,7 +1,10 @@
 """Sphinx configuration of the pskv API reference (``python -m sphinx -W docs/reference OUT``).
 
 The pages are built from the docstrings (numpydoc style, read by ``sphinx.ext.napoleon``).
-No network is needed: there is no intersphinx, so every cross-reference must resolve inside
+Why Sphinx rather than mkdocs + mkdocstrings: the docstrings are numpydoc, as MXNet's and
+NumPy's are, and napoleon reads them as they are; ``nitpicky`` + ``-W`` turns every broken
+cross-reference into an error; and one package (``pip install -e '.[docs]'``) is all it
+needs, with the built-in theme. No network is needed: there is no intersphinx, so every cross-reference must resolve inside
 pskv (``nitpicky``), and a reference that does not is a warning, which ``-W`` makes an error.
 """
 from __future__ import annotations
