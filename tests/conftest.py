@@ -35,6 +35,7 @@ DIST_IN_UNIT = frozenset({
     "test_public_api.py::test_reference_builds_without_warnings",  # Sphinx in a child python
     "test_torch.py::test_import_pskv_and_pskv_torch_do_not_import_torch",  # a child python
     "test_train.py::test_runs_as_a_module",  # the example in a child python
+    "test_train.py::test_output_through_a_pipe_is_whole_lines",  # likewise
 })
 
 

@@ -4,8 +4,8 @@ The pages are built from the docstrings (numpydoc style, read by ``sphinx.ext.na
 Why Sphinx rather than mkdocs + mkdocstrings: the docstrings are numpydoc, as MXNet's and
 NumPy's are, and napoleon reads them as they are; ``nitpicky`` + ``-W`` turns every broken
 cross-reference into an error; and one package (``pip install -e '.[docs]'``) is all it
-needs, with the built-in theme. No network is needed: there is no intersphinx, so every cross-reference must resolve inside
-pskv (``nitpicky``), and a reference that does not is a warning, which ``-W`` makes an error.
+needs, with the built-in theme. No network is needed: there is no intersphinx, so every
+cross-reference must resolve inside pskv.
 """
 from __future__ import annotations
 
