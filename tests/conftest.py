@@ -3,8 +3,8 @@
 * Every test starts with no DMLC_*, PSKV_* or MXNET_* variables set (``clean_environ``).
 * Markers follow folders: every test under tests/dist is marked ``dist`` and every test under
   tests/mxnet ``mxnet``. The few tests in tests/unit that open a socket or start a process
-  are listed in ``DIST_IN_UNIT`` and marked ``dist`` too, so ``pytest -m "not dist"`` is the
-  fast, in-process suite.
+  are listed in ``DIST_IN_UNIT`` (docstring examples in ``DIST_DOCTESTS``) and marked
+  ``dist`` too, so ``pytest -m "not dist"`` is the fast, in-process suite.
 * A test in tests/unit that is not marked ``dist`` may not open a socket: it fails, saying to
   list it in ``DIST_IN_UNIT`` (or to move it to tests/dist).
 """
@@ -38,6 +38,10 @@ DIST_IN_UNIT = frozenset({
     "test_train.py::test_output_through_a_pipe_is_whole_lines",  # likewise
 })
 
+#: docstring examples in src/pskv that open a socket or start processes (doctest names);
+#: marked ``dist`` when this conftest is loaded, as it is for a plain ``pytest``
+DIST_DOCTESTS = frozenset({"pskv.launch.launch"})  # runs a small job
+
 
 def _folder(item: pytest.Item) -> str | None:
     """The first folder under tests/ that holds ``item`` (None outside tests/)."""
@@ -60,6 +64,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if folder in FOLDER_MARKERS:
             item.add_marker(FOLDER_MARKERS[folder])
         elif folder == "unit" and _unit_name(item) in DIST_IN_UNIT:
+            item.add_marker("dist")
+        elif folder is None and item.name in DIST_DOCTESTS:
             item.add_marker("dist")
 
 
