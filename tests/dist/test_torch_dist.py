@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip(
-    "torch", reason="issue #4: the PyTorch tests need torch (pip install 'pskv[torch]')")
+    "torch", reason="torch is not installed: pip install 'pskv[torch]' (or torch alone)")
 
 import pskv as mx  # noqa: E402
 import pskv.torch as pt  # noqa: E402
@@ -218,8 +218,8 @@ def _flat(state: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("update_on_kvstore", ["0", "1"])
 def test_train_torch_example_under_the_launcher(update_on_kvstore: str) -> None:
-    pytest.importorskip("sklearn", reason="issue #4: the torch example needs scikit-learn "
-                                          "(pip install 'pskv[examples]')")
+    pytest.importorskip("sklearn", reason="the torch example needs scikit-learn, which is not "
+                                          "installed: pip install 'pskv[examples]'")
     proc = subprocess.run(
         [sys.executable, "-m", "pskv.launch", "-n", "2", "-s", "1", "--timeout", "120",
          sys.executable, "-m", "pskv.examples.train_torch", "--kv-store", "dist_sync",

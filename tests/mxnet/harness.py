@@ -23,7 +23,8 @@ import pytest
 
 ENV_MXNET_PYTHON = "PSKV_MXNET_PYTHON"
 SKIP_REASON = (f"no MXNet 1.9.1 interpreter: set {ENV_MXNET_PYTHON} to the python of a venv "
-               "with mxnet==1.9.1 and numpy<1.24 (issue #2)")
+               "with mxnet==1.9.1 and numpy<1.24 (the README's Tests section shows the "
+               "two commands)")
 
 _RUNNER = r'''
 import json, sys, warnings

@@ -40,7 +40,8 @@ def mxnet_python() -> str:
     path = os.environ.get(ENV_MXNET_PYTHON, "")
     if not path or not Path(path).exists():
         pytest.skip(f"no MXNet 1.9.1 interpreter: set {ENV_MXNET_PYTHON} to the python of a "
-                    "venv with mxnet==1.9.1 and numpy<1.24 (issue #3)")
+                    "venv with mxnet==1.9.1 and numpy<1.24 (the README's Tests section "
+                    "shows the two commands)")
     return path
 
 

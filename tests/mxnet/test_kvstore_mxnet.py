@@ -4,7 +4,7 @@ Each scenario is Python source run twice by :func:`harness.run_both`, once under
 (its own interpreter, ``PSKV_MXNET_PYTHON``, ``MXNET_ENGINE_TYPE=NaiveEngine`` so errors
 surface at the call that caused them) and once under pskv, and the ``result`` dicts are
 compared. Scenarios use only the API both libraries share; where pskv deliberately differs
-(../shared/api.md: pull(out=None) returns, uninitialized keys and shape mismatches raise,
+(docs/api.md: pull(out=None) returns, uninitialized keys and shape mismatches raise,
 no aliasing) the test records what MXNet does and asserts pskv's documented behaviour.
 
 ``check_kvstore_semantics`` runs in both interpreters too. The MXNet interpreter has no

@@ -1,4 +1,5 @@
-"""The README's Python example runs and does what its comments say."""
+"""The README: its Python example runs and does what its comments say, its commands name real
+modules, and every link or path it names is a file of this repository."""
 from __future__ import annotations
 
 import re
@@ -26,3 +27,41 @@ def test_readme_commands_name_real_modules() -> None:
     for module in set(re.findall(r"python3? -m (pskv[\w.]*)", text)):
         path = Path(__file__).resolve().parents[2] / "src" / Path(*module.split("."))
         assert path.with_suffix(".py").exists() or (path / "__main__.py").exists(), module
+
+
+REPO = README.parent
+#: top-level folders of the repository a README path may start with
+REPO_DIRS = ("docs/", "tests/", "src/", "examples/", "benchmarks/", ".ci/")
+
+
+def _inside_repo(target: str) -> Path | None:
+    """The path ``target`` names, if it is inside the repository; else None."""
+    path = (REPO / target.split("#", 1)[0]).resolve()
+    try:
+        path.relative_to(REPO.resolve())
+    except ValueError:
+        return None
+    return path
+
+
+def test_readme_links_point_inside_the_repository() -> None:
+    text = README.read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text) + re.findall(r"^\[[^\]]+\]:\s*(\S+)", text,
+                                                              flags=re.M)
+    links += re.findall(r"""href=["']([^"']+)""", text)
+    for target in links:
+        assert not re.match(r"[a-z][a-z0-9+.-]*:", target, flags=re.I), (
+            f"README links to {target}: point at a file in the repository instead")
+        path = _inside_repo(target)
+        assert path is not None, f"README links to {target}, outside the repository"
+        assert path.exists(), f"README links to {target}, which does not exist"
+
+
+def test_readme_paths_exist_in_the_repository() -> None:
+    """Paths written as code (`docs/env.md`, `../x`) name files of this repository."""
+    for token in set(re.findall(r"`([^`\s]+)`", README.read_text())):
+        if token.startswith(("../", "/", "~")):
+            raise AssertionError(f"README names {token}, outside the repository")
+        if token.startswith(REPO_DIRS):
+            path = _inside_repo(token)
+            assert path is not None and path.exists(), f"README names {token}: no such file"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip(
-    "torch", reason="issue #4: the PyTorch tests need torch (pip install 'pskv[torch]')")
+    "torch", reason="torch is not installed: pip install 'pskv[torch]' (or torch alone)")
 
 import pskv as mx  # noqa: E402
 import pskv.torch as pt  # noqa: E402
@@ -232,7 +232,7 @@ def test_a_dtype_numpy_cannot_read_raises(kv: Any) -> None:
         kv.push(3, torch.zeros(SHAPE, dtype=torch.bfloat16))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="issue #4: needs a CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and a CUDA build of torch; run it on a GPU machine")
 def test_cuda_tensors_raise(kv: Any) -> None:  # pragma: no cover - no GPU in CI
     kv.init(3, torch.zeros(SHAPE))
     with pytest.raises(ValueTypeError, match="cuda"):

@@ -112,11 +112,36 @@ def create(name: str = "local") -> KVStoreBase:
     Parameters
     ----------
     name : str, default 'local'
-        ``'local'`` (gradients reduced and weights updated in host memory) or ``'device'``
-        (the same in pskv, plus gradient compression), MXNet's legacy aliases
-        ``'local_allreduce_cpu'``, ``'local_update_cpu'``, ``'local_allreduce_device'``,
-        or the name of a class registered with :meth:`KVStoreBase.register`.
-        Case-insensitive.
+        The store type, case-insensitive. The types:
+
+        In one process (a :class:`LocalKVStore`):
+
+        * ``'local'``: the values pushed for a key (one per device) are summed, and the
+          updater or optimizer runs, in host memory.
+        * ``'device'``: the same as ``'local'`` in pskv (arrays live in host memory), and
+          the one local type that takes :meth:`~LocalKVStore.set_gradient_compression`.
+        * ``'local_allreduce_cpu'``: MXNet's legacy name for ``'local'``.
+        * ``'local_update_cpu'``: MXNet's legacy name for ``'local'``.
+        * ``'local_allreduce_device'``: MXNet's legacy name for ``'device'`` (it takes
+          gradient compression too).
+
+        On a parameter server (a :class:`DistKVStore` on each worker; start the script
+        with ``pskv-launch``, which starts the scheduler and the servers):
+
+        * ``'dist_sync'``: synchronous training: a key's round closes when every worker has
+          pushed it once; then the servers apply the optimizer (or assign) to the sum.
+        * ``'dist'``: the same as ``'dist_sync'``.
+        * ``'dist_async'``: asynchronous training: the servers apply each push as it
+          arrives.
+        * ``'dist_sync_device'``: ``'dist_sync'``; each worker sums its devices' values
+          in host memory before pushing (as ``'dist_sync'`` does in pskv).
+        * ``'dist_device_sync'``: the same as ``'dist_sync_device'``.
+        * ``'dist_async_device'``: ``'dist_async'``, with the devices' values summed the same
+          way.
+
+        Any other name must be that of a class registered with
+        :meth:`KVStoreBase.register` (the class name, lower-cased); a registered name takes
+        precedence over the built-in ones.
 
     Returns
     -------

@@ -220,6 +220,13 @@ class NDArray:
         """Block until the array can be read; pskv computes eagerly, so this returns."""
 
     def attach_grad(self, *args: Any, **kwargs: Any) -> None:  # pragma: no cover - API shim
+        """MXNet's autograd hook; pskv has no autograd, so this raises.
+
+        Raises
+        ------
+        UnsupportedError
+            Always: compute gradients with your framework and push them as arrays.
+        """
         raise UnsupportedError("pskv arrays have no autograd. Compute gradients with your "
                                "framework and push them as arrays.")
 

@@ -321,7 +321,7 @@ class Optimizer:
 
     def update_multi_precision(self, index: Key, weight: NDArray, grad: NDArray,
                                state: Any) -> None:
-        """:meth:`update`, through the float32 master copy for float16 weights."""
+        """:meth:`Optimizer.update`, through the float32 master copy for float16 weights."""
         if self.multi_precision and weight.dtype == np.float16:
             master, original_state = state[0], state[1]
             self.update(index, master, grad.astype(np.float32), original_state)
