@@ -416,7 +416,7 @@ def test_broadcast_optimizer_state_local(kv: Any) -> None:
 
 # ---- the example: python -m pskv.examples.train_torch ---------------------------------------
 def test_train_torch_example_prints_like_train(capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("sklearn", reason="issue #4: the torch example needs scikit-learn "
+    pytest.importorskip("sklearn", reason="the torch example needs scikit-learn "
                                           "(pip install 'pskv[examples]')")
     from pskv.examples import train_torch as tt
     assert tt.main(["--epochs", "2", "--max-steps", "50", "--seed", "1"]) == 0
@@ -431,7 +431,7 @@ def test_train_torch_example_prints_like_train(capsys: pytest.CaptureFixture[str
 
 def test_train_torch_example_quiet_and_same_weights_both_modes(
         capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("sklearn", reason="issue #4: the torch example needs scikit-learn "
+    pytest.importorskip("sklearn", reason="the torch example needs scikit-learn "
                                           "(pip install 'pskv[examples]')")
     from pskv.examples import train_torch as tt
     assert tt.main(["--max-steps", "3", "--quiet"]) == 0
