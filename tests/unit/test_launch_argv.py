@@ -16,12 +16,14 @@ from pskv._ps.config import (ENV_NODE_HOST, ENV_NUM_SERVER, ENV_NUM_WORKER, ENV_
                              ENV_ROOT_PORT, ENV_ROOT_URI, ENV_SECRET, Role)
 from pskv.errors import ConfigError
 from pskv.launch import LaunchSpec, build_processes, main, parse_args
-from pskv.launch.local import exit_status, local_processes
+from pskv.launch._net import free_port, guess_host_ip
+from pskv.launch.env import cluster_env, forwarded_env, get_secret, parse_env_pair
+from pskv.launch.hosts import Host, parse_hostfile, place, read_hostfile
+from pskv.launch.local import local_processes
 from pskv.launch.mpi import mpi_processes, mpirun_argv
-from pskv.launch.spec import (DEFAULT_SERVER_COMMAND, Host, cluster_env, forwarded_env,
-                              free_port, get_secret, guess_host_ip, parse_env_pair,
-                              parse_hostfile, read_hostfile)
-from pskv.launch.ssh import SSH_OPTIONS, place, remote_command, ssh_processes
+from pskv.launch.spec import DEFAULT_SERVER_COMMAND
+from pskv.launch.ssh import SSH_OPTIONS, remote_command, ssh_processes
+from pskv.launch.supervise import exit_status
 
 SSH = ("ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes")
 

@@ -16,11 +16,14 @@ import sys
 from typing import Mapping, NoReturn, Sequence, TextIO
 
 from ..errors import ConfigError
-from .local import LaunchResult, ProcessResult, local_processes, run_processes
+from ._net import free_port, guess_host_ip
+from .env import get_secret, parse_env_pair
+from .hosts import read_hostfile
+from .local import local_processes
 from .mpi import mpi_processes
-from .spec import (DEFAULT_SERVER_COMMAND, LAUNCHERS, LauncherName, LaunchSpec, ProcessSpec,
-                   free_port, get_secret, guess_host_ip, parse_env_pair, read_hostfile)
+from .spec import DEFAULT_SERVER_COMMAND, LAUNCHERS, LauncherName, LaunchSpec, ProcessSpec
 from .ssh import ssh_processes
+from .supervise import LaunchResult, ProcessResult, run_processes
 
 __all__ = ["LaunchResult", "LaunchSpec", "ProcessResult", "build_processes", "launch",
            "launch_spec", "main", "parse_args"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from .._ps.config import Role
-from .spec import scheduler_here, LaunchSpec, ProcessSpec, cluster_env, forwarded_env
+from .env import cluster_env, forwarded_env, scheduler_here
+from .spec import LaunchSpec, ProcessSpec
 
 __all__ = ["mpirun_argv", "mpi_processes"]
 
