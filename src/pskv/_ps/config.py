@@ -140,6 +140,9 @@ class ClusterConfig:
         """Read and validate the cluster variables (``os.environ`` by default)."""
         env = os.environ if environ is None else environ
         raw_role = role.value if isinstance(role, Role) else (role or env.get(ENV_ROLE, ""))
+        if not raw_role:
+            raise ConfigError(f"{ENV_ROLE} is not set. Set it to scheduler, server or worker, "
+                              "or start the job with pskv-launch.")
         try:
             the_role = Role(str(raw_role).lower())
         except ValueError:
