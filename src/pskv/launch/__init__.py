@@ -82,8 +82,8 @@ def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
                            shutdown_timeout=spec.shutdown_timeout, stdout=stdout,
                            stderr=stderr)
     if result.reason == "ok" and result.killed:
-        logger.warning("the job succeeded, but %s had to be killed",
-                       ", ".join(p.label for p in result.killed))
+        logger.debug("the job succeeded; %s were stopped after the workers finished",
+                     ", ".join(p.label for p in result.killed))
     return result
 
 
@@ -93,7 +93,7 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
            env_worker: Mapping[str, str] | None = None, timeout: float | None = None,
            port: int | None = None, host_ip: str | None = None,
            server_command: Sequence[str] | None = None, secret: str | None = None,
-           grace_period: float = 5.0, shutdown_timeout: float = 30.0,
+           grace_period: float = 5.0, shutdown_timeout: float = 2.0,
            stdout: TextIO | None = None, stderr: TextIO | None = None) -> LaunchResult:
     """Launch a distributed job and wait for it, as ``pskv-launch`` does.
 
@@ -128,7 +128,8 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
     grace_period : float
         Seconds between SIGTERM and SIGKILL.
     shutdown_timeout : float
-        Seconds the scheduler and servers get to exit after all workers exited 0.
+        Seconds the scheduler and servers get to exit by themselves after every worker
+        exited 0; then they are stopped quietly and the job still succeeds.
     stdout, stderr : text streams, optional
         Where the prefixed output goes.
 

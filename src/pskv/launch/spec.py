@@ -87,7 +87,7 @@ class LaunchSpec:
         Seconds between SIGTERM and SIGKILL when processes are stopped.
     shutdown_timeout : float
         Seconds the scheduler and servers get to exit by themselves once every worker
-        has exited 0; then they are killed and the job still succeeds.
+        has exited 0; then they are stopped (quietly: the job still succeeds).
 
     Examples
     --------
@@ -110,7 +110,7 @@ class LaunchSpec:
     server_command: tuple[str, ...] = field(default=DEFAULT_SERVER_COMMAND)
     secret: str | None = None
     grace_period: float = 5.0
-    shutdown_timeout: float = 30.0
+    shutdown_timeout: float = 2.0
 
     def __post_init__(self) -> None:
         # frozen: normalise through object.__setattr__, as attrs converters do

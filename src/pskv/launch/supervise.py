@@ -285,6 +285,7 @@ class _Supervisor:
         start = time.monotonic()
         deadline = None if self.timeout is None else start + self.timeout
         shutdown_deadline: float | None = None
+        after_workers: set[_Child] = set()
         workers = [c for c in self.children if c.spec.role is Role.WORKER]
         while True:
             if self.signum is not None:
@@ -294,27 +295,38 @@ class _Supervisor:
                 return "signal", None
             for c in self.children:
                 rc = c.popen.poll()
-                if rc is not None and rc != 0:
-                    logger.error("%s (pid %d) exited with status %d; stopping the others",
-                                 c.spec.label, c.popen.pid, exit_status(rc))
-                    self._stop(self.children)
-                    return "failed", c
+                if rc is None or rc == 0 or c in after_workers:
+                    continue
+                if shutdown_deadline is not None:
+                    # every worker exited 0, so the job succeeded: the workers' status is
+                    # the job's, whatever a scheduler or server does while it winds down
+                    after_workers.add(c)
+                    logger.warning("%s (pid %d) exited with status %d after every worker "
+                                   "had finished; the job's status stays 0", c.spec.label,
+                                   c.popen.pid, exit_status(rc))
+                    continue
+                logger.error("%s (pid %d) exited with status %d; stopping the others",
+                             c.spec.label, c.popen.pid, exit_status(rc))
+                self._stop(self.children)
+                return "failed", c
             running = self._running()
             if not running:
                 return "ok", None
             now = time.monotonic()
             if shutdown_deadline is None and not any(c.running for c in workers):
-                # every worker exited 0: the scheduler and servers should follow by themselves
-                # (ps-lite's Finalize); the job has succeeded, so --timeout only caps the wait
+                # every worker exited 0: a scheduler and servers the workers used follow by
+                # themselves within moments (ps-lite's Finalize); ones nobody joined would
+                # wait out their connect timeout, so after shutdown_timeout they are stopped,
+                # quietly: the job has succeeded, and --timeout only caps this wait
                 shutdown_deadline = now + self.shutdown_timeout
                 if deadline is not None:
                     shutdown_deadline = min(shutdown_deadline, deadline)
-                logger.info("all %d workers finished; waiting up to %.3g s for %s to exit",
-                            len(workers), shutdown_deadline - now,
-                            ", ".join(c.spec.label for c in running))
+                logger.debug("all %d workers finished; waiting up to %.3g s for %s to exit",
+                             len(workers), shutdown_deadline - now,
+                             ", ".join(c.spec.label for c in running))
             if shutdown_deadline is not None and now >= shutdown_deadline:
-                logger.warning("%s did not exit after the workers finished; killing them",
-                               ", ".join(c.spec.label for c in running))
+                logger.debug("stopping %s: every worker has finished",
+                             ", ".join(c.spec.label for c in running))
                 self._stop(running)
                 return "ok", None
             if deadline is not None and now >= deadline:
@@ -327,14 +339,15 @@ class _Supervisor:
 
 
 def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
-                  grace_period: float = 5.0, shutdown_timeout: float = 30.0,
+                  grace_period: float = 5.0, shutdown_timeout: float = 2.0,
                   stdout: TextIO | None = None,
                   stderr: TextIO | None = None) -> LaunchResult:
     """Start `procs` in order and supervise them until the job ends.
 
     The first process that exits non-zero stops all others (SIGTERM, then SIGKILL after
     `grace_period`) and its status becomes the job's. Once every worker has exited 0, the
-    others get `shutdown_timeout` seconds to exit by themselves before they are stopped.
+    job has succeeded: the others get `shutdown_timeout` seconds to exit by themselves,
+    then they are stopped without a warning, and their exit statuses no longer count.
     SIGINT or SIGTERM to the launcher (when called from the main thread) is forwarded to
     every process group. After `timeout` seconds everything is stopped and the job fails
     with status 124, unless every worker had already exited 0 (then `timeout` only caps
