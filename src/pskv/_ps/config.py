@@ -17,7 +17,8 @@ __all__ = [
     "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
-    "ENV_SECRET", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "Role",
+    "ENV_SECRET", "ENV_SERVER_ID", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "ENV_WORKER_ID",
+    "Role",
 ]
 
 ENV_ROLE = "DMLC_ROLE"
@@ -26,6 +27,9 @@ ENV_ROOT_PORT = "DMLC_PS_ROOT_PORT"
 ENV_NUM_SERVER = "DMLC_NUM_SERVER"
 ENV_NUM_WORKER = "DMLC_NUM_WORKER"
 ENV_NODE_HOST = "DMLC_NODE_HOST"
+#: the rank a worker / server asks for (BytePS's DMLC_WORKER_ID); pskv-launch sets them
+ENV_WORKER_ID = "DMLC_WORKER_ID"
+ENV_SERVER_ID = "DMLC_SERVER_ID"
 ENV_BIGARRAY_BOUND = "MXNET_KVSTORE_BIGARRAY_BOUND"
 ENV_SECRET = "PSKV_SECRET"
 ENV_CONNECT_TIMEOUT = "PSKV_CONNECT_TIMEOUT"
@@ -98,6 +102,8 @@ class ClusterConfig:
         hosts), 'tcp' (TCP always), 'ipc' (Unix sockets always) or 'zmq' (ZeroMQ always)
     coalesce_bytes : a dist_sync push of at most this many bytes waits for the store's next
         call, so that a pull of the same keys right after it travels with it (0: never)
+    rank : the rank this worker or server asks the scheduler for (DMLC_WORKER_ID /
+        DMLC_SERVER_ID); None takes the next free rank in arrival order
     """
 
     role: Role
@@ -116,6 +122,7 @@ class ClusterConfig:
     shutdown_timeout: float = 30.0
     transport: str = "auto"
     coalesce_bytes: int = 65536
+    rank: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -161,6 +168,12 @@ class ClusterConfig:
                      "or start with pskv-launch -n 2.", 1)
         host = env.get(ENV_NODE_HOST) or _default_host(uri)
         secret = env.get(ENV_SECRET)
+        rank_var = {Role.WORKER: ENV_WORKER_ID, Role.SERVER: ENV_SERVER_ID}.get(the_role)
+        rank = None
+        if rank_var is not None and env.get(rank_var):
+            rank = _int(env, rank_var, None, f"Set it to this {the_role.value}'s rank "
+                        f"(0 to {ENV_NUM_WORKER if the_role is Role.WORKER else ENV_NUM_SERVER}"
+                        " - 1), or leave it unset to take the next free rank.")
         return cls(
             role=the_role, root_uri=uri, root_port=port, num_servers=nserv,
             num_workers=nwork, node_host=host,
@@ -176,6 +189,7 @@ class ClusterConfig:
             transport=env.get(ENV_TRANSPORT, "auto") or "auto",
             coalesce_bytes=_int(env, ENV_COALESCE_BYTES, 65536,
                                 "Set it to a number of bytes (0 sends every push at once)."),
+            rank=rank,
         )
 
     def with_role(self, role: Role) -> ClusterConfig:

@@ -10,7 +10,8 @@ import secrets
 from typing import Mapping
 
 from .._ps.config import (ENV_BIGARRAY_BOUND, ENV_NODE_HOST, ENV_NUM_SERVER, ENV_NUM_WORKER,
-                          ENV_ROLE, ENV_ROOT_PORT, ENV_ROOT_URI, ENV_SECRET, Role)
+                          ENV_ROLE, ENV_ROOT_PORT, ENV_ROOT_URI, ENV_SECRET, ENV_SERVER_ID,
+                          ENV_WORKER_ID, Role)
 from ..errors import ConfigError
 from .spec import ENV_NAME, LaunchSpec, ProcessSpec, check_env_name
 
@@ -59,12 +60,13 @@ def get_secret(spec: LaunchSpec, environ: Mapping[str, str]) -> str:
 
 
 def cluster_env(spec: LaunchSpec, role: Role, *, root_uri: str, port: int,
-                secret: str | None) -> dict[str, str]:
+                secret: str | None, rank: int | None = None) -> dict[str, str]:
     """The variables one process of `role` gets, in precedence order (later wins).
 
     ``--env``, then ``--env-server`` (scheduler and servers) or ``--env-worker``, then the
     cluster variables the launcher owns. `secret` None leaves ``PSKV_SECRET`` out (the ssh
-    launcher sends it on stdin so that it never shows in a command line).
+    launcher sends it on stdin so that it never shows in a command line). A `rank` becomes
+    ``DMLC_WORKER_ID`` or ``DMLC_SERVER_ID``: the scheduler gives the process that rank.
 
     Examples
     --------
@@ -82,6 +84,8 @@ def cluster_env(spec: LaunchSpec, role: Role, *, root_uri: str, port: int,
         ENV_NUM_SERVER: str(spec.num_servers),
         ENV_NUM_WORKER: str(spec.num_workers),
     })
+    if rank is not None and role is not Role.SCHEDULER:
+        env[ENV_WORKER_ID if role is Role.WORKER else ENV_SERVER_ID] = str(rank)
     if secret is not None:
         env[ENV_SECRET] = secret
     return env

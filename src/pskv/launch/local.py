@@ -23,13 +23,13 @@ def local_processes(spec: LaunchSpec, *, port: int, secret: str) -> list[Process
     worker 0 ('python', 'train.py') worker
     worker 1 ('python', 'train.py') worker
     """
-    def env(role: Role) -> tuple[tuple[str, str], ...]:
-        return tuple(cluster_env(spec, role, root_uri=LOCAL_HOST, port=port,
-                                 secret=secret).items())
+    def env(role: Role, rank: int | None = None) -> tuple[tuple[str, str], ...]:
+        return tuple(cluster_env(spec, role, root_uri=LOCAL_HOST, port=port, secret=secret,
+                                 rank=rank).items())
 
     procs = [ProcessSpec(Role.SCHEDULER, 0, spec.server_command, env(Role.SCHEDULER))]
-    procs += [ProcessSpec(Role.SERVER, i, spec.server_command, env(Role.SERVER))
+    procs += [ProcessSpec(Role.SERVER, i, spec.server_command, env(Role.SERVER, i))
               for i in range(spec.num_servers or 0)]
-    procs += [ProcessSpec(Role.WORKER, i, spec.command, env(Role.WORKER))
+    procs += [ProcessSpec(Role.WORKER, i, spec.command, env(Role.WORKER, i))
               for i in range(spec.num_workers)]
     return procs

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Literal, Mapping
 
 from .._ps.config import (ENV_NUM_SERVER, ENV_NUM_WORKER, ENV_ROLE, ENV_ROOT_PORT,
-                          ENV_ROOT_URI, Role)
+                          ENV_ROOT_URI, ENV_SERVER_ID, ENV_WORKER_ID, Role)
 from ..errors import ConfigError
 
 __all__ = ["DEFAULT_SERVER_COMMAND", "ENV_NAME", "EnvPairs", "LAUNCHERS", "LaunchSpec",
@@ -27,7 +27,8 @@ DEFAULT_SERVER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "pskv.server")
 
 #: the launcher owns these; ``--env`` may not set them (use -n, -s, --port instead)
 RESERVED_ENV: frozenset[str] = frozenset(
-    {ENV_ROLE, ENV_ROOT_URI, ENV_ROOT_PORT, ENV_NUM_SERVER, ENV_NUM_WORKER})
+    {ENV_ROLE, ENV_ROOT_URI, ENV_ROOT_PORT, ENV_NUM_SERVER, ENV_NUM_WORKER, ENV_WORKER_ID,
+     ENV_SERVER_ID})
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -178,7 +179,9 @@ class ProcessSpec:
     role : Role
         The DMLC_ROLE of the process (for an ``mpirun`` process, of all it starts).
     rank : int or None
-        Launch order within the role; None for an ``mpirun`` that starts the whole role.
+        The rank within the role, which the process also gets as ``DMLC_WORKER_ID`` /
+        ``DMLC_SERVER_ID`` (so ``[worker 1]`` is ``kv.rank == 1``); None for an
+        ``mpirun`` that starts the whole role.
     argv : tuple of str
         The command line, run without a shell.
     env : tuple of (name, value)

@@ -78,7 +78,8 @@ def ssh_processes(spec: LaunchSpec, hosts: Sequence[Host], *, port: int, secret:
     stdin = (secret + "\n").encode()
     for role, rank, host in place(spec.num_servers or 0, spec.num_workers, hosts):
         env = dict(forwarded)
-        env.update(cluster_env(spec, role, root_uri=root_uri, port=port, secret=None))
+        env.update(cluster_env(spec, role, root_uri=root_uri, port=port, secret=None,
+                               rank=rank))
         env[ENV_NODE_HOST] = host.name
         command = spec.server_command if role is Role.SERVER else spec.command
         argv = ("ssh", *SSH_OPTIONS, "-p", str(host.port), host.name,
