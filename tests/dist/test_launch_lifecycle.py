@@ -60,3 +60,47 @@ def test_server_failing_after_the_workers_does_not_fail_the_job() -> None:
                     stderr=err, timeout=30)
     assert_all_gone([p.pid for p in result.processes])
     assert result.returncode == 0
+
+
+# -- 3: the job dies with the launcher ------------------------------------------------------
+def children_of(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+STORE_THEN_HANG = ("import time, pskv as mx\n"
+                   "kv = mx.kv.create('dist_sync')\n"
+                   "print('ready', flush=True)\n"
+                   "time.sleep(120)\n")
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_of_the_launcher_takes_the_job_with_it(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the servers put their socket files
+    cli = Cli("-n", "2", "-s", "2", PY, "-c", STORE_THEN_HANG)
+    pids: list[int] = []
+    try:
+        for _ in range(2):
+            assert cli.lines.get(timeout=60).split("] ")[1] == "ready\n"
+        pids = children_of(cli.proc.pid)
+        assert len(pids) == 5  # scheduler, 2 servers, 2 workers
+        assert list(tmp_path.glob("pskv-*.sock"))  # the servers' Unix sockets exist
+        cli.proc.send_signal(signal.SIGKILL)
+        assert cli.wait() == -signal.SIGKILL
+        assert_all_gone(pids, within=20)
+    finally:
+        for pid in pids:
+            if alive(pid):
+                os.killpg(pid, signal.SIGKILL)  # each child leads its own process group
+    assert list(tmp_path.glob("pskv-*.sock")) == []

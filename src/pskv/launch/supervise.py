@@ -9,6 +9,7 @@ has been sent SIGKILL: nothing the job started is left behind.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -32,6 +33,36 @@ _POLL_S = 0.05
 _MAX_LINE = 1 << 16  # a longer "line" is passed on in pieces, so a reader's memory is bounded
 _JOIN_S = 5.0
 EXIT_TIMEOUT = 124  # as coreutils timeout(1)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+#: what a child gets when the launcher dies (SIGKILL of the launcher included): SIGTERM, so
+#: that pskv's scheduler and servers can still remove their socket files
+DEATH_SIGNAL = signal.SIGTERM
+
+
+def _die_with_launcher() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get DEATH_SIGNAL when the launcher dies (Linux).
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked the child dies, so children are
+    forked by the thread that then supervises them until they are reaped (run()).
+    None where prctl is not available: there the job outlives a SIGKILLed launcher.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                      ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    launcher = os.getpid()
+
+    def preexec() -> None:  # in the child, between fork and exec
+        prctl(_PR_SET_PDEATHSIG, int(DEATH_SIGNAL), 0, 0, 0)
+        if os.getppid() != launcher:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), DEATH_SIGNAL)
+
+    return preexec
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +201,7 @@ class _Supervisor:
         self.wake = threading.Event()
         self.signum: int | None = None
         self.signals = 0
+        self.preexec = _die_with_launcher()
 
     # -- signals --------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -194,7 +226,7 @@ class _Supervisor:
             popen = subprocess.Popen(
                 list(ps.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL if ps.stdin is None else subprocess.PIPE,
-                start_new_session=True, close_fds=True)
+                start_new_session=True, close_fds=True, preexec_fn=self.preexec)
         except OSError as err:
             raise ConfigError(f"cannot start {ps.label}: {ps.argv[0]!r}: {err.strerror}. "
                               "Check the command and PATH.") from err
