@@ -11,7 +11,10 @@ __all__ = ["main"]
 
 
 def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
-    # unwinds through the node's finally blocks: sockets closed, Unix socket files removed
+    # unwinds through the node's finally blocks: sockets closed, Unix socket files removed.
+    # Later signals are ignored so that they cannot cut that cleanup short: a SIGKILLed
+    # launcher's threads die one by one, and each may deliver PR_SET_PDEATHSIG again
+    signal.signal(signum, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 
