@@ -104,3 +104,24 @@ def test_sigkill_of_the_launcher_takes_the_job_with_it(tmp_path: Path,
             if alive(pid):
                 os.killpg(pid, signal.SIGKILL)  # each child leads its own process group
     assert list(tmp_path.glob("pskv-*.sock")) == []
+
+
+# -- 4: Ctrl-C ends quietly; 5: --log-dir ----------------------------------------------------
+@pytest.mark.timeout(120)
+def test_ctrl_c_prints_one_line_per_process_at_most(tmp_path: Path) -> None:
+    cli = Cli("-n", "2", "-s", "2", "--log-dir", str(tmp_path), PY, "-c", STORE_THEN_HANG)
+    try:
+        for _ in range(2):
+            assert cli.lines.get(timeout=60).split("] ")[1] == "ready\n"
+        cli.proc.send_signal(signal.SIGINT)
+        assert cli.wait() == 130
+    finally:
+        cli.wait()
+    lines = [line for line in cli.stderr.splitlines() if line.startswith("[")]
+    labels = [line.split("]")[0] for line in lines]
+    assert len(labels) == len(set(labels)), cli.stderr  # at most one line per process
+    assert sum(line.startswith("pskv-launch") for line in cli.stderr.splitlines()) <= 2
+    # the full tracebacks stay in the log files
+    assert "Traceback" in (tmp_path / "worker-0.log").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "scheduler.log", "server-0.log", "server-1.log", "worker-0.log", "worker-1.log"]

@@ -98,7 +98,7 @@ def test_env_cannot_set_cluster_variables(name: str) -> None:
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["python", "x.py"], "required: -n/--num-workers"),
+    (["python", "x.py"], "required: -n/-np/--num-workers"),
     (["-n", "two", "x"], "invalid int value"),
     (["-n", "0", "x"], "at least one worker"),
     (["-n", "2", "-s", "0", "x"], "at least one server"),

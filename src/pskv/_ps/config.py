@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import logging
 import os
 from dataclasses import dataclass, replace
 from typing import Mapping
@@ -17,7 +18,7 @@ __all__ = [
     "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
-    "ENV_SECRET", "ENV_SERVER_ID", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "ENV_WORKER_ID",
+    "ENV_LOG_LEVEL", "ENV_SECRET", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "ENV_WORKER_ID",
     "Role",
 ]
 
@@ -40,6 +41,26 @@ ENV_HEARTBEAT_TIMEOUT = "PSKV_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "PSKV_SHUTDOWN_TIMEOUT"
 ENV_TRANSPORT = "PSKV_TRANSPORT"
 ENV_COALESCE_BYTES = "PSKV_COALESCE_BYTES"
+#: the level of pskv's loggers in every process of a job (pskv-launch --log-level)
+ENV_LOG_LEVEL = "PSKV_LOG_LEVEL"
+LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(environ: Mapping[str, str] | None = None) -> str | None:
+    """PSKV_LOG_LEVEL as a `logging` level name, or None when unset.
+
+    Examples
+    --------
+    >>> log_level({'PSKV_LOG_LEVEL': 'debug'})
+    'DEBUG'
+    """
+    raw = (os.environ if environ is None else environ).get(ENV_LOG_LEVEL, "")
+    if not raw:
+        return None
+    if raw.upper() not in LOG_LEVELS:
+        raise ConfigError(f"{ENV_LOG_LEVEL}={raw!r} is not a log level. Set it to one of "
+                          f"{', '.join(n.lower() for n in LOG_LEVELS)}.")
+    return raw.upper()
 
 
 class Role(str, enum.Enum):
@@ -168,6 +189,10 @@ class ClusterConfig:
                      "or start with pskv-launch -n 2.", 1)
         host = env.get(ENV_NODE_HOST) or _default_host(uri)
         secret = env.get(ENV_SECRET)
+        level = log_level(env)
+        if level is not None:
+            # the one place every node reads its settings, workers included
+            logging.getLogger("pskv").setLevel(level)
         rank_var = {Role.WORKER: ENV_WORKER_ID, Role.SERVER: ENV_SERVER_ID}.get(the_role)
         rank = None
         if rank_var is not None and env.get(rank_var):

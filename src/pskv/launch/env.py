@@ -11,7 +11,7 @@ from typing import Mapping
 
 from .._ps.config import (ENV_BIGARRAY_BOUND, ENV_NODE_HOST, ENV_NUM_SERVER, ENV_NUM_WORKER,
                           ENV_ROLE, ENV_ROOT_PORT, ENV_ROOT_URI, ENV_SECRET, ENV_SERVER_ID,
-                          ENV_WORKER_ID, Role)
+                          ENV_WORKER_ID, ENV_LOG_LEVEL, Role)
 from ..errors import ConfigError
 from .spec import ENV_NAME, LaunchSpec, ProcessSpec, check_env_name
 
@@ -84,6 +84,8 @@ def cluster_env(spec: LaunchSpec, role: Role, *, root_uri: str, port: int,
         ENV_NUM_SERVER: str(spec.num_servers),
         ENV_NUM_WORKER: str(spec.num_workers),
     })
+    if spec.log_level is not None:
+        env[ENV_LOG_LEVEL] = spec.log_level
     if rank is not None and role is not Role.SCHEDULER:
         env[ENV_WORKER_ID if role is Role.WORKER else ENV_SERVER_ID] = str(rank)
     if secret is not None:

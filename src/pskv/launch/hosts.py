@@ -5,13 +5,15 @@ Invariant: every Host has a non-empty name, an ssh port in 1-65535 and at least 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Sequence
 
 from .._ps.config import Role
 from ..errors import ConfigError
 
-__all__ = ["Host", "parse_hostfile", "place", "read_hostfile"]
+__all__ = ["Host", "is_host_list", "parse_host_list", "parse_hostfile", "place",
+           "read_hostfile"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +88,38 @@ def read_hostfile(path: str) -> list[Host]:
     return hosts
 
 
+def is_host_list(value: str) -> bool:
+    """Whether ``-H value`` is horovodrun's ``host:slots,...`` list rather than a hostfile.
+
+    An existing file is always a hostfile; otherwise a value with a comma or a colon is a list.
+    """
+    return not os.path.exists(value) and ("," in value or ":" in value)
+
+
+def parse_host_list(text: str) -> list[Host]:
+    """Parse horovodrun's ``-H host1:slots,host2:slots`` (slots default to 1).
+
+    Examples
+    --------
+    >>> parse_host_list('a:2,b')
+    [Host(name='a', port=22, slots=2), Host(name='b', port=22, slots=1)]
+    """
+    hosts = []
+    for item in text.split(","):
+        name, sep, slots = item.strip().partition(":")
+        if not name or (sep and not (slots.isdigit() and int(slots) > 0)):
+            raise ConfigError(f"-H {text!r}: cannot read {item!r}. Write host:slots entries "
+                              "separated by commas, e.g. -H node1:2,node2:2.")
+        hosts.append(Host(name, slots=int(slots) if sep else 1))
+    return hosts
+
+
 def place(num_servers: int, num_workers: int,
           hosts: Sequence[Host]) -> list[tuple[Role, int, Host]]:
     """(role, rank, host) for every server and worker, round-robin as dmlc_tracker.
+
+    A host with N slots stands N times in a row in the round, so ``-H a:2,b:1`` puts two
+    of every three processes on ``a`` (with one slot each, this is dmlc_tracker's order).
 
     Examples
     --------
@@ -98,8 +129,9 @@ def place(num_servers: int, num_workers: int,
     """
     if not hosts:
         raise ValueError("place() needs at least one host")
+    slots = [h for h in hosts for _ in range(h.slots)]
     out: list[tuple[Role, int, Host]] = []
     for i in range(num_servers + num_workers):
         role, rank = (Role.SERVER, i) if i < num_servers else (Role.WORKER, i - num_servers)
-        out.append((role, rank, hosts[i % len(hosts)]))
+        out.append((role, rank, slots[i % len(slots)]))
     return out

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Literal, Mapping
 
 from .._ps.config import (ENV_NUM_SERVER, ENV_NUM_WORKER, ENV_ROLE, ENV_ROOT_PORT,
-                          ENV_ROOT_URI, ENV_SERVER_ID, ENV_WORKER_ID, Role)
+                          ENV_ROOT_URI, ENV_SERVER_ID, ENV_WORKER_ID, LOG_LEVELS, Role)
 from ..errors import ConfigError
 
 __all__ = ["DEFAULT_SERVER_COMMAND", "ENV_NAME", "EnvPairs", "LAUNCHERS", "LaunchSpec",
@@ -70,6 +70,8 @@ class LaunchSpec:
         Defaults to ``'ssh'`` when a `hostfile` is given, else ``'local'``.
     hostfile : str, optional
         Hosts for ssh and mpi, one ``host[:port]`` or ``host slots=N`` a line.
+    hosts : str, optional
+        Or the hosts as horovodrun's ``-H host1:slots,host2:slots``.
     env, env_server, env_worker : tuple of (name, value)
         Extra variables for every process, for the scheduler and servers, and for the
         workers; later pairs win, role-specific pairs win over `env`.
@@ -86,6 +88,11 @@ class LaunchSpec:
         The job's ``PSKV_SECRET``; see `get_secret`.
     grace_period : float
         Seconds between SIGTERM and SIGKILL when processes are stopped.
+    log_level : str, optional
+        ``DEBUG`` ... ``CRITICAL``: pskv's log level in every process (``PSKV_LOG_LEVEL``).
+    log_dir : str, optional
+        Also write each process's output to ``log_dir/worker-0.log``, ``server-1.log``,
+        ``scheduler.log``.
     shutdown_timeout : float
         Seconds the scheduler and servers get to exit by themselves once every worker
         has exited 0; then they are stopped (quietly: the job still succeeds).
@@ -112,6 +119,9 @@ class LaunchSpec:
     secret: str | None = None
     grace_period: float = 5.0
     shutdown_timeout: float = 2.0
+    hosts: str | None = None
+    log_level: str | None = None
+    log_dir: str | None = None
 
     def __post_init__(self) -> None:
         # frozen: normalise through object.__setattr__, as attrs converters do
@@ -136,14 +146,16 @@ class LaunchSpec:
                               "server. Pass -s 1 or more, or leave -s out to use -n.")
         if self.launcher is None:
             # tools/launch.py defaults to ssh; pskv runs locally unless hosts are given
-            setattr_(self, "launcher", "ssh" if self.hostfile else "local")
+            setattr_(self, "launcher", "ssh" if self.hostfile or self.hosts else "local")
         elif self.launcher not in LAUNCHERS:
             raise ConfigError(f"launcher {self.launcher!r} is not supported. Use one of "
                               f"{', '.join(LAUNCHERS)}.")
-        if self.launcher == "ssh" and not self.hostfile:
+        if self.hostfile and self.hosts:
+            raise ConfigError("give the hosts once: a hostfile or a host list, not both.")
+        if self.launcher == "ssh" and not (self.hostfile or self.hosts):
             raise ConfigError("--launcher ssh needs a hostfile. Pass -H hosts.txt with one "
                               "host[:port] a line, or use --launcher local.")
-        if self.launcher == "local" and self.hostfile:
+        if self.launcher == "local" and (self.hostfile or self.hosts):
             raise ConfigError("--launcher local runs every process on this machine and takes "
                               "no hostfile. Drop -H, or use --launcher ssh or mpi.")
         setattr_(self, "env", _pairs(self.env, "--env"))
@@ -159,6 +171,11 @@ class LaunchSpec:
             value = getattr(self, name)
             if not 0 <= value < float("inf"):
                 raise ConfigError(f"{name}={value!r} must be a finite number of seconds >= 0.")
+        if self.log_level is not None:
+            if str(self.log_level).upper() not in LOG_LEVELS:
+                raise ConfigError(f"log level {self.log_level!r} is not one of "
+                                  f"{', '.join(n.lower() for n in LOG_LEVELS)}.")
+            setattr_(self, "log_level", str(self.log_level).upper())
         if self.secret is not None and not self.secret:
             raise ConfigError("secret is empty. Leave it out to generate one per job.")
         if self.host_ip is not None:

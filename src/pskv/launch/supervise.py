@@ -25,7 +25,7 @@ from .._ps.config import Role
 from ..errors import ConfigError
 from .spec import ProcessSpec
 
-__all__ = ["EXIT_TIMEOUT", "LaunchResult", "ProcessResult", "exit_status", "run_processes"]
+__all__ = ["CommandError", "EXIT_TIMEOUT", "LaunchResult", "ProcessResult", "exit_status", "run_processes"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,10 @@ def _die_with_launcher() -> Callable[[], None] | None:
             os.kill(os.getpid(), DEATH_SIGNAL)
 
     return preexec
+
+
+class CommandError(ConfigError):
+    """A process of the job could not be started (its ``__cause__`` says why: 127/126)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,24 +169,57 @@ class _Child:
                              self.spec.label)
 
 
-def _pump(pipe: IO[bytes], stream: TextIO, prefix: str, lock: threading.Lock) -> None:
-    """Copy `pipe` to `stream` a line at a time, each line prefixed; drain even on errors."""
-    broken = False
-    with pipe:
-        for line in iter(lambda: pipe.readline(_MAX_LINE), b""):
-            text = line.decode("utf-8", "replace")
-            if not text.endswith("\n"):
-                text += "\n"
+_HELD_MAX = 10_000  # lines of stderr held back after Ctrl-C (the rest pass through)
+
+
+class _Output:
+    """Where one process's output goes: the console (prefixed) and, optionally, a log file.
+
+    After Ctrl-C (`interrupted` set), stderr is held back; at the end a held Python
+    traceback is shown as its last line only (the full text stays in the log file).
+    """
+
+    def __init__(self, prefix: str, lock: threading.Lock, interrupted: threading.Event,
+                 log: IO[str] | None) -> None:
+        self.prefix, self.lock, self.interrupted, self.log = prefix, lock, interrupted, log
+
+    def pump(self, pipe: IO[bytes], stream: TextIO, is_stderr: bool) -> None:
+        """Copy `pipe` a line at a time; drain it even when the console breaks."""
+        broken = False
+        held: list[str] = []
+
+        def write(text: str) -> None:
+            nonlocal broken
             if broken:
-                continue  # keep reading so the child never blocks on a full pipe
-            with lock:
+                return  # keep reading so the child never blocks on a full pipe
+            with self.lock:
                 try:
-                    stream.write(prefix + text)
+                    stream.write(self.prefix + text)
                     stream.flush()
                 except (OSError, ValueError) as err:
                     broken = True
                     logger.warning("cannot write the output of %s (%s); discarding it",
-                                   prefix.strip(), err)
+                                   self.prefix.strip(), err)
+
+        with pipe:
+            for line in iter(lambda: pipe.readline(_MAX_LINE), b""):
+                text = line.decode("utf-8", "replace")
+                if not text.endswith("\n"):
+                    text += "\n"
+                if self.log is not None:
+                    with self.lock:
+                        self.log.write(text)
+                        self.log.flush()
+                if is_stderr and self.interrupted.is_set() and len(held) < _HELD_MAX:
+                    held.append(text)
+                else:
+                    write(text)
+        if any(t.startswith("Traceback (most recent call last)") for t in held):
+            last = [t for t in held if t.strip()][-1]
+            write(f"{last.rstrip()} (after Ctrl-C; {len(held) - 1} more lines hidden)\n")
+        else:
+            for text in held:
+                write(text)
 
 
 class _Supervisor:
@@ -190,7 +227,7 @@ class _Supervisor:
 
     def __init__(self, procs: Sequence[ProcessSpec], *, timeout: float | None,
                  grace_period: float, shutdown_timeout: float, stdout: TextIO,
-                 stderr: TextIO) -> None:
+                 stderr: TextIO, log_dir: str | None = None) -> None:
         self.procs = list(procs)
         self.timeout = timeout
         self.grace_period = grace_period
@@ -202,6 +239,9 @@ class _Supervisor:
         self.signum: int | None = None
         self.signals = 0
         self.preexec = _die_with_launcher()
+        self.interrupted = threading.Event()
+        self.log_dir = log_dir
+        self.logs: list[IO[str]] = []
 
     # -- signals --------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -228,7 +268,7 @@ class _Supervisor:
                 stdin=subprocess.DEVNULL if ps.stdin is None else subprocess.PIPE,
                 start_new_session=True, close_fds=True, preexec_fn=self.preexec)
         except OSError as err:
-            raise ConfigError(f"cannot start {ps.label}: {ps.argv[0]!r}: {err.strerror}. "
+            raise CommandError(f"cannot start {ps.label}: {ps.argv[0]!r}: {err.strerror}. "
                               "Check the command and PATH.") from err
         if ps.stdin is not None:
             assert popen.stdin is not None
@@ -241,11 +281,16 @@ class _Supervisor:
                     popen.stdin.close()
                 except BrokenPipeError:
                     pass
-        prefix = f"[{ps.label}] "
+        log = None
+        if self.log_dir is not None:
+            log = open(os.path.join(self.log_dir, ps.label.replace(" ", "-") + ".log"), "w",
+                       encoding="utf-8")
+            self.logs.append(log)
+        out = _Output(f"[{ps.label}] ", self.lock, self.interrupted, log)
         pumps = []
         for pipe, stream in ((popen.stdout, self.stdout), (popen.stderr, self.stderr)):
             assert pipe is not None
-            t = threading.Thread(target=_pump, args=(pipe, stream, prefix, self.lock),
+            t = threading.Thread(target=out.pump, args=(pipe, stream, stream is self.stderr),
                                  name=f"pskv-launch {ps.label}", daemon=True)
             t.start()
             pumps.append(t)
@@ -285,8 +330,17 @@ class _Supervisor:
         for c in self.children:
             for t in c.pumps:
                 t.join(max(0.0, end - time.monotonic()))
+        with self.lock:
+            for log in self.logs:
+                log.close()
 
     def run(self) -> LaunchResult:
+        if self.log_dir is not None:
+            try:
+                os.makedirs(self.log_dir, exist_ok=True)
+            except OSError as err:
+                raise ConfigError(f"cannot create --log-dir {self.log_dir!r}: {err.strerror}. "
+                                  "Pass a directory you can write.") from err
         previous = self._install()
         try:
             try:
@@ -321,6 +375,8 @@ class _Supervisor:
         workers = [c for c in self.children if c.spec.role is Role.WORKER]
         while True:
             if self.signum is not None:
+                if self.signum == signal.SIGINT:
+                    self.interrupted.set()
                 name = signal.Signals(self.signum).name
                 logger.warning("got %s; stopping all %d processes", name, len(self._running()))
                 self._stop(self.children, self.signum)
@@ -373,7 +429,7 @@ class _Supervisor:
 def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
                   grace_period: float = 5.0, shutdown_timeout: float = 2.0,
                   stdout: TextIO | None = None,
-                  stderr: TextIO | None = None) -> LaunchResult:
+                  stderr: TextIO | None = None, log_dir: str | None = None) -> LaunchResult:
     """Start `procs` in order and supervise them until the job ends.
 
     The first process that exits non-zero stops all others (SIGTERM, then SIGKILL after
@@ -392,6 +448,9 @@ def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
         Seconds; see LaunchSpec.
     stdout, stderr : text streams, optional
         Where the prefixed output goes (``sys.stdout`` / ``sys.stderr`` by default).
+    log_dir : str, optional
+        Also write each process's output, unprefixed, to ``log_dir/<label>.log``
+        (``worker-0.log``, ``server-1.log``, ``scheduler.log``); created if missing.
 
     Returns
     -------
@@ -405,4 +464,4 @@ def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
     return _Supervisor(procs, timeout=timeout, grace_period=grace_period,
                        shutdown_timeout=shutdown_timeout,
                        stdout=sys.stdout if stdout is None else stdout,
-                       stderr=sys.stderr if stderr is None else stderr).run()
+                       stderr=sys.stderr if stderr is None else stderr, log_dir=log_dir).run()
