@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,8 @@ from typing import Any
 
 import _common
 import _dist_worker
+
+from pskv.launch._net import free_port
 
 log = logging.getLogger("bench_dist")
 
@@ -93,12 +94,6 @@ def workloads(quick: bool, only: list[str] | None) -> dict[str, Any]:
 
 
 # ---- processes -----------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def base_env() -> dict[str, str]:
     """Our environment without cluster variables; MXNET_*/PSKV_* settings pass through."""
     env = {k: v for k, v in os.environ.items()

@@ -2,13 +2,28 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import threading
+from types import FrameType
 
 __all__ = ["main"]
 
 
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    # unwinds through the node's finally blocks: sockets closed, Unix socket files removed.
+    # Later signals are ignored so that they cannot cut that cleanup short: a SIGKILLed
+    # launcher's threads die one by one, and each may deliver PR_SET_PDEATHSIG again
+    signal.signal(signum, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Read the DMLC_* variables, run the node until the job ends, return its exit status."""
+    """Read the DMLC_* variables, run the node until the job ends, return its exit status.
+
+    SIGTERM (from pskv-launch, or when the launcher dies) and SIGINT end the node quietly,
+    with status 143 or 130, after it has closed its sockets and removed its socket files.
+    """
     from ._ps.config import ClusterConfig, Role
     from .errors import KVStoreError
     from .kvstore.server import run_node
@@ -19,10 +34,14 @@ def main(argv: list[str] | None = None) -> int:
             print("pskv.server runs the scheduler or a server; DMLC_ROLE=worker runs your "
                   "training script instead.", file=sys.stderr)
             return 2
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _exit_on_signal)
         return run_node(cfg)
     except KVStoreError as err:
         print(f"pskv.server: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

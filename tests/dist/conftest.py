@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import pytest
 
+from pskv.launch._net import free_port
 from pskv._ps.config import (ENV_HEARTBEAT_INTERVAL, ENV_HEARTBEAT_TIMEOUT, ENV_NUM_SERVER,
                              ENV_NUM_WORKER, ENV_REQUEST_TIMEOUT, ENV_ROLE, ENV_ROOT_PORT,
                              ENV_ROOT_URI, ENV_SECRET, ENV_SHUTDOWN_TIMEOUT, ClusterConfig,
@@ -34,14 +34,6 @@ from pskv._ps.config import (ENV_HEARTBEAT_INTERVAL, ENV_HEARTBEAT_TIMEOUT, ENV_
 PY = sys.executable
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 the OS says is free now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # ---- thread clusters ----------------------------------------------------------------------

@@ -133,7 +133,7 @@ def test_real_cluster_smoke() -> None:
         "print('sum', kv.rank, out.asnumpy().sum())\n"
         "kv.close()\n")]
     out, err = io.StringIO(), io.StringIO()
-    result = launch(worker, 2, 2, timeout=60, stdout=out, stderr=err)
+    result = launch(worker, 2, 2, timeout=60, stdout=out, stderr=err, shutdown_timeout=30)
     assert_all_gone([p.pid for p in result.processes])
     assert result.returncode == 0, err.getvalue()
     assert result.killed == ()  # scheduler and servers exit by themselves
@@ -200,12 +200,12 @@ def test_timeout(caplog: pytest.LogCaptureFixture) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_servers_that_do_not_exit_are_killed(caplog: pytest.LogCaptureFixture) -> None:
+def test_servers_that_do_not_exit_are_stopped_quietly(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="pskv.launch"):
         result, _, _ = run(py(), workers=2, server_command=py(HANG), shutdown_timeout=0.5)
     assert (result.returncode, result.reason) == (0, "ok")
     assert {p.label for p in result.killed} == {"scheduler", "server 0"}
-    assert "had to be killed" in caplog.text
+    assert caplog.records == []
 
 
 @pytest.mark.timeout(60)

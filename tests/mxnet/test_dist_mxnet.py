@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from pskv.launch._net import free_port
 
 pytestmark = pytest.mark.mxnet
 
@@ -43,13 +44,6 @@ def mxnet_python() -> str:
                     "venv with mxnet==1.9.1 and numpy<1.24 (the README's Tests section "
                     "shows the two commands)")
     return path
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def run_cluster(node_argv: list[str], worker_argv: list[str], tmp: Path,

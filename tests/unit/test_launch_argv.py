@@ -13,15 +13,18 @@ import sys
 import pytest
 
 from pskv._ps.config import (ENV_NODE_HOST, ENV_NUM_SERVER, ENV_NUM_WORKER, ENV_ROLE,
-                             ENV_ROOT_PORT, ENV_ROOT_URI, ENV_SECRET, Role)
+                             ENV_ROOT_PORT, ENV_ROOT_URI, ENV_SECRET, ENV_SERVER_ID,
+                             ENV_WORKER_ID, Role)
 from pskv.errors import ConfigError
 from pskv.launch import LaunchSpec, build_processes, main, parse_args
-from pskv.launch.local import exit_status, local_processes
+from pskv.launch._net import free_port, guess_host_ip
+from pskv.launch.env import cluster_env, forwarded_env, get_secret, parse_env_pair
+from pskv.launch.hosts import Host, parse_hostfile, place, read_hostfile
+from pskv.launch.local import local_processes
 from pskv.launch.mpi import mpi_processes, mpirun_argv
-from pskv.launch.spec import (DEFAULT_SERVER_COMMAND, Host, cluster_env, forwarded_env,
-                              free_port, get_secret, guess_host_ip, parse_env_pair,
-                              parse_hostfile, read_hostfile)
-from pskv.launch.ssh import SSH_OPTIONS, place, remote_command, ssh_processes
+from pskv.launch.spec import DEFAULT_SERVER_COMMAND
+from pskv.launch.ssh import SSH_OPTIONS, remote_command, ssh_processes
+from pskv.launch.supervise import exit_status
 
 SSH = ("ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes")
 
@@ -88,14 +91,14 @@ def test_env_bare_name_must_be_set() -> None:
 
 
 @pytest.mark.parametrize("name", [ENV_ROLE, ENV_ROOT_URI, ENV_ROOT_PORT, ENV_NUM_SERVER,
-                                  ENV_NUM_WORKER])
+                                  ENV_NUM_WORKER, ENV_WORKER_ID, ENV_SERVER_ID])
 def test_env_cannot_set_cluster_variables(name: str) -> None:
     with pytest.raises(ConfigError, match="the launcher sets"):
         parse_args(["-n", "1", "--env-worker", f"{name}:1", "x"], environ={})
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["python", "x.py"], "required: -n/--num-workers"),
+    (["python", "x.py"], "required: -n/-np/--num-workers"),
     (["-n", "two", "x"], "invalid int value"),
     (["-n", "0", "x"], "at least one worker"),
     (["-n", "2", "-s", "0", "x"], "at least one server"),
@@ -177,8 +180,10 @@ def test_local_processes() -> None:
         (Role.WORKER, 0, "worker 0"), (Role.WORKER, 1, "worker 1")]
     assert [p.argv for p in procs] == [("srv", "--x")] * 2 + [("python", "train.py")] * 2
     assert dict(procs[0].env) == {**cluster("scheduler"), ENV_SECRET: "s"}
-    assert dict(procs[1].env) == {**cluster("server"), ENV_SECRET: "s"}
-    assert dict(procs[3].env) == {"W": "1", **cluster("worker"), ENV_SECRET: "s"}
+    assert dict(procs[1].env) == {**cluster("server"), ENV_SERVER_ID: "0", ENV_SECRET: "s"}
+    # the rank each worker is given is its label's, so [worker 1] is kv.rank 1
+    assert dict(procs[3].env) == {"W": "1", **cluster("worker"), ENV_WORKER_ID: "1",
+                                  ENV_SECRET: "s"}
     assert all(p.stdin is None for p in procs)
 
 
@@ -255,13 +260,16 @@ def test_ssh_command_lines() -> None:
     assert dict(sched.env) == {**cluster("scheduler", uri="10.0.0.1"), ENV_SECRET: "sec",
                                ENV_NODE_HOST: "10.0.0.1"}
     env = ("PSKV_CONNECT_TIMEOUT=5 {extra}DMLC_ROLE={role} DMLC_PS_ROOT_URI=10.0.0.1 "
-           "DMLC_PS_ROOT_PORT=9000 DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=2 DMLC_NODE_HOST={host}")
+           "DMLC_PS_ROOT_PORT=9000 DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=2 {rank} "
+           "DMLC_NODE_HOST={host}")
     head = "cd '/work dir' && IFS= read -r PSKV_SECRET && export PSKV_SECRET && export "
     assert server.argv == (*SSH, "-p", "22", "n1",
-                           head + env.format(role="server", host="n1", extra="")
+                           head + env.format(role="server", host="n1", extra="",
+                                             rank="DMLC_SERVER_ID=0")
                            + " && exec py -m pskv.server")
     assert w0.argv == (*SSH, "-p", "2222", "n2",
-                       head + env.format(role="worker", host="n2", extra="W='a b' ")
+                       head + env.format(role="worker", host="n2", extra="W='a b' ",
+                                         rank="DMLC_WORKER_ID=0")
                        + " && exec python train.py --name 'it'\"'\"'s me'")
     assert w1.argv[:len(SSH) + 3] == (*SSH, "-p", "22", "n1")
     assert SSH_OPTIONS == SSH[1:]
@@ -289,7 +297,8 @@ def test_build_processes_ssh(tmp_path) -> None:
     assert procs[1].argv == (*SSH, "-p", "22", "h1", "cd /c && IFS= read -r PSKV_SECRET && "
                              "export PSKV_SECRET && export DMLC_ROLE=server DMLC_PS_ROOT_URI="
                              "10.1.2.3 DMLC_PS_ROOT_PORT=9001 DMLC_NUM_SERVER=1 "
-                             "DMLC_NUM_WORKER=1 DMLC_NODE_HOST=h1 && exec srv")
+                             "DMLC_NUM_WORKER=1 DMLC_SERVER_ID=0 DMLC_NODE_HOST=h1 && "
+                             "exec srv")
     assert procs[2].argv[:len(SSH) + 3] == (*SSH, "-p", "23", "h2")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import logging
 import os
 from dataclasses import dataclass, replace
 from typing import Mapping
@@ -17,7 +18,8 @@ __all__ = [
     "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
-    "ENV_SECRET", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "Role",
+    "ENV_LOG_LEVEL", "ENV_SECRET", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "ENV_WORKER_ID",
+    "Role",
 ]
 
 ENV_ROLE = "DMLC_ROLE"
@@ -26,6 +28,9 @@ ENV_ROOT_PORT = "DMLC_PS_ROOT_PORT"
 ENV_NUM_SERVER = "DMLC_NUM_SERVER"
 ENV_NUM_WORKER = "DMLC_NUM_WORKER"
 ENV_NODE_HOST = "DMLC_NODE_HOST"
+#: the rank a worker / server asks for (BytePS's DMLC_WORKER_ID); pskv-launch sets them
+ENV_WORKER_ID = "DMLC_WORKER_ID"
+ENV_SERVER_ID = "DMLC_SERVER_ID"
 ENV_BIGARRAY_BOUND = "MXNET_KVSTORE_BIGARRAY_BOUND"
 ENV_SECRET = "PSKV_SECRET"
 ENV_CONNECT_TIMEOUT = "PSKV_CONNECT_TIMEOUT"
@@ -36,6 +41,26 @@ ENV_HEARTBEAT_TIMEOUT = "PSKV_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "PSKV_SHUTDOWN_TIMEOUT"
 ENV_TRANSPORT = "PSKV_TRANSPORT"
 ENV_COALESCE_BYTES = "PSKV_COALESCE_BYTES"
+#: the level of pskv's loggers in every process of a job (pskv-launch --log-level)
+ENV_LOG_LEVEL = "PSKV_LOG_LEVEL"
+LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(environ: Mapping[str, str] | None = None) -> str | None:
+    """PSKV_LOG_LEVEL as a `logging` level name, or None when unset.
+
+    Examples
+    --------
+    >>> log_level({'PSKV_LOG_LEVEL': 'debug'})
+    'DEBUG'
+    """
+    raw = (os.environ if environ is None else environ).get(ENV_LOG_LEVEL, "")
+    if not raw:
+        return None
+    if raw.upper() not in LOG_LEVELS:
+        raise ConfigError(f"{ENV_LOG_LEVEL}={raw!r} is not a log level. Set it to one of "
+                          f"{', '.join(n.lower() for n in LOG_LEVELS)}.")
+    return raw.upper()
 
 
 class Role(str, enum.Enum):
@@ -98,6 +123,8 @@ class ClusterConfig:
         hosts), 'tcp' (TCP always), 'ipc' (Unix sockets always) or 'zmq' (ZeroMQ always)
     coalesce_bytes : a dist_sync push of at most this many bytes waits for the store's next
         call, so that a pull of the same keys right after it travels with it (0: never)
+    rank : the rank this worker or server asks the scheduler for (DMLC_WORKER_ID /
+        DMLC_SERVER_ID); None takes the next free rank in arrival order
     """
 
     role: Role
@@ -116,6 +143,7 @@ class ClusterConfig:
     shutdown_timeout: float = 30.0
     transport: str = "auto"
     coalesce_bytes: int = 65536
+    rank: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -140,6 +168,9 @@ class ClusterConfig:
         """Read and validate the cluster variables (``os.environ`` by default)."""
         env = os.environ if environ is None else environ
         raw_role = role.value if isinstance(role, Role) else (role or env.get(ENV_ROLE, ""))
+        if not raw_role:
+            raise ConfigError(f"{ENV_ROLE} is not set. Set it to scheduler, server or worker, "
+                              "or start the job with pskv-launch.")
         try:
             the_role = Role(str(raw_role).lower())
         except ValueError:
@@ -158,6 +189,16 @@ class ClusterConfig:
                      "or start with pskv-launch -n 2.", 1)
         host = env.get(ENV_NODE_HOST) or _default_host(uri)
         secret = env.get(ENV_SECRET)
+        level = log_level(env)
+        if level is not None:
+            # the one place every node reads its settings, workers included
+            logging.getLogger("pskv").setLevel(level)
+        rank_var = {Role.WORKER: ENV_WORKER_ID, Role.SERVER: ENV_SERVER_ID}.get(the_role)
+        rank = None
+        if rank_var is not None and env.get(rank_var):
+            rank = _int(env, rank_var, None, f"Set it to this {the_role.value}'s rank "
+                        f"(0 to {ENV_NUM_WORKER if the_role is Role.WORKER else ENV_NUM_SERVER}"
+                        " - 1), or leave it unset to take the next free rank.")
         return cls(
             role=the_role, root_uri=uri, root_port=port, num_servers=nserv,
             num_workers=nwork, node_host=host,
@@ -173,6 +214,7 @@ class ClusterConfig:
             transport=env.get(ENV_TRANSPORT, "auto") or "auto",
             coalesce_bytes=_int(env, ENV_COALESCE_BYTES, 65536,
                                 "Set it to a number of bytes (0 sends every push at once)."),
+            rank=rank,
         )
 
     def with_role(self, role: Role) -> ClusterConfig:

@@ -75,6 +75,8 @@ class Postoffice:
         self._sock.connect(self.cfg.root_address)
         body = {"role": self.role, "host": self.host, "pid": os.getpid(),
                 "endpoints": self._endpoints, **prove(self.cfg.secret, self.role, "scheduler")}
+        if self.cfg.rank is not None:
+            body["rank"] = self.cfg.rank  # DMLC_WORKER_ID / DMLC_SERVER_ID: the scheduler obeys
         ZmqVan.send(self._sock, Command.HELLO, 1, body=body, copy=True)
         deadline = time.monotonic() + self.cfg.connect_timeout
         while True:

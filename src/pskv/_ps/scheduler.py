@@ -17,7 +17,7 @@ import zmq
 
 from ..errors import ClusterTimeoutError, ProtocolError
 from .auth import Verifier
-from .config import ClusterConfig
+from .config import ENV_SERVER_ID, ENV_WORKER_ID, ClusterConfig
 from .message import Command
 from .van import ZmqVan
 
@@ -35,6 +35,7 @@ class _Node:
     last_seen: float
     state: str = "alive"        # alive | closed | dead
     hello_ts: int = 0
+    claimed: int | None = None  # the rank it asked for (DMLC_WORKER_ID / DMLC_SERVER_ID)
 
 
 @dataclass(slots=True)
@@ -81,6 +82,9 @@ class Scheduler:
             why = f"an unknown role {role!r}"
         if why is None and (self._admitted or self._counts[role] >= self._expected(role)):
             why = f"a {role} beyond the {self._expected(role)} this cluster expects"
+        claimed = body.get("rank") if isinstance(body, dict) else None
+        if why is None and claimed is not None and ident not in self._nodes:
+            why = self._check_claim(role, claimed)
         if why is not None:
             log.warning("scheduler: refused a node (%s)", why)
             self._send(ident, Command.ERROR, ts, {"kind": "ClusterError",
@@ -88,16 +92,40 @@ class Scheduler:
             return
         if ident in self._nodes:
             return
-        rank = self._counts[role]
+        # ranks are final at admission: claimed ranks first, then arrival order (_admit)
         self._counts[role] += 1
-        self._nodes[ident] = _Node(ident, role, rank, dict(body), time.monotonic(), hello_ts=ts)
+        self._nodes[ident] = _Node(ident, role, -1, dict(body), time.monotonic(), hello_ts=ts,
+                                   claimed=claimed)
         if all(self._counts[r] == self._expected(r) for r in ("server", "worker")):
             self._admit()
+
+    def _check_claim(self, role: str, claimed: Any) -> str | None:
+        """Why a node may not have the rank it claims, or None (BytePS's DMLC_WORKER_ID)."""
+        var = ENV_WORKER_ID if role == "worker" else ENV_SERVER_ID
+        n = self._expected(role)
+        if isinstance(claimed, bool) or not isinstance(claimed, int) or not 0 <= claimed < n:
+            return (f"{var}={claimed!r} is out of range: this cluster has {n} {role}s, ranks "
+                    f"0 to {n - 1}. Give each {role} a distinct {var} in that range, or leave "
+                    "it unset")
+        if any(node.role == role and node.claimed == claimed for node in self._nodes.values()):
+            return (f"two {role}s claim rank {claimed} ({var}={claimed}). Give each {role} "
+                    f"its own {var}, or leave it unset for first-come ranks")
+        return None
+
+    def _assign_ranks(self) -> None:
+        """Claimed ranks as claimed; the others the free ranks, in arrival order."""
+        for role in ("server", "worker"):
+            members = self._members(role)
+            taken = {n.claimed for n in members if n.claimed is not None}
+            free = iter(r for r in range(self._expected(role)) if r not in taken)
+            for node in members:  # dicts keep arrival order
+                node.rank = node.claimed if node.claimed is not None else next(free)
 
     def _expected(self, role: str) -> int:
         return self.cfg.num_servers if role == "server" else self.cfg.num_workers
 
     def _admit(self) -> None:
+        self._assign_ranks()
         servers = sorted(self._members("server"), key=lambda n: n.rank)
         table = [n.body.get("endpoints", {}) for n in servers]
         now = time.monotonic()

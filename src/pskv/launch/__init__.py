@@ -9,6 +9,7 @@ their output (``[worker 1] ...``), and exits with the first failure's status.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import shlex
@@ -16,11 +17,15 @@ import sys
 from typing import Mapping, NoReturn, Sequence, TextIO
 
 from ..errors import ConfigError
-from .local import LaunchResult, ProcessResult, local_processes, run_processes
+from ._net import free_port, guess_host_ip
+from .env import get_secret, parse_env_pair
+from .hosts import is_host_list, parse_host_list, read_hostfile
+from .local import local_processes
 from .mpi import mpi_processes
-from .spec import (DEFAULT_SERVER_COMMAND, LAUNCHERS, LauncherName, LaunchSpec, ProcessSpec,
-                   free_port, get_secret, guess_host_ip, parse_env_pair, read_hostfile)
+from .spec import DEFAULT_SERVER_COMMAND, LAUNCHERS, LauncherName, LaunchSpec, ProcessSpec
 from .ssh import ssh_processes
+from .supervise import CommandError, LaunchResult, ProcessResult, run_processes
+from .._ps.config import LOG_LEVELS, log_level
 
 __all__ = ["LaunchResult", "LaunchSpec", "ProcessResult", "build_processes", "launch",
            "launch_spec", "main", "parse_args"]
@@ -62,10 +67,13 @@ def build_processes(spec: LaunchSpec, *, environ: Mapping[str, str] | None = Non
     root_uri = spec.host_ip or guess_host_ip()
     port = spec.port or free_port("::" if ":" in root_uri else "0.0.0.0")
     if spec.launcher == "ssh":
-        assert spec.hostfile is not None, "LaunchSpec checks that ssh has a hostfile"
-        return ssh_processes(spec, read_hostfile(spec.hostfile), port=port, secret=secret,
+        hosts = (parse_host_list(spec.hosts) if spec.hosts
+                 else read_hostfile(spec.hostfile or ""))
+        return ssh_processes(spec, hosts, port=port, secret=secret,
                              root_uri=root_uri, cwd=os.getcwd() if cwd is None else cwd,
                              environ=env)
+    if spec.hostfile:
+        read_hostfile(spec.hostfile)  # mpirun reads it; a missing one is a usage error here
     return mpi_processes(spec, port=port, secret=secret, root_uri=root_uri, environ=env)
 
 
@@ -77,11 +85,12 @@ def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
     logger.info("launching %d worker%s and %d server%s (%s)", w, "s"[:w != 1], s,
                 "s"[:s != 1], spec.launcher)
     result = run_processes(procs, timeout=spec.timeout, grace_period=spec.grace_period,
+                           log_dir=spec.log_dir,
                            shutdown_timeout=spec.shutdown_timeout, stdout=stdout,
                            stderr=stderr)
     if result.reason == "ok" and result.killed:
-        logger.warning("the job succeeded, but %s had to be killed",
-                       ", ".join(p.label for p in result.killed))
+        logger.debug("the job succeeded; %s were stopped after the workers finished",
+                     ", ".join(p.label for p in result.killed))
     return result
 
 
@@ -91,7 +100,8 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
            env_worker: Mapping[str, str] | None = None, timeout: float | None = None,
            port: int | None = None, host_ip: str | None = None,
            server_command: Sequence[str] | None = None, secret: str | None = None,
-           grace_period: float = 5.0, shutdown_timeout: float = 30.0,
+           grace_period: float = 5.0, shutdown_timeout: float = 2.0,
+           hosts: str | None = None, log_level: str | None = None, log_dir: str | None = None,
            stdout: TextIO | None = None, stderr: TextIO | None = None) -> LaunchResult:
     """Launch a distributed job and wait for it, as ``pskv-launch`` does.
 
@@ -126,7 +136,14 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
     grace_period : float
         Seconds between SIGTERM and SIGKILL.
     shutdown_timeout : float
-        Seconds the scheduler and servers get to exit after all workers exited 0.
+        Seconds the scheduler and servers get to exit by themselves after every worker
+        exited 0; then they are stopped quietly and the job still succeeds.
+    hosts : str, optional
+        Instead of a hostfile, horovodrun's ``'host1:slots,host2:slots'``.
+    log_level : str, optional
+        pskv's log level in every process (``PSKV_LOG_LEVEL``), e.g. ``'debug'``.
+    log_dir : str, optional
+        Also write each process's output to ``log_dir/worker-0.log`` and so on.
     stdout, stderr : text streams, optional
         Where the prefixed output goes.
 
@@ -152,10 +169,19 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
         env=tuple((env or {}).items()), env_server=tuple((env_server or {}).items()),
         env_worker=tuple((env_worker or {}).items()), timeout=timeout, port=port,
         host_ip=host_ip, secret=secret, grace_period=grace_period,
-        shutdown_timeout=shutdown_timeout,
+        shutdown_timeout=shutdown_timeout, hosts=hosts, log_level=log_level, log_dir=log_dir,
         server_command=DEFAULT_SERVER_COMMAND if server_command is None
         else tuple(server_command))
     return launch_spec(spec, stdout=stdout, stderr=stderr)
+
+
+def version() -> str:
+    """pskv's version: the installed distribution's, else ``pskv.__version__``."""
+    try:
+        return importlib.metadata.version("pskv")
+    except importlib.metadata.PackageNotFoundError:
+        from .. import __version__
+        return __version__
 
 
 class _Parser(argparse.ArgumentParser):
@@ -168,13 +194,14 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> _Parser:
     p = _Parser(prog="pskv-launch", description="Launch a distributed pskv job: a scheduler, "
                 "servers and workers (the command), as MXNet's tools/launch.py.")
-    p.add_argument("-n", "--num-workers", required=True, type=int,
-                   help="number of worker processes to launch")
+    p.add_argument("--version", action="version", version=f"pskv-launch {version()}")
+    p.add_argument("-n", "-np", "--num-workers", required=True, type=int,
+                   help="number of worker processes to launch (-np as horovodrun)")
     p.add_argument("-s", "--num-servers", type=int,
                    help="number of server processes to launch; defaults to NUM_WORKERS")
     p.add_argument("-H", "--hostfile", type=str,
-                   help="hosts for the ssh and mpi launchers, one host[:port] or "
-                   "'host slots=N' a line")
+                   help="hosts for the ssh and mpi launchers: a file of one host[:port] or "
+                   "'host slots=N' a line, or horovodrun's list host1:slots,host2:slots")
     p.add_argument("--launcher", choices=LAUNCHERS,
                    help="how to start processes; ssh when -H is given, else local")
     p.add_argument("--env", action="append", default=[], metavar="VAR[:VALUE]",
@@ -196,6 +223,12 @@ def _parser() -> _Parser:
     p.add_argument("--server-command", type=str, metavar="CMD",
                    help="what the scheduler and servers run, split like a shell line but "
                    "never run by one (default: python -m pskv.server)")
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
+                   help="pskv's log level in every process: debug, info, warning, error or "
+                   "critical (default: PSKV_LOG_LEVEL, else info for the launcher)")
+    p.add_argument("--log-dir", type=str, metavar="DIR",
+                   help="also write each process's output to DIR/worker-0.log, "
+                   "DIR/server-0.log, DIR/scheduler.log")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="the worker command and its arguments")
     return p
@@ -238,9 +271,13 @@ def parse_args(argv: Sequence[str] | None = None,
         except ValueError as err:
             raise ConfigError(f"--server-command {args.server_command!r}: {err}. Quote it "
                               "as one argument.") from None
+    hostfile, hosts = args.hostfile, None
+    if hostfile is not None and is_host_list(hostfile):
+        hostfile, hosts = None, args.hostfile
     return LaunchSpec(
         tuple(command), args.num_workers, args.num_servers, launcher=args.launcher,
-        hostfile=args.hostfile,
+        hostfile=hostfile, hosts=hosts, log_dir=args.log_dir,
+        log_level=args.log_level or log_level(env),
         env=tuple(parse_env_pair(e, "--env", env) for e in args.env),
         env_server=tuple(parse_env_pair(e, "--env-server", env) for e in args.env_server),
         env_worker=tuple(parse_env_pair(e, "--env-worker", env) for e in args.env_worker),
@@ -259,13 +296,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                             format="pskv-launch %(levelname)s: %(message)s")
     try:
         spec = parse_args(argv)
+        logging.getLogger("pskv").setLevel(spec.log_level or logging.INFO)
         return launch_spec(spec).returncode
-    except ConfigError as err:
+    except CommandError as err:
         logger.error("%s", err)
         if isinstance(err.__cause__, FileNotFoundError):
             return 127
-        if isinstance(err.__cause__, PermissionError):
-            return 126
+        return 126
+    except ConfigError as err:
+        logger.error("%s", err)
         return 2
     except SystemExit as exit_:  # --help
         return exit_.code if isinstance(exit_.code, int) else 0

@@ -10,13 +10,14 @@ from __future__ import annotations
 from typing import Mapping
 
 from .._ps.config import Role
-from .spec import scheduler_here, LaunchSpec, ProcessSpec, cluster_env, forwarded_env
+from .env import cluster_env, forwarded_env, scheduler_here
+from .spec import LaunchSpec, ProcessSpec
 
 __all__ = ["mpirun_argv", "mpi_processes"]
 
 
 def mpirun_argv(num: int, hostfile: str | None, names: list[str],
-                command: tuple[str, ...]) -> tuple[str, ...]:
+                command: tuple[str, ...], hosts: str | None = None) -> tuple[str, ...]:
     """``mpirun -n NUM [--hostfile F] -x NAME ... COMMAND``.
 
     Examples
@@ -27,6 +28,8 @@ def mpirun_argv(num: int, hostfile: str | None, names: list[str],
     argv = ["mpirun", "-n", str(num)]
     if hostfile:
         argv += ["--hostfile", hostfile]
+    if hosts:
+        argv += ["--host", hosts]  # OpenMPI takes host:slots lists as horovodrun does
     for name in names:
         argv += ["-x", name]
     return (*argv, *command)
@@ -57,6 +60,6 @@ def mpi_processes(spec: LaunchSpec, *, port: int, secret: str, root_uri: str,
                                (Role.WORKER, spec.num_workers, spec.command)):
         env = dict(forwarded)
         env.update(cluster_env(spec, role, root_uri=root_uri, port=port, secret=secret))
-        argv = mpirun_argv(num, spec.hostfile, list(env), command)
+        argv = mpirun_argv(num, spec.hostfile, list(env), command, spec.hosts)
         procs.append(ProcessSpec(role, None, argv, tuple(env.items())))
     return procs

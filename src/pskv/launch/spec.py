@@ -1,4 +1,4 @@
-"""What a launch is made of: the job (`LaunchSpec`), its processes (`ProcessSpec`) and hosts.
+"""What a launch is made of: the job (`LaunchSpec`) and its processes (`ProcessSpec`).
 
 Invariant: a LaunchSpec is frozen and validated; the launchers (local, ssh, mpi) turn it into
 a list of ProcessSpec, the argv and environment of each process this machine starts, without
@@ -8,21 +8,16 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import secrets
-import socket
 import sys
 from dataclasses import dataclass, field
 from typing import Iterable, Literal, Mapping
 
-from .._ps.config import (ENV_BIGARRAY_BOUND, ENV_NODE_HOST, ENV_NUM_SERVER, ENV_NUM_WORKER,
-                          ENV_ROLE, ENV_ROOT_PORT, ENV_ROOT_URI, ENV_SECRET, Role)
+from .._ps.config import (ENV_NUM_SERVER, ENV_NUM_WORKER, ENV_ROLE, ENV_ROOT_PORT,
+                          ENV_ROOT_URI, ENV_SERVER_ID, ENV_WORKER_ID, LOG_LEVELS, Role)
 from ..errors import ConfigError
 
-__all__ = [
-    "DEFAULT_SERVER_COMMAND", "Host", "LaunchSpec", "LauncherName", "ProcessSpec",
-    "RESERVED_ENV", "cluster_env", "forwarded_env", "free_port", "get_secret", "guess_host_ip",
-    "parse_env_pair", "parse_hostfile", "read_hostfile", "scheduler_here",
-]
+__all__ = ["DEFAULT_SERVER_COMMAND", "ENV_NAME", "EnvPairs", "LAUNCHERS", "LaunchSpec",
+           "LauncherName", "ProcessSpec", "RESERVED_ENV", "check_env_name"]
 
 LauncherName = Literal["local", "ssh", "mpi"]
 LAUNCHERS: tuple[str, ...] = ("local", "ssh", "mpi")
@@ -32,21 +27,17 @@ DEFAULT_SERVER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "pskv.server")
 
 #: the launcher owns these; ``--env`` may not set them (use -n, -s, --port instead)
 RESERVED_ENV: frozenset[str] = frozenset(
-    {ENV_ROLE, ENV_ROOT_URI, ENV_ROOT_PORT, ENV_NUM_SERVER, ENV_NUM_WORKER})
+    {ENV_ROLE, ENV_ROOT_URI, ENV_ROOT_PORT, ENV_NUM_SERVER, ENV_NUM_WORKER, ENV_WORKER_ID,
+     ENV_SERVER_ID})
 
-#: remote processes (ssh, mpi) get these from the launcher's environment when set: pskv's own
-#: settings, and what dmlc_tracker's ssh.py passes by default (minus the AWS credentials)
-FORWARD_PREFIX = "PSKV_"
-FORWARD_NAMES: tuple[str, ...] = (ENV_BIGARRAY_BOUND, "OMP_NUM_THREADS", "LD_LIBRARY_PATH",
-                                  "DMLC_INTERFACE")
-
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 EnvPairs = tuple[tuple[str, str], ...]
 
 
-def _check_env_name(name: str, flag: str) -> None:
-    if not _ENV_NAME.match(name):
+def check_env_name(name: str, flag: str) -> None:
+    """Raise ConfigError unless `name` is a variable name that ``--env`` may set."""
+    if not ENV_NAME.match(name):
         raise ConfigError(f"{flag} {name!r}: {name!r} is not an environment variable name. "
                           "Use letters, digits and underscores, e.g. OMP_NUM_THREADS:4.")
     if name in RESERVED_ENV:
@@ -58,7 +49,7 @@ def _pairs(env: Mapping[str, str] | Iterable[tuple[str, str]], flag: str) -> Env
     items = env.items() if isinstance(env, Mapping) else env
     out: list[tuple[str, str]] = []
     for name, value in items:
-        _check_env_name(name, flag)
+        check_env_name(name, flag)
         out.append((str(name), str(value)))
     return tuple(out)
 
@@ -79,6 +70,8 @@ class LaunchSpec:
         Defaults to ``'ssh'`` when a `hostfile` is given, else ``'local'``.
     hostfile : str, optional
         Hosts for ssh and mpi, one ``host[:port]`` or ``host slots=N`` a line.
+    hosts : str, optional
+        Or the hosts as horovodrun's ``-H host1:slots,host2:slots``.
     env, env_server, env_worker : tuple of (name, value)
         Extra variables for every process, for the scheduler and servers, and for the
         workers; later pairs win, role-specific pairs win over `env`.
@@ -95,9 +88,14 @@ class LaunchSpec:
         The job's ``PSKV_SECRET``; see `get_secret`.
     grace_period : float
         Seconds between SIGTERM and SIGKILL when processes are stopped.
+    log_level : str, optional
+        ``DEBUG`` ... ``CRITICAL``: pskv's log level in every process (``PSKV_LOG_LEVEL``).
+    log_dir : str, optional
+        Also write each process's output to ``log_dir/worker-0.log``, ``server-1.log``,
+        ``scheduler.log``.
     shutdown_timeout : float
         Seconds the scheduler and servers get to exit by themselves once every worker
-        has exited 0; then they are killed and the job still succeeds.
+        has exited 0; then they are stopped (quietly: the job still succeeds).
 
     Examples
     --------
@@ -120,7 +118,10 @@ class LaunchSpec:
     server_command: tuple[str, ...] = field(default=DEFAULT_SERVER_COMMAND)
     secret: str | None = None
     grace_period: float = 5.0
-    shutdown_timeout: float = 30.0
+    shutdown_timeout: float = 2.0
+    hosts: str | None = None
+    log_level: str | None = None
+    log_dir: str | None = None
 
     def __post_init__(self) -> None:
         # frozen: normalise through object.__setattr__, as attrs converters do
@@ -145,14 +146,16 @@ class LaunchSpec:
                               "server. Pass -s 1 or more, or leave -s out to use -n.")
         if self.launcher is None:
             # tools/launch.py defaults to ssh; pskv runs locally unless hosts are given
-            setattr_(self, "launcher", "ssh" if self.hostfile else "local")
+            setattr_(self, "launcher", "ssh" if self.hostfile or self.hosts else "local")
         elif self.launcher not in LAUNCHERS:
             raise ConfigError(f"launcher {self.launcher!r} is not supported. Use one of "
                               f"{', '.join(LAUNCHERS)}.")
-        if self.launcher == "ssh" and not self.hostfile:
+        if self.hostfile and self.hosts:
+            raise ConfigError("give the hosts once: a hostfile or a host list, not both.")
+        if self.launcher == "ssh" and not (self.hostfile or self.hosts):
             raise ConfigError("--launcher ssh needs a hostfile. Pass -H hosts.txt with one "
                               "host[:port] a line, or use --launcher local.")
-        if self.launcher == "local" and self.hostfile:
+        if self.launcher == "local" and (self.hostfile or self.hosts):
             raise ConfigError("--launcher local runs every process on this machine and takes "
                               "no hostfile. Drop -H, or use --launcher ssh or mpi.")
         setattr_(self, "env", _pairs(self.env, "--env"))
@@ -168,6 +171,11 @@ class LaunchSpec:
             value = getattr(self, name)
             if not 0 <= value < float("inf"):
                 raise ConfigError(f"{name}={value!r} must be a finite number of seconds >= 0.")
+        if self.log_level is not None:
+            if str(self.log_level).upper() not in LOG_LEVELS:
+                raise ConfigError(f"log level {self.log_level!r} is not one of "
+                                  f"{', '.join(n.lower() for n in LOG_LEVELS)}.")
+            setattr_(self, "log_level", str(self.log_level).upper())
         if self.secret is not None and not self.secret:
             raise ConfigError("secret is empty. Leave it out to generate one per job.")
         if self.host_ip is not None:
@@ -188,7 +196,9 @@ class ProcessSpec:
     role : Role
         The DMLC_ROLE of the process (for an ``mpirun`` process, of all it starts).
     rank : int or None
-        Launch order within the role; None for an ``mpirun`` that starts the whole role.
+        The rank within the role, which the process also gets as ``DMLC_WORKER_ID`` /
+        ``DMLC_SERVER_ID`` (so ``[worker 1]`` is ``kv.rank == 1``); None for an
+        ``mpirun`` that starts the whole role.
     argv : tuple of str
         The command line, run without a shell.
     env : tuple of (name, value)
@@ -211,192 +221,3 @@ class ProcessSpec:
         if self.rank is None:
             return f"{self.role.value}s"
         return f"{self.role.value} {self.rank}"
-
-
-@dataclass(frozen=True, slots=True)
-class Host:
-    """A hostfile entry: ``name`` reached by ssh on ``port``; ``slots`` is for mpirun."""
-
-    name: str
-    port: int = 22
-    slots: int = 1
-
-
-def parse_env_pair(text: str, flag: str = "--env",
-                   environ: Mapping[str, str] | None = None) -> tuple[str, str]:
-    """Parse ``VAR:VALUE`` (split at the first colon), or ``VAR`` to pass its current value.
-
-    The bare ``VAR`` form is tools/launch.py's ``--env``: it forwards the launcher's value.
-
-    Examples
-    --------
-    >>> parse_env_pair('OMP_NUM_THREADS:4')
-    ('OMP_NUM_THREADS', '4')
-    >>> parse_env_pair('URL:http://a:1')
-    ('URL', 'http://a:1')
-    >>> parse_env_pair('HOME', environ={'HOME': '/root'})
-    ('HOME', '/root')
-    """
-    name, sep, value = text.partition(":")
-    name = name.strip()
-    _check_env_name(name, flag)
-    if sep:
-        return name, value
-    env = {} if environ is None else environ
-    if name not in env:
-        raise ConfigError(f"{flag} {name}: {name} is not set here, so there is no value to "
-                          f"pass on. Set it, or give the value as {flag} {name}:VALUE.")
-    return name, env[name]
-
-
-def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
-    """Parse hostfile lines: ``host``, ``host:port``, ``[v6addr]:port`` or ``host slots=N``.
-
-    Blank lines and ``#`` comments are skipped.
-
-    Examples
-    --------
-    >>> for host in parse_hostfile('a\\nb:2222  # comment\\n\\nc slots=4\\n'):
-    ...     print(host)
-    Host(name='a', port=22, slots=1)
-    Host(name='b', port=2222, slots=1)
-    Host(name='c', port=22, slots=4)
-    """
-    hosts: list[Host] = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        where = f"{source} line {lineno} ({raw.strip()!r})"
-        fields = line.split()
-        addr, port, slots = fields[0], 22, 1
-        for extra in fields[1:]:
-            key, eq, value = extra.partition("=")
-            if key in ("slots", "max_slots", "max-slots") and eq and value.isdigit() \
-                    and int(value) > 0:
-                if key == "slots":
-                    slots = int(value)
-            else:
-                raise ConfigError(f"{where}: cannot read {extra!r}. Write host, host:port "
-                                  "or host slots=N, one a line.")
-        if addr.startswith("["):
-            inner, close, rest = addr[1:].partition("]")
-            if not close or (rest and not rest.startswith(":")):
-                raise ConfigError(f"{where}: write an IPv6 host as [addr] or [addr]:port.")
-            addr, port_text = inner, rest[1:]
-        elif addr.count(":") == 1:
-            addr, port_text = addr.split(":")
-        else:
-            port_text = ""  # a bare IPv6 address has no port
-        if port_text:
-            if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-                raise ConfigError(f"{where}: {port_text!r} is not an ssh port (1-65535).")
-            port = int(port_text)
-        if not addr:
-            raise ConfigError(f"{where}: the host name is empty.")
-        hosts.append(Host(addr, port, slots))
-    return hosts
-
-
-def read_hostfile(path: str) -> list[Host]:
-    """Read and parse a hostfile; an unreadable or empty one is a ConfigError."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as err:
-        raise ConfigError(f"cannot read hostfile {path!r}: {err.strerror}. Pass -H with a "
-                          "readable file of one host a line.") from err
-    hosts = parse_hostfile(text, path)
-    if not hosts:
-        raise ConfigError(f"hostfile {path!r} lists no hosts. Write one host[:port] a line.")
-    return hosts
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS says is free on `host` now (as torch.distributed picks one)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-def guess_host_ip() -> str:
-    """This machine's first non-loopback IPv4 address, for hosts to reach the scheduler.
-
-    A UDP ``connect`` sends nothing; it only asks the kernel which source address it would
-    use (dmlc_tracker's get_host_ip does the same).
-    """
-    candidates: list[str] = []
-    for target in ("10.255.255.255", "192.0.2.1"):
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-                sock.connect((target, 1))
-                candidates.append(sock.getsockname()[0])
-        except OSError:
-            continue
-    try:
-        candidates += socket.gethostbyname_ex(socket.gethostname())[2]
-    except OSError:
-        pass
-    for ip in candidates:
-        if not ipaddress.ip_address(ip).is_loopback and ip != "0.0.0.0":
-            return ip
-    raise ConfigError("cannot find a non-loopback address of this machine for the hosts to "
-                      "reach the scheduler. Pass --host-ip ADDRESS.")
-
-
-def get_secret(spec: LaunchSpec, environ: Mapping[str, str]) -> str:
-    """The job secret: the spec's, else ``--env PSKV_SECRET:...``, else ``PSKV_SECRET`` from
-    `environ`, else a new ``secrets.token_hex(32)``."""
-    return (spec.secret or dict(spec.env).get(ENV_SECRET) or environ.get(ENV_SECRET)
-            or secrets.token_hex(32))
-
-
-def cluster_env(spec: LaunchSpec, role: Role, *, root_uri: str, port: int,
-                secret: str | None) -> dict[str, str]:
-    """The variables one process of `role` gets, in precedence order (later wins).
-
-    ``--env``, then ``--env-server`` (scheduler and servers) or ``--env-worker``, then the
-    cluster variables the launcher owns. `secret` None leaves ``PSKV_SECRET`` out (the ssh
-    launcher sends it on stdin so that it never shows in a command line).
-
-    Examples
-    --------
-    >>> spec = LaunchSpec(('true',), 2, 1, env=(('A', '1'),))
-    >>> env = cluster_env(spec, Role.WORKER, root_uri='127.0.0.1', port=9000, secret='s')
-    >>> env['DMLC_ROLE'], env['DMLC_NUM_WORKER'], env['A'], env['PSKV_SECRET']
-    ('worker', '2', '1', 's')
-    """
-    env: dict[str, str] = dict(spec.env)
-    env.update(spec.env_worker if role is Role.WORKER else spec.env_server)
-    env.update({
-        ENV_ROLE: role.value,
-        ENV_ROOT_URI: root_uri,
-        ENV_ROOT_PORT: str(port),
-        ENV_NUM_SERVER: str(spec.num_servers),
-        ENV_NUM_WORKER: str(spec.num_workers),
-    })
-    if secret is not None:
-        env[ENV_SECRET] = secret
-    return env
-
-
-def scheduler_here(spec: LaunchSpec, *, port: int, secret: str, root_uri: str) -> ProcessSpec:
-    """The scheduler of an ssh or mpi job: on this machine, at ``root_uri``."""
-    env = cluster_env(spec, Role.SCHEDULER, root_uri=root_uri, port=port, secret=secret)
-    env[ENV_NODE_HOST] = root_uri
-    return ProcessSpec(Role.SCHEDULER, 0, spec.server_command, tuple(env.items()))
-
-
-def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The launcher's variables that remote processes inherit (never ``PSKV_SECRET``).
-
-    Examples
-    --------
-    >>> forwarded_env({'PSKV_CONNECT_TIMEOUT': '9', 'PSKV_SECRET': 'x', 'HOME': '/root'})
-    {'PSKV_CONNECT_TIMEOUT': '9'}
-    """
-    return {name: value for name, value in sorted(environ.items())
-            if (name.startswith(FORWARD_PREFIX) or name in FORWARD_NAMES)
-            and name != ENV_SECRET and _ENV_NAME.match(name)}

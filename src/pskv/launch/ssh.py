@@ -17,32 +17,15 @@ import shlex
 from typing import Mapping, Sequence
 
 from .._ps.config import ENV_NODE_HOST, ENV_SECRET, Role
-from .spec import scheduler_here, Host, LaunchSpec, ProcessSpec, cluster_env, forwarded_env
+from .env import cluster_env, forwarded_env, scheduler_here
+from .hosts import Host, place
+from .spec import LaunchSpec, ProcessSpec
 
-__all__ = ["SSH_OPTIONS", "place", "remote_command", "ssh_processes"]
+__all__ = ["SSH_OPTIONS", "remote_command", "ssh_processes"]
 
 #: StrictHostKeyChecking=no as dmlc_tracker; BatchMode=yes so that a host that wants a
 #: password fails at once instead of hanging the job on a prompt nobody sees
 SSH_OPTIONS: tuple[str, ...] = ("-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes")
-
-
-def place(num_servers: int, num_workers: int,
-          hosts: Sequence[Host]) -> list[tuple[Role, int, Host]]:
-    """(role, rank, host) for every server and worker, round-robin as dmlc_tracker.
-
-    Examples
-    --------
-    >>> a, b = Host('a'), Host('b')
-    >>> [(r.value, i, h.name) for r, i, h in place(1, 2, [a, b])]
-    [('server', 0, 'a'), ('worker', 0, 'b'), ('worker', 1, 'a')]
-    """
-    if not hosts:
-        raise ValueError("place() needs at least one host")
-    out: list[tuple[Role, int, Host]] = []
-    for i in range(num_servers + num_workers):
-        role, rank = (Role.SERVER, i) if i < num_servers else (Role.WORKER, i - num_servers)
-        out.append((role, rank, hosts[i % len(hosts)]))
-    return out
 
 
 def remote_command(cwd: str, env: Mapping[str, str], argv: Sequence[str], *,
@@ -95,7 +78,8 @@ def ssh_processes(spec: LaunchSpec, hosts: Sequence[Host], *, port: int, secret:
     stdin = (secret + "\n").encode()
     for role, rank, host in place(spec.num_servers or 0, spec.num_workers, hosts):
         env = dict(forwarded)
-        env.update(cluster_env(spec, role, root_uri=root_uri, port=port, secret=None))
+        env.update(cluster_env(spec, role, root_uri=root_uri, port=port, secret=None,
+                               rank=rank))
         env[ENV_NODE_HOST] = host.name
         command = spec.server_command if role is Role.SERVER else spec.command
         argv = ("ssh", *SSH_OPTIONS, "-p", str(host.port), host.name,

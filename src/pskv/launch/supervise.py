@@ -1,0 +1,467 @@
+"""The supervisor that every launcher's processes run under.
+
+It starts each process in its own process group, prefixes its output, stops every process
+at the first failure, forwards signals, and reports how each process ended.
+
+Invariant: every child runs in its own session (so its process group id is its pid), and
+when `run_processes` returns, every child has been reaped and every child's process group
+has been sent SIGKILL: nothing the job started is left behind.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import IO, Callable, Sequence, TextIO
+
+from .._ps.config import Role
+from ..errors import ConfigError
+from .spec import ProcessSpec
+
+__all__ = ["CommandError", "EXIT_TIMEOUT", "LaunchResult", "ProcessResult", "exit_status", "run_processes"]
+
+logger = logging.getLogger(__name__)
+
+_POLL_S = 0.05
+_MAX_LINE = 1 << 16  # a longer "line" is passed on in pieces, so a reader's memory is bounded
+_JOIN_S = 5.0
+EXIT_TIMEOUT = 124  # as coreutils timeout(1)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+#: what a child gets when the launcher dies (SIGKILL of the launcher included): SIGTERM, so
+#: that pskv's scheduler and servers can still remove their socket files
+DEATH_SIGNAL = signal.SIGTERM
+
+
+def _die_with_launcher() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get DEATH_SIGNAL when the launcher dies (Linux).
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked the child dies, so children are
+    forked by the thread that then supervises them until they are reaped (run()).
+    None where prctl is not available: there the job outlives a SIGKILLed launcher.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                      ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    launcher = os.getpid()
+
+    def preexec() -> None:  # in the child, between fork and exec
+        prctl(_PR_SET_PDEATHSIG, int(DEATH_SIGNAL), 0, 0, 0)
+        if os.getppid() != launcher:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), DEATH_SIGNAL)
+
+    return preexec
+
+
+class CommandError(ConfigError):
+    """A process of the job could not be started (its ``__cause__`` says why: 127/126)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessResult:
+    """How one process of the job ended.
+
+    Attributes
+    ----------
+    role : Role
+    rank : int or None
+        Launch order within the role (None for an ``mpirun`` of a whole role).
+    pid : int
+    returncode : int
+        As `subprocess.Popen.returncode`: negative for a signal.
+    killed : bool
+        True when the launcher had to signal it (a failure elsewhere, a timeout, a signal
+        to the launcher, or it did not exit after the workers finished).
+    label : str
+        ``scheduler``, ``server 0``, ``worker 1``: its output prefix.
+    """
+
+    role: Role
+    rank: int | None
+    pid: int
+    returncode: int
+    killed: bool
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchResult:
+    """How a job ended: the launcher's exit status and each process's.
+
+    Attributes
+    ----------
+    returncode : int
+        0 when every worker exited 0 (and the scheduler and servers did not fail); else
+        the first failing process's status (128 + N for signal N), 124 after ``timeout``,
+        130 or 143 after SIGINT or SIGTERM to the launcher.
+    processes : tuple of ProcessResult
+        In launch order: scheduler, servers, workers.
+    failed : ProcessResult or None
+        The first process that exited non-zero on its own.
+    reason : str
+        ``'ok'``, ``'failed'``, ``'timeout'`` or ``'signal'``.
+    """
+
+    returncode: int
+    processes: tuple[ProcessResult, ...]
+    failed: ProcessResult | None = None
+    reason: str = "ok"
+
+    @property
+    def killed(self) -> tuple[ProcessResult, ...]:
+        """The processes the launcher had to stop."""
+        return tuple(p for p in self.processes if p.killed)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the job succeeded (``returncode == 0``)."""
+        return self.returncode == 0
+
+
+def exit_status(returncode: int) -> int:
+    """A Popen return code as a shell exit status: signal N becomes 128 + N.
+
+    Examples
+    --------
+    >>> exit_status(3), exit_status(-9)
+    (3, 137)
+    """
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class _Child:
+    """A started process, its output pumps, and whether the launcher signalled it."""
+
+    def __init__(self, spec: ProcessSpec, popen: subprocess.Popen[bytes],
+                 pumps: list[threading.Thread]) -> None:
+        self.spec = spec
+        self.popen = popen
+        self.pumps = pumps
+        self.killed = False
+
+    @property
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal_group(self, sig: int) -> None:
+        # pgid == pid (start_new_session); a group whose members all exited is gone
+        try:
+            os.killpg(self.popen.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def result(self) -> ProcessResult:
+        rc = self.popen.returncode
+        assert rc is not None, "results are read after every child was reaped"
+        return ProcessResult(self.spec.role, self.spec.rank, self.popen.pid, rc, self.killed,
+                             self.spec.label)
+
+
+_HELD_MAX = 10_000  # lines of stderr held back after Ctrl-C (the rest pass through)
+
+
+class _Output:
+    """Where one process's output goes: the console (prefixed) and, optionally, a log file.
+
+    After Ctrl-C (`interrupted` set), stderr is held back; at the end a held Python
+    traceback is shown as its last line only (the full text stays in the log file).
+    """
+
+    def __init__(self, prefix: str, lock: threading.Lock, interrupted: threading.Event,
+                 log: IO[str] | None) -> None:
+        self.prefix, self.lock, self.interrupted, self.log = prefix, lock, interrupted, log
+
+    def pump(self, pipe: IO[bytes], stream: TextIO, is_stderr: bool) -> None:
+        """Copy `pipe` a line at a time; drain it even when the console breaks."""
+        broken = False
+        held: list[str] = []
+
+        def write(text: str) -> None:
+            nonlocal broken
+            if broken:
+                return  # keep reading so the child never blocks on a full pipe
+            with self.lock:
+                try:
+                    stream.write(self.prefix + text)
+                    stream.flush()
+                except (OSError, ValueError) as err:
+                    broken = True
+                    logger.warning("cannot write the output of %s (%s); discarding it",
+                                   self.prefix.strip(), err)
+
+        with pipe:
+            for line in iter(lambda: pipe.readline(_MAX_LINE), b""):
+                text = line.decode("utf-8", "replace")
+                if not text.endswith("\n"):
+                    text += "\n"
+                if self.log is not None:
+                    with self.lock:
+                        self.log.write(text)
+                        self.log.flush()
+                if is_stderr and self.interrupted.is_set() and len(held) < _HELD_MAX:
+                    held.append(text)
+                else:
+                    write(text)
+        if any(t.startswith("Traceback (most recent call last)") for t in held):
+            last = [t for t in held if t.strip()][-1]
+            write(f"{last.rstrip()} (after Ctrl-C; {len(held) - 1} more lines hidden)\n")
+        else:
+            for text in held:
+                write(text)
+
+
+class _Supervisor:
+    """Runs a list of processes to completion under the launcher's rules (see launch())."""
+
+    def __init__(self, procs: Sequence[ProcessSpec], *, timeout: float | None,
+                 grace_period: float, shutdown_timeout: float, stdout: TextIO,
+                 stderr: TextIO, log_dir: str | None = None) -> None:
+        self.procs = list(procs)
+        self.timeout = timeout
+        self.grace_period = grace_period
+        self.shutdown_timeout = shutdown_timeout
+        self.stdout, self.stderr = stdout, stderr
+        self.lock = threading.Lock()
+        self.children: list[_Child] = []
+        self.wake = threading.Event()
+        self.signum: int | None = None
+        self.signals = 0
+        self.preexec = _die_with_launcher()
+        self.interrupted = threading.Event()
+        self.log_dir = log_dir
+        self.logs: list[IO[str]] = []
+
+    # -- signals --------------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.signum = signum
+        self.signals += 1
+        self.wake.set()
+
+    def _install(self) -> dict[int, Callable[..., object] | int | None]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}  # only the main thread may set handlers; the caller handles signals
+        return {sig: signal.signal(sig, self._on_signal)
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    # -- processes ------------------------------------------------------------------------
+    def _spawn(self, ps: ProcessSpec) -> _Child:
+        env = dict(os.environ)
+        # Python children print through a pipe: unbuffered, their lines come out as written
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(ps.env)
+        try:
+            popen = subprocess.Popen(
+                list(ps.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL if ps.stdin is None else subprocess.PIPE,
+                start_new_session=True, close_fds=True, preexec_fn=self.preexec)
+        except OSError as err:
+            raise CommandError(f"cannot start {ps.label}: {ps.argv[0]!r}: {err.strerror}. "
+                              "Check the command and PATH.") from err
+        if ps.stdin is not None:
+            assert popen.stdin is not None
+            try:
+                popen.stdin.write(ps.stdin)
+            except BrokenPipeError:
+                pass  # it exited already; its status tells why
+            finally:
+                try:
+                    popen.stdin.close()
+                except BrokenPipeError:
+                    pass
+        log = None
+        if self.log_dir is not None:
+            log = open(os.path.join(self.log_dir, ps.label.replace(" ", "-") + ".log"), "w",
+                       encoding="utf-8")
+            self.logs.append(log)
+        out = _Output(f"[{ps.label}] ", self.lock, self.interrupted, log)
+        pumps = []
+        for pipe, stream in ((popen.stdout, self.stdout), (popen.stderr, self.stderr)):
+            assert pipe is not None
+            t = threading.Thread(target=out.pump, args=(pipe, stream, stream is self.stderr),
+                                 name=f"pskv-launch {ps.label}", daemon=True)
+            t.start()
+            pumps.append(t)
+        logger.debug("started %s (pid %d): %s", ps.label, popen.pid, ps.argv)
+        return _Child(ps, popen, pumps)
+
+    def _running(self) -> list[_Child]:
+        return [c for c in self.children if c.running]
+
+    def _stop(self, children: Sequence[_Child], sig: int = signal.SIGTERM) -> None:
+        """Signal `children`, give them grace_period, then SIGKILL; all are reaped after."""
+        running = [c for c in children if c.running]
+        for c in running:
+            c.killed = True
+            c.signal_group(sig)
+        end = time.monotonic() + self.grace_period
+        seen = self.signals
+        while any(c.running for c in running) and time.monotonic() < end:
+            if self.signals > seen:
+                break  # a second Ctrl-C: do not wait out the grace period
+            self.wake.wait(_POLL_S)
+            self.wake.clear()
+        for c in running:
+            if c.running:
+                logger.warning("%s (pid %d) did not exit %.3g s after signal %d; killing it",
+                               c.spec.label, c.popen.pid, self.grace_period, sig)
+                c.signal_group(signal.SIGKILL)
+        for c in running:
+            c.popen.wait()  # SIGKILL cannot be refused
+
+    def _finish(self) -> None:
+        """Reap everything, kill whatever is left in each process group, drain output."""
+        self._stop(self.children, signal.SIGKILL)
+        for c in self.children:
+            c.signal_group(signal.SIGKILL)  # grandchildren that outlived their parent
+        end = time.monotonic() + _JOIN_S
+        for c in self.children:
+            for t in c.pumps:
+                t.join(max(0.0, end - time.monotonic()))
+        with self.lock:
+            for log in self.logs:
+                log.close()
+
+    def run(self) -> LaunchResult:
+        if self.log_dir is not None:
+            try:
+                os.makedirs(self.log_dir, exist_ok=True)
+            except OSError as err:
+                raise ConfigError(f"cannot create --log-dir {self.log_dir!r}: {err.strerror}. "
+                                  "Pass a directory you can write.") from err
+        previous = self._install()
+        try:
+            try:
+                for ps in self.procs:
+                    if self.signum is not None:
+                        break
+                    self.children.append(self._spawn(ps))
+                reason, failed = self._watch()
+            finally:
+                self._finish()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        results = {id(c): c.result() for c in self.children}
+        first = results[id(failed)] if failed is not None else None
+        if reason == "signal":
+            assert self.signum is not None
+            code = 128 + self.signum
+        elif reason == "timeout":
+            code = EXIT_TIMEOUT
+        elif first is not None:
+            code = exit_status(first.returncode)
+        else:
+            code = 0
+        return LaunchResult(code, tuple(results[id(c)] for c in self.children), first, reason)
+
+    def _watch(self) -> tuple[str, _Child | None]:
+        start = time.monotonic()
+        deadline = None if self.timeout is None else start + self.timeout
+        shutdown_deadline: float | None = None
+        after_workers: set[_Child] = set()
+        workers = [c for c in self.children if c.spec.role is Role.WORKER]
+        while True:
+            if self.signum is not None:
+                if self.signum == signal.SIGINT:
+                    self.interrupted.set()
+                name = signal.Signals(self.signum).name
+                logger.warning("got %s; stopping all %d processes", name, len(self._running()))
+                self._stop(self.children, self.signum)
+                return "signal", None
+            for c in self.children:
+                rc = c.popen.poll()
+                if rc is None or rc == 0 or c in after_workers:
+                    continue
+                if shutdown_deadline is not None:
+                    # every worker exited 0, so the job succeeded: the workers' status is
+                    # the job's, whatever a scheduler or server does while it winds down
+                    after_workers.add(c)
+                    logger.warning("%s (pid %d) exited with status %d after every worker "
+                                   "had finished; the job's status stays 0", c.spec.label,
+                                   c.popen.pid, exit_status(rc))
+                    continue
+                logger.error("%s (pid %d) exited with status %d; stopping the others",
+                             c.spec.label, c.popen.pid, exit_status(rc))
+                self._stop(self.children)
+                return "failed", c
+            running = self._running()
+            if not running:
+                return "ok", None
+            now = time.monotonic()
+            if shutdown_deadline is None and not any(c.running for c in workers):
+                # every worker exited 0: a scheduler and servers the workers used follow by
+                # themselves within moments (ps-lite's Finalize); ones nobody joined would
+                # wait out their connect timeout, so after shutdown_timeout they are stopped,
+                # quietly: the job has succeeded, and --timeout only caps this wait
+                shutdown_deadline = now + self.shutdown_timeout
+                if deadline is not None:
+                    shutdown_deadline = min(shutdown_deadline, deadline)
+                logger.debug("all %d workers finished; waiting up to %.3g s for %s to exit",
+                             len(workers), shutdown_deadline - now,
+                             ", ".join(c.spec.label for c in running))
+            if shutdown_deadline is not None and now >= shutdown_deadline:
+                logger.debug("stopping %s: every worker has finished",
+                             ", ".join(c.spec.label for c in running))
+                self._stop(running)
+                return "ok", None
+            if deadline is not None and now >= deadline:
+                logger.error("timed out after %.3g s; still running: %s. Killing them.",
+                             self.timeout, ", ".join(c.spec.label for c in running))
+                self._stop(self.children)
+                return "timeout", None
+            self.wake.wait(_POLL_S)
+            self.wake.clear()
+
+
+def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
+                  grace_period: float = 5.0, shutdown_timeout: float = 2.0,
+                  stdout: TextIO | None = None,
+                  stderr: TextIO | None = None, log_dir: str | None = None) -> LaunchResult:
+    """Start `procs` in order and supervise them until the job ends.
+
+    The first process that exits non-zero stops all others (SIGTERM, then SIGKILL after
+    `grace_period`) and its status becomes the job's. Once every worker has exited 0, the
+    job has succeeded: the others get `shutdown_timeout` seconds to exit by themselves,
+    then they are stopped without a warning, and their exit statuses no longer count.
+    SIGINT or SIGTERM to the launcher (when called from the main thread) is forwarded to
+    every process group. After `timeout` seconds everything is stopped and the job fails
+    with status 124, unless every worker had already exited 0 (then `timeout` only caps
+    the wait for the others).
+
+    Parameters
+    ----------
+    procs : sequence of ProcessSpec
+    timeout, grace_period, shutdown_timeout : float
+        Seconds; see LaunchSpec.
+    stdout, stderr : text streams, optional
+        Where the prefixed output goes (``sys.stdout`` / ``sys.stderr`` by default).
+    log_dir : str, optional
+        Also write each process's output, unprefixed, to ``log_dir/<label>.log``
+        (``worker-0.log``, ``server-1.log``, ``scheduler.log``); created if missing.
+
+    Returns
+    -------
+    LaunchResult
+
+    Raises
+    ------
+    ConfigError
+        A command could not be started (after the processes already started are stopped).
+    """
+    return _Supervisor(procs, timeout=timeout, grace_period=grace_period,
+                       shutdown_timeout=shutdown_timeout,
+                       stdout=sys.stdout if stdout is None else stdout,
+                       stderr=sys.stderr if stderr is None else stderr, log_dir=log_dir).run()
