@@ -32,6 +32,8 @@ DIST_IN_UNIT = frozenset({
     "test_launch_argv.py::test_build_processes_local_shares_port_and_secret",  # free port
     "test_launch_argv.py::test_free_port_is_bindable",
     "test_launch_argv.py::test_guess_host_ip_is_not_loopback",  # a UDP socket, no traffic
+    "test_launch_flags.py::test_missing_hostfile_is_a_usage_error",  # main(): host-ip guess
+    "test_launch_flags.py::test_log_level",  # main() builds a job spec: a free port
     "test_public_api.py::test_reference_builds_without_warnings",  # Sphinx in a child python
     "test_torch.py::test_import_pskv_and_pskv_torch_do_not_import_torch",  # a child python
     "test_train.py::test_runs_as_a_module",  # the example in a child python
