@@ -23,8 +23,8 @@ _KEEP = {"PSKV_MXNET_PYTHON"}
 
 TESTS = Path(__file__).resolve().parent
 
-#: folder under tests/ -> the marker each of its tests gets
-FOLDER_MARKERS = {"dist": "dist", "mxnet": "mxnet"}
+#: folder under tests/ -> the markers each of its tests gets
+FOLDER_MARKERS = {"dist": ("dist",), "mxnet": ("mxnet",), "multihost": ("multihost", "dist")}
 
 #: tests in tests/unit that open a socket or start a process ("file::test", without
 #: parameters); they are marked ``dist``
@@ -60,11 +60,12 @@ def _unit_name(item: pytest.Item) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark tests by folder (tests/dist: dist, tests/mxnet: mxnet) and by DIST_IN_UNIT."""
+    """Mark tests by folder (dist, mxnet, multihost + dist) and by DIST_IN_UNIT."""
     for item in items:
         folder = _folder(item)
         if folder in FOLDER_MARKERS:
-            item.add_marker(FOLDER_MARKERS[folder])
+            for marker in FOLDER_MARKERS[folder]:
+                item.add_marker(marker)
         elif folder == "unit" and _unit_name(item) in DIST_IN_UNIT:
             item.add_marker("dist")
         elif folder is None and item.name in DIST_DOCTESTS:

@@ -63,6 +63,8 @@ class Postoffice:
         self._stop = threading.Event()
         self.shutdown = threading.Event()
         self.failure: str | None = None
+        #: set once the scheduler stopped answering heartbeats: no SHUTDOWN can come any more
+        self.scheduler_lost = threading.Event()
         self.rank = -1
         self.num_workers = cfg.num_workers
         self.num_servers = cfg.num_servers
@@ -189,6 +191,7 @@ class Postoffice:
             if now - last_ack > self.cfg.heartbeat_timeout and self.failure is None:
                 self._set_failure(f"the scheduler at {self.cfg.root_address} stopped answering "
                                   f"for {now - last_ack:.1f} s")
+                self.scheduler_lost.set()
 
     def _flush_outbox(self) -> None:
         while True:

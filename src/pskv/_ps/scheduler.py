@@ -174,7 +174,11 @@ class Scheduler:
     def _fail(self, node: _Node, reason: str) -> None:
         node.state = "dead"
         self._failed = True
-        msg = f"{node.role} {node.rank} {reason}"
+        # name the machine too (the hostname it said HELLO with): that is what an operator
+        # looks for when a link or a host went down
+        host = node.body.get("host")
+        where = f" on {host}" if isinstance(host, str) and host else ""
+        msg = f"{node.role} {node.rank}{where} {reason}"
         log.error("scheduler: %s", msg)
         for other in self._live():
             self._send(other.ident, Command.NODE_FAILED, 0,

@@ -573,6 +573,11 @@ class KVServer:
                     failed_seen = True
                     for entry in self._entries.values():
                         self._fail_entry(entry, self.po.failure, "NodeFailedError")
+                if self.po.scheduler_lost.is_set():
+                    # a server on another host (ssh launcher) has no launcher to stop it:
+                    # without the scheduler no SHUTDOWN can come, so it exits by itself
+                    log.error("server %d: %s; exiting", self.po.rank, self.po.failure)
+                    return 1
             self.po.goodbye()
             return 0
         finally:

@@ -1,0 +1,1 @@
+"""Multi-host tests: pskv-launch across network-namespace hosts (marker multihost)."""
