@@ -16,6 +16,7 @@ from .errors import (ClusterError, ClusterTimeoutError, ConfigError, KeyNotIniti
                      KeyTypeError, KVStoreError, NodeFailedError, ProtocolError,
                      ShapeMismatchError, UnsupportedError, ValueTypeError)
 from .kvstore import KVStore, KVStoreBase, create
+from .nd import random  # mx.random.seed, as in MXNet
 
 kvstore = kv
 
@@ -48,4 +49,5 @@ __all__ = [
     "np",
     "num_gpus",
     "optimizer",
+    "random",
 ]
