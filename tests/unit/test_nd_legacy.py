@@ -109,6 +109,7 @@ def test_asscalar_is_a_numpy_scalar_of_the_dtype() -> None:
     v = mx.nd.ones((2, 2))[0][0].asscalar()
     assert isinstance(v, np.float32)
     assert isinstance(mx.nd.ones(1).item(), float)
+    assert float(mx.nd.ones(1) * 2) == 2.0 and int(mx.nd.ones(1) * 2) == 2  # MXNet: TypeError
     with pytest.raises(ValueError):
         mx.nd.ones(2).asscalar()
 
@@ -125,3 +126,25 @@ def test_random_seed_repeats_draws() -> None:
     assert mx.nd.random.normal(shape=4, dtype="float64").dtype == np.float64
     with pytest.raises(TypeError):
         mx.random.seed(-1)
+
+
+def test_reshape_takes_whole_number_floats() -> None:
+    # MXNet 1.9.1's dist_sync_kvstore.py reshapes to (num_rows / 2, 2); docs/differences.md
+    a = mx.nd.arange(4)
+    assert a.reshape((4 / 2, 2)).shape == (2, 2)
+    assert a.reshape(2.0, 2).shape == (2, 2)
+    with pytest.raises(ValueError, match="whole number"):
+        a.reshape((1.5, 2))
+    with pytest.raises(ValueError):
+        a.reshape((3, 2))
+
+
+def test_mixed_dtype_operands_promote() -> None:
+    # MXNet raises for mixed-dtype NDArrays (docs/differences.md row 20); pskv promotes
+    assert (mx.nd.ones(2, dtype="float16") + mx.nd.ones(2)).dtype == np.float32
+    assert (mx.nd.ones(2) - np.ones(2, np.float64)).dtype == np.float64
+
+
+def test_empty_shape_is_0d() -> None:
+    assert mx.nd.zeros(()).shape == ()
+    assert mx.nd.zeros(()).sum().shape == (1,)

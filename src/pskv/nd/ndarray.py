@@ -34,6 +34,16 @@ def _shape(shape: Any) -> tuple[int, ...]:
             shape=shape) from None
 
 
+def _dim(s: Any) -> int:
+    """One reshape dimension: an int, or a float with a whole value."""
+    if isinstance(s, (float, np.floating)):
+        if not float(s).is_integer():
+            raise ShapeMismatchError(f"reshape dimension {s!r} is not a whole number. "
+                                     "Pass ints, e.g. n // 2.", shape=s)
+        return int(s)
+    return operator.index(s)
+
+
 def _ctx(ctx: Context | str | None) -> Context:
     if ctx is None:
         return current_context()
@@ -228,11 +238,16 @@ class NDArray:
             f"storage type {stype!r} is not supported. Use 'default' or 'row_sparse'.")
 
     def reshape(self, *shape: Any, **kwargs: Any) -> NDArray:
-        """Return a view with a new shape (``-1`` infers one dimension)."""
-        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+        """Return a view with a new shape (``-1`` infers one dimension).
+
+        A whole-number float dimension (``n / 2`` in Python 3) is taken as an int, which
+        MXNet 1.9.1 refuses although its own dist_sync_kvstore.py passes one.
+        """
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer, float)):
             shape = tuple(shape[0])
         if "shape" in kwargs:
             shape = tuple(kwargs.pop("shape"))
+        shape = tuple(_dim(s) for s in shape)
         try:
             return self._new(self._data.reshape(shape))
         except ValueError as err:
