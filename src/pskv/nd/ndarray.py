@@ -346,9 +346,14 @@ class NDArray:
         if not isinstance(other, (NDArray, np.ndarray, int, float, bool, np.generic)):
             return NotImplemented
         a, b = self._dense(), self._scalar(_operand(other))
-        out = np.asarray(fn(b, a) if reverse else fn(a, b))
-        if self._legacy and out.dtype == np.bool_ and self.dtype != np.bool_:
-            out = out.astype(self.dtype)  # MXNet comparisons give 1/0 in the input dtype
+        if not self._legacy:
+            return self._new(np.asarray(fn(b, a) if reverse else fn(a, b)))
+        # MXNet 1.x computes in the operands' dtype: int32 / 2 is int32 (truncated),
+        # comparisons give 1/0 in the input dtype, x / 0 is inf without a warning
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            out = np.asarray(fn(b, a) if reverse else fn(a, b))
+            if out.dtype != self.dtype and np.asarray(b).dtype == self.dtype:
+                out = out.astype(self.dtype)
         return self._new(out)
 
     def _inplace(self, other: Any, fn: Callable[..., Any]) -> Any:
@@ -421,6 +426,11 @@ class NDArray:
     def min(self, axis: Any = None, keepdims: bool = False) -> NDArray:
         """Minimum over ``axis`` (all elements by default)."""
         return self._result(np.min(self._dense(), axis=axis, keepdims=keepdims))
+
+    def clip(self, a_min: float, a_max: float) -> NDArray:
+        """Values limited to ``[a_min, a_max]``, in this array's dtype (``nd.clip``)."""
+        from .ops import clip
+        return clip(self, a_min, a_max)
 
     def norm(self) -> NDArray:
         """The L2 norm of all elements, as a 1-element array."""
