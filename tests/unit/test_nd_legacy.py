@@ -148,3 +148,10 @@ def test_mixed_dtype_operands_promote() -> None:
 def test_empty_shape_is_0d() -> None:
     assert mx.nd.zeros(()).shape == ()
     assert mx.nd.zeros(()).sum().shape == (1,)
+
+
+def test_row_sparse_scaling_keeps_dtype() -> None:
+    rsp = mx.nd.ones((3, 2), dtype="float16").tostype("row_sparse")
+    scaled = rsp * np.float64(2)
+    assert scaled.stype == "row_sparse" and scaled.dtype == np.float16
+    assert scaled.asnumpy().tolist() == [[2, 2]] * 3
