@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from . import kvstore as kv
-from . import lr_scheduler, nd, np, optimizer
+from . import lr_scheduler, nd, np, optimizer, test_utils
 from .context import Context, cpu, cpu_pinned, current_context, gpu, num_gpus
 from .errors import (ClusterError, ClusterTimeoutError, ConfigError, KeyNotInitializedError,
                      KeyTypeError, KVStoreError, NodeFailedError, ProtocolError,
@@ -50,4 +50,5 @@ __all__ = [
     "num_gpus",
     "optimizer",
     "random",
+    "test_utils",
 ]
