@@ -18,8 +18,9 @@ from typing import Any, Iterator
 import pytest
 
 _PREFIXES = ("DMLC_", "PSKV_", "MXNET_")
-# the differential tests read this one; it names an interpreter, not pskv behaviour
-_KEEP = {"PSKV_MXNET_PYTHON"}
+# the differential tests read these; they name an interpreter and a source checkout,
+# not pskv behaviour
+_KEEP = {"PSKV_MXNET_PYTHON", "PSKV_MXNET_SRC"}
 
 TESTS = Path(__file__).resolve().parent
 

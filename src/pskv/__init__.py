@@ -10,12 +10,13 @@
 from __future__ import annotations
 
 from . import kvstore as kv
-from . import lr_scheduler, nd, np, optimizer
+from . import lr_scheduler, nd, np, optimizer, test_utils
 from .context import Context, cpu, cpu_pinned, current_context, gpu, num_gpus
 from .errors import (ClusterError, ClusterTimeoutError, ConfigError, KeyNotInitializedError,
                      KeyTypeError, KVStoreError, NodeFailedError, ProtocolError,
                      ShapeMismatchError, UnsupportedError, ValueTypeError)
 from .kvstore import KVStore, KVStoreBase, create
+from .nd import random  # mx.random.seed, as in MXNet
 
 kvstore = kv
 
@@ -48,4 +49,6 @@ __all__ = [
     "np",
     "num_gpus",
     "optimizer",
+    "random",
+    "test_utils",
 ]

@@ -27,6 +27,7 @@ class ndarray(NDArray):  # noqa: N801 - the name mxnet.np uses
     """
 
     __slots__ = ()
+    _legacy = False  # NumPy's rules: 0-d results, NumPy dtype promotion
 
     def __repr__(self) -> str:
         text = repr(self._dense())

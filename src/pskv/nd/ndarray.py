@@ -14,7 +14,7 @@ import numpy as np
 from ..context import Context, current_context
 from ..errors import ShapeMismatchError, UnsupportedError, ValueTypeError
 
-__all__ = ["NDArray", "array", "empty", "full", "ones", "waitall", "zeros"]
+__all__ = ["NDArray", "arange", "array", "empty", "full", "ones", "waitall", "zeros"]
 
 _DEFAULT_DTYPE = np.float32
 
@@ -32,6 +32,16 @@ def _shape(shape: Any) -> tuple[int, ...]:
         raise ShapeMismatchError(
             f"shape {shape!r} is not an int or a tuple of ints. Pass e.g. (2, 3).",
             shape=shape) from None
+
+
+def _dim(s: Any) -> int:
+    """One reshape dimension: an int, or a float with a whole value."""
+    if isinstance(s, (float, np.floating)):
+        if not float(s).is_integer():
+            raise ShapeMismatchError(f"reshape dimension {s!r} is not a whole number. "
+                                     "Pass ints, e.g. n // 2.", shape=s)
+        return int(s)
+    return operator.index(s)
 
 
 def _ctx(ctx: Context | str | None) -> Context:
@@ -65,12 +75,16 @@ class NDArray:
     array([[2., 2., 2.],
            [2., 2., 2.]], dtype=float32)
     >>> a += 1
-    >>> a[0, 0].asscalar()
-    3.0
+    >>> a[0, 0].shape, a[0, 0].item()  # one element is a (1,) array, as in MXNet 1.x
+    ((1,), 3.0)
     """
 
     __slots__ = ("_data", "_ctx", "__weakref__")
     __array_priority__ = 1000.0  # numpy scalars/arrays defer to our operators
+    # MXNet 1.x legacy rules: no 0-d results from indexing or reductions (they have shape
+    # (1,)), a scalar operand takes the array's dtype, comparisons give the array's dtype.
+    # ``pskv.np.ndarray`` turns this off and follows NumPy.
+    _legacy = True
 
     def __init__(self, data: np.ndarray, ctx: Context | None = None) -> None:
         self._data = data
@@ -84,6 +98,22 @@ class NDArray:
 
     def _dense(self) -> np.ndarray:
         return self._data
+
+    def _result(self, data: Any) -> NDArray:
+        """Wrap an operation's result; legacy arrays turn a 0-d result into shape (1,)."""
+        data = np.asarray(data)
+        if data.ndim == 0 and self._legacy:
+            data = data.reshape(1)
+        return self._new(data)
+
+    def _scalar(self, x: Any) -> Any:
+        """A Python/NumPy scalar operand, cast to this array's dtype as MXNet does
+        (``nd.ones(2, dtype='int32') * 2.5`` is ``[2, 2]``; float32 stays float32)."""
+        if self._legacy and isinstance(x, (int, float, np.generic)) and \
+                not isinstance(x, (bool, np.bool_)):
+            with np.errstate(over="ignore", invalid="ignore"):  # 1e5 in float16 is inf
+                return np.asarray(x).astype(self.dtype)
+        return x
 
     # ---- properties -------------------------------------------------------------
     @property
@@ -129,16 +159,20 @@ class NDArray:
         return np.array(self._dense(), copy=True)
 
     def asscalar(self) -> Any:
-        """Return the value of a size-1 array as a Python scalar."""
+        """Return the value of a size-1 array as a NumPy scalar of the array's dtype.
+
+        As MXNet's ``asscalar`` (``asnumpy()[0]``): ``nd.ones(1).asscalar()`` is a
+        ``numpy.float32``. Use :meth:`item` for a Python scalar.
+        """
         if self.size != 1:
             raise ShapeMismatchError(
                 f"asscalar() needs an array of size 1, but the shape is {self.shape}. "
                 "Index the element you want first.", shape=self.shape)
-        return self._dense().reshape(-1)[0].item()
+        return self._dense().reshape(-1)[0]
 
     def item(self) -> Any:
         """Return the value of a size-1 array as a Python scalar."""
-        return self.asscalar()
+        return self.asscalar().item()
 
     def tolist(self) -> Any:
         """Return the array as nested Python lists."""
@@ -204,11 +238,16 @@ class NDArray:
             f"storage type {stype!r} is not supported. Use 'default' or 'row_sparse'.")
 
     def reshape(self, *shape: Any, **kwargs: Any) -> NDArray:
-        """Return a view with a new shape (``-1`` infers one dimension)."""
-        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+        """Return a view with a new shape (``-1`` infers one dimension).
+
+        A whole-number float dimension (``n / 2`` in Python 3) is taken as an int, which
+        MXNet 1.9.1 refuses although its own dist_sync_kvstore.py passes one.
+        """
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer, float)):
             shape = tuple(shape[0])
         if "shape" in kwargs:
             shape = tuple(kwargs.pop("shape"))
+        shape = tuple(_dim(s) for s in shape)
         try:
             return self._new(self._data.reshape(shape))
         except ValueError as err:
@@ -287,7 +326,14 @@ class NDArray:
     def __getitem__(self, idx: Any) -> NDArray:
         if isinstance(idx, NDArray):
             idx = idx._dense()
-        return self._new(np.asarray(self._data[idx]))
+        got = self._data[idx]
+        if self._legacy and isinstance(got, np.generic):
+            # one element by integers: MXNet 1.x gives a (1,) view, not a 0-d copy
+            # (``nd.zeros((2, 3))[1][2][:] = 7`` writes into the parent)
+            full = idx if isinstance(idx, tuple) else (idx,)
+            last = operator.index(full[-1]) % self._data.shape[len(full) - 1]
+            got = self._data[full[:-1] + (slice(last, last + 1),)]
+        return self._result(got)
 
     def __setitem__(self, idx: Any, value: Any) -> None:
         if isinstance(idx, NDArray):
@@ -306,14 +352,23 @@ class NDArray:
     def _binary(self, other: Any, fn: Callable[[Any, Any], Any], reverse: bool = False) -> Any:
         if not isinstance(other, (NDArray, np.ndarray, int, float, bool, np.generic)):
             return NotImplemented
-        a, b = self._dense(), _operand(other)
-        return self._new(np.asarray(fn(b, a) if reverse else fn(a, b)))
+        a, b = self._dense(), self._scalar(_operand(other))
+        if not self._legacy:
+            return self._new(np.asarray(fn(b, a) if reverse else fn(a, b)))
+        # MXNet 1.x computes in the operands' dtype: int32 / 2 is int32 (truncated),
+        # comparisons give 1/0 in the input dtype, x / 0 is inf without a warning
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            out = np.asarray(fn(b, a) if reverse else fn(a, b))
+            if out.dtype != self.dtype and np.asarray(b).dtype == self.dtype:
+                out = out.astype(self.dtype)
+        return self._new(out)
 
     def _inplace(self, other: Any, fn: Callable[..., Any]) -> Any:
         if not isinstance(other, (NDArray, np.ndarray, int, float, bool, np.generic)):
             return NotImplemented
         try:
-            fn(self._data, _operand(other), out=self._data, casting="same_kind")
+            fn(self._data, self._scalar(_operand(other)), out=self._data,
+               casting="same_kind")
         except ValueError as err:
             raise ShapeMismatchError(
                 f"in-place operation between shapes {self.shape} and "
@@ -350,13 +405,39 @@ class NDArray:
     def __abs__(self) -> NDArray: return self._new(np.abs(self._dense()))
 
     # ---- a few reductions MXNet users reach for --------------------------------------
+    # A full reduction has shape (1,) and keeps the dtype (int32 sums stay int32), as in
+    # MXNet 1.x; pskv.np arrays give NumPy's 0-d results.
+    def _reduction(self, fn: Callable[..., Any], axis: Any, keepdims: bool) -> NDArray:
+        dt = self.dtype if self._legacy else None
+        return self._result(fn(self._dense(), axis=axis, keepdims=keepdims, dtype=dt))
+
     def sum(self, axis: Any = None, keepdims: bool = False) -> NDArray:
-        """Sum over ``axis`` (all elements by default)."""
-        return self._new(np.asarray(self._dense().sum(axis=axis, keepdims=keepdims)))
+        """Sum over ``axis`` (all elements by default).
+
+        Examples
+        --------
+        >>> import pskv as mx
+        >>> mx.nd.ones((2, 3)).sum().shape
+        (1,)
+        """
+        return self._reduction(np.sum, axis, keepdims)
 
     def mean(self, axis: Any = None, keepdims: bool = False) -> NDArray:
         """Mean over ``axis`` (all elements by default)."""
-        return self._new(np.asarray(self._dense().mean(axis=axis, keepdims=keepdims)))
+        return self._reduction(np.mean, axis, keepdims)
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> NDArray:
+        """Maximum over ``axis`` (all elements by default)."""
+        return self._result(np.max(self._dense(), axis=axis, keepdims=keepdims))
+
+    def min(self, axis: Any = None, keepdims: bool = False) -> NDArray:
+        """Minimum over ``axis`` (all elements by default)."""
+        return self._result(np.min(self._dense(), axis=axis, keepdims=keepdims))
+
+    def clip(self, a_min: float, a_max: float) -> NDArray:
+        """Values limited to ``[a_min, a_max]``, in this array's dtype (``nd.clip``)."""
+        from .ops import clip
+        return clip(self, a_min, a_max)
 
     def norm(self) -> NDArray:
         """The L2 norm of all elements, as a 1-element array."""
@@ -391,17 +472,21 @@ def array(source_array: Any, ctx: Context | None = None, dtype: Any = None) -> N
     ctx : Context, optional
         Device context (default: the current context).
     dtype : str or numpy.dtype, optional
-        The source's dtype for arrays, else ``float32``.
+        The source's dtype if it is an NDArray, else ``float32`` (a float64 or int
+        NumPy array becomes float32, as in MXNet 1.x; pass ``dtype=`` to keep it).
 
     Examples
     --------
-    >>> import pskv as mx
+    >>> import numpy as np, pskv as mx
     >>> mx.nd.array([1, 2, 3]).dtype
     dtype('float32')
+    >>> mx.nd.array(np.zeros(2)).dtype, mx.nd.array(np.zeros(2), dtype='float64').dtype
+    (dtype('float32'), dtype('float64'))
     """
     if source_array is None:
         raise ValueTypeError("nd.array() got None. Pass a list, a NumPy array or an NDArray.")
-    dt = _creation_dtype(source_array, dtype)
+    # MXNet 1.x: only an NDArray source keeps its dtype (ndarray/utils.py array)
+    dt = _creation_dtype(source_array if isinstance(source_array, NDArray) else None, dtype)
     if isinstance(source_array, NDArray):
         data = np.array(source_array._dense(), dtype=dt, copy=True)
     else:
@@ -464,6 +549,42 @@ def full(shape: Any, val: Any, ctx: Context | None = None, dtype: Any = None,
          **kwargs: Any) -> NDArray:
     """Return a new array of ``shape`` filled with ``val``."""
     return NDArray(np.full(_shape(shape), val, dtype=_dtype(dtype)), _ctx(ctx))
+
+
+def arange(start: float, stop: float | None = None, step: float = 1.0, repeat: int = 1,
+           infer_range: bool = False, ctx: Context | None = None,
+           dtype: Any = None) -> NDArray:
+    """Return evenly spaced values in ``[start, stop)``, each repeated ``repeat`` times.
+
+    Parameters
+    ----------
+    start : number
+        The start, or the stop (from 0) when ``stop`` is None.
+    stop : number, optional
+    step : number, default 1
+    repeat : int, default 1
+        How many times each value is repeated.
+    infer_range : bool, default False
+        Not supported (MXNet uses it in symbolic graphs only).
+    ctx : Context, optional
+    dtype : str or numpy.dtype, default float32
+
+    Examples
+    --------
+    >>> import pskv as mx
+    >>> mx.nd.arange(3).asnumpy().tolist(), mx.nd.arange(1, 7, 2, repeat=2).asnumpy().tolist()
+    ([0.0, 1.0, 2.0], [1.0, 1.0, 3.0, 3.0, 5.0, 5.0])
+    """
+    if infer_range:
+        raise UnsupportedError("nd.arange(infer_range=True) is for symbols; pass stop instead.")
+    if stop is None:
+        start, stop = 0.0, start
+    if isinstance(repeat, bool) or not isinstance(repeat, (int, np.integer)) or repeat < 1:
+        raise ValueTypeError(f"arange: repeat={repeat!r} is not a positive int. Pass e.g. 2.")
+    dt = _dtype(dtype)
+    # computed in float64 then cast, so a float32 result has exactly MXNet's length
+    values = np.arange(start, stop, step, dtype=np.float64).astype(dt)
+    return NDArray(np.repeat(values, int(repeat)), _ctx(ctx))
 
 
 def waitall() -> None:

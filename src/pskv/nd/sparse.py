@@ -162,7 +162,7 @@ class RowSparseNDArray(NDArray):
     def _binary(self, other: Any, fn: Any, reverse: bool = False) -> Any:
         # scaling keeps sparsity, as MXNet's elemwise ops on row_sparse do
         if fn is np.multiply and isinstance(other, (int, float, np.generic)):
-            return RowSparseNDArray(self._data * other, self._indices.copy(),
+            return RowSparseNDArray(self._data * self._scalar(other), self._indices.copy(),
                                     self._full_shape, self._ctx)
         if fn in (np.add, np.subtract) and isinstance(other, RowSparseNDArray):
             return _rsp_add(self, other, -1.0 if fn is np.subtract and not reverse else 1.0,
