@@ -21,7 +21,7 @@ import zmq
 from ..errors import ClusterError, ClusterTimeoutError, NodeFailedError, ProtocolError
 from .auth import prove
 from .config import ClusterConfig
-from .message import Command
+from .message import Command, error_from_body
 from .van import ZmqVan
 
 __all__ = ["Postoffice"]
@@ -207,9 +207,8 @@ class Postoffice:
         elif cmd == Command.SHUTDOWN:
             self.shutdown.set()
         elif cmd == Command.ERROR:
-            msg = body.get("msg") if isinstance(body, dict) else "error"
             with self._cond:
-                self._replies[ts] = ClusterError(f"the scheduler answered: {msg}")
+                self._replies[ts] = error_from_body(body, "the scheduler")
                 self._cond.notify_all()
 
     def _set_failure(self, msg: str) -> None:

@@ -15,10 +15,10 @@ from typing import Any
 
 import zmq
 
-from ..errors import ClusterTimeoutError, ProtocolError
+from ..errors import ClusterError, ClusterTimeoutError, ProtocolError
 from .auth import Verifier
 from .config import ClusterConfig
-from .message import Command
+from .message import Command, error_body
 from .van import ZmqVan
 
 __all__ = ["Scheduler"]
@@ -83,8 +83,8 @@ class Scheduler:
             why = f"a {role} beyond the {self._expected(role)} this cluster expects"
         if why is not None:
             log.warning("scheduler: refused a node (%s)", why)
-            self._send(ident, Command.ERROR, ts, {"kind": "ClusterError",
-                                                  "msg": f"the scheduler refused this node: {why}"})
+            self._send(ident, Command.ERROR, ts, error_body(
+                ClusterError(f"the scheduler refused this node: {why}")))
             return
         if ident in self._nodes:
             return
@@ -113,8 +113,8 @@ class Scheduler:
     def _barrier(self, node: _Node, ts: int, body: Any) -> None:
         group = body.get("group", "worker") if isinstance(body, dict) else "worker"
         if group not in ("worker", "server", "all"):
-            self._send(node.ident, Command.ERROR, ts, {"kind": "ProtocolError",
-                                                       "msg": f"unknown barrier group {group!r}"})
+            self._send(node.ident, Command.ERROR, ts, error_body(
+                ProtocolError(f"unknown barrier group {group!r}")))
             return
         bar = self._barriers.setdefault(group, _Barrier())
         key = node.rank if group != "all" else (node.rank if node.role == "worker"
@@ -196,7 +196,7 @@ class Scheduler:
             meta, _ = ZmqVan.parse(frames)
         except ProtocolError as err:
             log.warning("scheduler: dropped a malformed message: %s", err)
-            self._send(ident, Command.ERROR, 0, {"kind": "ProtocolError", "msg": str(err)})
+            self._send(ident, Command.ERROR, 0, error_body(err))
             return
         if meta.cmd == Command.HELLO:
             self._hello(ident, meta.ts, meta.body)
@@ -205,8 +205,8 @@ class Scheduler:
         if node is None:
             log.warning("scheduler: refused a %s from a node that was never admitted",
                         meta.cmd.name)
-            self._send(ident, Command.ERROR, meta.ts, {
-                "kind": "ClusterError", "msg": "this node was never admitted: send HELLO"})
+            self._send(ident, Command.ERROR, meta.ts, error_body(
+                ClusterError("this node was never admitted: send HELLO")))
             return
         node.last_seen = time.monotonic()
         if meta.cmd == Command.HEARTBEAT:
@@ -219,5 +219,5 @@ class Scheduler:
             else:
                 self._goodbye(node)
         else:
-            self._send(ident, Command.ERROR, meta.ts, {
-                "kind": "ProtocolError", "msg": f"the scheduler does not take {meta.cmd.name}"})
+            self._send(ident, Command.ERROR, meta.ts, error_body(
+                ProtocolError(f"the scheduler does not take {meta.cmd.name}")))

@@ -4,7 +4,8 @@ One DEALER socket per server (ipc when the server is on this host, else tcp). Re
 carry a ``ts``; ``wait(ts)`` polls every socket until that reply arrives, keeping other
 replies for their own waits. Invariants: every wait is bounded by ``request_timeout`` and
 ends early with NodeFailedError when the scheduler reports a dead node; an ERROR reply is
-re-raised as the error class the server named, marked "(reported by server N)".
+re-raised as the error class registered for its kind (``errors.error_from_kind``), marked
+"(reported by server N)".
 """
 from __future__ import annotations
 
@@ -17,23 +18,15 @@ from typing import Any, Sequence
 import numpy as np
 import zmq
 
-from .. import errors
-from ..errors import ClusterError, ClusterTimeoutError, ProtocolError
+from ..errors import ClusterTimeoutError, KVStoreError, ProtocolError
 from .auth import prove
 from .config import ClusterConfig
-from .message import Command, Meta
+from .message import Command, Meta, error_from_body
 from .postoffice import Postoffice
 from .uds import UdsConn
 from .van import ZmqVan
 
 __all__ = ["KVWorker"]
-
-
-def _server_error(kind: str, msg: str, server: int) -> Exception:
-    cls = getattr(errors, kind, None)
-    if not (isinstance(cls, type) and issubclass(cls, errors.KVStoreError)):
-        cls = ClusterError
-    return cls(f"{msg} (reported by server {server})")
 
 
 class KVWorker:
@@ -188,9 +181,7 @@ class KVWorker:
         for server, meta, arrays in self._messages(timeout_ms):
             result: tuple[Meta, list[np.ndarray]] | Exception = (meta, arrays)
             if meta.cmd == Command.ERROR:
-                body = meta.body if isinstance(meta.body, dict) else {}
-                result = _server_error(str(body.get("kind", "")),
-                                       str(body.get("msg", "error")), server)
+                result = error_from_body(meta.body, f"server {server}")
             if meta.ts < 0:              # only a failed push is answered
                 if isinstance(result, Exception) and self._deferred_error is None:
                     self._deferred_error = result
@@ -231,7 +222,7 @@ class KVWorker:
                 results.append(self.wait(ts, what=what))
             except ClusterTimeoutError:
                 raise
-            except errors.KVStoreError as err:
+            except KVStoreError as err:
                 first = first or err
                 results.append(None)
         if first is not None:
