@@ -21,7 +21,7 @@ from typing import Any, overload
 import numpy as np
 
 from ..errors import (ClusterError, ConfigError, KVStoreError, OptimizerStateError,
-                      ShapeMismatchError, UnsupportedError)
+                      UnsupportedError)
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._ps.config import ClusterConfig
@@ -35,6 +35,7 @@ from ._args import as_numpy, normalize, row_ids_by_key
 from ._held import HeldPush, Items
 from ._keys import KeyRecord, KeyTable
 from ._reduce import Reducer, sum_row_sparse
+from ._wire import assemble, check_agreement, init_spec, parts, target
 from .base import KVStoreBase, check_capability, check_optimizer
 
 __all__ = ["DistKVStore"]
@@ -128,7 +129,7 @@ class DistKVStore(KVStoreBase):
             try:
                 keys, groups = normalize(key, value)
                 self._keys.validate_init(keys, groups)
-                specs = [self._spec(k, vals[0]) for k, vals in zip(keys, groups)]
+                specs = [init_spec(k, vals[0], self._by_pskey) for k, vals in zip(keys, groups)]
             except KVStoreError as err:
                 error = err
             payloads = self._collective("init", {
@@ -137,7 +138,7 @@ class DistKVStore(KVStoreBase):
             if error is not None:
                 raise error
             assert specs is not None
-            self._check_agreement(payloads, specs)
+            check_agreement(payloads, specs, self.rank)
             order = sorted(range(len(keys)), key=lambda i: specs[i][0])
             recs = {keys[i]: self._place(keys[i], groups[i][0]) for i in order}
             if self.rank == 0:
@@ -161,39 +162,6 @@ class DistKVStore(KVStoreBase):
                 store_type=self._type)
         return payloads
 
-    def _spec(self, key: Key, value: Any) -> list[Any]:
-        pk = ps_key(key)
-        other = self._by_pskey.get(pk)
-        if other is not None and other != key:
-            raise ConfigError(f"keys {key!r} and {other!r} hash to the same server key. "
-                              "Rename one of them.", key=key)
-        arr = value if isinstance(value, NDArray) else as_numpy(value)
-        stype = "row_sparse" if isinstance(value, RowSparseNDArray) else "default"
-        return [pk, key, list(arr.shape), np.dtype(arr.dtype).name, stype]
-
-    def _check_agreement(self, payloads: dict[str, Any], specs: list[Any]) -> None:
-        bad = {r: p["error"] for r, p in payloads.items() if p and p.get("error")}
-        if bad:
-            rank = min(bad, key=int)
-            raise ClusterError(f"init failed on worker {rank}: {bad[rank]}. Every worker must "
-                               "init the same keys with the same shapes.")
-
-        def by_pskey(ss: Any) -> list[Any]:   # the order keys are listed in does not matter
-            return sorted(ss or [], key=lambda s: s[0])
-
-        for r, p in sorted(payloads.items(), key=lambda kv: int(kv[0])):
-            if by_pskey(p.get("specs")) != by_pskey(specs):
-                theirs = {s[1]: s[2:] for s in p.get("specs") or []}
-                mine = {s[1]: s[2:] for s in specs}
-                diff = sorted({k for k in set(mine) | set(theirs)
-                               if mine.get(k) != theirs.get(k)}, key=repr)
-                k = diff[0] if diff else None
-                raise ShapeMismatchError(
-                    f"workers disagree on init: key {k!r} is {mine.get(k)} on worker "
-                    f"{self.rank} but {theirs.get(k)} on worker {r} ([shape, dtype, stype]). "
-                    "Every worker must init the same keys with the same shapes and dtypes.",
-                    key=k)
-
     def _place(self, key: Key, value: Any) -> KeyRecord:
         """``key``'s record, with its ps_key and segments (not added yet)."""
         rec = self._keys.make(key, value)
@@ -208,15 +176,6 @@ class DistKVStore(KVStoreBase):
         rec.pskey = ps_key(key)
         return rec
 
-    def _parts(self, info: KeyRecord, data: np.ndarray) -> list[np.ndarray]:
-        """``data`` (the key's full dense value) cut into its segments."""
-        if info.sparse:
-            return [data[s.start:s.stop] for s in info.segments]
-        if len(info.segments) == 1:
-            return [data.reshape(info.shape)]
-        flat = data.reshape(-1)
-        return [flat[s.start:s.stop] for s in info.segments]
-
     def _send_init(self, keys: list[Key], groups: list[list[Any]],
                    infos: dict[Key, KeyRecord]) -> None:
         per: dict[int, tuple[list[int], list[Any], list[np.ndarray]]] = {}
@@ -224,7 +183,7 @@ class DistKVStore(KVStoreBase):
             info = infos[k]
             v = vals[0]
             dense = np.ascontiguousarray(v._dense() if isinstance(v, NDArray) else as_numpy(v))
-            for seg, part in zip(info.segments, self._parts(info, dense)):
+            for seg, part in zip(info.segments, parts(info, dense)):
                 pk, specs, arrays = per.setdefault(seg.server, ([], [], []))
                 pk.append(info.pskey)
                 specs.append({"key": k, "shape": list(part.shape),
@@ -281,17 +240,17 @@ class DistKVStore(KVStoreBase):
                     arrays.append(np.ascontiguousarray(merged._data[lo:hi], dtype=info.dtype))
                 continue
             data = self._merged_dense(k, info, vals)
-            parts = self._parts(info, data)
+            pieces = parts(info, data)
             if self._wire_gc is not None:
                 res = self._wire_residual.get(k)
                 if res is None:
                     res = self._wire_residual[k] = np.zeros(info.size, np.float32)
                 flat = data.reshape(-1)
-                parts = []
+                pieces = []
                 for seg in info.segments:
                     s, e = (seg.start, seg.stop) if len(info.segments) > 1 else (0, info.size)
-                    parts.append(self._wire_gc.compress(flat[s:e], res[s:e]))
-            for seg, part in zip(info.segments, parts):
+                    pieces.append(self._wire_gc.compress(flat[s:e], res[s:e]))
+            for seg, part in zip(info.segments, pieces):
                 pk, kinds, arrays = per.setdefault(seg.server, ([], [], []))
                 pk.append(info.pskey)
                 kinds.append("c" if self._wire_gc is not None else "d")
@@ -345,38 +304,16 @@ class DistKVStore(KVStoreBase):
             out[k] = [got[seg.server].pop(0) for seg in info.segments]
         return out
 
-    def _assemble(self, info: KeyRecord, parts: list[np.ndarray], out: np.ndarray) -> None:
-        if len(parts) == 1:
-            if not np.may_share_memory(parts[0], out):   # not read in place
-                np.copyto(out, parts[0].reshape(info.shape), casting="same_kind")
-            return
-        dst = out if info.sparse else out.reshape(-1)
-        for seg, part in zip(info.segments, parts):
-            view = dst[seg.start:seg.stop]
-            if not np.may_share_memory(part, view):
-                np.copyto(view, part, casting="same_kind")
-
     def _targets(self, keys: list[Key], groups: list[list[Any]],
                  only: set[Key] | None = None) -> dict[Key, np.ndarray]:
         """Per key (of ``only``, if given), an out the reply can be read straight into."""
         targets = {}
         for k, outs in zip(keys, groups):
             if only is None or k in only:
-                t = self._target(self._store[k], outs)
+                t = target(self._store[k], outs)
                 if t is not None:
                     targets[k] = t
         return targets
-
-    @staticmethod
-    def _target(info: KeyRecord, outs: list[Any]) -> np.ndarray | None:
-        """An out the reply can be read straight into: dense, contiguous, same dtype."""
-        for o in outs:
-            if isinstance(o, RowSparseNDArray):
-                continue
-            arr = as_numpy(o)
-            if arr.dtype == info.dtype and arr.flags.c_contiguous and arr.flags.writeable:
-                return arr
-        return None
 
     def _pull_validated(self, keys: list[Key], groups: list[list[Any]],
                         ignore_sparse: bool, fetched: dict[Key, list[np.ndarray]]
@@ -401,10 +338,10 @@ class DistKVStore(KVStoreBase):
                         self._keys.warn_sparse(k)
                         continue
                     table = np.empty(info.shape, o.dtype)
-                    self._assemble(info, parts[k], table)
+                    assemble(info, parts[k], table)
                     o._data, o._indices = table, np.arange(info.shape[0], dtype=np.int64)
                     continue
-                self._assemble(info, parts[k], as_numpy(o))
+                assemble(info, parts[k], as_numpy(o))
 
     def _pull_new(self, key: Any) -> Any:
         self._send_held()
@@ -413,7 +350,7 @@ class DistKVStore(KVStoreBase):
         result = []
         for rec in records:
             data = np.empty(rec.shape, rec.dtype)
-            self._assemble(rec, parts[rec.key], data)
+            assemble(rec, parts[rec.key], data)
             result.append(self._keys.new_out(rec, data))
         return result if many else result[0]
 

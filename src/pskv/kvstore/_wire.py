@@ -1,0 +1,92 @@
+"""The worker side of the dist store's messages: specs, segments, assembling replies.
+
+Pure functions of a key's :class:`._keys.KeyRecord` and NumPy arrays: no sockets, no store.
+Invariant: :func:`parts` and :func:`assemble` are inverses over a record's segments.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import ClusterError, ConfigError, ShapeMismatchError
+from ..nd.ndarray import NDArray
+from ..nd.sparse import RowSparseNDArray
+from .._ps.partition import ps_key
+from .._types import Key
+from ._args import as_numpy
+from ._keys import KeyRecord
+
+__all__ = ["assemble", "check_agreement", "init_spec", "parts", "target"]
+
+
+def init_spec(key: Key, value: Any, by_pskey: dict[int, Key]) -> list[Any]:
+    """What a worker tells the others about a key it inits: [ps_key, key, shape, dtype,
+    stype]; ConfigError if it shares its ps_key with another key (``by_pskey``)."""
+    pk = ps_key(key)
+    other = by_pskey.get(pk)
+    if other is not None and other != key:
+        raise ConfigError(f"keys {key!r} and {other!r} hash to the same server key. "
+                          "Rename one of them.", key=key)
+    arr = value if isinstance(value, NDArray) else as_numpy(value)
+    stype = "row_sparse" if isinstance(value, RowSparseNDArray) else "default"
+    return [pk, key, list(arr.shape), np.dtype(arr.dtype).name, stype]
+
+
+def check_agreement(payloads: dict[str, Any], specs: list[Any], rank: int) -> None:
+    """Raise (the same on every worker) unless every worker inits the same keys alike."""
+    bad = {r: p["error"] for r, p in payloads.items() if p and p.get("error")}
+    if bad:
+        first = min(bad, key=int)
+        raise ClusterError(f"init failed on worker {first}: {bad[first]}. Every worker must "
+                           "init the same keys with the same shapes.")
+
+    def by_pskey(ss: Any) -> list[Any]:   # the order keys are listed in does not matter
+        return sorted(ss or [], key=lambda s: s[0])
+
+    for r, p in sorted(payloads.items(), key=lambda kv: int(kv[0])):
+        if by_pskey(p.get("specs")) != by_pskey(specs):
+            theirs = {s[1]: s[2:] for s in p.get("specs") or []}
+            mine = {s[1]: s[2:] for s in specs}
+            diff = sorted({k for k in set(mine) | set(theirs)
+                           if mine.get(k) != theirs.get(k)}, key=repr)
+            k = diff[0] if diff else None
+            raise ShapeMismatchError(
+                f"workers disagree on init: key {k!r} is {mine.get(k)} on worker "
+                f"{rank} but {theirs.get(k)} on worker {r} ([shape, dtype, stype]). "
+                "Every worker must init the same keys with the same shapes and dtypes.",
+                key=k)
+
+
+def parts(info: KeyRecord, data: np.ndarray) -> list[np.ndarray]:
+    """``data`` (the key's full dense value) cut into its segments (views)."""
+    if info.sparse:
+        return [data[s.start:s.stop] for s in info.segments]
+    if len(info.segments) == 1:
+        return [data.reshape(info.shape)]
+    flat = data.reshape(-1)
+    return [flat[s.start:s.stop] for s in info.segments]
+
+
+def assemble(info: KeyRecord, got: list[np.ndarray], out: np.ndarray) -> None:
+    """Copy each segment's reply into ``out`` (unless it was read there in place)."""
+    if len(got) == 1:
+        if not np.may_share_memory(got[0], out):
+            np.copyto(out, got[0].reshape(info.shape), casting="same_kind")
+        return
+    dst = out if info.sparse else out.reshape(-1)
+    for seg, part in zip(info.segments, got):
+        view = dst[seg.start:seg.stop]
+        if not np.may_share_memory(part, view):
+            np.copyto(view, part, casting="same_kind")
+
+
+def target(info: KeyRecord, outs: list[Any]) -> np.ndarray | None:
+    """An out the reply can be read straight into: dense, contiguous, same dtype."""
+    for o in outs:
+        if isinstance(o, RowSparseNDArray):
+            continue
+        arr = as_numpy(o)
+        if arr.dtype == info.dtype and arr.flags.c_contiguous and arr.flags.writeable:
+            return arr
+    return None
