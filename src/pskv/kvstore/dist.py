@@ -28,7 +28,7 @@ from .._ps.config import ClusterConfig
 from .._ps.message import Command
 from .._ps.partition import place, ps_key
 from .._ps.postoffice import Postoffice
-from .._ps.van import ZmqVan
+from .._ps.zeromq import ZmqContext
 from .._ps.worker import KVWorker
 from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
 from ._args import as_numpy, normalize, row_ids_by_key
@@ -59,14 +59,14 @@ class DistKVStore(KVStoreBase):
         self._lock = threading.RLock()
         self._cfg = cfg
         self._sync = "async" not in name
-        self._van = ZmqVan()
+        self._zctx = ZmqContext()
         try:
-            self._po = Postoffice(cfg, self._van)
+            self._po = Postoffice(cfg, self._zctx)
             self._po.start()
-            self._kv = KVWorker(cfg, self._van, self._po)
+            self._kv = KVWorker(cfg, self._zctx, self._po)
             self._to_all(Command.COMMAND, {"op": "mode", "sync": self._sync})
         except BaseException:
-            self._van.close()
+            self._zctx.close()
             raise
         self._loads = [0] * self._po.num_servers
         self._wire_gc: Any = None
@@ -207,12 +207,11 @@ class DistKVStore(KVStoreBase):
             self._push_validated(keys, groups)
 
     def _merged_dense(self, key: Key, info: KeyRecord, vals: list[Any]) -> np.ndarray:
-        """The sum of ``vals``: the caller's own array when it is one array that is written
-        out before push returns (the same-host path), else this key's send buffer."""
+        """The sum of ``vals``: the caller's own array when it is one array (every transport
+        is done with it when push returns), else this key's send buffer."""
         if len(vals) == 1 and self._wire_gc is None:
             data = vals[0]._data if type(vals[0]) is NDArray else as_numpy(vals[0])
-            if data.dtype == info.dtype and data.flags.c_contiguous and all(
-                    self._kv.sends_now(seg.server) for seg in info.segments):
+            if data.dtype == info.dtype and data.flags.c_contiguous:
                 return data
         buf = self._sendbuf.get(key)
         if buf is None:
@@ -259,8 +258,6 @@ class DistKVStore(KVStoreBase):
 
     def _push_validated(self, keys: list[Key], groups: list[list[Any]]) -> None:
         self._send_held()
-        # the send buffers are reused: earlier pushes must have left before overwriting
-        self._kv.flush_sent()
         items = self._push_items(keys, groups)
         if not self._held.hold(keys, items):
             self._send_push(items)
@@ -391,7 +388,6 @@ class DistKVStore(KVStoreBase):
             okeys, ogroups = normalize(key, value if out is None else out, "out")
             self._keys.validate_push(keys, groups, self._wire_gc is not None)
             self._keys.validate_pull(okeys, ogroups)
-            self._kv.flush_sent()
             items = self._push_items(keys, groups)
             # with out=None the reply overwrites the values: after they were sent
             targets = self._targets(okeys, ogroups) if out is not None else {}
@@ -445,7 +441,6 @@ class DistKVStore(KVStoreBase):
         with self._lock:
             self._begin()
             spec = optimizer.to_spec()
-            self._kv.flush_sent()
             self._to_all(Command.COMMAND, {"op": "optimizer", "spec": spec})
 
     def set_updater(self, updater: Updater) -> None:
@@ -475,7 +470,6 @@ class DistKVStore(KVStoreBase):
         """Gather every server's optimizer states into ``fname`` (NumPy arrays + JSON)."""
         with self._lock:
             self._begin()
-            self._kv.flush_sent()
             replies = self._to_all(Command.COMMAND, {"op": "save", "dump": dump_optimizer})
             blobs = {f"server_{i}": arrays[0] for i, (_, arrays) in enumerate(replies)}
             with open(fname, "wb") as f:
@@ -496,7 +490,6 @@ class DistKVStore(KVStoreBase):
                 raise OptimizerStateError(
                     f"cannot load optimizer states from {fname!r}: {err}. Load a file saved "
                     "by save_optimizer_states of a cluster with as many servers.") from err
-            self._kv.flush_sent()
             tss = [self._kv.request(s, Command.COMMAND, body={"op": "load"}, arrays=[b])
                    for s, b in enumerate(blobs)]
             self._kv.wait_all(tss, "the servers to load states")
@@ -512,9 +505,7 @@ class DistKVStore(KVStoreBase):
         """
         with self._lock:
             self._begin()
-            if self._sync:
-                self._kv.flush_sent()
-            else:
+            if not self._sync:
                 self._kv.flush()
             self._collective("barrier")
 
@@ -537,7 +528,7 @@ class DistKVStore(KVStoreBase):
                 self._po.goodbye()
                 self._po.close()
                 self._kv.close()
-                self._van.close()
+                self._zctx.close()
                 self._reducer.close()
 
     def is_capable(self, capability: str) -> bool:
