@@ -52,13 +52,15 @@ class Scheduler:
     ServeLoop admits whoever ``_hello`` registered.
     """
 
-    def __init__(self, cfg: ClusterConfig, stop: threading.Event | None = None) -> None:
+    def __init__(self, cfg: ClusterConfig, stop: threading.Event | None = None,
+                 zmq_context: zmq.Context[Any] | None = None) -> None:
         self.cfg = cfg
         self._stop = stop or threading.Event()
-        self._zctx = ZmqContext()
+        self._zctx = ZmqContext(zmq_context)
         self._sock = self._zctx.socket(zmq.ROUTER)
         bind_host = cfg.node_host if cfg.node_host != "127.0.0.1" else cfg.root_uri
-        self._sock.bind(f"tcp://{bind_host}:{cfg.root_port}")
+        self._sock.bind(cfg.root_address if cfg.transport == "inproc" else
+                        f"tcp://{bind_host}:{cfg.root_port}")
         self._verifier = Verifier(cfg.secret, "scheduler")
         self.loop = ServeLoop("the scheduler", self, Verifier(None, "scheduler"),
                               cfg.request_timeout, router=self._sock, refusal=ClusterError)

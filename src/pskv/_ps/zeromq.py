@@ -19,15 +19,20 @@ __all__ = ["ZmqConn", "ZmqContext", "ZmqPeer", "recv_message", "send_message"]
 
 
 class ZmqContext:
-    """Owns one ZeroMQ context and the sockets made from it (one per node: no globals)."""
+    """Owns one ZeroMQ context and the sockets made from it (one per node: no globals).
 
-    def __init__(self) -> None:
-        self.ctx = zmq.Context()
+    ``shared``: a context the caller owns (an in-process cluster's nodes share one, which
+    ``inproc://`` endpoints need); then :meth:`close` closes only this node's sockets.
+    """
+
+    def __init__(self, shared: zmq.Context[Any] | None = None) -> None:
+        self._owned = shared is None
+        self.ctx: zmq.Context[Any] = zmq.Context() if shared is None else shared
         self._sockets: list[zmq.Socket[Any]] = []
 
     def socket(self, kind: int, *, identity: bytes | None = None) -> zmq.Socket[Any]:
         """A new socket with linger 0 (and ``identity`` for DEALERs)."""
-        sock = self.ctx.socket(kind)
+        sock: zmq.Socket[Any] = self.ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         if kind == zmq.ROUTER:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -44,7 +49,8 @@ class ZmqContext:
             except zmq.ZMQError:  # pragma: no cover - already closed
                 pass
         self._sockets.clear()
-        self.ctx.term()
+        if self._owned:
+            self.ctx.term()
 
 
 def send_message(sock: zmq.Socket[Any], cmd: Command, ts: int = 0, keys: Sequence[int] = (),

@@ -19,6 +19,7 @@ import threading
 from typing import Any, overload
 
 import numpy as np
+import zmq
 
 from ..errors import (ClusterError, ConfigError, KVStoreError, OptimizerStateError,
                       UnsupportedError)
@@ -50,7 +51,8 @@ class DistKVStore(KVStoreBase):
     (or with the DMLC_* variables set by hand).
     """
 
-    def __init__(self, name: str, cfg: ClusterConfig) -> None:
+    def __init__(self, name: str, cfg: ClusterConfig,
+                 zmq_context: zmq.Context[Any] | None = None) -> None:
         self._type = name
         self._keys = KeyTable(name)
         #: key -> its record (shape, dtype, placement); the tests read the placement here
@@ -59,7 +61,7 @@ class DistKVStore(KVStoreBase):
         self._lock = threading.RLock()
         self._cfg = cfg
         self._sync = "async" not in name
-        self._zctx = ZmqContext()
+        self._zctx = ZmqContext(zmq_context)
         try:
             self._po = Postoffice(cfg, self._zctx)
             self._po.start()

@@ -45,29 +45,26 @@ class KVServer:
         Set it to stop the server early (tests).
     engine_class : type, default Engine
         The request handler's engine (the benchmarks pass one that does no arithmetic).
+    zmq_context : zmq.Context, optional
+        The ZeroMQ context of an in-process cluster (``cfg.transport == 'inproc'``).
     """
 
     def __init__(self, cfg: ClusterConfig, stop: threading.Event | None = None,
-                 engine_class: type[Engine] = Engine) -> None:
+                 engine_class: type[Engine] = Engine,
+                 zmq_context: zmq.Context[Any] | None = None) -> None:
         self.cfg = cfg
         self._stop = stop or threading.Event()
-        self._zctx = ZmqContext()
+        self._zctx = ZmqContext(zmq_context)
         self._listeners: list[StreamListener] = []
         try:
             router = self._zctx.socket(zmq.ROUTER)
             router.setsockopt(zmq.RCVHWM, 0)
             router.setsockopt(zmq.SNDHWM, 0)
-            port = router.bind_to_random_port(f"tcp://{cfg.node_host}")
-            host = cfg.node_host if cfg.node_host != "0.0.0.0" else _my_address(cfg.root_uri)
-            # workers on other hosts connect over TCP (pskv's framing), same-host workers
-            # over a Unix socket only this user can open, and any worker over ZeroMQ
-            tcp = StreamListener(host=cfg.node_host, advertise=host)
-            self._listeners.append(tcp)
-            endpoints = {"zmq": f"tcp://{host}:{port}", "tcp": tcp.endpoint}
-            if cfg.transport in ("auto", "ipc"):
-                uds = StreamListener(path=ipc_path("server"))
-                self._listeners.append(uds)
-                endpoints["uds"] = uds.endpoint
+            if cfg.transport == "inproc":     # a thread of an in-process cluster
+                endpoints = {"zmq": f"inproc://pskv-server-{id(self):x}"}
+                router.bind(endpoints["zmq"])
+            else:
+                endpoints = self._bind(cfg, router)
             self.po = Postoffice(cfg, self._zctx, endpoints={**endpoints, "host": ""})
             self.po._endpoints["host"] = self.po.host
         except BaseException:
@@ -78,6 +75,23 @@ class KVServer:
         self._open: dict[Any, int] = {}           # per worker: pushes not yet applied
         self._flushes: dict[Any, list[int]] = {}  # per worker: FLUSH requests waiting
         self.engine = engine_class(self.po.num_workers, True, self._answer, self._answer_error)
+
+    def _bind(self, cfg: ClusterConfig, router: zmq.Socket[Any]) -> dict[str, str]:
+        """Listen on ZeroMQ, TCP and (``auto``, ``ipc``) a Unix socket; their endpoints.
+
+        Workers on other hosts connect over TCP (pskv's framing), same-host workers over a
+        Unix socket only this user can open, and any worker over ZeroMQ (``zmq``).
+        """
+        port = router.bind_to_random_port(f"tcp://{cfg.node_host}")
+        host = cfg.node_host if cfg.node_host != "0.0.0.0" else _my_address(cfg.root_uri)
+        tcp = StreamListener(host=cfg.node_host, advertise=host)
+        self._listeners.append(tcp)
+        endpoints = {"zmq": f"tcp://{host}:{port}", "tcp": tcp.endpoint}
+        if cfg.transport in ("auto", "ipc"):
+            uds = StreamListener(path=ipc_path("server"))
+            self._listeners.append(uds)
+            endpoints["uds"] = uds.endpoint
+        return endpoints
 
     # ---- the Handler of the ServeLoop ----------------------------------------------------
     def admit(self, conn: Connection, meta: Meta) -> int:
