@@ -1,4 +1,4 @@
-"""The worker side of the dist store's messages: specs, segments, assembling replies.
+"""The worker side of the dist store's messages: specs, segments, replies, states files.
 
 Pure functions of a key's :class:`._keys.KeyRecord` and NumPy arrays: no sockets, no store.
 Invariant: :func:`parts` and :func:`assemble` are inverses over a record's segments.
@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ClusterError, ConfigError, ShapeMismatchError
+from ..errors import ClusterError, ConfigError, OptimizerStateError, ShapeMismatchError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._ps.partition import ps_key
@@ -17,7 +17,8 @@ from .._types import Key
 from ._args import as_numpy
 from ._keys import KeyRecord
 
-__all__ = ["assemble", "check_agreement", "init_spec", "parts", "target"]
+__all__ = ["assemble", "check_agreement", "init_spec", "parts", "read_states",
+           "rows_by_server", "target", "write_states"]
 
 
 def init_spec(key: Key, value: Any, by_pskey: dict[int, Key]) -> list[Any]:
@@ -90,3 +91,44 @@ def target(info: KeyRecord, outs: list[Any]) -> np.ndarray | None:
         if arr.dtype == info.dtype and arr.flags.c_contiguous and arr.flags.writeable:
             return arr
     return None
+
+
+def write_states(fname: str, blobs: list[np.ndarray]) -> None:
+    """Save each server's optimizer-states bytes (``np.savez``: no pickle)."""
+    named: dict[str, Any] = {f"server_{i}": b for i, b in enumerate(blobs)}
+    with open(fname, "wb") as f:
+        np.savez(f, **named)
+
+
+def read_states(fname: str, num_servers: int) -> list[np.ndarray]:
+    """Each server's part of a file :func:`write_states` wrote.
+
+    Raises ConfigError if the file cannot be read, and OptimizerStateError (the class a
+    local store raises) if it is not a states file of a cluster with ``num_servers``.
+    """
+    try:
+        with open(fname, "rb") as f, np.load(f, allow_pickle=False) as data:
+            return [np.array(data[f"server_{i}"]) for i in range(num_servers)]
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
+        raise ConfigError(f"cannot read optimizer states from {fname!r}: {err}. "
+                          "Check the path.") from err
+    except (OSError, KeyError, ValueError, EOFError) as err:
+        raise OptimizerStateError(
+            f"cannot load optimizer states from {fname!r}: {err}. Load a file saved "
+            "by save_optimizer_states of a cluster with as many servers.") from err
+
+
+def rows_by_server(reqs: list[tuple[KeyRecord, np.ndarray]]) \
+        -> dict[int, tuple[list[int], list[np.ndarray], list[tuple[int, int]]]]:
+    """A row_sparse_pull's requests (a record and sorted row ids each) per server: the
+    ps_keys, the row ids relative to each segment, and (request, first row) to put the
+    reply's rows back."""
+    per: dict[int, tuple[list[int], list[np.ndarray], list[tuple[int, int]]]] = {}
+    for i, (info, r) in enumerate(reqs):
+        for seg in info.segments:
+            lo, hi = np.searchsorted(r, [seg.start, seg.stop])
+            pk, arrays, where = per.setdefault(seg.server, ([], [], []))
+            pk.append(info.pskey)
+            arrays.append(r[lo:hi] - seg.start)
+            where.append((i, int(lo)))
+    return per

@@ -21,8 +21,7 @@ from typing import Any, overload
 import numpy as np
 import zmq
 
-from ..errors import (ClusterError, ConfigError, KVStoreError, OptimizerStateError,
-                      UnsupportedError)
+from ..errors import ClusterError, KVStoreError, UnsupportedError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._ps.config import ClusterConfig
@@ -36,7 +35,8 @@ from ._args import as_numpy, normalize, row_ids_by_key
 from ._held import HeldPush, Items
 from ._keys import KeyRecord, KeyTable
 from ._reduce import Reducer, sum_row_sparse
-from ._wire import assemble, check_agreement, init_spec, parts, target
+from ._wire import (assemble, check_agreement, init_spec, parts, read_states, rows_by_server,
+                    target, write_states)
 from .base import KVStoreBase, check_capability, check_optimizer
 
 __all__ = ["DistKVStore"]
@@ -412,15 +412,7 @@ class DistKVStore(KVStoreBase):
             rows = row_ids_by_key(key, keys, groups, row_ids)
             self._keys.validate_row_sparse_pull(key, out, row_ids, keys, groups, rows)
             reqs = [(k, o, r) for k, outs in zip(keys, groups) for o, r in zip(outs, rows[k])]
-            per: dict[int, tuple[list[int], list[np.ndarray], list[tuple[int, int]]]] = {}
-            for i, (k, _o, r) in enumerate(reqs):
-                info = self._store[k]
-                for seg in info.segments:
-                    lo, hi = np.searchsorted(r, [seg.start, seg.stop])
-                    pk, arrays, where = per.setdefault(seg.server, ([], [], []))
-                    pk.append(info.pskey)
-                    arrays.append(r[lo:hi] - seg.start)
-                    where.append((i, int(lo)))
+            per = rows_by_server([(self._store[k], r) for k, _o, r in reqs])
             tss = {s: self._kv.request(s, Command.RSP_PULL, pk, None, arrays)
                    for s, (pk, arrays, _) in per.items()}
             replies = dict(zip(tss, self._kv.wait_all(list(tss.values()), "row_sparse_pull")))
@@ -473,25 +465,13 @@ class DistKVStore(KVStoreBase):
         with self._lock:
             self._begin()
             replies = self._to_all(Command.COMMAND, {"op": "save", "dump": dump_optimizer})
-            blobs = {f"server_{i}": arrays[0] for i, (_, arrays) in enumerate(replies)}
-            with open(fname, "wb") as f:
-                np.savez(f, **blobs)
+            write_states(fname, [arrays[0] for _, arrays in replies])
 
     def load_optimizer_states(self, fname: str) -> None:
         """Send each server its part of states saved by :meth:`save_optimizer_states`."""
         with self._lock:
             self._begin()
-            try:
-                with open(fname, "rb") as f, np.load(f, allow_pickle=False) as data:
-                    blobs = [np.array(data[f"server_{i}"]) for i in range(self._po.num_servers)]
-            except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
-                raise ConfigError(f"cannot read optimizer states from {fname!r}: {err}. "
-                                  "Check the path.") from err
-            except (OSError, KeyError, ValueError, EOFError) as err:
-                # the class a local store raises for a file that is not pskv states
-                raise OptimizerStateError(
-                    f"cannot load optimizer states from {fname!r}: {err}. Load a file saved "
-                    "by save_optimizer_states of a cluster with as many servers.") from err
+            blobs = read_states(fname, self._po.num_servers)
             tss = [self._kv.request(s, Command.COMMAND, body={"op": "load"}, arrays=[b])
                    for s, b in enumerate(blobs)]
             self._kv.wait_all(tss, "the servers to load states")
