@@ -135,3 +135,4 @@ def test_mismatched_collectives_fail_on_every_worker(run_threads: Any) -> None:
         assert isinstance(err, ClusterError), (rank, err)
         msg = str(err)
         assert "worker 0 called init" in msg and "worker 1 called barrier" in msg, msg
+

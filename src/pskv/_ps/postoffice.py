@@ -14,7 +14,7 @@ import queue
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 
@@ -68,6 +68,9 @@ class Postoffice:
         self.num_servers = cfg.num_servers
         self.servers: list[dict[str, str]] = []
         self.host = socket.gethostname()
+        #: called by the control thread about every half heartbeat interval (a worker's
+        #: store sends a push it held too long); it must not block
+        self.idle_hook: Callable[[], None] | None = None
 
     # ---- admission ------------------------------------------------------------------------
     def start(self) -> None:
@@ -170,6 +173,11 @@ class Postoffice:
             self._flush_outbox()
             if self._stop.is_set():
                 return
+            if self.idle_hook is not None:
+                try:
+                    self.idle_hook()
+                except Exception:  # pragma: no cover - the hook reports its own errors
+                    log.exception("%s: the idle hook failed", self.role)
             if self._sock in events:
                 while self._sock.poll(0):
                     _, frames = recv_message(self._sock)

@@ -123,6 +123,11 @@ class KVWorker:
                     continue
                 self._done[meta.ts] = result
 
+    def defer(self, err: Exception) -> None:
+        """Keep ``err`` for :meth:`raise_deferred` (the first one wins)."""
+        if self._deferred_error is None:
+            self._deferred_error = err
+
     def raise_deferred(self) -> None:
         """Raise the error an earlier push got, once."""
         err, self._deferred_error = self._deferred_error, None

@@ -9,19 +9,26 @@ The rule, in full:
    server, and the round's value comes back in the reply: one round trip instead of two.
 3. Any other call of the store (push, init, barrier, pushpull, row_sparse_pull, a pull of
    other keys, close, ...) sends the held push first, as a plain PUSH.
+4. A push held for :data:`MAX_HOLD` seconds or more is sent by the worker's control thread
+   (the Postoffice's, about every half heartbeat interval) if the store is idle, so a worker
+   that pushes and then blocks on something outside the store (another framework's
+   collective, a sleep, input) delays the other workers' round by at most about
+   ``MAX_HOLD + PSKV_HEARTBEAT_INTERVAL / 2``, not for as long as it blocks.
 
-The cost of the rule: until the worker's next store call, the other workers' round of those
-keys waits for this worker's push. A worker that pushes and then blocks on something outside
-the store (another framework's collective, a sleep, input) delays the round for everyone by
-that long; ``PSKV_COALESCE_BYTES=0`` turns holding off. ``dist_async`` never holds.
+``PSKV_COALESCE_BYTES=0`` turns holding off. ``dist_async`` never holds.
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
 from .._types import Key
 
-__all__ = ["HeldPush", "Items"]
+__all__ = ["HeldPush", "Items", "MAX_HOLD"]
+
+#: seconds after which a held push is sent without waiting for the store's next call
+MAX_HOLD = 0.05
 
 #: per server: ps_keys, one kind letter per key ('d', 'c' or 'r') and the arrays of a push
 Items = dict[int, tuple[list[int], str, list[np.ndarray]]]
@@ -40,6 +47,7 @@ class HeldPush:
         self.limit = limit
         self._keys: list[Key] | None = None
         self._items: Items | None = None
+        self._since = 0.0
 
     def __bool__(self) -> bool:
         return self._items is not None
@@ -62,7 +70,12 @@ class HeldPush:
         self._keys = list(keys)
         self._items = {s: (pk, kinds, [np.array(a) for a in arrays])
                        for s, (pk, kinds, arrays) in items.items()}
+        self._since = time.monotonic()
         return True
+
+    def overdue(self) -> bool:
+        """Whether a push has been held for :data:`MAX_HOLD` seconds (rule 4)."""
+        return self._items is not None and time.monotonic() - self._since >= MAX_HOLD
 
     def take_for_pull(self, keys: list[Key]) -> Items | None:
         """The held push if a pull of ``keys`` may carry it (rule 2); it is no longer held."""

@@ -76,6 +76,7 @@ class DistKVStore(KVStoreBase):
         self._sendbuf: dict[Key, np.ndarray] = {}
         self._by_pskey: dict[int, Key] = {}
         self._held = HeldPush(cfg.coalesce_bytes if self._sync else 0)
+        self._po.idle_hook = self._send_overdue
         # a strong reference: a store dropped without close() must still say goodbye at
         # exit, or the scheduler takes the silent worker for dead and exits 1
         self._atexit = self.close
@@ -111,6 +112,19 @@ class DistKVStore(KVStoreBase):
     def _send_held(self) -> None:
         """Send the push that waited for this call (it was not a pull of its keys)."""
         self._send_push(self._held.release())
+
+    def _send_overdue(self) -> None:
+        """On the control thread: send a push held too long if the store is idle (rule 4
+        of :mod:`._held`); an error is raised by the store's next call."""
+        if not self._held.overdue() or not self._lock.acquire(blocking=False):
+            return
+        try:
+            if not self._keys.closed and self._held.overdue():
+                self._send_held()
+        except KVStoreError as err:
+            self._kv.defer(err)
+        finally:
+            self._lock.release()
 
     def _send_push(self, items: Items | None) -> None:
         for server, (pk, kinds, arrays) in (items or {}).items():
