@@ -166,3 +166,24 @@ def test_fail_all_answers_pushers_and_pullers() -> None:
     h.engine.fail_all(NodeFailedError("worker 1 died"))
     assert sorted(ts for ts, _ in h.failed) == [1, 2]
     assert all(isinstance(e, NodeFailedError) for _, e in h.failed)
+
+
+def test_accumulate_and_finish_are_the_extension_point() -> None:
+    # the benchmarks' empty handler: rounds as usual, no arithmetic, stored value kept
+    class EmptyEngine(Engine):
+        def accumulate(self, key: Any, arrays: Any, kind: str, first: bool) -> None:
+            pass
+
+        def finish(self, key: Any) -> None:
+            pass
+
+    done: list[int] = []
+    engine = EmptyEngine(2, True, lambda t: done.append(t.ts))
+    engine.init(0, np.full(2, 5.0, np.float32))
+    for worker, ts in ((0, 1), (1, 2)):
+        ticket = Ticket(worker, ts, "push", (0,))
+        engine.hold(ticket)
+        engine.push(0, worker, [np.ones(2, np.float32)], "d", ticket)
+        engine.release(ticket)
+    assert sorted(done) == [1, 2]
+    np.testing.assert_array_equal(engine.stored[0]._dense(), np.full(2, 5.0))
