@@ -46,8 +46,8 @@ class InprocCluster:
     >>> with InprocCluster(num_workers=2) as cluster:
     ...     cluster.run(step)
     {0: [2.0, 2.0], 1: [2.0, 2.0]}
-    >>> cluster.codes
-    {'scheduler': 0, 'server 0': 0}
+    >>> sorted(cluster.codes.items())
+    [('scheduler', 0), ('server 0', 0)]
     """
 
     def __init__(self, num_workers: int = 2, num_servers: int = 1, **settings: Any) -> None:
