@@ -280,24 +280,23 @@ def serve_empty():
 
     import pskv  # noqa: F401  (the package, for its loggers)
     from pskv._ps.config import ClusterConfig, Role
-    from pskv.kvstore.server import KVServer, run_node
+    from pskv.kvstore._engine import Engine
+    from pskv.kvstore.server import KVServer
+    from pskv.server import run_node
 
-    class EmptyServer(KVServer):
+    class EmptyEngine(Engine):
         """Sync rounds as usual; no sum, no copy, no update (the stored value stays)."""
 
-        def _add(self, entry, worker, arrays, kind):
+        def accumulate(self, key, arrays, kind, first):
             pass
 
-        def _merged(self, entry):
-            return None
-
-        def _apply(self, entry, merged):
+        def finish(self, key):
             pass
 
     logging.basicConfig(level=logging.WARNING)
     cfg = ClusterConfig.from_env()
     if cfg.role == Role.SERVER:
-        return EmptyServer(cfg).run()
+        return KVServer(cfg, engine_class=EmptyEngine).run()
     return run_node(cfg)
 
 

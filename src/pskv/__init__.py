@@ -12,9 +12,10 @@ from __future__ import annotations
 from . import kvstore as kv
 from . import lr_scheduler, nd, np, optimizer, test_utils
 from .context import Context, cpu, cpu_pinned, current_context, gpu, num_gpus
-from .errors import (ClusterError, ClusterTimeoutError, ConfigError, KeyNotInitializedError,
-                     KeyTypeError, KVStoreError, NodeFailedError, ProtocolError,
-                     ShapeMismatchError, UnsupportedError, ValueTypeError)
+from .errors import (ClusterError, ClusterTimeoutError, ConfigError, KeyAlreadyInitializedError,
+                     KeyNotInitializedError, KeyTypeError, KVStoreError, NodeFailedError,
+                     ProtocolError, ShapeMismatchError, StoreClosedError, UnsupportedError,
+                     ValueTypeError)
 from .kvstore import KVStore, KVStoreBase, create
 from .nd import random  # mx.random.seed, as in MXNet
 
@@ -30,11 +31,13 @@ __all__ = [
     "KVStore",
     "KVStoreBase",
     "KVStoreError",
+    "KeyAlreadyInitializedError",
     "KeyNotInitializedError",
     "KeyTypeError",
     "NodeFailedError",
     "ProtocolError",
     "ShapeMismatchError",
+    "StoreClosedError",
     "UnsupportedError",
     "ValueTypeError",
     "cpu",

@@ -1,23 +1,42 @@
-"""The KVStoreError tree: every error pskv raises for bad input or a failed cluster.
+"""The KVStoreError tree: every exception and warning class pskv defines.
 
 Each subclass also derives from the builtin exception a Python (or MXNet) user would
 catch, so ``except ValueError`` keeps working for code written against MXNet.
+
+Each class has a ``kind`` (for the classes here, their name) kept in a registry when the
+class is defined. A server sends the kind (and the message) of an error back to the worker, and
+the worker raises the class registered for it (:func:`error_from_kind`), so the same misuse
+raises the same class from a local and a dist store.
 """
 from __future__ import annotations
+
+from typing import Any, ClassVar
 
 __all__ = [
     "ClusterError",
     "ClusterTimeoutError",
     "ConfigError",
     "KVStoreError",
+    "KeyAlreadyInitializedError",
     "KeyNotInitializedError",
     "KeyTypeError",
+    "LearningRateError",
     "NodeFailedError",
+    "OptimizerStateError",
     "ProtocolError",
     "ShapeMismatchError",
+    "SparsePullIgnoredWarning",
+    "StoreClosedError",
+    "UnknownArgumentError",
     "UnsupportedError",
     "ValueTypeError",
+    "error_from_kind",
+    "error_kind",
 ]
+
+#: kind -> class, filled as each class is defined (module-level state, like the store and
+#: optimizer name registries)
+_KINDS: dict[str, type[KVStoreError]] = {}
 
 
 class KVStoreError(Exception):
@@ -28,6 +47,21 @@ class KVStoreError(Exception):
 
     .. versionadded:: 0.1
     """
+
+    #: the stable code this class travels under (see :func:`error_from_kind`)
+    kind: ClassVar[str] = "KVStoreError"
+
+    def __init_subclass__(cls, kind: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # the classes of this module travel under their own names; another subclass only
+        # under a kind it declares (``class MyError(KVStoreError, kind="my_error")``)
+        if kind is None and cls.__module__ == __name__:
+            kind = cls.__name__
+        if kind is not None:
+            if kind in _KINDS:
+                raise TypeError(f"error kind {kind!r} is taken by {_KINDS[kind].__name__}")
+            cls.kind = kind
+            _KINDS[kind] = cls
 
     def __init__(self, message: str, *, key: object = None, shape: object = None,
                  store_type: str | None = None) -> None:
@@ -41,10 +75,24 @@ class KVStoreError(Exception):
         return self.message
 
 
+_KINDS[KVStoreError.kind] = KVStoreError
+
+
 class KeyNotInitializedError(KVStoreError, KeyError):
-    """A key was pulled or pushed before ``init``, or initialized twice.
+    """A key was pulled or pushed before ``init``.
 
     .. versionadded:: 0.1
+    """
+
+
+class KeyAlreadyInitializedError(KeyNotInitializedError):
+    """A key was initialized (or broadcast) a second time.
+
+    It derives from :class:`KeyNotInitializedError` only because pskv 0.1 raised that class
+    for a second init; catch this class (or KeyError) in new code. MXNet 1.9.1 raises its
+    MXNetError ("duplicate init of key").
+
+    .. versionadded:: 0.2
     """
 
 
@@ -76,8 +124,40 @@ class UnsupportedError(KVStoreError, NotImplementedError):
     """
 
 
+class StoreClosedError(UnsupportedError):
+    """A store was used after ``close()``.
+
+    It derives from :class:`UnsupportedError` only because pskv 0.1 raised that class here.
+
+    .. versionadded:: 0.2
+    """
+
+
 class ConfigError(KVStoreError, ValueError):
     """A bad argument value, environment variable or launcher flag.
+
+    .. versionadded:: 0.1
+    """
+
+
+class OptimizerStateError(ConfigError):
+    """Saved optimizer states are corrupt, foreign (e.g. an MXNet pickle) or unsupported.
+
+    .. versionadded:: 0.1
+    """
+
+
+class UnknownArgumentError(ConfigError, TypeError):
+    """An optimizer got a keyword argument it does not take (MXNet raises TypeError).
+
+    .. versionadded:: 0.1
+    """
+
+
+class LearningRateError(ConfigError, UserWarning):
+    """``set_learning_rate`` was called on an optimizer that has an ``lr_scheduler``.
+
+    MXNet 1.9.1 raises ``UserWarning`` here; this class is one too.
 
     .. versionadded:: 0.1
     """
@@ -109,3 +189,21 @@ class ClusterTimeoutError(ClusterError, TimeoutError):
 
     .. versionadded:: 0.1
     """
+
+
+class SparsePullIgnoredWarning(UserWarning):
+    """A plain ``pull`` skipped a row_sparse ``out``, as MXNet does; use row_sparse_pull.
+
+    .. versionadded:: 0.1
+    """
+
+
+def error_kind(err: BaseException) -> str:
+    """The kind ``err`` travels under: its class's, or ClusterError's for a foreign error."""
+    return err.kind if isinstance(err, KVStoreError) else ClusterError.kind
+
+
+def error_from_kind(kind: str, message: str, key: object = None) -> KVStoreError:
+    """A new error of the class registered for ``kind`` (ClusterError if none is)."""
+    cls = _KINDS.get(kind, ClusterError)
+    return cls(message, key=key)

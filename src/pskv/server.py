@@ -1,4 +1,9 @@
-"""``python -m pskv.server``: run the scheduler or a server, as ``DMLC_ROLE`` says."""
+"""The node roles other than worker: ``python -m pskv.server`` and the server-role hook.
+
+Everything that starts a scheduler or a server goes through :func:`run_node`; the one place
+a ``dist_*`` store turns its process into a scheduler or server (MXNet's launchers start the
+user's script in those roles too) is :func:`serve_unless_worker`.
+"""
 from __future__ import annotations
 
 import logging
@@ -7,7 +12,33 @@ import sys
 import threading
 from types import FrameType
 
-__all__ = ["main"]
+from ._ps.config import ClusterConfig, Role
+from .errors import ConfigError, KVStoreError
+
+__all__ = ["main", "run_node", "serve_unless_worker"]
+
+
+def run_node(cfg: ClusterConfig, stop: threading.Event | None = None) -> int:
+    """Run a scheduler or a server per ``cfg.role`` until the job ends; return its status."""
+    if cfg.role == Role.SCHEDULER:
+        from ._ps.scheduler import Scheduler
+        return Scheduler(cfg, stop).run()
+    if cfg.role == Role.SERVER:
+        from .kvstore.server import KVServer
+        return KVServer(cfg, stop).run()
+    raise ConfigError(f"run_node() runs a scheduler or a server, not a {cfg.role.value}. "
+                      "Workers create a store with pskv.kv.create('dist_sync').")
+
+
+def serve_unless_worker(cfg: ClusterConfig) -> None:
+    """In a process started as a scheduler or server, run that role, then exit the process.
+
+    Called by ``create('dist_*')``: as in MXNet, a script started with
+    ``DMLC_ROLE=server`` serves inside ``create`` and exits (SystemExit with the node's
+    status) when the job ends. A worker returns at once.
+    """
+    if cfg.role != Role.WORKER:
+        raise SystemExit(run_node(cfg))
 
 
 def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
@@ -24,9 +55,6 @@ def main(argv: list[str] | None = None) -> int:
     SIGTERM (from pskv-launch, or when the launcher dies) and SIGINT end the node quietly,
     with status 143 or 130, after it has closed its sockets and removed its socket files.
     """
-    from ._ps.config import ClusterConfig, Role
-    from .errors import KVStoreError
-    from .kvstore.server import run_node
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = ClusterConfig.from_env()

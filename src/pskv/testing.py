@@ -6,6 +6,9 @@ MXNet, or a third implementation. Every scenario uses only the behaviour pskv an
 share (outs are always given to ``pull``, values are NDArrays, keys are plain int or str),
 and compares what the store returns with :class:`NumpyKVModel`, a dict of NumPy arrays.
 
+:class:`InprocCluster` (loaded on first use) runs a whole dist cluster as threads of this
+process, on ZeroMQ inproc endpoints: no ports, no processes.
+
 This module imports only NumPy and the standard library at module level, never pskv, so
 the MXNet differential tests load it *by path* in the MXNet interpreter (which has no
 pskv installed)::
@@ -25,12 +28,16 @@ True
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from ._cluster import InprocCluster
+
 __all__ = [
     "CHECKS",
+    "InprocCluster",
     "NumpyKVModel",
     "UPDATERS",
     "check_kvstore_semantics",
@@ -492,3 +499,12 @@ def check_kvstore_semantics(mx: Any, store_type: str = "local",
             raise AssertionError(f"check {name!r} failed on {getattr(mx, '__name__', mx)} "
                                  f"{store_type!r}: {err}") from err
     return names
+
+
+def __getattr__(name: str) -> Any:
+    # the cluster helper imports pskv (and pyzmq): only when asked for, so that this module
+    # still loads by path in an interpreter without pskv (the MXNet differential tests)
+    if name == "InprocCluster":
+        from ._cluster import InprocCluster
+        return InprocCluster
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
-from .errors import ConfigError, KeyNotInitializedError, ValueTypeError
+from .errors import ConfigError, KeyAlreadyInitializedError, ValueTypeError
 
 if TYPE_CHECKING:
     import torch
@@ -93,41 +93,17 @@ def _check_root(kv: Any, root_rank: int) -> None:
                           f"{kv.num_workers} workers (ranks 0 to {kv.num_workers - 1}).")
 
 
-def _is_tensor(value: Any) -> bool:
-    """Whether ``value`` is a torch tensor (without importing torch)."""
-    return type(value).__module__.partition(".")[0] == "torch"
-
-
-def _dtype_hint(value: Any, stored: Any, into: bool) -> str:
-    """The fix for a dtype mismatch between ``value`` and a key holding dtype ``stored``
-    (a NumPy dtype); ``into``: ``value`` is a pull's out. Worded for torch tensors, which
-    have ``.to(dtype)`` and no ``.astype``, and for NumPy-like arrays.
-
-    >>> import numpy as np
-    >>> _dtype_hint(np.zeros(2, np.int64), np.dtype("float32"), into=False)
-    "Convert with .astype('float32')."
-    """
-    name = str(stored)
-    if not _is_tensor(value):
-        return f"Convert with .astype({name!r})."
-    if into:
-        return (f"Pull into a torch.{name} tensor (e.g. buf = torch.empty_like(out, "
-                f"dtype=torch.{name})), then copy it over with out.copy_(buf), which "
-                f"converts to {value.dtype}.")
-    return f"Convert it with .to(torch.{name})."
-
-
 def _init_keys(kv: Any, keys: list[str], tensors: list[torch.Tensor], what: str,
                prefix: str) -> None:
     """``kv.init(keys, tensors)``; a key that exists already raises with the real fix.
 
-    Each key gets one value here, so init's only KeyNotInitializedError is a key that an
+    Each key gets one value here, so init's only KeyAlreadyInitializedError is a key that an
     earlier call initialized: the fix is a new ``prefix=``, not a push.
     """
     try:
         kv.init(keys, tensors)      # collective: rank 0's values are kept
-    except KeyNotInitializedError as err:
-        raise KeyNotInitializedError(
+    except KeyAlreadyInitializedError as err:
+        raise KeyAlreadyInitializedError(
             f"{what}: key {err.key!r} exists already in this store: an earlier {what} (or "
             f"kv.init) with prefix={prefix!r} initialized it, and a key takes one init. Pass "
             f"a prefix not used before, e.g. prefix={prefix + 'round2/'!r}, so this call gets "
@@ -173,7 +149,7 @@ def broadcast_parameters(params: Any, kv: Any, root_rank: int = 0, prefix: str =
         For an entry that is not a CPU tensor, or a repeated name.
     ConfigError
         For a ``root_rank`` that is not a worker's rank.
-    KeyNotInitializedError
+    KeyAlreadyInitializedError
         If a key ``prefix + name`` exists already (an earlier broadcast with the same
         ``prefix``): pass a new ``prefix``.
     KVStoreError

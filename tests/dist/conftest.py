@@ -64,7 +64,7 @@ class ThreadCluster:
 
     def start(self) -> ThreadCluster:
         """Start the scheduler and the servers."""
-        from pskv.kvstore.server import run_node
+        from pskv.server import run_node
 
         def node(role: Role, name: str) -> None:
             try:

@@ -203,7 +203,7 @@ def test_stranger_and_garbage_to_a_server(thread_cluster: Any,
         kv.init(1, mx.nd.zeros((40,)))            # split over both servers (bound 16)
         if kv.rank == 0:
             for ep in kv._po.servers:
-                attack(ep["tcp"])
+                attack(ep["zmq"])
             go.set()
         else:
             go.wait(20)
@@ -299,9 +299,9 @@ def uds_frame(header: bytes, payload: bytes = b"") -> bytes:
     return b"PSKV" + struct.pack("<I", len(header)) + header + payload
 
 
-@pytest.mark.parametrize("endpoint", ["uds", "raw"])
+@pytest.mark.parametrize("endpoint", ["uds", "tcp"])
 def test_garbage_on_the_stream_sockets(endpoint: str, thread_cluster: Any) -> None:
-    # the Unix socket (same host) and the raw TCP socket (other hosts) take the same framing
+    # the Unix socket (same host) and the TCP stream socket (other hosts) take the same framing
     cluster = thread_cluster(2, 1)
     replies: dict[str, bytes] = {}
     go = threading.Event()

@@ -520,3 +520,22 @@ def test_small_push_is_sent_by_any_next_call(coalesce: str, run_threads: Any) ->
     np.testing.assert_array_equal(same, np.full(3, 20.0))
     np.testing.assert_array_equal(k0, np.full(3, 2.0))
     np.testing.assert_array_equal(k1, np.full(3, 8.0))
+
+
+def test_held_push_is_sent_while_its_worker_blocks_outside_the_store(run_threads: Any) -> None:
+    # worker 0 pushes a small value (held back for a PUSHPULL), then blocks outside the
+    # store until worker 1 has pulled the round: the control thread must send the held push
+    pulled = threading.Event()
+
+    def fn(kv: Any) -> Any:
+        kv.init(0, mx.nd.zeros((2,)))
+        kv.push(0, mx.nd.ones((2,)) * (kv.rank + 1))
+        if kv.rank == 0:
+            return pulled.wait(20)       # not a store call
+        value = kv.pull(0).asnumpy()
+        pulled.set()
+        return value
+
+    results = run_threads(fn, 2, 1, request_timeout=15.0)
+    assert results[0] is True, results
+    np.testing.assert_array_equal(results[1], np.full(2, 3.0))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import pskv
-from pskv.kvstore.base import DIST_TYPES, LOCAL_TYPES
+from pskv.kvstore._registry import DIST_TYPES, LOCAL_TYPES
 
 REPO = Path(__file__).resolve().parents[2]
 API_DOC = REPO / "docs" / "api.md"

@@ -464,7 +464,7 @@ def test_dtype_mismatch_hints_are_torch_methods(kv: Any) -> None:
 def test_second_broadcast_names_prefix_as_the_fix(kv: Any) -> None:
     model = torch.nn.Linear(2, 2)
     pt.broadcast_parameters(model.state_dict(), kv)
-    with pytest.raises(KeyError) as info:           # KeyNotInitializedError, as before
+    with pytest.raises(KeyError) as info:           # KeyAlreadyInitializedError (a KeyError)
         pt.broadcast_parameters(model.state_dict(), kv)
     msg = str(info.value)
     assert "push to change" not in msg

@@ -120,7 +120,9 @@ class ClusterConfig:
     heartbeat_interval, heartbeat_timeout : liveness probing of every node
     shutdown_timeout : seconds servers wait for the final goodbye
     transport : data path to the servers: 'auto' (Unix sockets within a host, TCP between
-        hosts), 'tcp' (TCP always), 'ipc' (Unix sockets always) or 'zmq' (ZeroMQ always)
+        hosts), 'tcp' (TCP always), 'ipc' (Unix sockets always), 'zmq' (ZeroMQ always), or
+        'inproc' (ZeroMQ inproc: every node a thread of one process sharing one ZeroMQ
+        context, no sockets; set only by :class:`pskv.testing.InprocCluster`)
     coalesce_bytes : a dist_sync push of at most this many bytes waits for the store's next
         call, so that a pull of the same keys right after it travels with it (0: never)
     rank : the rank this worker or server asks the scheduler for (DMLC_WORKER_ID /
@@ -155,7 +157,7 @@ class ClusterConfig:
                 f"{ENV_NUM_SERVER} and {ENV_NUM_WORKER}, or start with pskv-launch -n W -s S.")
         if not 0 < self.root_port < 65536:
             raise ConfigError(f"{ENV_ROOT_PORT}={self.root_port} is not a TCP port (1-65535).")
-        if self.transport not in ("auto", "tcp", "ipc", "zmq"):
+        if self.transport not in ("auto", "tcp", "ipc", "zmq", "inproc"):
             raise ConfigError(f"{ENV_TRANSPORT}={self.transport!r}: use auto, tcp, ipc or zmq.")
         if self.heartbeat_timeout <= self.heartbeat_interval:
             raise ConfigError(
@@ -211,7 +213,7 @@ class ClusterConfig:
             heartbeat_interval=_seconds(env, ENV_HEARTBEAT_INTERVAL, 1.0),
             heartbeat_timeout=_seconds(env, ENV_HEARTBEAT_TIMEOUT, 15.0),
             shutdown_timeout=_seconds(env, ENV_SHUTDOWN_TIMEOUT, 30.0),
-            transport=env.get(ENV_TRANSPORT, "auto") or "auto",
+            transport=_transport(env.get(ENV_TRANSPORT, "auto") or "auto"),
             coalesce_bytes=_int(env, ENV_COALESCE_BYTES, 65536,
                                 "Set it to a number of bytes (0 sends every push at once)."),
             rank=rank,
@@ -224,7 +226,16 @@ class ClusterConfig:
     @property
     def root_address(self) -> str:
         """The scheduler's ZeroMQ endpoint."""
+        if self.transport == "inproc":
+            return f"inproc://pskv-scheduler-{self.root_port}"
         return f"tcp://{_bracket(self.root_uri)}:{self.root_port}"
+
+
+def _transport(raw: str) -> str:
+    if raw == "inproc":
+        raise ConfigError(f"{ENV_TRANSPORT}=inproc works only for a cluster inside one process "
+                          "(pskv.testing.InprocCluster). Use auto, tcp, ipc or zmq.")
+    return raw
 
 
 def _bracket(host: str) -> str:

@@ -10,14 +10,15 @@ from __future__ import annotations
 import enum
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ProtocolError
+from ..errors import KVStoreError, ProtocolError, error_from_kind, error_kind
 
-__all__ = ["ALLOWED_DTYPES", "Command", "MAX_HEADER", "Meta", "decode", "encode", "parse_header"]
+__all__ = ["ALLOWED_DTYPES", "Command", "MAX_HEADER", "Meta", "decode", "encode", "error_body",
+           "error_from_body", "parse_header"]
 
 #: dtypes a peer may send; anything else is a protocol error (no object arrays, ever)
 ALLOWED_DTYPES = frozenset({
@@ -52,7 +53,7 @@ class Command(enum.IntEnum):
     ACK = 40           # a reply without arrays (pushes get none: their ts is negative,
                        # and only an ERROR answers one)
     DATA = 41          # a reply with arrays
-    ERROR = 42         # a reply: body {"kind": error class name, "msg": text}
+    ERROR = 42         # a reply: body {"kind": error kind, "msg": text[, "key": key]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +64,26 @@ class Meta:
     ts: int = 0
     keys: tuple[int, ...] = ()
     body: Any = None
-    specs: tuple[tuple[str, tuple[int, ...]], ...] = field(default=(), compare=False)
+
+
+def error_body(err: BaseException) -> dict[str, Any]:
+    """The body of an ERROR reply for ``err``: its registered kind, message and key."""
+    body: dict[str, Any] = {"kind": error_kind(err), "msg": str(err)}
+    key = getattr(err, "key", None)
+    if type(key) is int or type(key) is str:
+        body["key"] = key
+    return body
+
+
+def error_from_body(body: Any, where: str) -> KVStoreError:
+    """The error an ERROR reply's body describes, of the class registered for its kind,
+    its message marked ``(reported by <where>)``."""
+    if not isinstance(body, dict):
+        body = {}
+    key = body.get("key")
+    return error_from_kind(str(body.get("kind", "")), f"{body.get('msg', 'error')} "
+                           f"(reported by {where})",
+                           key if type(key) is int or type(key) is str else None)
 
 
 def encode(cmd: Command, ts: int = 0, keys: Sequence[int] = (), body: Any = None,
@@ -122,8 +142,7 @@ def parse_header(raw: bytes | memoryview, nframes: int | None = None) \
             raise ProtocolError(f"array {i}: bad shape {shape!r}")
         dt = _DTYPES[dtype]
         specs.append((dt, shape, math.prod(shape) * dt.itemsize))
-    meta = Meta(cmd, ts, tuple(keys), header.get("b"),
-                tuple((spec[0], sh) for spec, (_, sh, _) in zip(specs_raw, specs)))
+    meta = Meta(cmd, ts, tuple(keys), header.get("b"))
     return meta, specs
 
 

@@ -14,15 +14,15 @@ import queue
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 
 from ..errors import ClusterError, ClusterTimeoutError, NodeFailedError, ProtocolError
 from .auth import prove
 from .config import ClusterConfig
-from .message import Command
-from .van import ZmqVan
+from .message import Command, decode, error_from_body
+from .zeromq import ZmqContext, recv_message, send_message
 
 __all__ = ["Postoffice"]
 
@@ -35,24 +35,24 @@ class Postoffice:
     Parameters
     ----------
     cfg : ClusterConfig
-    van : ZmqVan
+    zctx : ZmqContext
         Where sockets come from (one per node: no process-wide state).
     endpoints : dict, optional
         A server's data endpoints, announced to the workers through the scheduler.
     """
 
-    def __init__(self, cfg: ClusterConfig, van: ZmqVan,
+    def __init__(self, cfg: ClusterConfig, zctx: ZmqContext,
                  endpoints: dict[str, str] | None = None) -> None:
         self.cfg = cfg
         self.role = cfg.role.value
-        self._van = van
+        self._zctx = zctx
         self._endpoints = endpoints or {}
         self._ident = f"{self.role}-{os.getpid()}-{id(self):x}".encode()
-        self._sock = van.socket(zmq.DEALER, identity=self._ident)
+        self._sock = zctx.socket(zmq.DEALER, identity=self._ident)
         self._wake_addr = f"inproc://pskv-po-{id(self):x}"
-        self._wake_rx = van.socket(zmq.PAIR)
+        self._wake_rx = zctx.socket(zmq.PAIR)
         self._wake_rx.bind(self._wake_addr)
-        self._wake_tx = van.socket(zmq.PAIR)
+        self._wake_tx = zctx.socket(zmq.PAIR)
         self._wake_tx.connect(self._wake_addr)
         self._wake_lock = threading.Lock()
         self._outbox: queue.SimpleQueue[tuple[Command, int, Any]] = queue.SimpleQueue()
@@ -70,6 +70,9 @@ class Postoffice:
         self.num_servers = cfg.num_servers
         self.servers: list[dict[str, str]] = []
         self.host = socket.gethostname()
+        #: called by the control thread about every half heartbeat interval (a worker's
+        #: store sends a push it held too long); it must not block
+        self.idle_hook: Callable[[], None] | None = None
 
     # ---- admission ------------------------------------------------------------------------
     def start(self) -> None:
@@ -79,7 +82,7 @@ class Postoffice:
                 "endpoints": self._endpoints, **prove(self.cfg.secret, self.role, "scheduler")}
         if self.cfg.rank is not None:
             body["rank"] = self.cfg.rank  # DMLC_WORKER_ID / DMLC_SERVER_ID: the scheduler obeys
-        ZmqVan.send(self._sock, Command.HELLO, 1, body=body, copy=True)
+        send_message(self._sock, Command.HELLO, 1, body=body, copy=True)
         deadline = time.monotonic() + self.cfg.connect_timeout
         while True:
             left = deadline - time.monotonic()
@@ -90,8 +93,8 @@ class Postoffice:
                     "that every node started, or raise PSKV_CONNECT_TIMEOUT.")
             if not self._sock.poll(int(min(left, 0.5) * 1000) + 1):
                 continue
-            _, frames = ZmqVan.recv(self._sock)
-            meta, _ = ZmqVan.parse(frames)
+            _, frames = recv_message(self._sock)
+            meta, _ = decode(frames)
             if meta.cmd == Command.ERROR:
                 raise ClusterError(f"{self.role}: {meta.body.get('msg')}. Check PSKV_SECRET "
                                    "and the cluster size (DMLC_NUM_SERVER/WORKER).")
@@ -174,11 +177,16 @@ class Postoffice:
             self._flush_outbox()
             if self._stop.is_set():
                 return
+            if self.idle_hook is not None:
+                try:
+                    self.idle_hook()
+                except Exception:  # pragma: no cover - the hook reports its own errors
+                    log.exception("%s: the idle hook failed", self.role)
             if self._sock in events:
                 while self._sock.poll(0):
-                    _, frames = ZmqVan.recv(self._sock)
+                    _, frames = recv_message(self._sock)
                     try:
-                        meta, _ = ZmqVan.parse(frames)
+                        meta, _ = decode(frames)
                     except ProtocolError as err:  # pragma: no cover - scheduler bug
                         log.error("%s: bad message from the scheduler: %s", self.role, err)
                         continue
@@ -186,7 +194,7 @@ class Postoffice:
                     self._on_message(meta.cmd, meta.ts, meta.body)
             now = time.monotonic()
             if now - last_beat >= interval:
-                ZmqVan.send(self._sock, Command.HEARTBEAT, 0, copy=True)
+                send_message(self._sock, Command.HEARTBEAT, 0, copy=True)
                 last_beat = now
             if now - last_ack > self.cfg.heartbeat_timeout and self.failure is None:
                 self._set_failure(f"the scheduler at {self.cfg.root_address} stopped answering "
@@ -199,7 +207,7 @@ class Postoffice:
                 cmd, ts, body = self._outbox.get_nowait()
             except queue.Empty:
                 return
-            ZmqVan.send(self._sock, cmd, ts, body=body, copy=True)
+            send_message(self._sock, cmd, ts, body=body, copy=True)
 
     def _on_message(self, cmd: Command, ts: int, body: Any) -> None:
         if cmd == Command.BARRIER_DONE:
@@ -212,9 +220,8 @@ class Postoffice:
         elif cmd == Command.SHUTDOWN:
             self.shutdown.set()
         elif cmd == Command.ERROR:
-            msg = body.get("msg") if isinstance(body, dict) else "error"
             with self._cond:
-                self._replies[ts] = ClusterError(f"the scheduler answered: {msg}")
+                self._replies[ts] = error_from_body(body, "the scheduler")
                 self._cond.notify_all()
 
     def _set_failure(self, msg: str) -> None:

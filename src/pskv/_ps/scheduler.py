@@ -13,13 +13,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import zmq
 
-from ..errors import ClusterTimeoutError, ProtocolError
+from ..errors import ClusterError, ClusterTimeoutError, KVStoreError, ProtocolError
 from .auth import Verifier
 from .config import ENV_SERVER_ID, ENV_WORKER_ID, ClusterConfig
-from .message import Command
-from .van import ZmqVan
+from .message import Command, Meta, error_body
+from .serve import ServeLoop
+from .transport import Connection
+from .zeromq import ZmqContext
 
 __all__ = ["Scheduler"]
 
@@ -28,7 +31,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class _Node:
-    ident: bytes
+    ident: Connection           # the node's ZeroMQ peer
     role: str
     rank: int
     body: dict[str, Any]
@@ -40,21 +43,31 @@ class _Node:
 
 @dataclass(slots=True)
 class _Barrier:
-    waiting: dict[int, tuple[bytes, int, Any]] = field(default_factory=dict)
+    waiting: dict[int, tuple[Connection, int, Any]] = field(default_factory=dict)
 
 
 class Scheduler:
-    """Runs the scheduler's loop on one ROUTER socket; ``run()`` returns the exit status."""
+    """The scheduler: a ServeLoop on one ROUTER socket; ``run()`` returns the exit status.
 
-    def __init__(self, cfg: ClusterConfig, stop: threading.Event | None = None) -> None:
+    It checks HELLOs itself (``_hello``: the proof, the role, the expected count), so its
+    ServeLoop admits whoever ``_hello`` registered.
+    """
+
+    def __init__(self, cfg: ClusterConfig, stop: threading.Event | None = None,
+                 zmq_context: zmq.Context[Any] | None = None) -> None:
         self.cfg = cfg
         self._stop = stop or threading.Event()
-        self._van = ZmqVan()
-        self._sock = self._van.socket(zmq.ROUTER)
+        self._zctx = ZmqContext(zmq_context)
+        self._sock = self._zctx.socket(zmq.ROUTER)
         bind_host = cfg.node_host if cfg.node_host != "127.0.0.1" else cfg.root_uri
-        self._sock.bind(f"tcp://{bind_host}:{cfg.root_port}")
+        self._sock.bind(cfg.root_address if cfg.transport == "inproc" else
+                        f"tcp://{bind_host}:{cfg.root_port}")
         self._verifier = Verifier(cfg.secret, "scheduler")
-        self._nodes: dict[bytes, _Node] = {}
+        self.loop = ServeLoop("the scheduler", self, Verifier(None, "scheduler"),
+                              cfg.request_timeout, router=self._sock, refusal=ClusterError)
+        self._code: int | None = None
+        self._start = time.monotonic()
+        self._nodes: dict[Connection, _Node] = {}
         self._counts = {"server": 0, "worker": 0}
         self._admitted = False
         self._barriers: dict[str, _Barrier] = {}
@@ -62,11 +75,11 @@ class Scheduler:
         self._shutdown_sent = 0.0
 
     # ---- helpers -----------------------------------------------------------------------
-    def _send(self, ident: bytes, cmd: Command, ts: int = 0, body: Any = None) -> None:
+    def _send(self, ident: Connection, cmd: Command, ts: int = 0, body: Any = None) -> None:
         try:
-            ZmqVan.send(self._sock, cmd, ts, body=body, to=ident, copy=True)
-        except zmq.ZMQError as err:  # peer gone: ROUTER_MANDATORY says so
-            log.debug("scheduler: cannot send %s to %r: %s", cmd.name, ident, err)
+            ident.send(cmd, ts, body=body)
+        except KVStoreError as err:  # peer gone: ROUTER_MANDATORY says so
+            log.debug("scheduler: cannot send %s to %s: %s", cmd.name, ident.peer, err)
 
     def _members(self, role: str | None = None) -> list[_Node]:
         return [n for n in self._nodes.values() if role is None or n.role == role]
@@ -75,7 +88,7 @@ class Scheduler:
         return [n for n in self._nodes.values() if n.state == "alive"]
 
     # ---- message handlers ------------------------------------------------------------------
-    def _hello(self, ident: bytes, ts: int, body: Any) -> None:
+    def _hello(self, ident: Connection, ts: int, body: Any) -> None:
         why = self._verifier.check(body)
         role = str(body.get("role")) if isinstance(body, dict) else ""
         if why is None and role not in ("server", "worker"):
@@ -87,8 +100,8 @@ class Scheduler:
             why = self._check_claim(role, claimed)
         if why is not None:
             log.warning("scheduler: refused a node (%s)", why)
-            self._send(ident, Command.ERROR, ts, {"kind": "ClusterError",
-                                                  "msg": f"the scheduler refused this node: {why}"})
+            self._send(ident, Command.ERROR, ts, error_body(
+                ClusterError(f"the scheduler refused this node: {why}")))
             return
         if ident in self._nodes:
             return
@@ -142,8 +155,8 @@ class Scheduler:
     def _barrier(self, node: _Node, ts: int, body: Any) -> None:
         group = body.get("group", "worker") if isinstance(body, dict) else "worker"
         if group not in ("worker", "server", "all"):
-            self._send(node.ident, Command.ERROR, ts, {"kind": "ProtocolError",
-                                                       "msg": f"unknown barrier group {group!r}"})
+            self._send(node.ident, Command.ERROR, ts, error_body(
+                ProtocolError(f"unknown barrier group {group!r}")))
             return
         bar = self._barriers.setdefault(group, _Barrier())
         key = node.rank if group != "all" else (node.rank if node.role == "worker"
@@ -187,63 +200,18 @@ class Scheduler:
             del self._barriers[bar_group]   # members were told; nothing will complete it
         self._maybe_shutdown()
 
-    # ---- loop ----------------------------------------------------------------------------
-    def run(self) -> int:
-        """Serve until the cluster is done; 0 if every worker closed cleanly, else 1."""
-        start = time.monotonic()
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        tick = min(0.1, self.cfg.heartbeat_interval / 2)
-        try:
-            while not self._stop.is_set():
-                if poller.poll(int(tick * 1000)):
-                    while int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                        self._handle(*ZmqVan.recv(self._sock, router=True))
-                now = time.monotonic()
-                if not self._admitted:
-                    if now - start > self.cfg.connect_timeout:
-                        raise ClusterTimeoutError(
-                            f"the scheduler waited {self.cfg.connect_timeout:g} s but only "
-                            f"{self._counts['server']}/{self.cfg.num_servers} servers and "
-                            f"{self._counts['worker']}/{self.cfg.num_workers} workers arrived. "
-                            "Start every node, or raise PSKV_CONNECT_TIMEOUT.")
-                    continue
-                for node in self._live():
-                    if now - node.last_seen > self.cfg.heartbeat_timeout:
-                        self._fail(node, f"sent no heartbeat for {now - node.last_seen:.1f} s "
-                                         "(it died or hangs)")
-                servers = self._members("server")
-                if self._shutdown_sent and all(n.state != "alive" for n in servers):
-                    return 1 if self._failed else 0
-                if self._shutdown_sent and now - self._shutdown_sent > self.cfg.shutdown_timeout:
-                    log.error("scheduler: servers did not stop within %g s",
-                              self.cfg.shutdown_timeout)
-                    return 1
-            return 1 if self._failed else 0
-        finally:
-            self._van.close()
+    # ---- the Handler of the ServeLoop ----------------------------------------------------
+    def admit(self, conn: Connection, meta: Meta) -> _Node | None:
+        """A HELLO: ``_hello`` registers the node (or refuses it)."""
+        self._hello(conn, meta.ts, meta.body)
+        return self._nodes.get(conn)
 
-    def _handle(self, ident: bytes | None, frames: list[Any]) -> None:
-        assert ident is not None
-        try:
-            meta, _ = ZmqVan.parse(frames)
-        except ProtocolError as err:
-            log.warning("scheduler: dropped a malformed message: %s", err)
-            self._send(ident, Command.ERROR, 0, {"kind": "ProtocolError", "msg": str(err)})
-            return
-        if meta.cmd == Command.HELLO:
-            self._hello(ident, meta.ts, meta.body)
-            return
-        node = self._nodes.get(ident)
-        if node is None:
-            log.warning("scheduler: refused a %s from a node that was never admitted",
-                        meta.cmd.name)
-            self._send(ident, Command.ERROR, meta.ts, {
-                "kind": "ClusterError", "msg": "this node was never admitted: send HELLO"})
-            return
+    def handle(self, conn: Connection, node: _Node, meta: Meta,
+               arrays: list[np.ndarray]) -> None:
+        """A registered node's message: heartbeat, barrier or goodbye."""
         node.last_seen = time.monotonic()
         if meta.cmd == Command.HEARTBEAT:
-            self._send(ident, Command.HEARTBEAT_ACK, meta.ts)
+            self._send(conn, Command.HEARTBEAT_ACK, meta.ts)
         elif meta.cmd == Command.BARRIER:
             self._barrier(node, meta.ts, meta.body)
         elif meta.cmd == Command.GOODBYE:
@@ -252,5 +220,42 @@ class Scheduler:
             else:
                 self._goodbye(node)
         else:
-            self._send(ident, Command.ERROR, meta.ts, {
-                "kind": "ProtocolError", "msg": f"the scheduler does not take {meta.cmd.name}"})
+            raise ProtocolError(f"the scheduler does not take {meta.cmd.name}")
+
+    def dropped(self, conn: Connection) -> None:
+        """Nothing to do: a node that is gone stops heartbeating."""
+
+    def tick(self) -> None:
+        """Admission deadline, heartbeats, the end of the job (sets the exit status)."""
+        now = time.monotonic()
+        if not self._admitted:
+            if now - self._start > self.cfg.connect_timeout:
+                raise ClusterTimeoutError(
+                    f"the scheduler waited {self.cfg.connect_timeout:g} s but only "
+                    f"{self._counts['server']}/{self.cfg.num_servers} servers and "
+                    f"{self._counts['worker']}/{self.cfg.num_workers} workers arrived. "
+                    "Start every node, or raise PSKV_CONNECT_TIMEOUT.")
+            return
+        for node in self._live():
+            if now - node.last_seen > self.cfg.heartbeat_timeout:
+                self._fail(node, f"sent no heartbeat for {now - node.last_seen:.1f} s "
+                                 "(it died or hangs)")
+        servers = self._members("server")
+        if self._shutdown_sent and all(n.state != "alive" for n in servers):
+            self._code = 1 if self._failed else 0
+        elif self._shutdown_sent and now - self._shutdown_sent > self.cfg.shutdown_timeout:
+            log.error("scheduler: servers did not stop within %g s", self.cfg.shutdown_timeout)
+            self._code = 1
+
+    # ---- loop ----------------------------------------------------------------------------
+    def run(self) -> int:
+        """Serve until the cluster is done; 0 if every worker closed cleanly, else 1."""
+        self._start = time.monotonic()
+        tick = min(0.1, self.cfg.heartbeat_interval / 2)
+        try:
+            self.loop.run(lambda: self._stop.is_set() or self._code is not None,
+                          int(tick * 1000), tick)
+            return self._code if self._code is not None else 1 if self._failed else 0
+        finally:
+            self.loop.close()
+            self._zctx.close()

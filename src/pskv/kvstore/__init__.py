@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import KVStoreBase, create
-from .local import LocalKVStore, SparsePullIgnoredWarning
+from ..errors import SparsePullIgnoredWarning
+from ._create import create
+from .base import KVStoreBase
+from .local import LocalKVStore
 
 #: MXNet's name for the store class
 KVStore = LocalKVStore

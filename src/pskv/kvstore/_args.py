@@ -14,7 +14,7 @@ from ..errors import KeyTypeError, ShapeMismatchError, ValueTypeError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 
-__all__ = ["as_numpy", "check_key", "is_array", "normalize", "tensor_maker"]
+__all__ = ["as_numpy", "check_key", "dtype_hint", "is_array", "normalize", "tensor_maker"]
 
 
 def is_array(obj: Any) -> bool:
@@ -193,3 +193,22 @@ def row_ids_by_key(key: Any, keys: list[int | str], groups: list[list[Any]],
             f"row_sparse_pull of key {key!r} got {len(row_ids)} row_ids for {total} "
             "outs. Pass one row_ids per out, or one for all.", key=key)
     return {k: [clean(r) for r in g] for k, g in zip(rkeys, rgroups)}
+
+
+def dtype_hint(value: Any, stored: Any, into: bool) -> str:
+    """The fix for a dtype mismatch between ``value`` and a key holding dtype ``stored``
+    (a NumPy dtype); ``into``: ``value`` is a pull's out. Worded for torch tensors, which
+    have ``.to(dtype)`` and no ``.astype``, and for NumPy-like arrays.
+
+    >>> import numpy as np
+    >>> dtype_hint(np.zeros(2, np.int64), np.dtype("float32"), into=False)
+    "Convert with .astype('float32')."
+    """
+    name = str(stored)
+    if type(value).__module__.partition(".")[0] != "torch":   # no torch import
+        return f"Convert with .astype({name!r})."
+    if into:
+        return (f"Pull into a torch.{name} tensor (e.g. buf = torch.empty_like(out, "
+                f"dtype=torch.{name})), then copy it over with out.copy_(buf), which "
+                f"converts to {value.dtype}.")
+    return f"Convert it with .to(torch.{name})."

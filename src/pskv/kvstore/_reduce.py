@@ -12,7 +12,7 @@ import numpy as np
 
 from ..nd.sparse import RowSparseNDArray
 
-__all__ = ["Reducer", "sum_row_sparse"]
+__all__ = ["Reducer", "sum_row_sparse", "sum_rows"]
 
 #: below this many elements one thread is faster than handing work to the pool
 PARALLEL_MIN = 1 << 17
@@ -108,14 +108,31 @@ class Reducer:
             self._pool = None
 
 
+def sum_rows(parts: Sequence[tuple[np.ndarray, np.ndarray]], shape: tuple[int, ...],
+             dtype: Any, unique_rows: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Sum row_sparse parts ``(rows, data)``: the union of their rows (sorted), and data.
+
+    The one row_sparse sum of pskv (local store, worker and server). ``unique_rows``: each
+    part's rows are known to be unique (a RowSparseNDArray's are); else repeated rows of
+    one part are summed too.
+    """
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros((0,) + tuple(shape[1:]), dtype)
+    rows = np.unique(np.concatenate([r for r, _ in parts]))
+    data = np.zeros((len(rows),) + tuple(shape[1:]), dtype=dtype)
+    for r, d in parts:
+        if unique_rows:
+            data[np.searchsorted(rows, r)] += d
+        else:
+            np.add.at(data, np.searchsorted(rows, r), d)
+    return rows, data
+
+
 def sum_row_sparse(vals: list[Any]) -> RowSparseNDArray:
-    """Sum row_sparse arrays: the union of their rows, sorted."""
+    """Sum RowSparseNDArrays: the union of their rows, sorted."""
     first: RowSparseNDArray = vals[0]
     if len(vals) == 1:
         return RowSparseNDArray(first._data.copy(), first._indices.copy(), first.shape,
                                 first.context)
-    rows = np.unique(np.concatenate([v._indices for v in vals]))
-    data = np.zeros((len(rows),) + first.shape[1:], dtype=first.dtype)
-    for v in vals:
-        data[np.searchsorted(rows, v._indices)] += v._data  # indices unique per array
+    rows, data = sum_rows([(v._indices, v._data) for v in vals], first.shape, first.dtype)
     return RowSparseNDArray(data, rows, first.shape, first.context)

@@ -1,23 +1,23 @@
-"""KVStoreBase, the store-type registry and ``create``."""
+"""KVStoreBase: the interface every store type implements, and ``register``.
+
+The registry itself lives in :mod:`._registry` and ``create`` in :mod:`._create`, so that
+this module imports no store: local and dist stores are siblings that both import it.
+"""
 from __future__ import annotations
 
 import builtins
 import warnings
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
-from ..errors import ConfigError, UnsupportedError
+from ..errors import ConfigError, UnsupportedError, ValueTypeError
+from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
+from ._registry import STORES
 
-__all__ = ["KVStoreBase", "create"]
+__all__ = ["KVStoreBase", "check_capability", "check_optimizer"]
 
 T = TypeVar("T", bound=type)
-
-#: store types served by the in-process LocalKVStore
-LOCAL_TYPES = ("local", "device", "local_allreduce_cpu", "local_update_cpu",
-               "local_allreduce_device")
-#: store types served by the parameter server (a separate issue)
-DIST_TYPES = ("dist", "dist_sync", "dist_async", "dist_sync_device", "dist_device_sync",
-              "dist_async_device")
+S = TypeVar("S", bound="KVStoreBase")
 
 
 class KVStoreBase:
@@ -39,7 +39,8 @@ class KVStoreBase:
     #: the capability name :meth:`is_capable` answers for optimizers
     OPTIMIZER = "optimizer"
 
-    kv_registry: dict[str, type] = {}
+    #: lower-cased class name -> registered class (the registry of ``create``)
+    kv_registry: dict[str, type] = STORES
 
     @staticmethod
     def register(klass: T) -> T:
@@ -47,43 +48,91 @@ class KVStoreBase:
         if not isinstance(klass, type) or not issubclass(klass, KVStoreBase):
             raise ConfigError(f"register() takes a KVStoreBase subclass, got {klass!r}.")
         name = klass.__name__.lower()
-        if name in KVStoreBase.kv_registry:
+        if name in STORES:
             warnings.warn(f"store type {name!r} is already registered; "
                           f"{klass.__module__}.{klass.__name__} replaces it.", stacklevel=2)
-        KVStoreBase.kv_registry[name] = klass
+        STORES[name] = klass
         return klass
 
-    # The interface every store implements (MXNet 1.9.1's KVStoreBase).
-    def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
-        """Initialize ``key`` with ``value`` (rank 0's in a cluster) and pull it into ``out``."""
-        raise UnsupportedError(f"{type(self).__name__} does not implement broadcast().")
+    def _unsupported(self, what: str) -> UnsupportedError:
+        return UnsupportedError(f"{type(self).__name__} does not implement {what}().",
+                                store_type=self.type)
 
-    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
+    # The interface every store implements (MXNet 1.9.1's KVStore, typed).
+    def init(self, key: KeyArg, value: ValueArg) -> None:
+        """Initialize a key (or a list of keys) with a value (one per key)."""
+        raise self._unsupported("init")
+
+    def push(self, key: KeyArg, value: ValueArg, priority: int = 0) -> None:
+        """Push values; those given for the same key are summed, then the updater runs."""
+        raise self._unsupported("push")
+
+    @overload
+    def pull(self, key: Key, out: None = None, priority: int = 0,
+             ignore_sparse: bool = True) -> Array: ...
+
+    @overload
+    def pull(self, key: KeyList, out: None = None, priority: int = 0,
+             ignore_sparse: bool = True) -> list[Array]: ...
+
+    @overload
+    def pull(self, key: KeyArg, out: OutArg, priority: int = 0,
+             ignore_sparse: bool = True) -> None: ...
+
+    def pull(self, key: KeyArg, out: OutArg | None = None, priority: int = 0,
+             ignore_sparse: bool = True) -> Array | list[Array] | None:
+        """Copy stored values into ``out``; with ``out=None`` return new arrays."""
+        raise self._unsupported("pull")
+
+    def pushpull(self, key: KeyArg, value: ValueArg, out: OutArg | None = None,
+                 priority: int = 0) -> None:
         """Push ``value`` then pull the result into ``out`` (into ``value`` if ``out`` is None)."""
-        raise UnsupportedError(f"{type(self).__name__} does not implement pushpull().")
+        raise self._unsupported("pushpull")
+
+    def broadcast(self, key: KeyArg, value: ValueArg, out: OutArg, priority: int = 0) -> None:
+        """Initialize ``key`` with ``value`` (rank 0's in a cluster) and pull it into ``out``."""
+        raise self._unsupported("broadcast")
+
+    def row_sparse_pull(self, key: KeyArg, out: OutArg | None = None, priority: int = 0,
+                        row_ids: Any = None) -> None:
+        """Pull the rows ``row_ids`` of row_sparse keys into row_sparse ``out``."""
+        raise self._unsupported("row_sparse_pull")
+
+    def set_updater(self, updater: Updater) -> None:
+        """Set the push updater ``updater(key, input, stored)``."""
+        raise self._unsupported("set_updater")
 
     def set_optimizer(self, optimizer: Any) -> None:
         """Register an optimizer that updates the stored values on push."""
-        raise UnsupportedError(f"{type(self).__name__} does not implement set_optimizer().")
+        raise self._unsupported("set_optimizer")
+
+    def set_gradient_compression(self, compression_params: dict[str, Any]) -> None:
+        """Compress pushed gradients (``{'type': '2bit', 'threshold': 0.5}``)."""
+        raise self._unsupported("set_gradient_compression")
 
     def is_capable(self, capability: str) -> bool:
         """Whether the store supports ``capability`` (e.g. ``KVStoreBase.OPTIMIZER``)."""
-        raise UnsupportedError(f"{type(self).__name__} does not implement is_capable().")
+        raise self._unsupported("is_capable")
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Save the optimizer states to ``fname``."""
-        raise UnsupportedError(
-            f"{type(self).__name__} does not implement save_optimizer_states().")
+        raise self._unsupported("save_optimizer_states")
 
     def load_optimizer_states(self, fname: str) -> None:
         """Load optimizer states saved by :meth:`save_optimizer_states`."""
-        raise UnsupportedError(
-            f"{type(self).__name__} does not implement load_optimizer_states().")
+        raise self._unsupported("load_optimizer_states")
+
+    def barrier(self) -> None:
+        """Wait for every worker (nothing to wait for in a single process)."""
+
+    def _barrier(self) -> None:
+        """MXNet's name for :meth:`barrier`."""
+        self.barrier()
 
     def close(self) -> None:
         """Release the store's resources (a store without any has nothing to do)."""
 
-    def __enter__(self) -> KVStoreBase:
+    def __enter__(self: S) -> S:
         return self
 
     def __exit__(self, exc_type: builtins.type[BaseException] | None,
@@ -106,74 +155,19 @@ class KVStoreBase:
         return 1
 
 
-def create(name: str = "local") -> KVStoreBase:
-    """Create a new KVStore.
+def check_optimizer(optimizer: Any) -> Any:
+    """``optimizer`` if it is a pskv Optimizer, else ValueTypeError (for set_optimizer)."""
+    from ..optimizer import Optimizer
+    if not isinstance(optimizer, Optimizer):
+        raise ValueTypeError(
+            f"set_optimizer() takes a pskv.optimizer.Optimizer, got "
+            f"{type(optimizer).__name__}. Create one with mx.optimizer.create('sgd', ...).")
+    return optimizer
 
-    Parameters
-    ----------
-    name : str, default 'local'
-        The store type, case-insensitive. The types:
 
-        In one process (a :class:`LocalKVStore`):
-
-        * ``'local'``: the values pushed for a key (one per device) are summed, and the
-          updater or optimizer runs, in host memory.
-        * ``'device'``: the same as ``'local'`` in pskv (arrays live in host memory), and
-          the one local type that takes :meth:`~LocalKVStore.set_gradient_compression`.
-        * ``'local_allreduce_cpu'``: MXNet's legacy name for ``'local'``.
-        * ``'local_update_cpu'``: MXNet's legacy name for ``'local'``.
-        * ``'local_allreduce_device'``: MXNet's legacy name for ``'device'`` (it takes
-          gradient compression too).
-
-        On a parameter server (a :class:`DistKVStore` on each worker; start the script
-        with ``pskv-launch``, which starts the scheduler and the servers):
-
-        * ``'dist_sync'``: synchronous training: a key's round closes when every worker has
-          pushed it once; then the servers apply the optimizer (or assign) to the sum.
-        * ``'dist'``: the same as ``'dist_sync'``.
-        * ``'dist_async'``: asynchronous training: the servers apply each push as it
-          arrives.
-        * ``'dist_sync_device'``: ``'dist_sync'``; each worker sums its devices' values
-          in host memory before pushing (as ``'dist_sync'`` does in pskv).
-        * ``'dist_device_sync'``: the same as ``'dist_sync_device'``.
-        * ``'dist_async_device'``: ``'dist_async'``, with the devices' values summed the same
-          way.
-
-        Any other name must be that of a class registered with
-        :meth:`KVStoreBase.register` (the class name, lower-cased); a registered name takes
-        precedence over the built-in ones.
-
-    Returns
-    -------
-    KVStoreBase
-        The new store; ``kv.type`` is ``name`` lower-cased.
-
-    Raises
-    ------
-    ConfigError
-        For an unknown name (MXNet silently gives a local store); the message lists the
-        known names.
-
-    Examples
-    --------
-    >>> import pskv as mx
-    >>> kv = mx.kv.create('Device')
-    >>> kv.type
-    'device'
-    """
-    if not isinstance(name, str):
-        raise ConfigError(f"store type must be a str such as 'local', got {name!r}.")
-    lname = name.lower()
-    if lname in KVStoreBase.kv_registry:
-        store: KVStoreBase = KVStoreBase.kv_registry[lname]()
-        return store
-    if lname in LOCAL_TYPES:
-        from .local import LocalKVStore
-        return LocalKVStore(lname)
-    if lname in DIST_TYPES:
-        from .dist import create_dist
-        return create_dist(lname)
-    known = sorted(set(LOCAL_TYPES) | set(DIST_TYPES) | set(KVStoreBase.kv_registry))
-    raise ConfigError(f"unknown store type {name!r}. Known types: {', '.join(known)}.",
-                      store_type=lname)
-
+def check_capability(capability: str) -> bool:
+    """``is_capable`` of the built-in stores: True for 'optimizer', ConfigError otherwise."""
+    if isinstance(capability, str) and capability.lower() == KVStoreBase.OPTIMIZER:
+        return True
+    raise ConfigError(f"unknown capability {capability!r}. Known: "
+                      f"{KVStoreBase.OPTIMIZER!r}.")

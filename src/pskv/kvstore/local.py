@@ -1,37 +1,33 @@
 """LocalKVStore: the ``local`` and ``device`` stores (and MXNet's legacy aliases).
 
-Invariants: ``_store[key]`` is an NDArray the store owns (a RowSparseNDArray holding every
-row for row_sparse keys); every call validates all of its arguments before it changes any
-key, so a call that raises changes nothing; ``_lock`` serializes calls.
+The store normalizes and validates a call (:mod:`._args`, :class:`._keys.KeyTable`), merges
+the values given for each key (one per device), then hands the merged value to its
+:class:`._engine.Engine`, which runs the updater (or assigns). A one-worker round closes on
+every push, so the store calls ``Engine.apply`` directly. Invariants: ``_store[key]`` (the
+engine's ``stored``) is an NDArray the store owns (a RowSparseNDArray holding every row for
+row_sparse keys); every call validates all of its arguments before it changes any key, so a
+call that raises changes nothing; ``_lock`` serializes calls.
 """
 from __future__ import annotations
 
 import builtins
 import os
 import threading
-import warnings
-from types import TracebackType
-from typing import Any, Callable
+from typing import Any, overload
 
 import numpy as np
 
-from ..errors import (ConfigError, KeyNotInitializedError, KeyTypeError, ShapeMismatchError,
-                      UnsupportedError, ValueTypeError)
+from ..errors import ConfigError, SparsePullIgnoredWarning, ValueTypeError, UnsupportedError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
-from ._args import as_numpy, dense_data, normalize, row_ids_by_key, tensor_maker
+from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
+from ._args import as_numpy, dense_data, normalize, row_ids_by_key
+from ._engine import Engine
+from ._keys import KeyTable
 from ._reduce import PARALLEL_MIN, Reducer, sum_row_sparse
-from .base import KVStoreBase
+from .base import KVStoreBase, check_capability, check_optimizer
 
 __all__ = ["LocalKVStore", "SparsePullIgnoredWarning"]
-
-
-class SparsePullIgnoredWarning(UserWarning):
-    """A plain ``pull`` skipped a row_sparse ``out``, as MXNet does; use row_sparse_pull."""
-
-
-def _same_kind(src: np.dtype[Any], dst: np.dtype[Any]) -> bool:
-    return src == dst or bool(np.can_cast(src, dst, casting="same_kind"))
 
 
 class LocalKVStore(KVStoreBase):
@@ -54,18 +50,15 @@ class LocalKVStore(KVStoreBase):
 
     def __init__(self, name: str = "local") -> None:
         self._type = name
-        self._store: dict[int | str, NDArray] = {}
-        self._ikey: dict[int | str, int] = {}     # init order: MXNet's int id for str keys
-        self._proto: dict[int | str, Any] = {}    # what pull(out=None) returns a copy of
-        self._kind: type | None = None
-        self._updater: Callable[[Any, Any, Any], None] | None = None
+        self._keys = KeyTable(name)
+        self._engine = Engine(num_workers=1)
+        #: key -> stored NDArray (the engine's; the fast paths read it directly)
+        self._store: dict[Key, NDArray] = self._engine.stored
         self._gc: Any = None
-        self._residual: dict[tuple[int | str, int], np.ndarray] = {}
-        self._merge: dict[int | str, np.ndarray] = {}
-        self._warned: set[int | str] = set()
+        self._residual: dict[tuple[Key, int], np.ndarray] = {}
+        self._merge: dict[Key, np.ndarray] = {}
         self._reducer = Reducer(int(os.environ.get("PSKV_REDUCE_THREADS", "0")) or None)
         self._lock = threading.RLock()
-        self._closed = False
 
     # ---- properties ----------------------------------------------------------------
     @property
@@ -73,59 +66,24 @@ class LocalKVStore(KVStoreBase):
         """The store type, as given to ``create`` and lower-cased."""
         return self._type
 
-    # ---- validation ----------------------------------------------------------------
-    def _begin(self, pulling: bool = False) -> None:
-        """Checks at the start of every call (a dist store adds the cluster's)."""
-        self._check_open()
+    @property
+    def _updater(self) -> Updater | None:
+        return self._engine.updater
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise UnsupportedError(f"this {self._type!r} store was closed. Create a new one "
-                                   "with pskv.kv.create().", store_type=self._type)
+    @property
+    def _kind(self) -> builtins.type | None:
+        return self._keys.kind
 
-    def _check_kind(self, keys: list[int | str]) -> None:
-        kind = self._kind or type(keys[0])
-        for k in keys:
-            if type(k) is not kind:
-                raise KeyTypeError(
-                    f"key {k!r} is a {type(k).__name__} but this store uses {kind.__name__} "
-                    "keys. Use one kind of key per store.", key=k, store_type=self._type)
+    @property
+    def _ikey(self) -> dict[Key, int]:
+        return {k: r.ikey for k, r in self._keys.records.items()}
 
-    def _stored(self, key: int | str, action: str) -> NDArray:
-        stored = self._store.get(key)
-        if stored is None:
-            raise KeyNotInitializedError(
-                f"cannot {action} key {key!r} in this {self._type!r} store: it was never "
-                f"initialized. Call kv.init({key!r}, value) first.", key=key,
-                store_type=self._type)
-        return stored
-
-    def _check_array(self, key: int | str, arr: Any, stored: Any, action: str,
-                     into: bool = False) -> None:
-        """``arr`` fits ``stored`` (anything with shape and dtype): same shape, and a
-        same_kind cast into it (``into``: out of it)."""
-        data = getattr(arr, "_data", None)
-        if type(data) is np.ndarray and type(arr) is not RowSparseNDArray and \
-                data.shape == stored.shape and data.dtype == stored.dtype:
-            return                        # the common case, decided without NumPy calls
-        shape = tuple(arr.shape)
-        if shape != stored.shape:
-            raise ShapeMismatchError(
-                f"{action} key {key!r} got shape {shape}, but key {key!r} was initialized "
-                f"with shape {stored.shape}. {action.capitalize()} {stored.shape} arrays, or "
-                "init a new key.", key=key, shape=shape, store_type=self._type)
-        dtype = arr.dtype if isinstance(arr, (NDArray, np.ndarray)) else as_numpy(arr).dtype
-        src, dst = (stored.dtype, np.dtype(dtype)) if into else (np.dtype(dtype), stored.dtype)
-        if not _same_kind(src, dst):
-            from ..torch import _dtype_hint     # the fix differs for torch tensors
-            raise ShapeMismatchError(
-                f"{action} key {key!r} got dtype {dtype}, but key {key!r} holds {stored.dtype} "
-                f"and {src} cannot be cast to {dst} safely (NumPy 'same_kind'). "
-                f"{_dtype_hint(arr, stored.dtype, into)}", key=key, shape=shape,
-                store_type=self._type)
+    @property
+    def _closed(self) -> bool:
+        return self._keys.closed
 
     # ---- init ------------------------------------------------------------------------
-    def init(self, key: Any, value: Any) -> None:
+    def init(self, key: KeyArg, value: ValueArg) -> None:
         """Initialize a single key-value pair or a sequence of them.
 
         Parameters
@@ -137,8 +95,8 @@ class LocalKVStore(KVStoreBase):
 
         Raises
         ------
-        KeyNotInitializedError
-            If a key was initialized before (MXNet replaces or aborts).
+        KeyAlreadyInitializedError
+            If a key was initialized before (MXNet raises MXNetError).
         KeyTypeError, ValueTypeError, ShapeMismatchError
             For keys or values of the wrong kind.
 
@@ -151,38 +109,21 @@ class LocalKVStore(KVStoreBase):
         6.0
         """
         with self._lock:
-            self._check_open()
+            self._keys.check_open()
             keys, groups = normalize(key, value)
-            self._validate_init(keys, groups)
+            self._keys.validate_init(keys, groups)
             for k, vals in zip(keys, groups):
                 self._init_one(k, vals[0])
 
-    def _validate_init(self, keys: list[int | str], groups: list[list[Any]]) -> None:
-        self._check_kind(keys)
-        for k, vals in zip(keys, groups):
-            if k in self._store or len(vals) != 1:
-                raise KeyNotInitializedError(
-                    f"key {k!r} is initialized twice. Each key takes one init (or broadcast); "
-                    "push to change its value.", key=k, store_type=self._type)
-
-    def _init_one(self, key: int | str, value: Any) -> None:
-        if self._kind is None:
-            self._kind = type(key)
-        if isinstance(value, RowSparseNDArray):
-            table = np.array(value._dense(), copy=True)
-            stored: NDArray = RowSparseNDArray._all_rows(table, value.context)
-            self._proto[key] = value
-        else:
-            data = np.array(as_numpy(value), copy=True)
-            ctx = value.context if isinstance(value, NDArray) else None
-            stored = NDArray(data, ctx)
-            self._proto[key] = type(value) if isinstance(value, NDArray) else \
-                tensor_maker(value) or np.ndarray
-        self._store[key] = stored
-        self._ikey[key] = len(self._ikey)
+    def _init_one(self, key: Key, value: Any) -> None:
+        self._keys.add(self._keys.make(key, value))
+        sparse = isinstance(value, RowSparseNDArray)
+        data = value._dense() if isinstance(value, NDArray) else as_numpy(value)
+        self._engine.init(key, data, sparse, ctx=value.context if isinstance(value, NDArray)
+                          else None)
 
     # ---- push ------------------------------------------------------------------------
-    def push(self, key: Any, value: Any, priority: int = 0) -> None:
+    def push(self, key: KeyArg, value: ValueArg, priority: int = 0) -> None:
         """Push a single value or a sequence of values into the store.
 
         Values given for the same key (a list of arrays, one per device, or a key repeated
@@ -208,9 +149,9 @@ class LocalKVStore(KVStoreBase):
         with self._lock:
             if self._fast_push(key, value):
                 return
-            self._begin()
+            self._keys.check_open()
             keys, groups = normalize(key, value)
-            self._validate_push(keys, groups)
+            self._keys.validate_push(keys, groups, self._gc is not None)
             self._push_validated(keys, groups)
 
     def _fast_push(self, key: Any, value: Any) -> bool:
@@ -219,7 +160,7 @@ class LocalKVStore(KVStoreBase):
         Everything the general path checks holds here by construction; anything else
         returns False and takes the general path.
         """
-        if self._updater is not None or self._gc is not None or self._closed or \
+        if self._engine.updater is not None or self._gc is not None or self._keys.closed or \
                 (type(key) is not int and type(key) is not str):
             return False
         stored = self._store.get(key)
@@ -231,20 +172,8 @@ class LocalKVStore(KVStoreBase):
         self._reducer.copy_into(stored._data, data)
         return True
 
-    def _validate_push(self, keys: list[int | str], groups: list[list[Any]]) -> None:
-        self._check_kind(keys)
-        for k, vals in zip(keys, groups):
-            stored = self._stored(k, "push to")
-            for v in vals:
-                self._check_array(k, v, stored, "push to")
-                if self._gc is not None and isinstance(v, RowSparseNDArray):
-                    raise UnsupportedError(
-                        f"push to key {k!r}: gradient compression works on dense arrays only, "
-                        "got a row_sparse array. Push it dense, or create a store without "
-                        "compression.", key=k, store_type=self._type)
-
-    def _push_validated(self, keys: list[int | str], groups: list[list[Any]]) -> None:
-        if self._updater is None:        # assign: the order of keys does not matter
+    def _push_validated(self, keys: list[Key], groups: list[list[Any]]) -> None:
+        if self._engine.updater is None:   # assign: the order of keys does not matter
             small = PARALLEL_MIN
             for k, vals in zip(keys, groups):
                 stored = self._store[k]
@@ -256,14 +185,14 @@ class LocalKVStore(KVStoreBase):
                 self._assign(k, vals, stored)
             return
         # the updater runs in key order, as MXNet's sorted key groups do
-        order = sorted(range(len(keys)), key=lambda i: self._ikey[keys[i]]) \
+        records = self._keys.records
+        order = sorted(range(len(keys)), key=lambda i: records[keys[i]].ikey) \
             if len(keys) > 1 else (0,)
         for i in order:
             k, vals = keys[i], groups[i]
-            stored = self._store[k]
-            self._updater(k, self._merged(k, vals, stored), stored)
+            self._engine.apply(k, self._merged(k, vals, self._store[k]))
 
-    def _dense_values(self, key: int | str, vals: list[Any]) -> list[np.ndarray]:
+    def _dense_values(self, key: Key, vals: list[Any]) -> list[np.ndarray]:
         arrays = [v._dense() if isinstance(v, NDArray) else as_numpy(v) for v in vals]
         if self._gc is None:
             return arrays
@@ -277,7 +206,7 @@ class LocalKVStore(KVStoreBase):
             out.append(self._gc.roundtrip(np.asarray(a, np.float32), res))
         return out
 
-    def _assign(self, key: int | str, vals: list[Any], stored: NDArray) -> None:
+    def _assign(self, key: Key, vals: list[Any], stored: NDArray) -> None:
         if all(isinstance(v, RowSparseNDArray) for v in vals) and self._gc is None:
             merged = sum_row_sparse(vals)
             table = stored._data
@@ -286,7 +215,7 @@ class LocalKVStore(KVStoreBase):
             return
         self._reducer.sum_into(stored._data, self._dense_values(key, vals))
 
-    def _merged(self, key: int | str, vals: list[Any], stored: NDArray) -> NDArray:
+    def _merged(self, key: Key, vals: list[Any], stored: NDArray) -> NDArray:
         """The sum of ``vals`` as an NDArray the updater may read but not keep."""
         if all(isinstance(v, RowSparseNDArray) for v in vals) and self._gc is None:
             merged = sum_row_sparse(vals)
@@ -306,7 +235,19 @@ class LocalKVStore(KVStoreBase):
         return NDArray(buf, stored.context)
 
     # ---- pull ------------------------------------------------------------------------
-    def pull(self, key: Any, out: Any = None, priority: int = 0,
+    @overload
+    def pull(self, key: Key, out: None = None, priority: int = 0,
+             ignore_sparse: bool = True) -> Array: ...
+
+    @overload
+    def pull(self, key: KeyList, out: None = None, priority: int = 0,
+             ignore_sparse: bool = True) -> list[Array]: ...
+
+    @overload
+    def pull(self, key: KeyArg, out: OutArg, priority: int = 0,
+             ignore_sparse: bool = True) -> None: ...
+
+    def pull(self, key: KeyArg, out: OutArg | None = None, priority: int = 0,
              ignore_sparse: bool = True) -> Any:
         """Pull a single value or a sequence of values from the store.
 
@@ -327,7 +268,7 @@ class LocalKVStore(KVStoreBase):
         None, or with ``out=None`` the pulled array (a list for a list of keys).
         """
         with self._lock:
-            if not self._closed and (type(key) is int or type(key) is str):
+            if not self._keys.closed and (type(key) is int or type(key) is str):
                 stored = self._store.get(key)
                 data = dense_data(out)
                 if data is not None and type(stored) is NDArray and data.flags.writeable \
@@ -335,25 +276,15 @@ class LocalKVStore(KVStoreBase):
                         and data.dtype == stored._data.dtype:
                     self._reducer.copy_into(data, stored._data)    # the one-key fast path
                     return None
-            self._begin(pulling=True)
+            self._keys.check_open()
             if out is None:
                 return self._pull_new(key)
             keys, groups = normalize(key, out, "out")
-            self._validate_pull(keys, groups)
+            self._keys.validate_pull(keys, groups)
             self._pull_validated(keys, groups, ignore_sparse)
             return None
 
-    def _validate_pull(self, keys: list[int | str], groups: list[list[Any]]) -> None:
-        self._check_kind(keys)
-        for k, outs in zip(keys, groups):
-            stored = self._stored(k, "pull")
-            for o in outs:
-                self._check_array(k, o, stored, "pull", into=True)
-                if isinstance(o, np.ndarray) and not o.flags.writeable:
-                    raise ValueTypeError(f"pull key {k!r}: the out array is read-only. Pass "
-                                         "a writable array.", key=k, store_type=self._type)
-
-    def _pull_validated(self, keys: list[int | str], groups: list[list[Any]],
+    def _pull_validated(self, keys: list[Key], groups: list[list[Any]],
                         ignore_sparse: bool) -> None:
         for k, outs in zip(keys, groups):
             stored = self._store[k]
@@ -366,7 +297,7 @@ class LocalKVStore(KVStoreBase):
             for o in outs:
                 if isinstance(o, RowSparseNDArray):
                     if ignore_sparse:
-                        self._warn_sparse(k)
+                        self._keys.warn_sparse(k)
                         continue
                     o._data = np.array(stored._dense(), dtype=o.dtype, copy=True)
                     o._indices = np.arange(stored.shape[0], dtype=np.int64)
@@ -375,38 +306,14 @@ class LocalKVStore(KVStoreBase):
             if dense:
                 self._reducer.broadcast_into(dense, stored._dense())
 
-    def _warn_sparse(self, key: int | str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            warnings.warn(
-                f"pull of key {key!r} into a row_sparse out was ignored, as MXNet does. "
-                "Use kv.row_sparse_pull(key, out, row_ids=...) for row_sparse arrays.",
-                SparsePullIgnoredWarning, stacklevel=3)
-
     def _pull_new(self, key: Any) -> Any:
-        keys = key if isinstance(key, (list, tuple)) else [key]
-        from ._args import check_key
-        ks = [check_key(k) for k in keys]
-        self._check_kind(ks)
-        stored = [self._stored(k, "pull") for k in ks]
-        result = [self._copy_out(k, s) for k, s in zip(ks, stored)]
-        return result if isinstance(key, (list, tuple)) else result[0]
-
-    def _copy_out(self, key: int | str, stored: NDArray) -> Any:
-        proto = self._proto[key]
-        if proto is np.ndarray:
-            return stored._dense().copy()
-        if isinstance(proto, RowSparseNDArray):
-            return stored.copy()
-        if not isinstance(proto, type):   # torch.from_numpy: _args.tensor_maker
-            return proto(stored._dense().copy())
-        out: Any = object.__new__(proto)
-        out._data = stored._dense().copy()
-        out._ctx = stored.context
-        return out
+        many, records = self._keys.pull_new_keys(key)
+        result = [self._keys.new_out(r, self._store[r.key]._dense().copy()) for r in records]
+        return result if many else result[0]
 
     # ---- combined calls ----------------------------------------------------------------
-    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
+    def pushpull(self, key: KeyArg, value: ValueArg, out: OutArg | None = None,
+                 priority: int = 0) -> None:
         """Push ``value``, then pull the result into ``out`` (into ``value`` if None).
 
         Examples
@@ -420,15 +327,15 @@ class LocalKVStore(KVStoreBase):
         array([3., 3.], dtype=float32)
         """
         with self._lock:
-            self._check_open()
+            self._keys.check_open()
             keys, groups = normalize(key, value)
             okeys, ogroups = normalize(key, value if out is None else out, "out")
-            self._validate_push(keys, groups)
-            self._validate_pull(okeys, ogroups)
+            self._keys.validate_push(keys, groups, self._gc is not None)
+            self._keys.validate_pull(okeys, ogroups)
             self._push_validated(keys, groups)
             self._pull_validated(okeys, ogroups, True)
 
-    def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
+    def broadcast(self, key: KeyArg, value: ValueArg, out: OutArg, priority: int = 0) -> None:
         """Initialize ``key`` with ``value`` and pull it into ``out``.
 
         Examples
@@ -441,22 +348,15 @@ class LocalKVStore(KVStoreBase):
         array([2., 2., 2.], dtype=float32)
         """
         with self._lock:
-            self._check_open()
+            self._keys.check_open()
             keys, groups = normalize(key, value)
             okeys, ogroups = normalize(key, out, "out")
-            self._validate_init(keys, groups)
-            if okeys != keys:
-                raise ShapeMismatchError(f"broadcast got keys {okeys!r} for out but "
-                                         f"{keys!r} for value. Pass the same keys.", key=key)
-            for k, vals, outs in zip(keys, groups, ogroups):
-                ref = vals[0] if isinstance(vals[0], NDArray) else as_numpy(vals[0])
-                for o in outs:
-                    self._check_array(k, o, ref, "broadcast", into=True)
+            self._keys.validate_broadcast(key, keys, groups, okeys, ogroups)
             for k, vals in zip(keys, groups):
                 self._init_one(k, vals[0])
             self._pull_validated(okeys, ogroups, True)
 
-    def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0,
+    def row_sparse_pull(self, key: KeyArg, out: OutArg | None = None, priority: int = 0,
                         row_ids: Any = None) -> None:
         """Pull the rows ``row_ids`` of a row_sparse key into row_sparse ``out``.
 
@@ -481,32 +381,11 @@ class LocalKVStore(KVStoreBase):
         ([1, 4], [[2.0, 3.0], [8.0, 9.0]])
         """
         with self._lock:
-            self._check_open()
-            if out is None or row_ids is None:
-                raise ValueTypeError("row_sparse_pull needs both out= and row_ids=. Pass a "
-                                     "row_sparse out and the rows to pull.", key=key)
+            self._keys.check_open()
+            self._keys.need_rows(key, out, row_ids)
             keys, groups = normalize(key, out, "out")
             rows = row_ids_by_key(key, keys, groups, row_ids)
-            self._check_kind(keys)
-            for k, outs in zip(keys, groups):
-                stored = self._stored(k, "row_sparse_pull")
-                if not isinstance(stored, RowSparseNDArray):
-                    raise UnsupportedError(
-                        f"row_sparse_pull of key {k!r}: the key holds a dense array of shape "
-                        f"{stored.shape}. Init it with a row_sparse value, or use pull().",
-                        key=k, shape=stored.shape, store_type=self._type)
-                for o, r in zip(outs, rows[k]):
-                    if not isinstance(o, RowSparseNDArray):
-                        raise ValueTypeError(
-                            f"row_sparse_pull of key {k!r} needs row_sparse outs, got a "
-                            f"{type(o).__name__}. Create them with mx.nd.sparse.zeros("
-                            f"'row_sparse', {stored.shape}).", key=k, store_type=self._type)
-                    self._check_array(k, o, stored, "row_sparse_pull", into=True)
-                    if r.size and (r[0] < 0 or r[-1] >= stored.shape[0]):
-                        raise ShapeMismatchError(
-                            f"row_sparse_pull of key {k!r}: row ids must lie in [0, "
-                            f"{stored.shape[0]}), got {r[0] if r[0] < 0 else r[-1]}.",
-                            key=k, shape=stored.shape, store_type=self._type)
+            self._keys.validate_row_sparse_pull(key, out, row_ids, keys, groups, rows)
             for k, outs in zip(keys, groups):
                 table = self._store[k]._data
                 for o, r in zip(outs, rows[k]):
@@ -514,7 +393,7 @@ class LocalKVStore(KVStoreBase):
                     o._indices = r
 
     # ---- updaters and optimizers ---------------------------------------------------------
-    def set_updater(self, updater: Callable[[Any, Any, Any], None]) -> None:
+    def set_updater(self, updater: Updater) -> None:
         """Set the push updater ``updater(key, input, stored)``, which mutates ``stored``.
 
         ``input`` is the sum of the pushed values (read-only); str keys reach the updater
@@ -536,8 +415,8 @@ class LocalKVStore(KVStoreBase):
             raise ValueTypeError(f"updater must be callable as updater(key, input, stored), "
                                  f"got {type(updater).__name__}.")
         with self._lock:
-            self._check_open()
-            self._updater = updater
+            self._keys.check_open()
+            self._engine.updater = updater
 
     _set_updater = set_updater
 
@@ -556,19 +435,7 @@ class LocalKVStore(KVStoreBase):
                [-0.01, -0.01]], dtype=float32)
         """
         from .. import optimizer as opt
-        if not isinstance(optimizer, opt.Optimizer):
-            raise ValueTypeError(
-                f"set_optimizer() takes a pskv.optimizer.Optimizer, got "
-                f"{type(optimizer).__name__}. Create one with mx.optimizer.create('sgd', ...).")
-        self.set_updater(opt.get_updater(optimizer))
-
-    def _states_updater(self, action: str) -> Any:
-        upd = self._updater
-        if upd is None or not hasattr(upd, "get_states"):
-            raise UnsupportedError(
-                f"cannot {action} optimizer states: this store has no optimizer. Call "
-                "kv.set_optimizer(...) first.", store_type=self._type)
-        return upd
+        self.set_updater(opt.get_updater(check_optimizer(optimizer)))
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Save the optimizer states (and the optimizer, if ``dump_optimizer``) to ``fname``.
@@ -576,7 +443,7 @@ class LocalKVStore(KVStoreBase):
         The file holds NumPy arrays and JSON, never a pickle.
         """
         with self._lock:
-            data = self._states_updater("save").get_states(dump_optimizer)
+            data = self._engine.states_updater("save").get_states(dump_optimizer)
             tmp = f"{fname}.tmp{os.getpid()}"
             with open(tmp, "wb") as f:
                 f.write(data)
@@ -585,7 +452,7 @@ class LocalKVStore(KVStoreBase):
     def load_optimizer_states(self, fname: str) -> None:
         """Load optimizer states written by :meth:`save_optimizer_states`."""
         with self._lock:
-            upd = self._states_updater("load")
+            upd = self._engine.states_updater("load")
             try:
                 with open(fname, "rb") as f:
                     data = f.read()
@@ -609,7 +476,7 @@ class LocalKVStore(KVStoreBase):
         """
         from .. import compression
         with self._lock:
-            self._check_open()
+            self._keys.check_open()
             if "device" not in self._type:
                 raise UnsupportedError(
                     f"gradient compression is not supported for a {self._type!r} store. "
@@ -625,29 +492,19 @@ class LocalKVStore(KVStoreBase):
     # ---- misc ------------------------------------------------------------------------
     def is_capable(self, capability: str) -> bool:
         """Whether the store supports ``capability``; ``'optimizer'`` is supported."""
-        if isinstance(capability, str) and capability.lower() == KVStoreBase.OPTIMIZER:
-            return True
-        raise ConfigError(f"unknown capability {capability!r}. Known: "
-                          f"{KVStoreBase.OPTIMIZER!r}.")
+        return check_capability(capability)
 
     def barrier(self) -> None:
         """Wait for all workers: a no-op in a single-process store."""
-        self._check_open()
+        self._keys.check_open()
 
     _barrier = barrier
 
     def close(self) -> None:
         """Release the store's threads; later calls raise. Closing twice is fine."""
         with self._lock:
-            self._closed = True
+            self._keys.closed = True
             self._reducer.close()
-
-    def __enter__(self) -> LocalKVStore:
-        return self
-
-    def __exit__(self, exc_type: builtins.type[BaseException] | None,
-                 exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<LocalKVStore type={self._type!r} keys={len(self._store)}>"

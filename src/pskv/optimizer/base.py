@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 
 from .. import lr_scheduler as _lrs
-from ..errors import ConfigError, UnsupportedError
+from ..errors import ConfigError, LearningRateError, UnknownArgumentError, UnsupportedError
 from ..nd.ndarray import NDArray, zeros
 
 __all__ = ["LearningRateError", "Optimizer", "UnknownArgumentError", "create", "from_spec",
@@ -24,22 +24,6 @@ __all__ = ["LearningRateError", "Optimizer", "UnknownArgumentError", "create", "
 _log = logging.getLogger(__name__)
 
 Key = Any  # int or str, as the store passes it
-
-
-class UnknownArgumentError(ConfigError, TypeError):
-    """An optimizer got a keyword argument it does not take (MXNet raises TypeError).
-
-    .. versionadded:: 0.1
-    """
-
-
-class LearningRateError(ConfigError, UserWarning):
-    """``set_learning_rate`` was called on an optimizer that has an ``lr_scheduler``.
-
-    MXNet 1.9.1 raises ``UserWarning`` here; this class is one too.
-
-    .. versionadded:: 0.1
-    """
 
 
 def _json_value(value: Any, what: str) -> Any:

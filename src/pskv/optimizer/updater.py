@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, OptimizerStateError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .base import Optimizer, from_spec
@@ -29,13 +29,6 @@ __all__ = ["OptimizerStateError", "Updater", "get_updater"]
 _FORMAT = "pskv.optimizer.states"
 _VERSION = 1
 _META = "__meta__"
-
-
-class OptimizerStateError(ConfigError):
-    """Saved optimizer states are corrupt, foreign (e.g. an MXNet pickle) or unsupported.
-
-    .. versionadded:: 0.1
-    """
 
 
 class Updater:

@@ -1,4 +1,8 @@
-"""The data path: pskv messages over a stream socket (Unix within a host, TCP between).
+"""Stream connections: pskv messages over a Unix socket (within a host) or TCP (between).
+
+The default data path between workers and servers (:class:`StreamConn`, the stream
+implementation of :class:`.transport.Connection`), and the listeners a server accepts them
+on (:class:`StreamListener`).
 
 ZeroMQ hands every message to its I/O threads, which costs several thread wake-ups per
 message (about 100 us a round trip on a small VM); a Unix socket read and written by the
@@ -16,9 +20,11 @@ the timeout), writes wait for room at most the timeout.
 from __future__ import annotations
 
 import math
+import os
 import select
 import socket
 import struct
+import tempfile
 import time
 from typing import Any, Callable, Sequence
 
@@ -27,7 +33,7 @@ import numpy as np
 from ..errors import ClusterTimeoutError, NodeFailedError, ProtocolError
 from .message import MAX_HEADER, Command, Meta, encode, parse_header
 
-__all__ = ["Alloc", "UdsConn", "fresh"]
+__all__ = ["Alloc", "StreamConn", "StreamListener", "ipc_path"]
 
 _MAGIC = b"PSKV"
 _PREFIX = struct.Struct("<4sI")
@@ -37,16 +43,21 @@ SOCKET_BUFFER = 4 << 20
 #: receive buffers of at least this size are reused between messages
 REUSE_MIN = 1 << 16
 
-Alloc = Callable[[int, np.dtype[Any], tuple[int, ...]], np.ndarray]
+#: ``alloc(index, dtype, shape)``: where array ``index`` of a message should land (None:
+#: in the connection's own reused buffer)
+Alloc = Callable[[int, np.dtype[Any], tuple[int, ...]], "np.ndarray | None"]
 
 
-def fresh(index: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
-    """An Alloc that makes a new array every time."""
-    return np.empty(shape, dtype)
+def ipc_path(tag: str) -> str:
+    """A fresh path for a Unix socket in the temp directory."""
+    fd, path = tempfile.mkstemp(prefix=f"pskv-{tag}-", suffix=".sock")
+    os.close(fd)
+    os.unlink(path)
+    return path
 
 
-class UdsConn:
-    """One connected Unix stream socket carrying pskv messages.
+class StreamConn:
+    """One connected stream socket (Unix or TCP) carrying pskv messages.
 
     Parameters
     ----------
@@ -86,14 +97,14 @@ class UdsConn:
         self._since = 0.0                   # when the message in progress last moved
 
     @classmethod
-    def connect(cls, path: str, timeout: float, peer: str) -> UdsConn:
+    def connect(cls, path: str, timeout: float, peer: str) -> StreamConn:
         """Connect to a server's Unix socket at ``path``, or TCP ``host:port``."""
+        addr: str | tuple[str, int] = path
+        family = socket.AF_UNIX
         if path.startswith("tcp:"):
             host, _, port = path[4:].rpartition(":")
-            family, addr = socket.AF_INET6 if ":" in host else socket.AF_INET, \
-                (host.strip("[]"), int(port))
-        else:
-            family, addr = socket.AF_UNIX, path   # type: ignore[assignment]
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            addr = (host.strip("[]"), int(port))
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
@@ -105,6 +116,10 @@ class UdsConn:
 
     def fileno(self) -> int:
         """The socket's file descriptor (for poll)."""
+        return self.sock.fileno()
+
+    def pollable(self) -> int:
+        """What a zmq.Poller polls for incoming bytes: the file descriptor."""
         return self.sock.fileno()
 
     def close(self) -> None:
@@ -159,14 +174,15 @@ class UdsConn:
 
     def stalled(self, now: float) -> bool:
         """Whether a message has been half-read for longer than ``timeout``."""
-        return (self._phase or self._pos) and now - self._since > self.timeout  # type: ignore[return-value]
+        return bool(self._phase or self._pos) and now - self._since > self.timeout
 
     def _next_array(self) -> bool:
         """Point the target at the next array with bytes; True when the message is done."""
         while len(self._arrays) < len(self._specs):
             dt, shape, nbytes = self._specs[len(self._arrays)]
             try:
-                arr = self._alloc(len(self._arrays), dt, shape)
+                got = self._alloc(len(self._arrays), dt, shape)
+                arr = got if got is not None else self.reuse(len(self._arrays), dt, shape)
             except (MemoryError, ValueError) as err:
                 raise ProtocolError(f"{self.peer} announced an array of shape {shape} that "
                                     f"cannot be held: {err}") from None
@@ -224,3 +240,53 @@ class UdsConn:
                 done.append((self._meta, self._arrays))
                 self._reset()
         return done
+
+    receive = read_available
+
+
+class StreamListener:
+    """A listening stream socket: Unix (``path``) or TCP (``host``, a port from the OS).
+
+    ``endpoint`` is what a worker passes to :meth:`StreamConn.connect`. A Unix socket is
+    created so that only this user can connect, and its file is removed on close.
+    """
+
+    def __init__(self, *, path: str | None = None, host: str | None = None,
+                 advertise: str | None = None) -> None:
+        self._path = path
+        if path is not None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.bind(path)
+            os.chmod(path, 0o600)
+            self.endpoint = path
+        else:
+            assert host is not None
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            self.sock = socket.socket(family, socket.SOCK_STREAM)
+            self.sock.bind((host, 0))
+            self.endpoint = f"tcp:{advertise or host}:{self.sock.getsockname()[1]}"
+        self.sock.listen(64)
+        self.sock.setblocking(False)
+
+    def pollable(self) -> int:
+        """The listening socket's file descriptor."""
+        return self.sock.fileno()
+
+    def accept(self, timeout: float) -> list[StreamConn]:
+        """The connections waiting to be accepted (none blocks)."""
+        conns: list[StreamConn] = []
+        while True:
+            try:
+                sock, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return conns
+            conns.append(StreamConn(sock, timeout, f"a worker (fd {sock.fileno()})"))
+
+    def close(self) -> None:
+        """Stop listening (and remove a Unix socket's file)."""
+        self.sock.close()
+        if self._path is not None:
+            try:
+                os.unlink(self._path)
+            except OSError:
+                pass

@@ -1,0 +1,357 @@
+"""Engine: the store's semantics with no sockets and no threads.
+
+Stored values, merges, sync rounds that count distinct workers, async apply, the updater or
+optimizer, optimizer states and row_sparse sums. A local store runs it with one worker in
+process (a one-worker round closes on every push, so it calls :meth:`Engine.apply`
+directly); a server runs it as its request handler (ps-lite's request-handle idea): each
+request is a :class:`Ticket`, and the engine calls ``on_done(ticket)`` once every round the
+ticket waits for has closed.
+
+Invariants: in sync mode a key's round closes when ``num_workers`` distinct workers have
+pushed it once, then the updater (or assign) runs once and every waiting pusher and puller
+is answered (MXNet kvstore_dist_server.h ApplyUpdates); a worker's second push in an open
+round waits for the next round; a pull after this worker's push waits for that push's round;
+a ticket is answered exactly once (``on_done`` or ``on_fail``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+import numpy as np
+
+from ..errors import (ClusterTimeoutError, KeyAlreadyInitializedError, KeyNotInitializedError,
+                      KVStoreError, ShapeMismatchError, UnsupportedError)
+from ..nd.ndarray import NDArray
+from ..nd.sparse import RowSparseNDArray
+from .._types import Key, Updater
+from ._reduce import sum_rows
+
+__all__ = ["Engine", "PushKind", "Ticket"]
+
+#: how a pushed value travels: dense, compressed (packed words), row_sparse (rows, data)
+PushKind = Literal["d", "c", "r"]
+
+
+class Ticket:
+    """One request waiting for the rounds of some of its keys to close.
+
+    ``peer``, ``ts`` and ``cmd`` belong to whoever made it (the engine never reads them);
+    ``rows`` are per-key row ids for a row_sparse pull.
+    """
+
+    __slots__ = ("peer", "ts", "cmd", "keys", "remaining", "rows")
+
+    def __init__(self, peer: Any, ts: int, cmd: Any, keys: tuple[Key, ...],
+                 rows: list[np.ndarray] | None = None) -> None:
+        self.peer, self.ts, self.cmd, self.keys = peer, ts, cmd, keys
+        self.remaining = 0
+        self.rows = rows
+
+
+@dataclass(slots=True)
+class _Entry:
+    """A key the engine holds, with its sync round state."""
+
+    name: Key                          # the user's key: what the updater sees
+    stored: NDArray
+    sparse: bool
+    merge: np.ndarray | None = None
+    pushers: set[int] = field(default_factory=set)
+    round: int = 0
+    started: float = 0.0
+    waiting: list[Ticket] = field(default_factory=list)            # pushers of this round
+    pulls: list[tuple[int, Ticket]] = field(default_factory=list)  # pulls after a push
+    deferred: list[tuple[int, list[np.ndarray], str, Ticket | None]] = \
+        field(default_factory=list)
+    sparse_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+
+
+def _ignore(ticket: Ticket) -> None:
+    """The default ``on_done``."""
+
+
+def _ignore_fail(ticket: Ticket, err: KVStoreError) -> None:
+    """The default ``on_fail``."""
+
+
+class Engine:
+    """Stored values and the rules that change them.
+
+    Parameters
+    ----------
+    num_workers : int
+        Distinct workers that close a sync round.
+    sync : bool
+        Sync rounds (``dist_sync``) or apply every push at once (``dist_async``).
+    on_done : callable, optional
+        ``on_done(ticket)``: every round ``ticket`` waited for has closed.
+    on_fail : callable, optional
+        ``on_fail(ticket, error)``: a round ``ticket`` waited for failed with ``error``.
+    clock : callable, optional
+        Seconds, for round timeouts (``time.monotonic``).
+    """
+
+    def __init__(self, num_workers: int = 1, sync: bool = True,
+                 on_done: Callable[[Ticket], None] = _ignore,
+                 on_fail: Callable[[Ticket, KVStoreError], None] = _ignore_fail,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.num_workers = num_workers
+        self.sync = sync
+        self.on_done = on_done
+        self.on_fail = on_fail
+        self._clock = clock
+        #: key -> stored value (the local store's fast paths read it directly)
+        self.stored: dict[Key, NDArray] = {}
+        self._entries: dict[Key, _Entry] = {}
+        self.updater: Updater | None = None
+        self._opt_spec: Any = None
+        self.gc: Any = None
+        self._gc_params: Any = None
+
+    # ---- keys ------------------------------------------------------------------------
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def entry_name(self, key: Key) -> Key:
+        """The user's key ``key`` was initialized for."""
+        return self._entries[key].name
+
+    def init(self, key: Key, value: np.ndarray, sparse: bool = False, name: Key | None = None,
+             ctx: Any = None) -> NDArray:
+        """Keep a copy of ``value`` under ``key`` (all rows of it for row_sparse keys)."""
+        if key in self._entries:
+            shown = key if name is None else name
+            raise KeyAlreadyInitializedError(
+                f"key {shown!r} is initialized twice. Each key takes one init (or broadcast); "
+                "push to change its value.", key=shown)
+        data = np.array(value, copy=True)
+        stored: NDArray = RowSparseNDArray._all_rows(data, ctx) if sparse else NDArray(data, ctx)
+        self._entries[key] = _Entry(key if name is None else name, stored, sparse)
+        self.stored[key] = stored
+        return stored
+
+    def entry(self, key: Key, what: str, where: str = "this engine") -> NDArray:
+        """The stored value of ``key``, or KeyNotInitializedError."""
+        entry = self._entries.get(key)
+        if entry is None:
+            raise KeyNotInitializedError(
+                f"{what}: key {key!r} is not on {where}: it was never initialized (or the "
+                "workers disagree on where keys live). Call kv.init on every worker first.",
+                key=key)
+        return entry.stored
+
+    # ---- update rules ----------------------------------------------------------------
+    def apply(self, key: Key, merged: NDArray) -> None:
+        """Run the updater on ``merged`` (assign without one): the end of a round."""
+        entry = self._entries[key]
+        stored = entry.stored
+        if self.updater is not None:
+            self.updater(entry.name, merged, stored)
+        elif isinstance(merged, RowSparseNDArray):
+            table = stored._data
+            table[...] = 0
+            table[merged._indices] = merged._data
+        else:
+            np.copyto(stored._data, merged._data, casting="same_kind")
+
+    def set_optimizer_spec(self, spec: Any) -> None:
+        """Install the optimizer ``spec`` (JSON); identical repeats are no-ops."""
+        from .. import optimizer
+        if spec != self._opt_spec:
+            self.updater = optimizer.get_updater(optimizer.from_spec(spec))
+            self._opt_spec = spec
+
+    def set_compression(self, params: Any) -> None:
+        """Decompress pushes of kind ``'c'`` with these gradient-compression params."""
+        from .. import compression
+        if params != self._gc_params:
+            self.gc = compression.create(params)
+            self._gc_params = params
+
+    def states_updater(self, action: str, where: str = "this store") -> Any:
+        """The updater that holds optimizer states, or UnsupportedError."""
+        upd = self.updater
+        if upd is None or not hasattr(upd, "get_states"):
+            raise UnsupportedError(
+                f"cannot {action} optimizer states: {where} has no optimizer. Call "
+                "kv.set_optimizer(...) first.")
+        return upd
+
+    # ---- pushes ----------------------------------------------------------------------
+    def check_push(self, key: Key, kind: str, arrays: list[np.ndarray],
+                   where: str = "this engine") -> None:
+        """Raise if ``arrays`` (of push ``kind``) do not fit ``key``; change nothing."""
+        entry = self._entries[key]
+        stored, name = entry.stored, entry.name
+        if kind == "c":
+            if self.gc is None:
+                raise UnsupportedError("a compressed push reached a server without gradient "
+                                       "compression: call set_gradient_compression on every "
+                                       "worker before init.", key=name)
+            if arrays[0].size != self.gc.packed_size(stored.size):
+                raise ShapeMismatchError(f"push to key {name!r}: {arrays[0].size} packed "
+                                         f"words for {stored.size} values", key=name)
+            return
+        if kind == "r":
+            rows, data = arrays
+            if not entry.sparse:
+                raise ShapeMismatchError(f"row_sparse push to dense key {name!r}", key=name)
+            if data.shape != (len(rows),) + stored.shape[1:] or rows.dtype.kind not in "iu" \
+                    or (rows.size and (rows.min() < 0 or rows.max() >= stored.shape[0])):
+                raise ShapeMismatchError(
+                    f"row_sparse push to key {name!r}: rows/data do not fit shape "
+                    f"{stored.shape}", key=name, shape=data.shape)
+            return
+        value = arrays[0]
+        if value.size != stored.size:
+            raise ShapeMismatchError(
+                f"push to key {name!r} got {value.size} values, but its part on {where} has "
+                f"shape {stored.shape}. Push arrays of the shape the key was initialized "
+                "with.", key=name, shape=value.shape)
+        if not np.can_cast(value.dtype, stored.dtype, "same_kind"):
+            raise ShapeMismatchError(f"push to key {name!r}: dtype {value.dtype} cannot "
+                                     f"be cast to {stored.dtype}", key=name)
+
+    def push(self, key: Key, worker: int, arrays: list[np.ndarray], kind: str,
+             ticket: Ticket | None = None) -> None:
+        """One worker's (checked) value for ``key``: add it to the round, or apply it.
+
+        ``arrays`` may be reused by the caller after this returns (what is kept is copied).
+        """
+        entry = self._entries[key]
+        if not self.sync:
+            self.accumulate(key, arrays, kind, first=True)
+            self.finish(key)
+            return
+        if worker in entry.pushers:       # its next round: wait (distinct workers per round)
+            entry.deferred.append((worker, [np.array(a) for a in arrays], kind, ticket))
+            if ticket is not None:
+                ticket.remaining += 1
+            return
+        if not entry.pushers:
+            entry.started = self._clock()
+        self.accumulate(key, arrays, kind, first=not entry.pushers)
+        entry.pushers.add(worker)
+        if ticket is not None:
+            ticket.remaining += 1
+            entry.waiting.append(ticket)
+        if len(entry.pushers) == self.num_workers:
+            self._close_round(key, entry)
+
+    # ---- the two steps of a round (override both for a server that does no arithmetic,
+    # ---- as the benchmarks' EmptyHandler does) -----------------------------------------
+    def accumulate(self, key: Key, arrays: list[np.ndarray], kind: str, first: bool) -> None:
+        """Add one worker's value to ``key``'s round (``first``: the round's first)."""
+        entry = self._entries[key]
+        if kind == "r":
+            entry.sparse_parts.append((arrays[0].astype(np.int64), np.array(arrays[1])))
+            return
+        stored = entry.stored
+        value = self.gc.decompress(arrays[0], stored.size).reshape(stored.shape) \
+            if kind == "c" else arrays[0].reshape(stored.shape)
+        if not self.sync:
+            entry.merge = value
+            return
+        if first or entry.merge is None:
+            if entry.merge is None:
+                entry.merge = np.empty(stored.shape, stored.dtype)
+            np.copyto(entry.merge, value, casting="same_kind")
+        else:
+            np.add(entry.merge, value, out=entry.merge, casting="same_kind")
+
+    def finish(self, key: Key) -> None:
+        """The round of ``key`` is complete: apply its merged value."""
+        self.apply(key, self._merged(self._entries[key]))
+
+    def _merged(self, entry: _Entry) -> NDArray:
+        if entry.sparse:
+            rows, data = sum_rows(entry.sparse_parts, entry.stored.shape, entry.stored.dtype,
+                                  unique_rows=False)
+            entry.sparse_parts.clear()
+            return RowSparseNDArray(data, rows, entry.stored.shape)
+        assert entry.merge is not None
+        return NDArray(entry.merge)
+
+    def _close_round(self, key: Key, entry: _Entry) -> None:
+        self.finish(key)
+        entry.round += 1
+        entry.pushers.clear()
+        waiting, entry.waiting = entry.waiting, []
+        deferred, entry.deferred = entry.deferred, []
+        pulls, entry.pulls = entry.pulls, []
+        for ticket in waiting:
+            self.release(ticket)
+        for worker, arrays, kind, dticket in deferred:  # they open the next round
+            if dticket is not None:
+                dticket.remaining -= 1
+            self.push(key, worker, arrays, kind, dticket)
+        for worker, ticket in pulls:
+            if self._pushed(entry, worker):
+                entry.pulls.append((worker, ticket))    # its later push is not applied yet
+            else:
+                self.release(ticket)
+
+    # ---- tickets ---------------------------------------------------------------------
+    def hold(self, ticket: Ticket) -> None:
+        """Keep ``ticket`` open while its keys are queued (pair with :meth:`release`)."""
+        ticket.remaining += 1
+
+    def release(self, ticket: Ticket) -> None:
+        """One wait of ``ticket`` is over; answer it when none is left."""
+        ticket.remaining -= 1
+        if ticket.remaining == 0:
+            self.on_done(ticket)
+
+    def pull(self, key: Key, worker: int, ticket: Ticket) -> None:
+        """``ticket`` reads ``key``: after this worker's pending push of it, if any."""
+        entry = self._entries[key]
+        if self.sync and self._pushed(entry, worker):
+            ticket.remaining += 1
+            entry.pulls.append((worker, ticket))
+
+    def values(self, ticket: Ticket) -> list[np.ndarray]:
+        """The stored values (or the rows asked for) a closed ``ticket`` returns."""
+        out = []
+        for i, k in enumerate(ticket.keys):
+            stored = self._entries[k].stored
+            out.append(stored._data if ticket.rows is None else stored._data[ticket.rows[i]])
+        return out
+
+    @staticmethod
+    def _pushed(entry: _Entry, worker: int) -> bool:
+        return worker in entry.pushers or any(d[0] == worker for d in entry.deferred)
+
+    # ---- failures --------------------------------------------------------------------
+    def check_rounds(self, timeout: float) -> None:
+        """Fail every round that has waited longer than ``timeout`` for its last worker."""
+        now = self._clock()
+        for entry in self._entries.values():
+            if entry.pushers and now - entry.started > timeout:
+                missing = sorted(set(range(self.num_workers)) - entry.pushers)
+                msg = (f"sync round {entry.round} of key {entry.name!r} waited "
+                       f"{now - entry.started:.1f} s: workers {missing} have not pushed it "
+                       f"(workers {sorted(entry.pushers)} did). Make every worker push every "
+                       "key each step, or raise PSKV_ROUND_TIMEOUT.")
+                self._fail_entry(entry, ClusterTimeoutError(msg, key=entry.name))
+
+    def fail_all(self, err: KVStoreError) -> None:
+        """Fail every open round with ``err`` (a node died)."""
+        for entry in self._entries.values():
+            self._fail_entry(entry, err)
+
+    def _fail_entry(self, entry: _Entry, err: KVStoreError) -> None:
+        tickets = entry.waiting + [t for _, t in entry.pulls] + \
+            [d[3] for d in entry.deferred if d[3] is not None]
+        for ticket in {id(t): t for t in tickets}.values():
+            self.on_fail(ticket, err)
+            for other in ticket.keys:   # answered: stop counting it anywhere else
+                o = self._entries.get(other)
+                if o is not None and o is not entry:
+                    o.waiting = [t for t in o.waiting if t is not ticket]
+                    o.pulls = [p for p in o.pulls if p[1] is not ticket]
+            ticket.remaining = -1               # never answered again
+        entry.waiting, entry.deferred, entry.pulls = [], [], []
+        entry.pushers.clear()
+        entry.sparse_parts.clear()

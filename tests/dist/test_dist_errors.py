@@ -1,0 +1,138 @@
+"""The same misuse raises the same error class from a local and a dist store.
+
+A server's error crosses the wire as its registered kind and is raised again as that class
+on the worker; mismatched collective calls fail on every worker, naming the calls that met.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+import pskv as mx
+from pskv._ps.message import Command
+from pskv.errors import (ClusterError, KeyAlreadyInitializedError, KVStoreError,
+                         OptimizerStateError, StoreClosedError)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _local_outcome(misuse: Callable[[Any], Any]) -> type[BaseException] | None:
+    kv = mx.kv.create("local")
+    try:
+        misuse(kv)
+    except KVStoreError as err:
+        return type(err)
+    finally:
+        kv.close()
+    return None
+
+
+def _bad_states_file(tmp: Path) -> Callable[[Any], Any]:
+    path = tmp / "states.bin"
+    path.write_bytes(b"this is not a pskv optimizer-states file")
+
+    def misuse(kv: Any) -> None:
+        kv.init(1, mx.nd.zeros((2,)))
+        kv.set_optimizer(mx.optimizer.SGD())
+        kv.load_optimizer_states(str(path))
+    return misuse
+
+
+def _bad_states_inside(tmp: Path) -> Callable[[Any], Any]:
+    # a file of the dist layout whose server part is garbage: the server's check fails
+    path = tmp / "states.npz"
+    with open(path, "wb") as f:
+        np.savez(f, server_0=np.frombuffer(b"garbage states", np.uint8))
+
+    def misuse(kv: Any) -> None:
+        kv.init(2, mx.nd.zeros((2,)))
+        kv.set_optimizer(mx.optimizer.SGD())
+        kv.load_optimizer_states(str(path))
+    return misuse
+
+
+def _second_init(kv: Any) -> None:
+    kv.init(0, mx.nd.zeros((2,)))
+    kv.init(0, mx.nd.zeros((2,)))
+
+
+def test_same_class_from_local_and_dist(run_threads: Any, tmp_path: Path) -> None:
+    cases = {"second init": _second_init, "bad states file": _bad_states_file(tmp_path),
+             "bad states inside": _bad_states_inside(tmp_path)}
+    want = {name: _local_outcome(fn) for name, fn in cases.items()}
+    assert want == {"second init": KeyAlreadyInitializedError,
+                    "bad states file": OptimizerStateError,
+                    "bad states inside": OptimizerStateError}
+
+    def fn(kv: Any) -> dict[str, Any]:
+        got: dict[str, Any] = {}
+        for name, misuse in cases.items():
+            try:
+                misuse(kv)
+            except KVStoreError as err:
+                got[name] = type(err)
+            kv.barrier()
+        return got
+
+    results = run_threads(fn, 2, 1)
+    for rank, got in results.items():
+        assert got == want, (rank, got)
+
+
+def test_server_error_keeps_its_class(run_threads: Any) -> None:
+    # a server-side check (a stored part of another shape) comes back as its own class
+    def fn(kv: Any) -> Any:
+        kv.init(0, mx.nd.zeros((2,)))
+        ts = kv._kv.request(0, Command.INIT, [0], {"entries": [{"key": 0, "shape": [2]}]},
+                            [np.zeros(2, np.float32)])
+        try:
+            kv._kv.wait(ts, timeout=5)
+        except KVStoreError as err:
+            return err
+        return None
+
+    results = run_threads(fn, 1, 1)
+    err = results[0]
+    assert isinstance(err, KeyAlreadyInitializedError), err
+    assert "(reported by server 0)" in str(err) and err.key == 0
+
+
+def test_use_after_close_says_closed(run_threads: Any) -> None:
+    kv = mx.kv.create("local")
+    kv.close()
+    with pytest.raises(StoreClosedError, match="closed"):
+        kv.push(0, mx.nd.zeros((2,)))
+
+    def fn(kv: Any) -> Any:
+        kv.init(0, mx.nd.zeros((2,)))
+        kv.close()
+        try:
+            kv.pull(0, out=mx.nd.zeros((2,)))
+        except KVStoreError as err:
+            return err
+        return None
+
+    err = run_threads(fn, 1, 1)[0]
+    assert isinstance(err, StoreClosedError) and "closed" in str(err)
+
+
+def test_mismatched_collectives_fail_on_every_worker(run_threads: Any) -> None:
+    def fn(kv: Any) -> Any:
+        try:
+            if kv.rank == 0:
+                kv.init(0, mx.nd.zeros((2,)))
+            else:
+                kv.barrier()
+        except KVStoreError as err:
+            return err
+        return None
+
+    results = run_threads(fn, 2, 1)
+    for rank, err in results.items():
+        assert isinstance(err, ClusterError), (rank, err)
+        msg = str(err)
+        assert "worker 0 called init" in msg and "worker 1 called barrier" in msg, msg
+

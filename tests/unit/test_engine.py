@@ -1,0 +1,189 @@
+"""The Engine on its own: sync rounds, async apply, updaters, row_sparse sums, failures.
+
+No sockets and no threads: each test is a server's request sequence written out by hand,
+with tickets standing in for requests and a fake clock for round timeouts.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pskv.errors import (ClusterTimeoutError, KeyAlreadyInitializedError,
+                         KeyNotInitializedError, KVStoreError, NodeFailedError,
+                         ShapeMismatchError)
+from pskv.kvstore._engine import Engine, Ticket
+from pskv.nd.sparse import RowSparseNDArray
+
+
+class Harness:
+    """An engine whose answers are recorded: ``done`` and ``failed`` hold ticket ts."""
+
+    def __init__(self, num_workers: int = 2, sync: bool = True) -> None:
+        self.done: list[int] = []
+        self.failed: list[tuple[int, KVStoreError]] = []
+        self.now = 0.0
+        self.engine = Engine(num_workers, sync, lambda t: self.done.append(t.ts),
+                             lambda t, e: self.failed.append((t.ts, e)), lambda: self.now)
+
+    def push(self, worker: int, key: int, value: Any, ts: int, kind: str = "d") -> Ticket:
+        ticket = Ticket(f"worker {worker}", ts, "push", (key,))
+        arrays = list(value) if kind == "r" else [np.asarray(value, np.float32)]
+        self.engine.check_push(key, kind, arrays)
+        self.engine.hold(ticket)
+        self.engine.push(key, worker, arrays, kind, ticket)
+        self.engine.release(ticket)
+        return ticket
+
+    def pull(self, worker: int, key: int, ts: int) -> Ticket:
+        ticket = Ticket(f"worker {worker}", ts, "pull", (key,))
+        self.engine.hold(ticket)
+        self.engine.pull(key, worker, ticket)
+        self.engine.release(ticket)
+        return ticket
+
+    def value(self, key: int) -> np.ndarray:
+        return self.engine.stored[key]._dense()
+
+
+def test_round_closes_when_every_worker_pushed() -> None:
+    h = Harness(3)
+    h.engine.init(0, np.zeros(4, np.float32))
+    h.push(0, 0, np.ones(4), ts=1)
+    h.push(1, 0, np.full(4, 2.0), ts=2)
+    assert h.done == [] and np.all(h.value(0) == 0)       # round still open
+    h.push(2, 0, np.full(4, 3.0), ts=3)
+    assert sorted(h.done) == [1, 2, 3]
+    np.testing.assert_array_equal(h.value(0), np.full(4, 6.0))
+
+
+def test_round_counts_distinct_workers() -> None:
+    h = Harness(2)
+    h.engine.init(0, np.zeros(2, np.float32))
+    h.push(0, 0, np.ones(2), ts=1)
+    h.push(0, 0, np.full(2, 10.0), ts=2)                  # its next round: waits
+    assert h.done == [] and np.all(h.value(0) == 0)
+    h.push(1, 0, np.full(2, 2.0), ts=3)                   # closes round 1: 1 + 2
+    assert sorted(h.done) == [1, 3]
+    np.testing.assert_array_equal(h.value(0), np.full(2, 3.0))
+    h.push(1, 0, np.full(2, 5.0), ts=4)                   # closes round 2: 10 + 5
+    assert sorted(h.done) == [1, 2, 3, 4]
+    np.testing.assert_array_equal(h.value(0), np.full(2, 15.0))
+
+
+def test_pull_after_own_push_waits_for_the_round() -> None:
+    h = Harness(2)
+    h.engine.init(0, np.zeros(2, np.float32))
+    h.pull(1, 0, ts=9)                                    # nothing pushed: answered
+    assert h.done == [9]
+    h.push(0, 0, np.ones(2), ts=1)
+    h.pull(0, 0, ts=2)                                    # after its own push: waits
+    h.pull(1, 0, ts=3)                                    # worker 1 did not push: now
+    assert h.done == [9, 3]
+    h.push(1, 0, np.ones(2), ts=4)
+    assert sorted(h.done) == [1, 2, 3, 4, 9]
+    assert [a.tolist() for a in h.engine.values(Ticket(None, 0, "pull", (0,)))] == [[2.0, 2.0]]
+
+
+def test_async_applies_every_push_at_once() -> None:
+    h = Harness(2, sync=False)
+    h.engine.init(0, np.zeros(2, np.float32))
+    h.engine.updater = lambda key, inp, stored: stored.__iadd__(inp)
+    h.push(0, 0, np.ones(2), ts=1)
+    h.push(0, 0, np.ones(2), ts=2)
+    np.testing.assert_array_equal(h.value(0), np.full(2, 2.0))
+    assert h.done == [1, 2]
+
+
+def test_updater_runs_once_per_round_with_the_sum_and_the_user_key() -> None:
+    h = Harness(2)
+    h.engine.init(8, np.zeros(3, np.float32), name="w")
+    calls: list[tuple[Any, list[float]]] = []
+
+    def updater(key: Any, inp: Any, stored: Any) -> None:
+        calls.append((key, inp.asnumpy().tolist()))
+        stored -= inp
+
+    h.engine.updater = updater
+    h.push(0, 8, np.ones(3), ts=1)
+    h.push(1, 8, np.full(3, 2.0), ts=2)
+    assert calls == [("w", [3.0, 3.0, 3.0])]
+    np.testing.assert_array_equal(h.value(8), np.full(3, -3.0))
+
+
+def test_row_sparse_round_sums_rows_even_repeated_ones() -> None:
+    h = Harness(2)
+    h.engine.init(0, np.zeros((4, 2), np.float32), sparse=True)
+    assert isinstance(h.engine.stored[0], RowSparseNDArray)
+    rows0, data0 = np.array([3, 1, 3]), np.ones((3, 2), np.float32)
+    rows1, data1 = np.array([1]), np.full((1, 2), 5.0, np.float32)
+    h.push(0, 0, (rows0, data0), ts=1, kind="r")
+    h.push(1, 0, (rows1, data1), ts=2, kind="r")
+    np.testing.assert_array_equal(h.value(0), [[0, 0], [6, 6], [0, 0], [2, 2]])
+
+
+def test_checks_reject_bad_pushes_and_change_nothing() -> None:
+    h = Harness(1)
+    h.engine.init(0, np.zeros(4, np.float32))
+    with pytest.raises(ShapeMismatchError, match="got 3 values"):
+        h.engine.check_push(0, "d", [np.zeros(3, np.float32)])
+    with pytest.raises(ShapeMismatchError, match="row_sparse push to dense"):
+        h.engine.check_push(0, "r", [np.zeros(1, np.int64), np.zeros((1,), np.float32)])
+    with pytest.raises(KeyNotInitializedError, match="key 5"):
+        h.engine.entry(5, "push")
+    with pytest.raises(KeyAlreadyInitializedError, match="initialized twice"):
+        h.engine.init(0, np.ones(4, np.float32))
+    np.testing.assert_array_equal(h.value(0), np.zeros(4))
+
+
+def test_round_timeout_fails_every_waiting_ticket_once() -> None:
+    h = Harness(2)
+    h.engine.init(0, np.zeros(2, np.float32))
+    h.engine.init(1, np.zeros(2, np.float32))
+    t = Ticket("worker 0", 1, "push", (0, 1))
+    h.engine.hold(t)
+    h.engine.push(0, 0, [np.ones(2, np.float32)], "d", t)
+    h.engine.push(1, 0, [np.ones(2, np.float32)], "d", t)
+    h.engine.release(t)
+    h.now = 5.0
+    h.engine.check_rounds(10.0)
+    assert h.failed == []
+    h.now = 11.0
+    h.engine.check_rounds(10.0)
+    assert [ts for ts, _ in h.failed] == [1]                # once, though two keys waited
+    err = h.failed[0][1]
+    assert isinstance(err, ClusterTimeoutError) and "workers [1] have not pushed" in str(err)
+    h.push(1, 0, np.ones(2), ts=2)                          # a fresh round
+    assert h.done == [] and [ts for ts, _ in h.failed] == [1]
+
+
+def test_fail_all_answers_pushers_and_pullers() -> None:
+    h = Harness(2)
+    h.engine.init(0, np.zeros(2, np.float32))
+    h.push(0, 0, np.ones(2), ts=1)
+    h.pull(0, 0, ts=2)
+    h.engine.fail_all(NodeFailedError("worker 1 died"))
+    assert sorted(ts for ts, _ in h.failed) == [1, 2]
+    assert all(isinstance(e, NodeFailedError) for _, e in h.failed)
+
+
+def test_accumulate_and_finish_are_the_extension_point() -> None:
+    # the benchmarks' empty handler: rounds as usual, no arithmetic, stored value kept
+    class EmptyEngine(Engine):
+        def accumulate(self, key: Any, arrays: Any, kind: str, first: bool) -> None:
+            pass
+
+        def finish(self, key: Any) -> None:
+            pass
+
+    done: list[int] = []
+    engine = EmptyEngine(2, True, lambda t: done.append(t.ts))
+    engine.init(0, np.full(2, 5.0, np.float32))
+    for worker, ts in ((0, 1), (1, 2)):
+        ticket = Ticket(worker, ts, "push", (0,))
+        engine.hold(ticket)
+        engine.push(0, worker, [np.ones(2, np.float32)], "d", ticket)
+        engine.release(ticket)
+    assert sorted(done) == [1, 2]
+    np.testing.assert_array_equal(engine.stored[0]._dense(), np.full(2, 5.0))
