@@ -5,7 +5,7 @@ catch, so ``except ValueError`` keeps working for code written against MXNet.
 
 Each class has a ``kind`` (for the classes here, their name) kept in a registry when the
 class is defined. A server sends the kind (and the message) of an error back to the worker, and
-the worker raises the class registered for it (:func:`error_from_kind`), so the same misuse
+the worker raises the class registered for it (:func:`pskv.errors.error_from_kind`), so the same misuse
 raises the same class from a local and a dist store.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ class KVStoreError(Exception):
     .. versionadded:: 0.1
     """
 
-    #: the stable code this class travels under (see :func:`error_from_kind`)
+    #: the stable code this class travels under (see :func:`pskv.errors.error_from_kind`)
     kind: ClassVar[str] = "KVStoreError"
 
     def __init_subclass__(cls, kind: str | None = None, **kwargs: Any) -> None:

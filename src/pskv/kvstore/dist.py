@@ -115,7 +115,7 @@ class DistKVStore(KVStoreBase):
 
     def _send_overdue(self) -> None:
         """On the control thread: send a push held too long if the store is idle (rule 4
-        of :mod:`._held`); an error is raised by the store's next call."""
+        of ``pskv.kvstore._held``); an error is raised by the store's next call."""
         if not self._held.overdue() or not self._lock.acquire(blocking=False):
             return
         try:
@@ -214,7 +214,7 @@ class DistKVStore(KVStoreBase):
         """Push values to the servers (summed per key first, then per round there).
 
         In ``dist_sync`` a small push may wait for this store's next call
-        (:mod:`._held` has the rule).
+        (``pskv.kvstore._held`` has the rule).
         """
         with self._lock:
             self._begin()
