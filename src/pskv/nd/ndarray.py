@@ -18,6 +18,11 @@ __all__ = ["NDArray", "arange", "array", "empty", "full", "ones", "waitall", "ze
 
 _DEFAULT_DTYPE = np.float32
 
+#: storage types besides 'default': name -> (from_dense(dense, ctx), zeros(shape, ctx, dtype)).
+#: nd/sparse.py registers 'row_sparse' when ``pskv.nd`` is imported, so this module never
+#: imports that one (no import cycle between them).
+STORAGE_TYPES: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
+
 
 def _dtype(dtype: Any) -> np.dtype[Any]:
     return np.dtype(_DEFAULT_DTYPE if dtype is None else dtype)
@@ -231,9 +236,10 @@ class NDArray:
         if stype == "default":
             return self._new(self._dense().copy()) if type(self) is NDArray else \
                 NDArray(self._dense().copy(), self._ctx)
-        if stype == "row_sparse":
-            from .sparse import RowSparseNDArray
-            return RowSparseNDArray.from_dense(self._dense(), self._ctx)
+        if stype in STORAGE_TYPES:
+            from_dense, _ = STORAGE_TYPES[stype]
+            result: NDArray = from_dense(self._dense(), self._ctx)
+            return result
         raise UnsupportedError(
             f"storage type {stype!r} is not supported. Use 'default' or 'row_sparse'.")
 
@@ -436,8 +442,9 @@ class NDArray:
 
     def clip(self, a_min: float, a_max: float) -> NDArray:
         """Values limited to ``[a_min, a_max]``, in this array's dtype (``nd.clip``)."""
-        from .ops import clip
-        return clip(self, a_min, a_max)
+        x = self._dense()
+        lo, hi = np.asarray(a_min).astype(x.dtype), np.asarray(a_max).astype(x.dtype)
+        return self._result(np.clip(x, lo, hi))
 
     def norm(self) -> NDArray:
         """The L2 norm of all elements, as a 1-element array."""
@@ -502,9 +509,10 @@ def empty(shape: Any, ctx: Context | None = None, dtype: Any = None) -> NDArray:
 def _maybe_sparse(stype: str | None, shape: Any, ctx: Any, dtype: Any) -> NDArray | None:
     if stype is None or stype == "default":
         return None
-    if stype == "row_sparse":
-        from .sparse import zeros as sparse_zeros
-        return sparse_zeros("row_sparse", shape, ctx=ctx, dtype=dtype)
+    if stype in STORAGE_TYPES:
+        _, sparse_zeros = STORAGE_TYPES[stype]
+        result: NDArray = sparse_zeros(shape, ctx, dtype)
+        return result
     raise UnsupportedError(f"storage type {stype!r} is not supported. Use 'default' or "
                            "'row_sparse'.")
 

@@ -152,9 +152,7 @@ def square(data: NDArray) -> NDArray:
 
 def clip(data: NDArray, a_min: float, a_max: float) -> NDArray:
     """Values limited to ``[a_min, a_max]``, in the input dtype."""
-    x = _nd(data, "clip")._dense()
-    lo, hi = np.asarray(a_min).astype(x.dtype), np.asarray(a_max).astype(x.dtype)
-    return _like(data, np.clip(x, lo, hi))
+    return _nd(data, "clip").clip(a_min, a_max)
 
 
 def _pairwise(fn: Any, lhs: Any, rhs: Any, what: str) -> NDArray:

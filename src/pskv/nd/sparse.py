@@ -11,7 +11,8 @@ import numpy as np
 
 from ..context import Context
 from ..errors import ShapeMismatchError, UnsupportedError, ValueTypeError
-from .ndarray import NDArray, _ctx, _dtype, _operand, _shape
+from .ndarray import STORAGE_TYPES, NDArray, _ctx, _dtype, _operand, _shape
+from .ndarray import zeros as dense_zeros
 
 __all__ = ["RowSparseNDArray", "row_sparse_array", "zeros"]
 
@@ -252,7 +253,6 @@ def zeros(stype: str, shape: Any, ctx: Context | None = None, dtype: Any = None,
     (0,)
     """
     if stype == "default":
-        from .ndarray import zeros as dense_zeros
         return dense_zeros(shape, ctx=ctx, dtype=dtype)
     if stype != "row_sparse":
         raise UnsupportedError(f"storage type {stype!r} is not supported. Use 'row_sparse'.")
@@ -260,3 +260,10 @@ def zeros(stype: str, shape: Any, ctx: Context | None = None, dtype: Any = None,
     dt = _dtype(dtype)
     return RowSparseNDArray(np.zeros((0,) + full[1:], dtype=dt), np.zeros(0, np.int64), full,
                             _ctx(ctx))
+
+
+def _zeros_row_sparse(shape: Any, ctx: Any, dtype: Any) -> NDArray:
+    return zeros("row_sparse", shape, ctx=ctx, dtype=dtype)
+
+
+STORAGE_TYPES["row_sparse"] = (RowSparseNDArray.from_dense, _zeros_row_sparse)
