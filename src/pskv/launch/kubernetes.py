@@ -81,7 +81,7 @@ def _pod(name: str, namespace: str, job: str, role: Role, rank: int | None, imag
 
 
 def job_manifests(spec: LaunchSpec, *, name: str, namespace: str, secret: str,
-                  port: int = DEFAULT_PORT) -> list[Manifest]:
+                  port: int | None = None) -> list[Manifest]:
     """The Secret, the scheduler's headless Service and every pod of the job, as API dicts.
 
     Parameters
@@ -93,8 +93,8 @@ def job_manifests(spec: LaunchSpec, *, name: str, namespace: str, secret: str,
     namespace : str
     secret : str
         The job secret (``stringData`` of the Secret; pods read it from there).
-    port : int
-        The scheduler's port.
+    port : int, optional
+        The scheduler's port: ``spec.port``, else DEFAULT_PORT.
 
     Returns
     -------
@@ -115,6 +115,7 @@ def job_manifests(spec: LaunchSpec, *, name: str, namespace: str, secret: str,
     """
     if not spec.image:
         raise ConfigError("--launcher kubernetes needs --image IMAGE.")
+    port = port or spec.port or DEFAULT_PORT
     secret_name, service = f"{name}-secret", f"{name}-scheduler"
     labels = {"app.kubernetes.io/name": "pskv", LABEL_JOB: name}
     out: list[Manifest] = [
@@ -138,6 +139,7 @@ def job_manifests(spec: LaunchSpec, *, name: str, namespace: str, secret: str,
               for i in range(spec.num_workers)]
     for role, rank, pod_name, command in roles:
         env = cluster_env(spec, role, root_uri=service, port=port, secret=None, rank=rank)
+        env.pop(ENV_SECRET, None)  # from --env PSKV_SECRET:...: pods read it from the Secret
         env[ENV_USE_KUBERNETES] = "1"
         out.append(_pod(pod_name, namespace, name, role, rank, spec.image, command, env,
                         secret_name, port))
@@ -310,7 +312,7 @@ def run_kubernetes(spec: LaunchSpec, *, core: Any = None, stdout: TextIO | None 
     name = spec.job_name or f"pskv-{_secrets.token_hex(4)}"
     namespace = spec.namespace or "default"
     manifests = job_manifests(spec, name=name, namespace=namespace,
-                              secret=get_secret(spec, env), port=spec.port or DEFAULT_PORT)
+                              secret=get_secret(spec, env))
     if spec.dry_run:
         out.write(to_yaml(manifests))
         out.flush()

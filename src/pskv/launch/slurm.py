@@ -120,7 +120,7 @@ def parse_nodelist(text: str) -> list[str]:
     return out
 
 
-def expand_nodelist(text: str, *, run: Runner = subprocess.run) -> list[str]:
+def expand_nodelist(text: str, *, run: Runner | None = None) -> list[str]:
     """The node names of a Slurm host list: ``scontrol show hostnames``, else parsed here.
 
     Raises
@@ -128,6 +128,7 @@ def expand_nodelist(text: str, *, run: Runner = subprocess.run) -> list[str]:
     ConfigError
         scontrol fails, or the list is empty.
     """
+    run = subprocess.run if run is None else run
     try:
         done = run(["scontrol", "show", "hostnames", text], capture_output=True, text=True,
                    timeout=SCONTROL_TIMEOUT_S, check=False)
@@ -227,7 +228,7 @@ def slurm_processes(spec: LaunchSpec, nodes: Sequence[str], *, port: int,
 
 
 def build_slurm(spec: LaunchSpec, *, secret: str, environ: Mapping[str, str] | None = None,
-                run: Runner = subprocess.run) -> list[ProcessSpec]:
+                run: Runner | None = None) -> list[ProcessSpec]:
     """Read the allocation from `environ` and build its processes (see slurm_processes)."""
     env = os.environ if environ is None else environ
     nodes = expand_nodelist(allocation_nodelist(env), run=run)
