@@ -4,7 +4,9 @@
 one scheduler and one server (``python -m pskv.server``) and two workers (the command) on this
 machine, each with ps-lite's ``DMLC_*`` variables and a per-job ``PSKV_SECRET``, prefixes
 their output (``[worker 1] ...``), and exits with the first failure's status.
-``-H hosts.txt`` runs servers and workers on those hosts over ssh (or ``--launcher mpi``).
+``-H hosts.txt`` runs servers and workers on those hosts over ssh (or ``--launcher mpi``);
+``--launcher slurm`` inside an allocation, ``--launcher kubernetes --image IMAGE`` and
+``--launcher ray`` run them on a cluster manager's nodes.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from .hosts import is_host_list, parse_host_list, read_hostfile
 from .local import local_processes
 from .mpi import mpi_processes
 from .spec import DEFAULT_SERVER_COMMAND, LAUNCHERS, LauncherName, LaunchSpec, ProcessSpec
+from .slurm import build_slurm
 from .ssh import ssh_processes
 from .supervise import CommandError, LaunchResult, ProcessResult, run_processes
 from .._ps.config import LOG_LEVELS, log_level
@@ -38,7 +41,9 @@ def build_processes(spec: LaunchSpec, *, environ: Mapping[str, str] | None = Non
     """Every process `spec` starts on this machine, with its argv and environment.
 
     Picks what the spec leaves open: a free port, the job secret and, for ssh and mpi, this
-    machine's address. Nothing is started.
+    machine's address; for slurm, reads the allocation's nodes. Nothing is started. The
+    kubernetes and ray launchers start no process here: see `pskv.launch.kubernetes` and
+    `pskv.launch.ray`.
 
     Parameters
     ----------
@@ -54,6 +59,11 @@ def build_processes(spec: LaunchSpec, *, environ: Mapping[str, str] | None = Non
     list of ProcessSpec
         Scheduler first, then servers, then workers.
 
+    Raises
+    ------
+    ConfigError
+        A bad hostfile; slurm outside an allocation; kubernetes or ray.
+
     Examples
     --------
     >>> spec = LaunchSpec(('python', 'train.py'), 1, 1, port=9000, secret='s')
@@ -64,6 +74,11 @@ def build_processes(spec: LaunchSpec, *, environ: Mapping[str, str] | None = Non
     secret = get_secret(spec, env)
     if spec.launcher == "local":
         return local_processes(spec, port=spec.port or free_port(), secret=secret)
+    if spec.launcher == "slurm":
+        return build_slurm(spec, secret=secret, environ=env)
+    if spec.launcher in ("kubernetes", "ray"):
+        raise ConfigError(f"--launcher {spec.launcher} starts no process on this machine, "
+                          "so there is no process list to build. Call launch_spec(spec).")
     root_uri = spec.host_ip or guess_host_ip()
     port = spec.port or free_port("::" if ":" in root_uri else "0.0.0.0")
     if spec.launcher == "ssh":
@@ -80,6 +95,12 @@ def build_processes(spec: LaunchSpec, *, environ: Mapping[str, str] | None = Non
 def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
                 stderr: TextIO | None = None) -> LaunchResult:
     """Run the job `spec` describes until it ends; see `launch`."""
+    if spec.launcher == "kubernetes":
+        from .kubernetes import run_kubernetes
+        return run_kubernetes(spec, stdout=stdout, stderr=stderr)
+    if spec.launcher == "ray":
+        from .ray import run_ray
+        return run_ray(spec, stdout=stdout, stderr=stderr)
     procs = build_processes(spec)
     w, s = spec.num_workers, spec.num_servers
     logger.info("launching %d worker%s and %d server%s (%s)", w, "s"[:w != 1], s,
@@ -102,6 +123,8 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
            server_command: Sequence[str] | None = None, secret: str | None = None,
            grace_period: float = 5.0, shutdown_timeout: float = 2.0,
            hosts: str | None = None, log_level: str | None = None, log_dir: str | None = None,
+           image: str | None = None, namespace: str | None = None,
+           job_name: str | None = None, dry_run: bool = False,
            stdout: TextIO | None = None, stderr: TextIO | None = None) -> LaunchResult:
     """Launch a distributed job and wait for it, as ``pskv-launch`` does.
 
@@ -118,8 +141,10 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
     num_workers : int
     num_servers : int, optional
         Defaults to `num_workers`.
-    launcher : {'local', 'ssh', 'mpi'}, optional
-        ``'ssh'`` when a `hostfile` is given, else ``'local'``.
+    launcher : {'local', 'ssh', 'mpi', 'slurm', 'kubernetes', 'ray'}, optional
+        ``'ssh'`` when a `hostfile` is given, else ``'local'``. ``'slurm'`` runs inside
+        an allocation, ``'kubernetes'`` creates pods from `image`, ``'ray'`` runs on the
+        Ray cluster at ``RAY_ADDRESS`` (else a local one it starts and stops).
     hostfile : str, optional
     env, env_server, env_worker : dict, optional
         Extra variables for all processes, for the scheduler and servers, for the workers.
@@ -144,6 +169,10 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
         pskv's log level in every process (``PSKV_LOG_LEVEL``), e.g. ``'debug'``.
     log_dir : str, optional
         Also write each process's output to ``log_dir/worker-0.log`` and so on.
+    image, namespace, job_name : str, optional
+        kubernetes: the pods' image, the namespace and the objects' name prefix.
+    dry_run : bool
+        kubernetes: print the manifests as YAML to `stdout` instead of creating them.
     stdout, stderr : text streams, optional
         Where the prefixed output goes.
 
@@ -170,6 +199,7 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
         env_worker=tuple((env_worker or {}).items()), timeout=timeout, port=port,
         host_ip=host_ip, secret=secret, grace_period=grace_period,
         shutdown_timeout=shutdown_timeout, hosts=hosts, log_level=log_level, log_dir=log_dir,
+        image=image, namespace=namespace, job_name=job_name, dry_run=dry_run,
         server_command=DEFAULT_SERVER_COMMAND if server_command is None
         else tuple(server_command))
     return launch_spec(spec, stdout=stdout, stderr=stderr)
@@ -203,7 +233,9 @@ def _parser() -> _Parser:
                    help="hosts for the ssh and mpi launchers: a file of one host[:port] or "
                    "'host slots=N' a line, or horovodrun's list host1:slots,host2:slots")
     p.add_argument("--launcher", choices=LAUNCHERS,
-                   help="how to start processes; ssh when -H is given, else local")
+                   help="how to start processes; ssh when -H is given, else local. slurm: "
+                   "inside salloc/sbatch; kubernetes: pods (needs --image); ray: on the Ray "
+                   "cluster at RAY_ADDRESS, else a local one")
     p.add_argument("--env", action="append", default=[], metavar="VAR[:VALUE]",
                    help="set VAR for every process (repeatable); VAR alone passes on this "
                    "machine's value")
@@ -229,6 +261,15 @@ def _parser() -> _Parser:
     p.add_argument("--log-dir", type=str, metavar="DIR",
                    help="also write each process's output to DIR/worker-0.log, "
                    "DIR/server-0.log, DIR/scheduler.log")
+    k8s = p.add_argument_group("kubernetes")
+    k8s.add_argument("--image", type=str,
+                     help="the container image of every pod (with pskv and the command)")
+    k8s.add_argument("--namespace", type=str,
+                     help="the namespace of the job's objects (default: default)")
+    k8s.add_argument("--job-name", type=str,
+                     help="prefix of the job's object names (default: pskv-<random>)")
+    k8s.add_argument("--dry-run", action="store_true",
+                     help="print the manifests as YAML instead of creating them")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="the worker command and its arguments")
     return p
@@ -282,7 +323,8 @@ def parse_args(argv: Sequence[str] | None = None,
         env_server=tuple(parse_env_pair(e, "--env-server", env) for e in args.env_server),
         env_worker=tuple(parse_env_pair(e, "--env-worker", env) for e in args.env_worker),
         timeout=args.timeout, port=args.port, host_ip=args.host_ip,
-        server_command=server_command)
+        server_command=server_command, image=args.image, namespace=args.namespace,
+        job_name=args.job_name, dry_run=args.dry_run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,8 +1,9 @@
 """What a launch is made of: the job (`LaunchSpec`) and its processes (`ProcessSpec`).
 
-Invariant: a LaunchSpec is frozen and validated; the launchers (local, ssh, mpi) turn it into
-a list of ProcessSpec, the argv and environment of each process this machine starts, without
-starting anything, so the unit tests can check every command line.
+Invariant: a LaunchSpec is frozen and validated; the launchers (local, ssh, mpi, slurm) turn
+it into a list of ProcessSpec, the argv and environment of each process this machine starts,
+without starting anything, so the unit tests can check every command line. The kubernetes
+and ray launchers start nothing here: they turn it into manifests and Ray actors.
 """
 from __future__ import annotations
 
@@ -16,11 +17,18 @@ from .._ps.config import (ENV_NUM_SERVER, ENV_NUM_WORKER, ENV_ROLE, ENV_ROOT_POR
                           ENV_ROOT_URI, ENV_SERVER_ID, ENV_WORKER_ID, LOG_LEVELS, Role)
 from ..errors import ConfigError
 
-__all__ = ["DEFAULT_SERVER_COMMAND", "ENV_NAME", "EnvPairs", "LAUNCHERS", "LaunchSpec",
-           "LauncherName", "ProcessSpec", "RESERVED_ENV", "check_env_name"]
+__all__ = ["DEFAULT_SERVER_COMMAND", "ENV_NAME", "EnvPairs", "K8S_NAME_MAX", "LAUNCHERS",
+           "LaunchSpec", "LauncherName", "MANAGED", "ProcessSpec", "RESERVED_ENV",
+           "check_env_name"]
 
-LauncherName = Literal["local", "ssh", "mpi"]
-LAUNCHERS: tuple[str, ...] = ("local", "ssh", "mpi")
+LauncherName = Literal["local", "ssh", "mpi", "slurm", "kubernetes", "ray"]
+LAUNCHERS: tuple[str, ...] = ("local", "ssh", "mpi", "slurm", "kubernetes", "ray")
+#: launchers that take the hosts from a cluster manager, not from -H
+MANAGED: tuple[str, ...] = ("slurm", "kubernetes", "ray")
+
+#: a Kubernetes object name part (RFC 1123 label); job names get role suffixes appended
+_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+K8S_NAME_MAX = 40
 
 #: scheduler and servers run this, not the user's script (STYLE.md "Launcher entry points")
 DEFAULT_SERVER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "pskv.server")
@@ -66,7 +74,7 @@ class LaunchSpec:
         Number of worker processes (``-n``).
     num_servers : int, optional
         Number of server processes (``-s``); defaults to `num_workers`, as tools/launch.py.
-    launcher : {'local', 'ssh', 'mpi'}, optional
+    launcher : {'local', 'ssh', 'mpi', 'slurm', 'kubernetes', 'ray'}, optional
         Defaults to ``'ssh'`` when a `hostfile` is given, else ``'local'``.
     hostfile : str, optional
         Hosts for ssh and mpi, one ``host[:port]`` or ``host slots=N`` a line.
@@ -96,6 +104,15 @@ class LaunchSpec:
     shutdown_timeout : float
         Seconds the scheduler and servers get to exit by themselves once every worker
         has exited 0; then they are stopped (quietly: the job still succeeds).
+    image : str, optional
+        kubernetes: the container image every pod runs (required there).
+    namespace : str, optional
+        kubernetes: the namespace of the job's objects (``default``).
+    job_name : str, optional
+        kubernetes: the prefix of the job's object names (``pskv-`` and 8 random hex
+        digits by default); lowercase letters, digits and ``-``, at most 40 characters.
+    dry_run : bool
+        kubernetes: print the manifests as YAML instead of creating them.
 
     Examples
     --------
@@ -122,6 +139,10 @@ class LaunchSpec:
     hosts: str | None = None
     log_level: str | None = None
     log_dir: str | None = None
+    image: str | None = None
+    namespace: str | None = None
+    job_name: str | None = None
+    dry_run: bool = False
 
     def __post_init__(self) -> None:
         # frozen: normalise through object.__setattr__, as attrs converters do
@@ -158,6 +179,10 @@ class LaunchSpec:
         if self.launcher == "local" and (self.hostfile or self.hosts):
             raise ConfigError("--launcher local runs every process on this machine and takes "
                               "no hostfile. Drop -H, or use --launcher ssh or mpi.")
+        if self.launcher in MANAGED and (self.hostfile or self.hosts):
+            raise ConfigError(f"--launcher {self.launcher} takes the hosts from the cluster "
+                              "manager, not from -H. Drop -H.")
+        self._check_managed()
         setattr_(self, "env", _pairs(self.env, "--env"))
         setattr_(self, "env_server", _pairs(self.env_server, "--env-server"))
         setattr_(self, "env_worker", _pairs(self.env_worker, "--env-worker"))
@@ -187,6 +212,27 @@ class LaunchSpec:
                                       "nor a host name.") from None
 
 
+    def _check_managed(self) -> None:
+        """The kubernetes-only options go with --launcher kubernetes, and are well formed."""
+        k8s = {"--image": self.image, "--namespace": self.namespace,
+               "--job-name": self.job_name, "--dry-run": self.dry_run or None}
+        if self.launcher != "kubernetes":
+            given = [flag for flag, value in k8s.items() if value is not None]
+            if given:
+                raise ConfigError(f"{', '.join(given)} only apply to --launcher kubernetes. "
+                                  "Drop them, or pass --launcher kubernetes.")
+            return
+        if not self.image:
+            raise ConfigError("--launcher kubernetes needs the container image every pod "
+                              "runs. Pass --image IMAGE (one with pskv and your script).")
+        for flag, value in (("--namespace", self.namespace), ("--job-name", self.job_name)):
+            if value is not None and (len(value) > K8S_NAME_MAX
+                                      or not _K8S_NAME.match(value)):
+                raise ConfigError(f"{flag} {value!r} is not a Kubernetes name part. Use at "
+                                  f"most {K8S_NAME_MAX} lowercase letters, digits and '-', "
+                                  "starting and ending with a letter or digit.")
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessSpec:
     """One process this machine starts.
@@ -205,6 +251,9 @@ class ProcessSpec:
         Set on top of the launcher's own environment.
     stdin : bytes or None
         Written to the process's stdin, which is then closed (None: /dev/null).
+    host : str or None
+        Where the process runs, when that is not this machine (ssh, slurm); named in
+        the launcher's report when it fails.
     """
 
     role: Role
@@ -212,6 +261,7 @@ class ProcessSpec:
     argv: tuple[str, ...]
     env: EnvPairs = ()
     stdin: bytes | None = None
+    host: str | None = None
 
     @property
     def label(self) -> str:
@@ -221,3 +271,8 @@ class ProcessSpec:
         if self.rank is None:
             return f"{self.role.value}s"
         return f"{self.role.value} {self.rank}"
+
+    @property
+    def where(self) -> str:
+        """The label and, when known, the host: ``worker 1 on node3``."""
+        return self.label if self.host is None else f"{self.label} on {self.host}"

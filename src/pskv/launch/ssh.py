@@ -84,5 +84,5 @@ def ssh_processes(spec: LaunchSpec, hosts: Sequence[Host], *, port: int, secret:
         command = spec.server_command if role is Role.SERVER else spec.command
         argv = ("ssh", *SSH_OPTIONS, "-p", str(host.port), host.name,
                 remote_command(cwd, env, command))
-        procs.append(ProcessSpec(role, rank, argv, (), stdin))
+        procs.append(ProcessSpec(role, rank, argv, (), stdin, host.name))
     return procs

@@ -86,6 +86,9 @@ class ProcessResult:
         to the launcher, or it did not exit after the workers finished).
     label : str
         ``scheduler``, ``server 0``, ``worker 1``: its output prefix.
+    host : str or None
+        The host it ran on when that is not this machine and is known (ssh, slurm,
+        kubernetes, ray). For kubernetes, `pid` is 0: a pod's process has no pid here.
     """
 
     role: Role
@@ -94,6 +97,7 @@ class ProcessResult:
     returncode: int
     killed: bool
     label: str
+    host: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +170,7 @@ class _Child:
         rc = self.popen.returncode
         assert rc is not None, "results are read after every child was reaped"
         return ProcessResult(self.spec.role, self.spec.rank, self.popen.pid, rc, self.killed,
-                             self.spec.label)
+                             self.spec.label, self.spec.host)
 
 
 _HELD_MAX = 10_000  # lines of stderr held back after Ctrl-C (the rest pass through)
@@ -393,8 +397,9 @@ class _Supervisor:
                                    "had finished; the job's status stays 0", c.spec.label,
                                    c.popen.pid, exit_status(rc))
                     continue
+                # role, rank and host: which process of the job failed, and where
                 logger.error("%s (pid %d) exited with status %d; stopping the others",
-                             c.spec.label, c.popen.pid, exit_status(rc))
+                             c.spec.where, c.popen.pid, exit_status(rc))
                 self._stop(self.children)
                 return "failed", c
             running = self._running()

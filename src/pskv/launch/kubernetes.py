@@ -1,0 +1,343 @@
+"""The kubernetes launcher: the job as pods, a headless Service and a Secret.
+
+``pskv-launch --launcher kubernetes --image IMAGE -n 2 -s 1 python train.py`` creates, in
+the namespace (``--namespace``, else ``default``), with names prefixed by the job name
+(``--job-name``, else ``pskv-`` and 8 random hex digits):
+
+* a Secret ``NAME-secret`` holding the job secret (pods read it as ``PSKV_SECRET``);
+* a headless Service ``NAME-scheduler`` that resolves to the scheduler pod, published before
+  the pod is ready, so ``DMLC_PS_ROOT_URI=NAME-scheduler`` works from the first moment;
+* the pods ``NAME-scheduler``, ``NAME-server-I``, ``NAME-worker-I`` (restartPolicy Never),
+  each with the cluster variables, ``DMLC_WORKER_ID``/``DMLC_SERVER_ID``,
+  ``DMLC_USE_KUBERNETES=1`` as Kubeflow's MXJob sets it, and (servers and workers)
+  ``DMLC_NODE_HOST`` from the pod's IP, the address a server announces.
+
+Then it follows the pods (bounded by ``--timeout``) until every worker has succeeded or one
+pod failed, prints each pod's log with the usual prefix, and deletes what it created.
+``--dry-run`` prints the manifests as YAML instead (``kubectl apply -f -`` takes them).
+
+Uses the official client (``pip install 'pskv[kubernetes]'``), configured from the pod's
+service account inside a cluster, else from ``~/.kube/config``.
+"""
+from __future__ import annotations
+
+import logging
+import secrets as _secrets
+import sys
+import time
+from typing import Any, Callable, Mapping, TextIO
+
+from .._ps.config import ENV_NODE_HOST, ENV_SECRET, Role
+from ..errors import ConfigError
+from .env import cluster_env, get_secret
+from .spec import DEFAULT_SERVER_COMMAND, LaunchSpec
+from .supervise import EXIT_TIMEOUT, LaunchResult, ProcessResult, exit_status
+
+__all__ = ["DEFAULT_PORT", "ENV_USE_KUBERNETES", "KubernetesJob", "POD_COMMAND_SERVER",
+           "job_manifests", "run_kubernetes", "to_yaml"]
+
+logger = logging.getLogger(__name__)
+
+#: the scheduler's port inside its pod (Kubeflow's MXJob default port)
+DEFAULT_PORT = 9091
+#: ps-lite's switch: the scheduler binds 0.0.0.0 (Kubeflow's MXJob sets it to 1)
+ENV_USE_KUBERNETES = "DMLC_USE_KUBERNETES"
+#: the scheduler and servers in the image: the launcher's own sys.executable is no path there
+POD_COMMAND_SERVER: tuple[str, ...] = ("python", "-m", "pskv.server")
+LABEL_JOB = "pskv.io/job"
+LABEL_ROLE = "pskv.io/role"
+LABEL_RANK = "pskv.io/rank"
+_INSTALL = "Install the client with pip install 'pskv[kubernetes]'."
+
+Manifest = dict[str, Any]
+
+
+def _env_list(env: Mapping[str, str]) -> list[dict[str, Any]]:
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def _pod(name: str, namespace: str, job: str, role: Role, rank: int | None, image: str,
+         command: tuple[str, ...], env: Mapping[str, str], secret_name: str,
+         port: int) -> Manifest:
+    labels = {"app.kubernetes.io/name": "pskv", LABEL_JOB: job, LABEL_ROLE: role.value}
+    if rank is not None:
+        labels[LABEL_RANK] = str(rank)
+    env_list = _env_list(env)
+    env_list.append({"name": ENV_SECRET, "valueFrom": {
+        "secretKeyRef": {"name": secret_name, "key": "secret"}}})
+    if role is not Role.SCHEDULER:
+        # announce the pod's own IP; the scheduler binds 0.0.0.0 (DMLC_USE_KUBERNETES)
+        env_list.append({"name": ENV_NODE_HOST, "valueFrom": {
+            "fieldRef": {"fieldPath": "status.podIP"}}})
+    container: dict[str, Any] = {"name": "pskv", "image": image, "command": list(command),
+                                 "env": env_list}
+    if role is Role.SCHEDULER:
+        container["ports"] = [{"name": "scheduler", "containerPort": port,
+                               "protocol": "TCP"}]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {"restartPolicy": "Never", "enableServiceLinks": False,
+                     "containers": [container]}}
+
+
+def job_manifests(spec: LaunchSpec, *, name: str, namespace: str, secret: str,
+                  port: int | None = None) -> list[Manifest]:
+    """The Secret, the scheduler's headless Service and every pod of the job, as API dicts.
+
+    Parameters
+    ----------
+    spec : LaunchSpec
+        Its `image`, command, counts and ``--env`` settings.
+    name : str
+        The job name: every object's name starts with it, and ``pskv.io/job`` is it.
+    namespace : str
+    secret : str
+        The job secret (``stringData`` of the Secret; pods read it from there).
+    port : int, optional
+        The scheduler's port: ``spec.port``, else DEFAULT_PORT.
+
+    Returns
+    -------
+    list of dict
+        Secret, Service, scheduler pod, server pods, worker pods.
+
+    Examples
+    --------
+    >>> spec = LaunchSpec(('python', 't.py'), 2, 1, launcher='kubernetes', image='img')
+    >>> for m in job_manifests(spec, name='j', namespace='ns', secret='s'):
+    ...     print(m['kind'], m['metadata']['name'])
+    Secret j-secret
+    Service j-scheduler
+    Pod j-scheduler
+    Pod j-server-0
+    Pod j-worker-0
+    Pod j-worker-1
+    """
+    if not spec.image:
+        raise ConfigError("--launcher kubernetes needs --image IMAGE.")
+    port = port or spec.port or DEFAULT_PORT
+    secret_name, service = f"{name}-secret", f"{name}-scheduler"
+    labels = {"app.kubernetes.io/name": "pskv", LABEL_JOB: name}
+    out: list[Manifest] = [
+        {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+         "metadata": {"name": secret_name, "namespace": namespace, "labels": labels},
+         "stringData": {"secret": secret}},
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": service, "namespace": namespace, "labels": labels},
+         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                  "selector": {LABEL_JOB: name, LABEL_ROLE: Role.SCHEDULER.value},
+                  "ports": [{"name": "scheduler", "port": port, "targetPort": port,
+                             "protocol": "TCP"}]}},
+    ]
+    server_command = (POD_COMMAND_SERVER if spec.server_command == DEFAULT_SERVER_COMMAND
+                      else spec.server_command)
+    roles: list[tuple[Role, int | None, str, tuple[str, ...]]] = [
+        (Role.SCHEDULER, None, service, server_command)]
+    roles += [(Role.SERVER, i, f"{name}-server-{i}", server_command)
+              for i in range(spec.num_servers or 0)]
+    roles += [(Role.WORKER, i, f"{name}-worker-{i}", spec.command)
+              for i in range(spec.num_workers)]
+    for role, rank, pod_name, command in roles:
+        env = cluster_env(spec, role, root_uri=service, port=port, secret=None, rank=rank)
+        env.pop(ENV_SECRET, None)  # from --env PSKV_SECRET:...: pods read it from the Secret
+        env[ENV_USE_KUBERNETES] = "1"
+        out.append(_pod(pod_name, namespace, name, role, rank, spec.image, command, env,
+                        secret_name, port))
+    return out
+
+
+def to_yaml(manifests: list[Manifest]) -> str:
+    """The manifests as one YAML stream (``---`` between documents), for kubectl apply."""
+    try:
+        import yaml  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:
+        raise ConfigError(f"--dry-run prints YAML and needs PyYAML. {_INSTALL}") from None
+    text: str = yaml.safe_dump_all(manifests, sort_keys=False, default_flow_style=False)
+    return text
+
+
+def _label(pod: Any) -> tuple[Role, int | None, str]:
+    labels = pod.metadata.labels or {}
+    role = Role(labels.get(LABEL_ROLE, "worker"))
+    rank = labels.get(LABEL_RANK)
+    the_rank = int(rank) if rank is not None else None
+    label = "scheduler" if role is Role.SCHEDULER else f"{role.value} {the_rank}"
+    return role, the_rank, label
+
+
+def _exit_code(pod: Any) -> int | None:
+    """The container's exit code once it terminated, else None."""
+    for status in pod.status.container_statuses or []:
+        terminated = status.state.terminated if status.state is not None else None
+        if terminated is not None:
+            return int(terminated.exit_code)
+    return None
+
+
+class KubernetesJob:
+    """The objects of one job in one namespace: create, follow, print logs, delete.
+
+    `core` is a ``kubernetes.client.CoreV1Api`` (or anything with its methods: the tests
+    pass a recorder). Invariant: `delete` removes everything `create` made, by name.
+    """
+
+    def __init__(self, core: Any, manifests: list[Manifest], namespace: str, name: str,
+                 *, poll_interval: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.core, self.manifests, self.namespace, self.name = core, manifests, namespace, name
+        self.poll_interval, self.clock, self.sleep = poll_interval, clock, sleep
+        self.created: list[tuple[str, str]] = []  # (kind, name), in creation order
+
+    def create(self) -> None:
+        """Create the Secret, the Service, then every pod."""
+        calls = {"Secret": self.core.create_namespaced_secret,
+                 "Service": self.core.create_namespaced_service,
+                 "Pod": self.core.create_namespaced_pod}
+        for m in self.manifests:
+            calls[m["kind"]](self.namespace, m)
+            self.created.append((m["kind"], m["metadata"]["name"]))
+            logger.debug("created %s %s/%s", m["kind"], self.namespace, m["metadata"]["name"])
+
+    def pods(self) -> list[Any]:
+        listing = self.core.list_namespaced_pod(self.namespace,
+                                                label_selector=f"{LABEL_JOB}={self.name}")
+        return list(listing.items)
+
+    def follow(self, timeout: float | None) -> tuple[str, Any | None, list[Any]]:
+        """Poll until every worker succeeded ('ok'), a pod failed ('failed', the pod) or
+        `timeout` passed ('timeout'); returns the reason, the failed pod and the pods."""
+        deadline = None if timeout is None else self.clock() + timeout
+        want = sum(1 for m in self.manifests if m["kind"] == "Pod")
+        while True:
+            pods = self.pods()
+            for pod in pods:
+                if pod.status.phase == "Failed":
+                    return "failed", pod, pods
+            if len(pods) < want:
+                gone = sorted({m["metadata"]["name"] for m in self.manifests
+                               if m["kind"] == "Pod"} - {p.metadata.name for p in pods})
+                logger.error("pods %s of job %s are gone (deleted from outside?)",
+                             ", ".join(gone), self.name)
+                return "failed", None, pods
+            workers = [p for p in pods if _label(p)[0] is Role.WORKER]
+            if workers and all(p.status.phase == "Succeeded" for p in workers):
+                return "ok", None, pods
+            if deadline is not None and self.clock() >= deadline:
+                return "timeout", None, pods
+            self.sleep(self.poll_interval)
+
+    def print_logs(self, pods: list[Any], stdout: TextIO) -> None:
+        """Each pod's log, every line prefixed ``[worker 1] `` (scheduler first)."""
+        order = {Role.SCHEDULER: 0, Role.SERVER: 1, Role.WORKER: 2}
+        for pod in sorted(pods, key=lambda p: (order[_label(p)[0]], _label(p)[1] or 0)):
+            label = _label(pod)[2]
+            try:
+                text = self.core.read_namespaced_pod_log(pod.metadata.name, self.namespace)
+            except Exception as err:  # the API's errors are many; a log is best effort
+                logger.warning("cannot read the log of pod %s (%s): %s", pod.metadata.name,
+                               label, err)
+                continue
+            for line in str(text or "").splitlines():
+                stdout.write(f"[{label}] {line}\n")
+        stdout.flush()
+
+    def delete(self) -> None:
+        """Delete what `create` made, pods first; a failure is logged, never raised."""
+        calls = {"Secret": self.core.delete_namespaced_secret,
+                 "Service": self.core.delete_namespaced_service,
+                 "Pod": self.core.delete_namespaced_pod}
+        for kind, name in reversed(self.created):
+            try:
+                calls[kind](name, self.namespace)
+            except Exception as err:  # keep deleting the rest
+                logger.warning("cannot delete %s %s/%s: %s. Delete it with kubectl delete "
+                               "%s -l %s=%s.", kind, self.namespace, name, err, kind.lower(),
+                               LABEL_JOB, self.name)
+        self.created.clear()
+
+    def result(self, reason: str, failed: Any | None, pods: list[Any]) -> LaunchResult:
+        """The job's LaunchResult from the pods' last state."""
+        results = []
+        failed_result = None
+        for pod in pods:
+            role, rank, label = _label(pod)
+            code = _exit_code(pod)
+            killed = code is None
+            pr = ProcessResult(role, rank, 0, 0 if code is None else code, killed, label,
+                               pod.spec.node_name if pod.spec is not None else None)
+            results.append(pr)
+            if failed is not None and pod.metadata.name == failed.metadata.name:
+                failed_result = pr
+        if reason == "ok":
+            return LaunchResult(0, tuple(results))
+        if reason == "timeout":
+            return LaunchResult(EXIT_TIMEOUT, tuple(results), None, "timeout")
+        code = 1 if failed_result is None else (exit_status(failed_result.returncode) or 1)
+        return LaunchResult(code, tuple(results), failed_result, "failed")
+
+
+def _core_api() -> Any:
+    """A CoreV1Api from the in-cluster service account, else from the kubeconfig."""
+    try:
+        from kubernetes import client
+        from kubernetes import config as config_module
+    except ImportError:
+        raise ConfigError(f"--launcher kubernetes needs the Kubernetes client. {_INSTALL}") \
+            from None
+    config: Any = config_module  # untyped
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        try:
+            config.load_kube_config()
+        except (config.ConfigException, OSError) as err:
+            raise ConfigError(f"cannot configure the Kubernetes client: {err}. Run inside "
+                              "a pod with a service account, or set KUBECONFIG / "
+                              "~/.kube/config (kubectl get pods must work).") from err
+    return client.CoreV1Api()
+
+
+def run_kubernetes(spec: LaunchSpec, *, core: Any = None, stdout: TextIO | None = None,
+                   stderr: TextIO | None = None, environ: Mapping[str, str] | None = None,
+                   poll_interval: float = 2.0) -> LaunchResult:
+    """Create the job's objects, follow them, print the logs, delete them (see module doc).
+
+    With ``spec.dry_run`` only prints the manifests as YAML to `stdout`. `core` replaces
+    the CoreV1Api made from the cluster's configuration (the tests pass a recorder).
+    """
+    import os
+    out = sys.stdout if stdout is None else stdout
+    env = os.environ if environ is None else environ
+    name = spec.job_name or f"pskv-{_secrets.token_hex(4)}"
+    namespace = spec.namespace or "default"
+    manifests = job_manifests(spec, name=name, namespace=namespace,
+                              secret=get_secret(spec, env))
+    if spec.dry_run:
+        out.write(to_yaml(manifests))
+        out.flush()
+        return LaunchResult(0, ())
+    job = KubernetesJob(_core_api() if core is None else core, manifests, namespace, name,
+                        poll_interval=poll_interval)
+    logger.info("creating job %s in namespace %s: %d pods", name, namespace,
+                len(manifests) - 2)
+    pods: list[Any] = []
+    try:
+        job.create()
+        reason, failed, pods = job.follow(spec.timeout)
+        if reason == "failed" and failed is not None:
+            role, rank, label = _label(failed)
+            code = _exit_code(failed)
+            logger.error("%s (pod %s on %s) failed with status %s; stopping the others",
+                         label, failed.metadata.name,
+                         failed.spec.node_name if failed.spec is not None else "?",
+                         "unknown" if code is None else exit_status(code))
+        elif reason == "timeout":
+            logger.error("timed out after %.3g s; deleting job %s", spec.timeout or 0, name)
+        job.print_logs(pods, out)
+        return job.result(reason, failed, pods)
+    except KeyboardInterrupt:
+        logger.warning("got SIGINT; deleting job %s", name)
+        return LaunchResult(130, (), None, "signal")
+    finally:
+        job.delete()

@@ -1,0 +1,95 @@
+"""pskv-launch --launcher ray on a real local Ray, which the launcher starts and stops.
+
+Skips when Ray is not installed (``pip install 'pskv[ray]'``). Each job is bounded in time,
+and afterwards no process that carries the test's marker variable may be left (Ray's own
+daemons included: they inherit the launcher's environment).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.dist
+
+pytest.importorskip("ray", reason="Ray is not installed: pip install 'pskv[ray]'")
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+MARK = "PSKV_TEST_RAY_MARK"
+
+
+def marked(mark: str) -> list[int]:
+    """Pids of the processes whose environment has MARK=mark."""
+    pids = []
+    needle = f"{MARK}={mark}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def launch_ray(*args: str, timeout: float = 240) -> tuple[int, str, str]:
+    mark = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update({MARK: mark, "PYTHONPATH": os.pathsep.join(
+        [str(REPO / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)})
+    argv = [sys.executable, "-m", "pskv.launch", "--launcher", "ray", "--timeout",
+            str(timeout - 60), *args]
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True, cwd=REPO)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate(timeout=30)
+        pytest.fail(f"the ray launcher did not finish in {timeout} s:\n{out}\n{err}")
+    finally:
+        end = time.monotonic() + 20  # Ray's daemons exit a moment after ray.shutdown()
+        while marked(mark) and time.monotonic() < end:
+            time.sleep(0.2)
+        left = marked(mark)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert not left, f"processes left behind after the job: {left}"
+    return p.returncode, out, err
+
+
+def test_sync_job_on_a_local_ray() -> None:
+    rc, out, err = launch_ray("-n", "2", "-s", "1", "--env",
+                              "MXNET_KVSTORE_BIGARRAY_BOUND:100", sys.executable,
+                              str(SCRIPTS / "sync_sum.py"))
+    assert rc == 0, out + err
+    rows = {}
+    for line in out.splitlines():
+        if line.startswith("[worker ") and "{" in line:
+            label, _, payload = line.partition("] ")
+            rows[label + "]"] = json.loads(payload)
+    assert set(rows) == {"[worker 0]", "[worker 1]"}, out + err
+    for label, row in rows.items():
+        assert row["ok"] and label == f"[worker {row['rank']}]"
+
+
+def test_first_failure_stops_all_and_is_named() -> None:
+    rc, out, err = launch_ray("-n", "2", "-s", "1", sys.executable, "-c",
+                              "import os, sys, time\n"
+                              "if os.environ['DMLC_WORKER_ID'] == '1': sys.exit(3)\n"
+                              "time.sleep(120)")
+    assert rc == 3, out + err
+    assert "worker 1 on " in err and "exited with status 3" in err
