@@ -19,6 +19,7 @@ the timeout), writes wait for room at most the timeout.
 """
 from __future__ import annotations
 
+import errno
 import math
 import os
 import select
@@ -78,6 +79,8 @@ class StreamConn:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         #: bytes one message may carry; a server keeps it small until the peer is admitted
         self.max_bytes: int | None = None
+        #: where the peer connected from, for refusal logs ("" when unknown)
+        self.address = ""
         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             try:    # room for a few MiB in flight: fewer stalls of sender and receiver
                 sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
@@ -205,8 +208,8 @@ class StreamConn:
             self._meta, self._specs = parse_header(self._target)
             if self.max_bytes is not None and \
                     sum(n for _, _, n in self._specs) > self.max_bytes:
-                raise ProtocolError(f"{self.peer} sent a message of over {self.max_bytes} bytes "
-                                    "before it was admitted")
+                raise ProtocolError(f"{self.peer} sent a message of over the {self.max_bytes} "
+                                    "bytes it may send (before admission: 64 KiB)")
             self._alloc = (alloc_for(self._meta) if alloc_for is not None else None) or \
                 self.reuse
             self._phase = 2
@@ -267,20 +270,34 @@ class StreamListener:
             self.endpoint = f"tcp:{advertise or host}:{self.sock.getsockname()[1]}"
         self.sock.listen(64)
         self.sock.setblocking(False)
+        #: set when accept() ran out of file descriptors (the caller rests, then clears it)
+        self.exhausted = False
 
     def pollable(self) -> int:
         """The listening socket's file descriptor."""
         return self.sock.fileno()
 
-    def accept(self, timeout: float) -> list[StreamConn]:
-        """The connections waiting to be accepted (none blocks)."""
+    def accept(self, timeout: float, limit: int = 64) -> list[StreamConn]:
+        """The connections waiting to be accepted, at most ``limit`` (none blocks).
+
+        Out of file descriptors (or buffers), it returns what it got and sets
+        :attr:`exhausted` instead of raising.
+        """
         conns: list[StreamConn] = []
-        while True:
+        while len(conns) < limit:
             try:
-                sock, _ = self.sock.accept()
+                sock, addr = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return conns
-            conns.append(StreamConn(sock, timeout, f"a worker (fd {sock.fileno()})"))
+            except OSError as err:
+                if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self.exhausted = True
+                    return conns
+                continue                 # that one connection went away (ECONNABORTED)
+            conn = StreamConn(sock, timeout, f"a worker (fd {sock.fileno()})")
+            conn.address = f"{addr[0]}" if isinstance(addr, tuple) else "the Unix socket"
+            conns.append(conn)
+        return conns
 
     def close(self) -> None:
         """Stop listening (and remove a Unix socket's file)."""

@@ -14,15 +14,12 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from .config import ClusterConfig
+from .limits import ADMISSION_BYTES
 from .message import Command, Meta
 from .stream import Alloc, StreamConn
 from .zeromq import ZmqConn, ZmqContext
 
 __all__ = ["ADMISSION_BYTES", "Alloc", "Connection", "connect"]
-
-#: the most a peer may send in one message before its HELLO is accepted (every transport)
-ADMISSION_BYTES = 1 << 16
-
 
 
 class Connection(Protocol):

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 import zmq
 
-from ..errors import ClusterTimeoutError, KVStoreError, ProtocolError
+from ..errors import ClusterTimeoutError, KVStoreError, NodeFailedError, ProtocolError
 from .auth import prove
 from .config import ClusterConfig
 from .message import Command, Meta, error_from_body
@@ -42,7 +42,8 @@ class KVWorker:
         self._dirty: set[int] = set()              # servers pushed to since the last flush
         self._deferred_error: Exception | None = None
         self._into: dict[int, Sequence[np.ndarray | None]] = {}
-        hello = {"role": "worker", "rank": po.rank, **prove(cfg.secret, "worker", "server")}
+        self._lost: set[int] = set()               # servers whose connection broke
+        hello: dict[str, Any] = {"role": "worker", "rank": po.rank}
         try:
             me = socket.gethostname()
             for rank, ep in enumerate(po.servers):
@@ -50,9 +51,19 @@ class KVWorker:
                 self._conns.append(conn)
                 self._server_of[conn.pollable()] = rank
                 self._poller.register(conn.pollable(), zmq.POLLIN)
+            # each server challenges; the proof binds this job and rank under this worker's
+            # own key from the scheduler (auth.py)
             tss = [self.request(s, Command.HELLO, body=hello) for s in range(len(self._conns))]
+            for s, ts in enumerate(tss):
+                meta, _ = self.wait(ts, timeout=cfg.connect_timeout)
+                if meta.cmd == Command.CHALLENGE:
+                    proof = prove(po.key, "server", meta.body, "worker", po.rank)
+                    tss[s] = self.request(s, Command.HELLO, body={**hello, **proof})
+                else:
+                    tss[s] = 0
             for ts in tss:
-                self.wait(ts, timeout=cfg.connect_timeout)
+                if ts:
+                    self.wait(ts, timeout=cfg.connect_timeout)
         except BaseException:
             self.close()
             raise
@@ -110,6 +121,11 @@ class KVWorker:
                     got = conn.receive(self._alloc_for, 1)
                 except ProtocolError as err:
                     raise ProtocolError(f"server {server} sent a bad reply: {err}") from None
+                except NodeFailedError as err:
+                    if server not in self._lost:     # the others hear it from the scheduler
+                        self._lost.add(server)
+                        self.po.report_lost("server", server)
+                    raise NodeFailedError(f"server {server} is gone: {err}") from None
                 if not got:
                     break
                 meta, arrays = got[0]
@@ -122,6 +138,11 @@ class KVWorker:
                         self._deferred_error = result
                     continue
                 self._done[meta.ts] = result
+
+    def poll_links(self) -> None:
+        """Read whatever has arrived, without waiting: a connection that broke is noticed
+        (and reported) even while the store is idle. Raises NodeFailedError then."""
+        self._receive(0)
 
     def defer(self, err: Exception) -> None:
         """Keep ``err`` for :meth:`raise_deferred` (the first one wins)."""

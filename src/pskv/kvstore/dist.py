@@ -31,6 +31,7 @@ from .._ps.postoffice import Postoffice
 from .._ps.zeromq import ZmqContext
 from .._ps.worker import KVWorker
 from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
+from ._agree import check_optimizer_spec
 from ._args import as_numpy, normalize, row_ids_by_key
 from ._held import HeldPush, Items
 from ._keys import KeyRecord, KeyTable
@@ -63,10 +64,10 @@ class DistKVStore(KVStoreBase):
         self._sync = "async" not in name
         self._zctx = ZmqContext(zmq_context)
         try:
-            self._po = Postoffice(cfg, self._zctx)
+            # the scheduler refuses a job whose workers created different store types
+            self._po = Postoffice(cfg, self._zctx, mode="sync" if self._sync else "async")
             self._po.start()
             self._kv = KVWorker(cfg, self._zctx, self._po)
-            self._to_all(Command.COMMAND, {"op": "mode", "sync": self._sync})
         except BaseException:
             self._zctx.close()
             raise
@@ -114,13 +115,17 @@ class DistKVStore(KVStoreBase):
         self._send_push(self._held.release())
 
     def _send_overdue(self) -> None:
-        """On the control thread: send a push held too long if the store is idle (rule 4
-        of ``pskv.kvstore._held``); an error is raised by the store's next call."""
-        if not self._held.overdue() or not self._lock.acquire(blocking=False):
+        """On the control thread, when the store is idle: send a push held too long (rule 4
+        of ``pskv.kvstore._held``) and notice a server connection that broke; an error is
+        raised by the store's next call."""
+        if not self._lock.acquire(blocking=False):
             return
         try:
-            if not self._keys.closed and self._held.overdue():
+            if self._keys.closed:
+                return
+            if self._held.overdue():
                 self._send_held()
+            self._kv.poll_links()
         except KVStoreError as err:
             self._kv.defer(err)
         finally:
@@ -446,9 +451,10 @@ class DistKVStore(KVStoreBase):
         identical repeats as no-ops.
         """
         check_optimizer(optimizer)
+        spec = optimizer.to_spec()
+        check_optimizer_spec(optimizer, spec)    # refused here, alike on every worker
         with self._lock:
             self._begin()
-            spec = optimizer.to_spec()
             self._to_all(Command.COMMAND, {"op": "optimizer", "spec": spec})
 
     def set_updater(self, updater: Updater) -> None:
