@@ -67,6 +67,8 @@ class Scheduler:
         self._sock = self._zctx.socket(zmq.ROUTER)
         # nothing but control messages: libzmq drops a peer that sends a bigger frame
         self._sock.setsockopt(zmq.MAXMSGSIZE, CONTROL_BYTES)
+        # a connection that never completes ZeroMQ's own handshake is closed by libzmq
+        self._sock.setsockopt(zmq.HANDSHAKE_IVL, int(cfg.handshake_timeout * 1000))
         bind_host = cfg.root_uri if cfg.node_host == "127.0.0.1" and _is_ip(cfg.root_uri) \
             else cfg.node_host
         try:

@@ -65,6 +65,7 @@ class KVServer:
                 router.setsockopt(zmq.RCVHWM, 0)
                 router.setsockopt(zmq.SNDHWM, 0)
                 router.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_bytes)
+                router.setsockopt(zmq.HANDSHAKE_IVL, int(cfg.handshake_timeout * 1000))
             if cfg.transport == "inproc":     # a thread of an in-process cluster
                 assert router is not None
                 endpoints = {"zmq": f"inproc://pskv-server-{id(self):x}"}
