@@ -20,7 +20,7 @@ __all__ = [
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_MESSAGE_BYTES", "ENV_MAX_UNADMITTED",
-    "ENV_SECRET", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "ENV_WORKER_ID",
+    "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "ENV_WORKER_ID",
     "Role", "loopback_address",
 ]
 
@@ -49,6 +49,10 @@ ENV_HANDSHAKE_TIMEOUT = "PSKV_HANDSHAKE_TIMEOUT"
 ENV_MAX_UNADMITTED = "PSKV_MAX_UNADMITTED"
 #: the largest message an admitted peer may send (and ZMQ_MAXMSGSIZE of a ZeroMQ data port)
 ENV_MAX_MESSAGE_BYTES = "PSKV_MAX_MESSAGE_BYTES"
+#: TLS for TCP links between workers and servers: a PEM certificate, its key, the job's CA
+ENV_TLS_CERT = "PSKV_TLS_CERT"
+ENV_TLS_KEY = "PSKV_TLS_KEY"
+ENV_TLS_CA = "PSKV_TLS_CA"
 #: the level of pskv's loggers in every process of a job (pskv-launch --log-level)
 ENV_LOG_LEVEL = "PSKV_LOG_LEVEL"
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -138,6 +142,8 @@ class ClusterConfig:
     handshake_timeout : seconds a connection may take to be admitted before it is closed
     max_unadmitted : connections not yet admitted that a node keeps at once
     max_message_bytes : the largest message an admitted peer may send
+    tls : (certificate, key, CA) PEM files for mutual TLS on TCP links between workers and
+        servers (PSKV_TLS_CERT / _KEY / _CA); None: plain TCP
     """
 
     role: Role
@@ -160,6 +166,7 @@ class ClusterConfig:
     handshake_timeout: float = 10.0
     max_unadmitted: int = 64
     max_message_bytes: int = 4 << 30
+    tls: tuple[str, str, str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -236,6 +243,7 @@ class ClusterConfig:
                                 "connections, e.g. 64.", 1),
             max_message_bytes=_int(env, ENV_MAX_MESSAGE_BYTES, 4 << 30, "Set it to a number "
                                    "of bytes, e.g. 4294967296.", 1 << 20),
+            tls=_tls(env),
         )
 
     def with_role(self, role: Role) -> ClusterConfig:
@@ -248,6 +256,16 @@ class ClusterConfig:
         if self.transport == "inproc":
             return f"inproc://pskv-scheduler-{self.root_port}"
         return f"tcp://{_bracket(self.root_uri)}:{self.root_port}"
+
+
+def _tls(env: Mapping[str, str]) -> tuple[str, str, str] | None:
+    files = [env.get(name, "") for name in (ENV_TLS_CERT, ENV_TLS_KEY, ENV_TLS_CA)]
+    if not any(files):
+        return None
+    if not all(files):
+        raise ConfigError(f"{ENV_TLS_CERT}, {ENV_TLS_KEY} and {ENV_TLS_CA} go together: set "
+                          "all three (PEM files) for TLS between workers and servers, or none.")
+    return files[0], files[1], files[2]
 
 
 def _transport(raw: str) -> str:

@@ -155,6 +155,7 @@ class KVWorker:
                         self._lost.add(server)
                     if first:                        # the others hear it from the scheduler
                         self.po.report_lost("server", server)
+                    self.po.check()      # a cluster already failed: that is the cause
                     raise NodeFailedError(f"server {server} is gone: {err}") from None
                 if not got:
                     break

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -298,17 +299,23 @@ class KVServer:
             self._verifier.job = self.po.job
             self.loop.name = f"server {self.po.rank}"
             failed_seen = False
+            lost_at: float | None = None
 
             def stop() -> bool:
-                nonlocal failed_seen
+                nonlocal failed_seen, lost_at
                 if self.po.failure is not None and not failed_seen:
                     failed_seen = True
                     self.engine.fail_all(NodeFailedError(self.po.failure))
                 if self.po.scheduler_lost.is_set():
                     # a server on another host (ssh launcher) has no launcher to stop it:
-                    # without the scheduler no SHUTDOWN can come, so it exits by itself
-                    log.error("server %d: %s; exiting", self.po.rank, self.po.failure)
-                    return True
+                    # without the scheduler no SHUTDOWN can come, so it exits by itself,
+                    # two heartbeats later: its workers notice the scheduler's loss first
+                    # (not this server's), which is what their error should name
+                    if lost_at is None:
+                        lost_at = time.monotonic()
+                    if time.monotonic() - lost_at >= 2 * self.cfg.heartbeat_interval:
+                        log.error("server %d: %s; exiting", self.po.rank, self.po.failure)
+                        return True
                 return self._stop.is_set() or self.po.shutdown.is_set()
 
             self.loop.run(stop)
