@@ -106,6 +106,7 @@ class ServeLoop:
         self._peers: dict[bytes, ZmqPeer] = {}
         self._unadmitted: dict[Connection, float] = {}   # conn -> when it was first seen
         self._paused: dict[int, float] = {}              # listener fd -> resume time
+        self._again: set[int] = set()                    # TLS conns with bytes buffered
         self.admitted: dict[Any, Any] = {}
         self.refusals = RefusalLog(log, name)
         self._poller = zmq.Poller()
@@ -284,6 +285,8 @@ class ServeLoop:
             self.dispatch(conn, *got[0])
             if conn.fileno() not in self._conns:
                 return
+        if conn.buffered():              # TLS holds more: poll would not say so
+            self._again.add(conn.fileno())
 
     def _expire(self, now: float) -> None:
         """Close what waited too long: unadmitted peers, half-sent messages; resume
@@ -309,7 +312,10 @@ class ServeLoop:
             self._poller.register(fd, zmq.POLLIN)
         last = time.monotonic()
         while not stop():
-            for what, _ in self._poller.poll(poll_ms):
+            events = self._poller.poll(0 if self._again else poll_ms)
+            again, self._again = self._again, set()
+            events += [(fd, zmq.POLLIN) for fd in again if fd in self._conns]
+            for what, _ in events:
                 if what is self._router:
                     self._read_router()
                 elif isinstance(what, int) and what in self._listeners:

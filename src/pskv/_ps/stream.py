@@ -24,6 +24,7 @@ import math
 import os
 import select
 import socket
+import ssl
 import struct
 import tempfile
 import time
@@ -70,10 +71,14 @@ class StreamConn:
         A name for error messages.
     """
 
-    def __init__(self, sock: socket.socket, timeout: float, peer: str) -> None:
+    def __init__(self, sock: socket.socket, timeout: float, peer: str,
+                 handshaken: bool = True) -> None:
         self.sock = sock
         self.peer = peer
         self.timeout = timeout
+        #: a TLS link (:mod:`.tls`): written buffer by buffer, its handshake done on reads
+        self.tls = isinstance(sock, ssl.SSLSocket)
+        self._handshaken = handshaken
         sock.setblocking(False)
         if sock.family != socket.AF_UNIX:    # small requests go out at once
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -100,8 +105,10 @@ class StreamConn:
         self._since = 0.0                   # when the message in progress last moved
 
     @classmethod
-    def connect(cls, path: str, timeout: float, peer: str) -> StreamConn:
-        """Connect to a server's Unix socket at ``path``, or TCP ``host:port``."""
+    def connect(cls, path: str, timeout: float, peer: str,
+                tls: ssl.SSLContext | None = None) -> StreamConn:
+        """Connect to a server's Unix socket at ``path``, or TCP ``host:port`` (over TLS
+        with ``tls``)."""
         addr: str | tuple[str, int] = path
         family = socket.AF_UNIX
         if path.startswith("tcp:"):
@@ -115,7 +122,19 @@ class StreamConn:
         except OSError as err:
             sock.close()
             raise NodeFailedError(f"cannot connect to {peer} at {path}: {err}") from err
+        if tls is not None and family != socket.AF_UNIX:
+            try:
+                sock = tls.wrap_socket(sock, server_side=False)
+            except (ssl.SSLError, OSError) as err:
+                sock.close()
+                raise NodeFailedError(f"the TLS handshake with {peer} at {path} failed: "
+                                      f"{err}. Check PSKV_TLS_CERT/KEY/CA on both sides.") \
+                    from err
         return cls(sock, timeout, peer)
+
+    def buffered(self) -> int:
+        """Bytes TLS has decrypted but not handed out yet (poll does not see them)."""
+        return self.sock.pending() if self.tls else 0  # type: ignore[attr-defined]
 
     def fileno(self) -> int:
         """The socket's file descriptor (for poll)."""
@@ -143,8 +162,10 @@ class StreamConn:
         try:
             while bufs:
                 try:
-                    sent = self.sock.sendmsg(bufs[:_IOV_MAX])
-                except BlockingIOError:
+                    # TLS sockets have no sendmsg: one buffer (at most 1 MiB) at a time
+                    sent = self.sock.send(bufs[0][:1 << 20]) if self.tls else \
+                        self.sock.sendmsg(bufs[:_IOV_MAX])
+                except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                     if not select.select([], [self.sock], [], self.timeout)[1]:
                         raise ClusterTimeoutError(
                             f"sending to {self.peer} waited over {self.timeout:g} s: it is "
@@ -224,11 +245,20 @@ class StreamConn:
         in buffers reused between messages (:meth:`reuse`).
         """
         done: list[tuple[Meta, list[np.ndarray]]] = []
+        if not self._handshaken:
+            try:
+                self.sock.do_handshake()  # type: ignore[attr-defined]
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return done
+            except (ssl.SSLError, OSError) as err:
+                raise ProtocolError(f"the TLS handshake with {self.peer} failed: "
+                                    f"{err}") from None
+            self._handshaken = True
         while len(done) < limit:
             view = self._target[self._pos:]
             try:
                 k = self.sock.recv_into(view, view.nbytes)
-            except BlockingIOError:
+            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 break
             except OSError as err:
                 raise NodeFailedError(f"the connection to {self.peer} broke: {err}") from err
@@ -255,8 +285,9 @@ class StreamListener:
     """
 
     def __init__(self, *, path: str | None = None, host: str | None = None,
-                 advertise: str | None = None) -> None:
+                 advertise: str | None = None, tls: ssl.SSLContext | None = None) -> None:
         self._path = path
+        self._tls = tls if path is None else None
         if path is not None:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.bind(path)
@@ -294,7 +325,14 @@ class StreamListener:
                     self.exhausted = True
                     return conns
                 continue                 # that one connection went away (ECONNABORTED)
-            conn = StreamConn(sock, timeout, f"a worker (fd {sock.fileno()})")
+            name = f"a worker (fd {sock.fileno()})"
+            if self._tls is not None:     # the handshake runs on the loop's reads
+                sock.setblocking(False)
+                conn = StreamConn(self._tls.wrap_socket(sock, server_side=True,
+                                                        do_handshake_on_connect=False),
+                                  timeout, name, handshaken=False)
+            else:
+                conn = StreamConn(sock, timeout, name)
             conn.address = f"{addr[0]}" if isinstance(addr, tuple) else "the Unix socket"
             conns.append(conn)
         return conns

@@ -96,7 +96,7 @@ def _init(meta: Meta, arrays: list[np.ndarray]) -> None:
         raise ProtocolError("INIT needs one entry spec and one array per key")
     if len(set(meta.keys)) != len(meta.keys):
         raise ProtocolError("an INIT names a key twice")
-    for spec, arr in zip(entries, arrays):
+    for spec, arr in zip(entries, arrays, strict=True):
         if not isinstance(spec, dict):
             raise _fail(meta, "entries", "a list of objects", spec)
         key, shape = spec.get("key"), spec.get("shape")

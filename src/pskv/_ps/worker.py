@@ -29,6 +29,7 @@ from .auth import prove
 from .config import ClusterConfig
 from .message import Command, Meta, error_from_body
 from .postoffice import Postoffice
+from .tls import client_context
 from .transport import Alloc, Connection, connect
 from .zeromq import ZmqContext
 
@@ -61,8 +62,9 @@ class KVWorker:
         hello: dict[str, Any] = {"role": "worker", "rank": po.rank}
         try:
             me = socket.gethostname()
+            tls = client_context(*cfg.tls) if cfg.tls is not None else None
             for rank, ep in enumerate(po.servers):
-                conn = connect(cfg, ep, ep.get("host") == me, f"server {rank}", zctx)
+                conn = connect(cfg, ep, ep.get("host") == me, f"server {rank}", zctx, tls)
                 self._conns.append(conn)
                 self._send_locks.append(threading.Lock())
                 self._zmq = self._zmq or not isinstance(conn.pollable(), int)

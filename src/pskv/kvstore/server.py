@@ -27,6 +27,7 @@ from .._ps.message import Command, Meta
 from .._ps.postoffice import Postoffice
 from .._ps.serve import ServeLoop
 from .._ps.stream import StreamListener, ipc_path
+from .._ps.tls import server_context
 from .._ps.transport import Connection
 from .._ps.zeromq import ZmqContext
 from ._engine import Engine, Ticket
@@ -96,7 +97,8 @@ class KVServer:
         Unix socket only this user can open, and with ``zmq`` over ZeroMQ.
         """
         host = cfg.node_host if cfg.node_host != "0.0.0.0" else _my_address(cfg.root_uri)
-        tcp = StreamListener(host=cfg.node_host, advertise=host)
+        tls = server_context(*cfg.tls) if cfg.tls is not None else None
+        tcp = StreamListener(host=cfg.node_host, advertise=host, tls=tls)
         self._listeners.append(tcp)
         endpoints = {"tcp": tcp.endpoint}
         if router is not None:
