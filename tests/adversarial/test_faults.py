@@ -101,3 +101,28 @@ def test_loopback_in_any_spelling_binds_loopback_only(spelling: str) -> None:
     finally:
         sched.loop.close()
         sched._zctx.close()
+
+
+@pytest.mark.timeout(90)
+def test_killed_server_is_reported_and_leaves_no_socket_file(local_cluster: Any) -> None:
+    cluster = local_cluster(2, 1, env={"PSKV_HEARTBEAT_INTERVAL": "0.5",
+                                       "PSKV_HEARTBEAT_TIMEOUT": "15"})
+    cluster.start(VICTIM, "scheduler-dies")       # both workers loop push/pull
+    _wait_ready(cluster, 2)
+    table = next(r["servers"] for r in _reports(cluster) if "servers" in r)
+    uds = table[0].get("uds")
+    if uds is None:
+        pytest.skip("the server opened no Unix socket: this needs AF_UNIX and "
+                    "PSKV_TRANSPORT unset, auto or ipc")
+    assert Path(uds).exists()
+    killed_at = time.time()
+    cluster.get("server 0").kill()
+    codes = cluster.wait(40)
+    errors = [r for r in _reports(cluster) if "error" in r]
+    assert sorted(r["rank"] for r in errors) == [0, 1], cluster.dump()
+    took = [round(r["time"] - killed_at, 3) for r in errors]
+    print(json.dumps({"server killed, workers told after s": took}))
+    assert all(t < BROKEN_DEADLINE for t in took), (took, cluster.dump())
+    assert all("server 0" in r["msg"] for r in errors), errors
+    assert codes["scheduler"] == 1, codes
+    assert not Path(uds).exists(), "the killed server's socket file was left behind"

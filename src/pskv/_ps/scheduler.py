@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
+import socket
+import stat
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -319,6 +323,26 @@ class Scheduler:
         finally:
             self.loop.close()
             self._zctx.close()
+            self._remove_dead_sockets()
+
+    def _remove_dead_sockets(self) -> None:
+        """Remove the Unix socket files of this host's servers that died (a SIGKILLed
+        process cannot remove its own); only files pskv names in the temp directory."""
+        me = socket.gethostname()
+        tmp = os.path.realpath(tempfile.gettempdir())
+        for node in self._members("server"):
+            path = node.body.get("endpoints", {}).get("uds")
+            if node.state != "dead" or node.body.get("host") != me or not isinstance(path, str):
+                continue
+            real = os.path.realpath(path)
+            if os.path.dirname(real) != tmp or not os.path.basename(real).startswith(
+                    "pskv-server-") or not real.endswith(".sock"):
+                continue
+            try:
+                if stat.S_ISSOCK(os.lstat(real).st_mode):
+                    os.unlink(real)
+            except OSError:
+                pass
 
 
 def _is_ip(host: str) -> bool:

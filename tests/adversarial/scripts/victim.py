@@ -1,6 +1,6 @@
 """A dist_sync worker for the fault tests; prints JSON lines the test reads.
 
-``worker-dies``: rank 1 says it is ready and sleeps (the test kills it); rank 0 pushes and
+``worker-dies``: rank 1 says it is ready (with the server table) and sleeps (the test kills it); rank 0 pushes and
 pulls in a loop (its round needs rank 1) until an error. ``scheduler-dies``: both ranks push
 and pull in a loop until an error (the test kills the scheduler).
 Reports ``{"rank", "event": "ready"}``, then ``{"rank", "error", "msg", "time"}``; exits 3
@@ -26,7 +26,7 @@ def main(mode: str) -> int:
     kv.init("w", mx.nd.zeros((8,)))
     kv.push("w", mx.nd.ones((8,)))
     kv.pull("w")                                   # one good round first
-    say(rank=rank, event="ready")
+    say(rank=rank, event="ready", servers=kv._po.servers)
     try:
         if mode == "worker-dies" and rank == 1:
             time.sleep(40)
