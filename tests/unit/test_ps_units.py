@@ -230,37 +230,50 @@ def test_config_is_frozen_and_with_role_copies() -> None:
 
 
 # ---- auth -------------------------------------------------------------------------------------
-def test_auth_accepts_a_good_proof_once() -> None:
-    verifier = auth.Verifier(b"secret", "scheduler")
-    proof = {"role": "worker", **auth.prove(b"secret", "worker", "scheduler")}
-    assert verifier.check(proof) is None
-    assert verifier.check(proof) == "a replayed proof"
-    fresh = {"role": "worker", **auth.prove(b"secret", "worker", "scheduler")}
-    assert fresh["nonce"] != proof["nonce"] and verifier.check(fresh) is None
+def _verifier(job: str = "job-a") -> auth.Verifier:
+    return auth.Verifier("scheduler", job, lambda role, rank: b"secret")
 
 
-@pytest.mark.parametrize("body", [
-    None, "text", {}, {"role": "worker"}, {"role": "worker", "nonce": "1", "proof": 5},
-])
-def test_auth_refuses_no_proof(body: object) -> None:
-    assert auth.Verifier(b"secret", "server").check(body) == "no proof of the cluster secret"
+def test_auth_challenges_then_accepts_a_good_proof_once() -> None:
+    verifier = _verifier()
+    conn = object()
+    assert verifier.check(conn, {"role": "worker"}) == auth.CHALLENGE
+    challenge = verifier.challenge(conn)
+    body = {"role": "worker", **auth.prove(b"secret", "scheduler", challenge, "worker", None)}
+    assert verifier.check(conn, body) is None
+    # the nonce was used: the same HELLO again (a replay) is refused
+    assert "did not give" in str(verifier.check(conn, body))
 
 
-def test_auth_refuses_wrong_proofs() -> None:
-    verifier = auth.Verifier(b"secret", "server")
-    wrong = "a wrong proof of the cluster secret"
-    assert verifier.check({"role": "worker", **auth.prove(b"other", "worker", "server")}) == wrong
-    # a proof for another purpose or role does not transfer
-    assert verifier.check({"role": "worker",
-                           **auth.prove(b"secret", "worker", "scheduler")}) == wrong
-    assert verifier.check({"role": "server",
-                           **auth.prove(b"secret", "worker", "server")}) == wrong
-    # a refused nonce is not burnt: the right proof with it still works once
-    good = auth.prove(b"secret", "worker", "server")
-    assert verifier.check({"role": "worker", "nonce": good["nonce"], "proof": "0" * 64}) == wrong
-    assert verifier.check({"role": "worker", **good}) is None
+@pytest.mark.parametrize("change", ["rank", "role", "job", "purpose", "secret", "conn"])
+def test_auth_proof_binds_connection_job_role_and_rank(change: str) -> None:
+    verifier, conn, other = _verifier(), object(), object()
+    challenge = verifier.challenge(conn)
+    verifier.challenge(other)
+    made = {"job": "job-b"} if change == "job" else {}
+    body = {"role": "worker", "rank": 1, **auth.prove(
+        b"other" if change == "secret" else b"secret",
+        "server" if change == "purpose" else "scheduler", {**challenge, **made}, "worker", 1)}
+    if change == "rank":
+        body["rank"] = 0
+    if change == "role":
+        body["role"] = "server"
+    why = verifier.check(other if change == "conn" else conn, body)
+    assert why == ("a proof for a challenge this node did not give to this connection"
+                   if change == "conn" else "a wrong proof of the cluster secret")
 
 
-def test_auth_without_secret_admits_everyone() -> None:
-    assert auth.prove(None, "worker", "server") == {}
-    assert auth.Verifier(None, "server").check(None) is None
+def test_auth_key_for_refusal_and_no_key() -> None:
+    def key_for(role: str, rank: int | None) -> bytes | None:
+        if role == "server":
+            raise ProtocolError("no servers here")
+        return None
+
+    verifier = auth.Verifier("server", "j", key_for)
+    assert verifier.check(object(), {"role": "server"}) == "no servers here"
+    assert verifier.check(object(), {"role": "worker"}) is None
+
+
+def test_auth_challenge_needs_nonce_and_job() -> None:
+    with pytest.raises(ProtocolError):
+        auth.prove(b"s", "server", {"nonce": 1}, "worker", 0)

@@ -1,47 +1,105 @@
-"""Proof of the cluster secret: HMAC-SHA256 over a fresh nonce, checked in constant time.
+"""Admission: the accepting side chooses the challenge; the proof binds job, role and rank.
 
-A verifier remembers the nonces it has accepted, so a recorded HELLO cannot be replayed.
+A node says HELLO (its role, and the rank it claims); the acceptor answers CHALLENGE with a
+fresh random nonce of its own and its job id; the node answers with a second HELLO whose
+``proof`` is HMAC-SHA256 under its key over ``pskv|purpose|job|role|rank|nonce``. The nonce
+is used once and only on the connection it was given to, so a HELLO recorded anywhere (this
+job or another one with the same secret) proves nothing. Keys: the cluster secret towards
+the scheduler; towards a server, the per-rank key the scheduler gave that worker in its
+ADMIT (the servers get the whole table), so a node that holds the cluster secret still
+cannot claim another worker's rank to a server. With no key (a cluster without a secret,
+towards the scheduler) a HELLO is admitted without a challenge.
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
 import secrets
+from typing import Any, Callable
 
-__all__ = ["Verifier", "prove"]
+from ..errors import ProtocolError
+
+__all__ = ["CHALLENGE", "Verifier", "new_key", "prove"]
+
+#: what :meth:`Verifier.check` returns when the peer must first answer a challenge
+CHALLENGE = "challenge"
 
 
-def prove(secret: bytes | None, role: str, purpose: str) -> dict[str, str]:
-    """The proof fields of a HELLO body (empty when the cluster has no secret)."""
-    if secret is None:
-        return {}
-    nonce = secrets.token_hex(16)
-    mac = hmac.new(secret, f"pskv|{purpose}|{role}|{nonce}".encode(), hashlib.sha256)
-    return {"nonce": nonce, "proof": mac.hexdigest()}
+def new_key() -> str:
+    """A fresh random key or job id (hex)."""
+    return secrets.token_hex(16)
+
+
+def _mac(key: bytes, purpose: str, job: str, role: str, rank: int | None, nonce: str) -> str:
+    msg = f"pskv|{purpose}|{job}|{role}|{'' if rank is None else rank}|{nonce}"
+    return hmac.new(key, msg.encode(), hashlib.sha256).hexdigest()
+
+
+def prove(key: bytes, purpose: str, challenge: Any, role: str, rank: int | None) \
+        -> dict[str, str]:
+    """The proof fields of the HELLO that answers ``challenge`` (a CHALLENGE body)."""
+    if not isinstance(challenge, dict) or not isinstance(challenge.get("nonce"), str) or \
+            not isinstance(challenge.get("job"), str):
+        raise ProtocolError("a CHALLENGE without a nonce and a job id")
+    nonce, job = challenge["nonce"], challenge["job"]
+    return {"nonce": nonce, "proof": _mac(key, purpose, job, role, rank, nonce)}
 
 
 class Verifier:
-    """Checks HELLO proofs against ``secret``; with no secret, admits everyone."""
+    """Checks HELLOs for one acceptor.
 
-    def __init__(self, secret: bytes | None, purpose: str) -> None:
-        self._secret = secret
-        self._purpose = purpose
-        self._seen: set[str] = set()
+    Parameters
+    ----------
+    purpose : str
+        ``"scheduler"`` or ``"server"``: a proof made for one is worthless to the other.
+    job : str
+        This job's id (the scheduler's, chosen at random when it starts).
+    key_for : callable
+        ``key_for(role, rank)``: the key a peer of that role and rank proves, None when
+        none is needed; raises ProtocolError when no such peer may connect.
+    """
 
-    def check(self, body: object) -> str | None:
-        """None if the proof is good, else why it is not."""
-        if self._secret is None:
+    def __init__(self, purpose: str, job: str,
+                 key_for: Callable[[str, int | None], bytes | None]) -> None:
+        self.purpose = purpose
+        self.job = job
+        self._key_for = key_for
+        self._nonces: dict[Any, str] = {}    # conn -> the nonce it was challenged with
+
+    def challenge(self, conn: Any) -> dict[str, str]:
+        """A CHALLENGE body for ``conn`` (a fresh nonce replaces any earlier one)."""
+        nonce = secrets.token_hex(16)
+        self._nonces[conn] = nonce
+        return {"nonce": nonce, "job": self.job}
+
+    def forget(self, conn: Any) -> None:
+        """``conn`` is gone: its challenge can no longer be answered."""
+        self._nonces.pop(conn, None)
+
+    def pending(self) -> int:
+        """Challenges issued and not yet answered."""
+        return len(self._nonces)
+
+    def check(self, conn: Any, body: dict[str, Any]) -> str | None:
+        """None: admit; :data:`CHALLENGE`: send one; else why the HELLO is refused.
+
+        ``body`` was checked by :func:`.validate.request` (role a known role, rank an int).
+        """
+        role, rank = str(body.get("role")), body.get("rank")
+        try:
+            key = self._key_for(role, rank)
+        except ProtocolError as err:
+            return str(err)
+        if key is None:
             return None
-        if not isinstance(body, dict):
-            return "no proof of the cluster secret"
-        nonce, proof, role = body.get("nonce"), body.get("proof"), body.get("role")
-        if not (isinstance(nonce, str) and isinstance(proof, str) and isinstance(role, str)):
-            return "no proof of the cluster secret"
-        if nonce in self._seen:
-            return "a replayed proof"
-        want = hmac.new(self._secret, f"pskv|{self._purpose}|{role}|{nonce}".encode(),
-                        hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(want, proof):
+        proof, nonce = body.get("proof"), body.get("nonce")
+        if proof is None:
+            return CHALLENGE
+        want = self._nonces.pop(conn, None)
+        if want is None or not isinstance(nonce, str) or \
+                not hmac.compare_digest(nonce.encode(), want.encode()):
+            return "a proof for a challenge this node did not give to this connection"
+        if not isinstance(proof, str) or not hmac.compare_digest(
+                _mac(key, self.purpose, self.job, role, rank, want).encode(), proof.encode()):
             return "a wrong proof of the cluster secret"
-        self._seen.add(nonce)
         return None

@@ -9,6 +9,7 @@ import enum
 import ipaddress
 import logging
 import os
+import socket
 from dataclasses import dataclass, replace
 from typing import Mapping
 
@@ -18,8 +19,9 @@ __all__ = [
     "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
-    "ENV_LOG_LEVEL", "ENV_SECRET", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "ENV_WORKER_ID",
-    "Role",
+    "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_MESSAGE_BYTES", "ENV_MAX_UNADMITTED",
+    "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "ENV_WORKER_ID",
+    "Role", "loopback_address",
 ]
 
 ENV_ROLE = "DMLC_ROLE"
@@ -41,6 +43,16 @@ ENV_HEARTBEAT_TIMEOUT = "PSKV_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "PSKV_SHUTDOWN_TIMEOUT"
 ENV_TRANSPORT = "PSKV_TRANSPORT"
 ENV_COALESCE_BYTES = "PSKV_COALESCE_BYTES"
+#: seconds a connection may take to be admitted; then it is closed
+ENV_HANDSHAKE_TIMEOUT = "PSKV_HANDSHAKE_TIMEOUT"
+#: connections not admitted yet that a node keeps at once; more are refused
+ENV_MAX_UNADMITTED = "PSKV_MAX_UNADMITTED"
+#: the largest message an admitted peer may send (and ZMQ_MAXMSGSIZE of a ZeroMQ data port)
+ENV_MAX_MESSAGE_BYTES = "PSKV_MAX_MESSAGE_BYTES"
+#: TLS for TCP links between workers and servers: a PEM certificate, its key, the job's CA
+ENV_TLS_CERT = "PSKV_TLS_CERT"
+ENV_TLS_KEY = "PSKV_TLS_KEY"
+ENV_TLS_CA = "PSKV_TLS_CA"
 #: the level of pskv's loggers in every process of a job (pskv-launch --log-level)
 ENV_LOG_LEVEL = "PSKV_LOG_LEVEL"
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -127,6 +139,11 @@ class ClusterConfig:
         call, so that a pull of the same keys right after it travels with it (0: never)
     rank : the rank this worker or server asks the scheduler for (DMLC_WORKER_ID /
         DMLC_SERVER_ID); None takes the next free rank in arrival order
+    handshake_timeout : seconds a connection may take to be admitted before it is closed
+    max_unadmitted : connections not yet admitted that a node keeps at once
+    max_message_bytes : the largest message an admitted peer may send
+    tls : (certificate, key, CA) PEM files for mutual TLS on TCP links between workers and
+        servers (PSKV_TLS_CERT / _KEY / _CA); None: plain TCP
     """
 
     role: Role
@@ -146,6 +163,10 @@ class ClusterConfig:
     transport: str = "auto"
     coalesce_bytes: int = 65536
     rank: int | None = None
+    handshake_timeout: float = 10.0
+    max_unadmitted: int = 64
+    max_message_bytes: int = 4 << 30
+    tls: tuple[str, str, str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -217,6 +238,12 @@ class ClusterConfig:
             coalesce_bytes=_int(env, ENV_COALESCE_BYTES, 65536,
                                 "Set it to a number of bytes (0 sends every push at once)."),
             rank=rank,
+            handshake_timeout=_seconds(env, ENV_HANDSHAKE_TIMEOUT, 10.0),
+            max_unadmitted=_int(env, ENV_MAX_UNADMITTED, 64, "Set it to a number of "
+                                "connections, e.g. 64.", 1),
+            max_message_bytes=_int(env, ENV_MAX_MESSAGE_BYTES, 4 << 30, "Set it to a number "
+                                   "of bytes, e.g. 4294967296.", 1 << 20),
+            tls=_tls(env),
         )
 
     def with_role(self, role: Role) -> ClusterConfig:
@@ -231,6 +258,16 @@ class ClusterConfig:
         return f"tcp://{_bracket(self.root_uri)}:{self.root_port}"
 
 
+def _tls(env: Mapping[str, str]) -> tuple[str, str, str] | None:
+    files = [env.get(name, "") for name in (ENV_TLS_CERT, ENV_TLS_KEY, ENV_TLS_CA)]
+    if not any(files):
+        return None
+    if not all(files):
+        raise ConfigError(f"{ENV_TLS_CERT}, {ENV_TLS_KEY} and {ENV_TLS_CA} go together: set "
+                          "all three (PEM files) for TLS between workers and servers, or none.")
+    return files[0], files[1], files[2]
+
+
 def _transport(raw: str) -> str:
     if raw == "inproc":
         raise ConfigError(f"{ENV_TRANSPORT}=inproc works only for a cluster inside one process "
@@ -243,10 +280,31 @@ def _bracket(host: str) -> str:
 
 
 def _default_host(uri: str) -> str:
+    """Where a node binds by default: the loopback address ``uri`` names in any spelling
+    (an address, ``localhost`` in any case, a name that resolves only to loopback, such as
+    this machine's hostname on many distributions), else all interfaces."""
     try:
-        if ipaddress.ip_address(uri).is_loopback:
-            return uri
+        return uri if ipaddress.ip_address(uri).is_loopback else "0.0.0.0"
     except ValueError:
-        if uri == "localhost":
-            return "127.0.0.1"
-    return "0.0.0.0"
+        pass
+    loopback = loopback_address(uri)
+    return loopback if loopback is not None else "0.0.0.0"
+
+
+def loopback_address(name: str) -> str | None:
+    """The loopback address ``name`` resolves to when it resolves to loopback only, else
+    None (a name that does not resolve is not loopback)."""
+    if name.lower().rstrip(".") in ("localhost", "localhost.localdomain"):
+        return "127.0.0.1"
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None
+    addrs = [str(info[4][0]).split("%")[0] for info in infos]
+    try:
+        if not addrs or not all(ipaddress.ip_address(a).is_loopback for a in addrs):
+            return None
+    except ValueError:
+        return None
+    v4 = [a for a in addrs if "." in a]
+    return v4[0] if v4 else addrs[0]

@@ -17,8 +17,8 @@ import numpy as np
 
 from ..errors import KVStoreError, ProtocolError, error_from_kind, error_kind
 
-__all__ = ["ALLOWED_DTYPES", "Command", "MAX_HEADER", "Meta", "decode", "encode", "error_body",
-           "error_from_body", "parse_header"]
+__all__ = ["ALLOWED_DTYPES", "Command", "MAX_DEPTH", "MAX_HEADER", "Meta", "decode", "encode",
+           "error_body", "error_from_body", "loads", "parse_header", "short"]
 
 #: dtypes a peer may send; anything else is a protocol error (no object arrays, ever)
 ALLOWED_DTYPES = frozenset({
@@ -29,6 +29,47 @@ _NAMES = {np.dtype(n): n for n in ALLOWED_DTYPES}
 _DTYPES = {n: np.dtype(n) for n in ALLOWED_DTYPES}
 #: largest header accepted, in bytes
 MAX_HEADER = 16 << 20
+#: deepest nesting of lists and objects a header may have
+MAX_DEPTH = 32
+
+
+def short(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters: what a peer sent is never echoed whole
+    into a log line or an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def loads(raw: bytes) -> Any:
+    """Parse JSON from a peer: no NaN or Infinity, nesting at most :data:`MAX_DEPTH`.
+
+    Raises ProtocolError for anything else (Python's parser would raise RecursionError on a
+    deeply nested header, which must not escape a node's loop).
+    """
+    try:
+        value = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise ProtocolError(f"malformed header: nested deeper than {MAX_DEPTH}") from None
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ProtocolError(f"malformed header: {short(str(err), 120)}") from None
+    # breadth-first, without recursion: each level's containers, until none are left
+    level, depth = [value], 0
+    while level:
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise ProtocolError(f"malformed header: nested deeper than {MAX_DEPTH}")
+        nxt: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                nxt.extend(v for v in item.values() if isinstance(v, dict | list))
+            elif isinstance(item, list):
+                nxt.extend(v for v in item if isinstance(v, dict | list))
+        level = nxt
+    return value
 
 
 class Command(enum.IntEnum):
@@ -43,6 +84,8 @@ class Command(enum.IntEnum):
     NODE_FAILED = 7    # scheduler -> nodes: a peer died
     GOODBYE = 8        # worker -> scheduler: closed; server -> scheduler: stopped
     SHUTDOWN = 9       # scheduler -> servers: every worker is gone
+    CHALLENGE = 10     # acceptor -> node: answer with a HELLO proving this nonce (auth.py)
+    PEER_LOST = 11     # node -> scheduler: my connection to this peer broke
     INIT = 20
     PUSH = 21
     PULL = 22
@@ -114,32 +157,34 @@ def parse_header(raw: bytes | memoryview, nframes: int | None = None) \
     head = memoryview(raw)
     if head.nbytes > MAX_HEADER:
         raise ProtocolError(f"header of {head.nbytes} bytes exceeds {MAX_HEADER}")
+    header = loads(head.tobytes())
     try:
-        header = json.loads(head.tobytes())
         cmd = Command(header["c"])
         ts = header.get("t", 0)
         keys = header.get("k", ())
         specs_raw = header.get("a", ())
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError) as err:
-        raise ProtocolError(f"malformed header: {err}") from None
-    if not isinstance(ts, int) or not isinstance(keys, list | tuple) or \
-            not all(type(k) is int for k in keys):
+        raise ProtocolError(f"malformed header: {short(str(err))}") from None
+    if type(ts) is not int or not -(1 << 62) < ts < 1 << 62 or \
+            not isinstance(keys, list | tuple) or not all(type(k) is int for k in keys):
         raise ProtocolError("malformed header: ts and keys must be integers")
     if not isinstance(specs_raw, list | tuple) or \
             (nframes is not None and len(specs_raw) != nframes):
         raise ProtocolError(f"header declares {len(specs_raw) if isinstance(specs_raw, list) else '?'}"
                             f" arrays but {nframes} data frames arrived")
+    if len(keys) > 1 << 24 or len(specs_raw) > 1 << 20:
+        raise ProtocolError(f"header names {len(keys)} keys and {len(specs_raw)} arrays: too many")
     specs: list[tuple[np.dtype[Any], tuple[int, ...], int]] = []
     for i, spec in enumerate(specs_raw):
         try:
             dtype, shape = spec
             shape = tuple(shape)
         except (TypeError, ValueError):
-            raise ProtocolError(f"array {i}: malformed spec {spec!r}") from None
-        if dtype not in ALLOWED_DTYPES:
-            raise ProtocolError(f"array {i}: dtype {dtype!r} is not allowed")
+            raise ProtocolError(f"array {i}: malformed spec {short(spec)}") from None
+        if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
+            raise ProtocolError(f"array {i}: dtype {short(dtype)} is not allowed")
         if len(shape) > 32 or not all(type(s) is int and 0 <= s < 1 << 40 for s in shape):
-            raise ProtocolError(f"array {i}: bad shape {shape!r}")
+            raise ProtocolError(f"array {i}: bad shape {short(shape)}")
         dt = _DTYPES[dtype]
         specs.append((dt, shape, math.prod(shape) * dt.itemsize))
     meta = Meta(cmd, ts, tuple(keys), header.get("b"))

@@ -19,9 +19,10 @@ from typing import Any, Callable
 import zmq
 
 from ..errors import ClusterError, ClusterTimeoutError, NodeFailedError, ProtocolError
+from . import validate
 from .auth import prove
 from .config import ClusterConfig
-from .message import Command, decode, error_from_body
+from .message import Command, decode, error_from_body, short
 from .zeromq import ZmqContext, recv_message, send_message
 
 __all__ = ["Postoffice"]
@@ -39,10 +40,12 @@ class Postoffice:
         Where sockets come from (one per node: no process-wide state).
     endpoints : dict, optional
         A server's data endpoints, announced to the workers through the scheduler.
+    mode : {'sync', 'async'}, optional
+        A worker's store mode: the scheduler refuses a job whose workers disagree.
     """
 
     def __init__(self, cfg: ClusterConfig, zctx: ZmqContext,
-                 endpoints: dict[str, str] | None = None) -> None:
+                 endpoints: dict[str, str] | None = None, mode: str | None = None) -> None:
         self.cfg = cfg
         self.role = cfg.role.value
         self._zctx = zctx
@@ -69,6 +72,12 @@ class Postoffice:
         self.num_workers = cfg.num_workers
         self.num_servers = cfg.num_servers
         self.servers: list[dict[str, str]] = []
+        self.mode = mode
+        #: this job's id and, for a worker, the key it proves its rank to servers with;
+        #: for a server, every worker's key (all from the scheduler's ADMIT)
+        self.job = ""
+        self.key = b""
+        self.worker_keys: list[bytes] = []
         self.host = socket.gethostname()
         #: called by the control thread about every half heartbeat interval (a worker's
         #: store sends a push it held too long); it must not block
@@ -76,10 +85,13 @@ class Postoffice:
 
     # ---- admission ------------------------------------------------------------------------
     def start(self) -> None:
-        """Say HELLO and wait (at most ``connect_timeout``) to be admitted."""
+        """Say HELLO, answer the scheduler's challenge, and wait (at most
+        ``connect_timeout``) to be admitted."""
         self._sock.connect(self.cfg.root_address)
-        body = {"role": self.role, "host": self.host, "pid": os.getpid(),
-                "endpoints": self._endpoints, **prove(self.cfg.secret, self.role, "scheduler")}
+        body: dict[str, Any] = {"role": self.role, "host": self.host, "pid": os.getpid(),
+                                "endpoints": self._endpoints}
+        if self.mode is not None:
+            body["mode"] = self.mode
         if self.cfg.rank is not None:
             body["rank"] = self.cfg.rank  # DMLC_WORKER_ID / DMLC_SERVER_ID: the scheduler obeys
         send_message(self._sock, Command.HELLO, 1, body=body, copy=True)
@@ -94,17 +106,36 @@ class Postoffice:
             if not self._sock.poll(int(min(left, 0.5) * 1000) + 1):
                 continue
             _, frames = recv_message(self._sock)
-            meta, _ = decode(frames)
+            try:
+                meta, _ = decode(frames)
+            except ProtocolError as err:
+                raise ProtocolError(f"{self.role}: the scheduler at {self.cfg.root_address} "
+                                    f"sent a bad reply: {err}") from None
             if meta.cmd == Command.ERROR:
-                raise ClusterError(f"{self.role}: {meta.body.get('msg')}. Check PSKV_SECRET "
+                msg = meta.body.get("msg") if isinstance(meta.body, dict) else None
+                raise ClusterError(f"{self.role}: {short(msg, 2000)}. Check PSKV_SECRET "
                                    "and the cluster size (DMLC_NUM_SERVER/WORKER).")
+            if meta.cmd == Command.CHALLENGE:
+                if self.cfg.secret is None:
+                    raise ClusterError(
+                        f"{self.role}: the scheduler at {self.cfg.root_address} asks for "
+                        "proof of a cluster secret, and PSKV_SECRET is not set. Set it to "
+                        "the job's secret (pskv-launch sets it for every node).")
+                send_message(self._sock, Command.HELLO, 2, copy=True, body={
+                    **body, **prove(self.cfg.secret, "scheduler", meta.body, self.role,
+                                    self.cfg.rank)})
+                continue
             if meta.cmd == Command.ADMIT:
                 break
-        body = meta.body
-        self.rank = int(body["rank"])
-        self.servers = list(body["servers"])
-        self.num_workers = int(body["num_workers"])
-        self.num_servers = int(body["num_servers"])
+        got = validate.admit_reply(meta.body)
+        self.rank = got["rank"]
+        self.servers = list(got["servers"])
+        self.num_workers = got["num_workers"]
+        self.num_servers = got["num_servers"]
+        self.job = got["job"]
+        self.mode = got.get("mode", self.mode)
+        self.key = str(got.get("key", "")).encode()
+        self.worker_keys = [k.encode() for k in got.get("worker_keys", [])]
         self._thread = threading.Thread(target=self._loop, name=f"pskv-{self.role}-control",
                                         daemon=True)
         self._thread.start()
@@ -144,6 +175,11 @@ class Postoffice:
             raise reply
         payloads: dict[str, Any] = reply["payloads"]
         return payloads
+
+    def report_lost(self, role: str, rank: int) -> None:
+        """Tell the scheduler this node's connection to ``role`` ``rank`` broke."""
+        if self._thread is not None and self._thread.is_alive():
+            self._post(Command.PEER_LOST, {"role": role, "rank": rank})
 
     def goodbye(self) -> None:
         """Tell the scheduler this node is done (no reply is awaited)."""

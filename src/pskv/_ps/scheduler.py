@@ -7,7 +7,12 @@ within ``connect_timeout``.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
+import os
+import socket
+import stat
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,16 +22,19 @@ import numpy as np
 import zmq
 
 from ..errors import ClusterError, ClusterTimeoutError, KVStoreError, ProtocolError
-from .auth import Verifier
+from .auth import Verifier, new_key
 from .config import ENV_SERVER_ID, ENV_WORKER_ID, ClusterConfig
+from .limits import CONTROL_BYTES
 from .message import Command, Meta, error_body
 from .serve import ServeLoop
 from .transport import Connection
 from .zeromq import ZmqContext
 
-__all__ = ["Scheduler"]
+__all__ = ["LOST_GRACE", "Scheduler"]
 
 log = logging.getLogger(__name__)
+#: seconds a node whose connection broke has to say GOODBYE before it is reported failed
+LOST_GRACE = 0.8
 
 
 @dataclass(slots=True)
@@ -39,6 +47,8 @@ class _Node:
     state: str = "alive"        # alive | closed | dead
     hello_ts: int = 0
     claimed: int | None = None  # the rank it asked for (DMLC_WORKER_ID / DMLC_SERVER_ID)
+    lost: float = 0.0           # when a peer reported its connection to it broke (0: never)
+    lost_by: str = ""
 
 
 @dataclass(slots=True)
@@ -59,12 +69,27 @@ class Scheduler:
         self._stop = stop or threading.Event()
         self._zctx = ZmqContext(zmq_context)
         self._sock = self._zctx.socket(zmq.ROUTER)
-        bind_host = cfg.node_host if cfg.node_host != "127.0.0.1" else cfg.root_uri
-        self._sock.bind(cfg.root_address if cfg.transport == "inproc" else
-                        f"tcp://{bind_host}:{cfg.root_port}")
-        self._verifier = Verifier(cfg.secret, "scheduler")
-        self.loop = ServeLoop("the scheduler", self, Verifier(None, "scheduler"),
-                              cfg.request_timeout, router=self._sock, refusal=ClusterError)
+        # nothing but control messages: libzmq drops a peer that sends a bigger frame
+        self._sock.setsockopt(zmq.MAXMSGSIZE, CONTROL_BYTES)
+        # a connection that never completes ZeroMQ's own handshake is closed by libzmq
+        self._sock.setsockopt(zmq.HANDSHAKE_IVL, int(cfg.handshake_timeout * 1000))
+        bind_host = cfg.root_uri if cfg.node_host == "127.0.0.1" and _is_ip(cfg.root_uri) \
+            else cfg.node_host
+        try:
+            self._sock.bind(cfg.root_address if cfg.transport == "inproc" else
+                            f"tcp://{_bracket(bind_host)}:{cfg.root_port}")
+        except BaseException:
+            self._zctx.close()
+            raise
+        #: this job's id: every proof of admission binds it (auth.py)
+        self.job = new_key()
+        secret = cfg.secret
+        self.loop = ServeLoop("the scheduler", self,
+                              Verifier("scheduler", self.job, lambda role, rank: secret),
+                              cfg.request_timeout, router=self._sock, refusal=ClusterError,
+                              handshake_timeout=cfg.handshake_timeout,
+                              max_unadmitted=cfg.max_unadmitted,
+                              max_message_bytes=CONTROL_BYTES)
         self._code: int | None = None
         self._start = time.monotonic()
         self._nodes: dict[Connection, _Node] = {}
@@ -73,6 +98,7 @@ class Scheduler:
         self._barriers: dict[str, _Barrier] = {}
         self._failed = False
         self._shutdown_sent = 0.0
+        self._ending = 0.0
 
     # ---- helpers -----------------------------------------------------------------------
     def _send(self, ident: Connection, cmd: Command, ts: int = 0, body: Any = None) -> None:
@@ -88,18 +114,17 @@ class Scheduler:
         return [n for n in self._nodes.values() if n.state == "alive"]
 
     # ---- message handlers ------------------------------------------------------------------
-    def _hello(self, ident: Connection, ts: int, body: Any) -> None:
-        why = self._verifier.check(body)
-        role = str(body.get("role")) if isinstance(body, dict) else ""
-        if why is None and role not in ("server", "worker"):
-            why = f"an unknown role {role!r}"
-        if why is None and (self._admitted or self._counts[role] >= self._expected(role)):
+    def _hello(self, ident: Connection, ts: int, body: dict[str, Any]) -> None:
+        """A HELLO whose proof checked (``validate`` checked its fields)."""
+        role = str(body["role"])
+        why = None
+        if (self._admitted or self._counts[role] >= self._expected(role)):
             why = f"a {role} beyond the {self._expected(role)} this cluster expects"
-        claimed = body.get("rank") if isinstance(body, dict) else None
+        claimed = body.get("rank")
         if why is None and claimed is not None and ident not in self._nodes:
             why = self._check_claim(role, claimed)
         if why is not None:
-            log.warning("scheduler: refused a node (%s)", why)
+            self.loop.refusals.refused(getattr(ident, "address", "") or ident.peer, why)
             self._send(ident, Command.ERROR, ts, error_body(
                 ClusterError(f"the scheduler refused this node: {why}")))
             return
@@ -107,7 +132,8 @@ class Scheduler:
             return
         # ranks are final at admission: claimed ranks first, then arrival order (_admit)
         self._counts[role] += 1
-        self._nodes[ident] = _Node(ident, role, -1, dict(body), time.monotonic(), hello_ts=ts,
+        kept: dict[str, Any] = {k: body[k] for k in ("role", "host", "pid", "endpoints", "mode") if k in body}
+        self._nodes[ident] = _Node(ident, role, -1, kept, time.monotonic(), hello_ts=ts,
                                    claimed=claimed)
         if all(self._counts[r] == self._expected(r) for r in ("server", "worker")):
             self._admit()
@@ -139,25 +165,46 @@ class Scheduler:
 
     def _admit(self) -> None:
         self._assign_ranks()
+        self._admitted = True
         servers = sorted(self._members("server"), key=lambda n: n.rank)
+        workers = sorted(self._members("worker"), key=lambda n: n.rank)
+        modes = {str(n.body.get("mode", "sync")) for n in workers}
+        if len(modes) > 1:
+            self._refuse_all(self._mixed_modes(workers))
+            return
         table = [n.body.get("endpoints", {}) for n in servers]
+        # one random key per worker rank: a worker proves its rank to the servers with it,
+        # so holding the cluster secret is not enough to speak as another worker
+        keys = [new_key() for _ in workers]
         now = time.monotonic()
+        common = {"servers": table, "num_workers": self.cfg.num_workers,
+                  "num_servers": self.cfg.num_servers, "job": self.job, "mode": modes.pop()}
         for node in self._nodes.values():
             node.last_seen = now
-            self._send(node.ident, Command.ADMIT, node.hello_ts, {
-                "role": node.role, "rank": node.rank, "servers": table,
-                "num_workers": self.cfg.num_workers, "num_servers": self.cfg.num_servers})
-        self._admitted = True
+            extra = {"key": keys[node.rank]} if node.role == "worker" else {"worker_keys": keys}
+            self._send(node.ident, Command.ADMIT, node.hello_ts,
+                       {"role": node.role, "rank": node.rank, **common, **extra})
         ns, nw = len(servers), self.cfg.num_workers
         log.info("scheduler: %d server%s and %d worker%s admitted", ns, "s"[:ns != 1], nw,
                  "s"[:nw != 1])
 
-    def _barrier(self, node: _Node, ts: int, body: Any) -> None:
-        group = body.get("group", "worker") if isinstance(body, dict) else "worker"
-        if group not in ("worker", "server", "all"):
-            self._send(node.ident, Command.ERROR, ts, error_body(
-                ProtocolError(f"unknown barrier group {group!r}")))
-            return
+    @staticmethod
+    def _mixed_modes(workers: list[_Node]) -> str:
+        said = ", ".join(f"worker {n.rank} dist_{n.body.get('mode', 'sync')}" for n in workers)
+        return (f"the workers created different store types ({said}): a job is all "
+                "dist_sync or all dist_async. Create the same store type on every worker.")
+
+    def _refuse_all(self, msg: str) -> None:
+        """The cluster cannot run: tell every node why, and exit 1."""
+        log.error("scheduler: %s", msg)
+        for node in self._nodes.values():
+            node.state = "dead"
+            self._send(node.ident, Command.ERROR, node.hello_ts,
+                       error_body(ClusterError(f"the scheduler refused this job: {msg}")))
+        self._ending = time.monotonic() + 1.0     # time for the replies to leave
+
+    def _barrier(self, node: _Node, ts: int, body: dict[str, Any]) -> None:
+        group = body["group"]
         bar = self._barriers.setdefault(group, _Barrier())
         key = node.rank if group != "all" else (node.rank if node.role == "worker"
                                                  else -1 - node.rank)
@@ -219,8 +266,18 @@ class Scheduler:
                 node.state = "closed"
             else:
                 self._goodbye(node)
+        elif meta.cmd == Command.PEER_LOST:
+            self._peer_lost(node, meta.body)
         else:
             raise ProtocolError(f"the scheduler does not take {meta.cmd.name}")
+
+    def _peer_lost(self, reporter: _Node, body: dict[str, Any]) -> None:
+        """``reporter``'s connection to a peer broke: unless that peer says GOODBYE within
+        the grace period (its goodbye may be on its way), it is reported failed."""
+        for node in self._live():
+            if node.role == body["role"] and node.rank == body["rank"] and not node.lost:
+                node.lost = time.monotonic()
+                node.lost_by = f"{reporter.role} {reporter.rank}"
 
     def dropped(self, conn: Connection) -> None:
         """Nothing to do: a node that is gone stops heartbeating."""
@@ -228,6 +285,10 @@ class Scheduler:
     def tick(self) -> None:
         """Admission deadline, heartbeats, the end of the job (sets the exit status)."""
         now = time.monotonic()
+        if self._ending:
+            if now > self._ending:
+                self._code = 1
+            return
         if not self._admitted:
             if now - self._start > self.cfg.connect_timeout:
                 raise ClusterTimeoutError(
@@ -237,7 +298,10 @@ class Scheduler:
                     "Start every node, or raise PSKV_CONNECT_TIMEOUT.")
             return
         for node in self._live():
-            if now - node.last_seen > self.cfg.heartbeat_timeout:
+            if node.lost and now - node.lost > LOST_GRACE:
+                self._fail(node, f"lost its connection to {node.lost_by} (its process died "
+                                 "or its host went down)")
+            elif now - node.last_seen > self.cfg.heartbeat_timeout:
                 self._fail(node, f"sent no heartbeat for {now - node.last_seen:.1f} s "
                                  "(it died or hangs)")
         servers = self._members("server")
@@ -259,3 +323,35 @@ class Scheduler:
         finally:
             self.loop.close()
             self._zctx.close()
+            self._remove_dead_sockets()
+
+    def _remove_dead_sockets(self) -> None:
+        """Remove the Unix socket files of this host's servers that died (a SIGKILLed
+        process cannot remove its own); only files pskv names in the temp directory."""
+        me = socket.gethostname()
+        tmp = os.path.realpath(tempfile.gettempdir())
+        for node in self._members("server"):
+            path = node.body.get("endpoints", {}).get("uds")
+            if node.state != "dead" or node.body.get("host") != me or not isinstance(path, str):
+                continue
+            real = os.path.realpath(path)
+            if os.path.dirname(real) != tmp or not os.path.basename(real).startswith(
+                    "pskv-server-") or not real.endswith(".sock"):
+                continue
+            try:
+                if stat.S_ISSOCK(os.lstat(real).st_mode):
+                    os.unlink(real)
+            except OSError:
+                pass
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -2,11 +2,20 @@
 
 Listeners (a ZeroMQ ROUTER socket, stream listeners), admission, framing limits and
 dispatch to a handler live here, once; what a node does with an admitted peer's request is
-its handler's business (:class:`Handler`). Invariants: a peer is admitted only by a HELLO
-whose proof of the cluster secret checks; until then it may send at most
-:data:`.transport.ADMISSION_BYTES` per message, on every transport; a malformed message or
-a handler's exception is answered with an ERROR and never stops the loop; a stream peer
-that stalls half-way through a message is dropped after its timeout.
+its handler's business (:class:`Handler`). Invariants, on every transport and port:
+
+* a peer is admitted only by a HELLO that answers this node's own challenge
+  (:mod:`.auth`); until then it may send at most :data:`.limits.ADMISSION_BYTES` per
+  message, at most ``max_unadmitted`` unadmitted connections are kept (more are closed at
+  once), and one that is not admitted within ``handshake_timeout`` is closed;
+* every message is checked by :func:`.validate.request` before a handler sees it; a
+  malformed message or an exception while handling one is answered with an ERROR (or
+  logged) and never stops the loop;
+* running out of file descriptors refuses new connections for a moment (the oldest
+  unadmitted one is closed to make room) and the node goes on;
+* refusals are logged once per peer per interval (:class:`.limits.RefusalLog`), never
+  with what the peer sent; a stream peer that stalls half-way through a message is dropped
+  after its timeout.
 """
 from __future__ import annotations
 
@@ -18,15 +27,19 @@ import numpy as np
 import zmq
 
 from ..errors import ClusterError, KVStoreError, NodeFailedError, ProtocolError
-from .auth import Verifier
+from . import validate
+from .auth import CHALLENGE, Verifier
+from .limits import ADMISSION_BYTES, RefusalLog
 from .message import Command, Meta, decode, error_body
 from .stream import StreamConn, StreamListener
-from .transport import ADMISSION_BYTES, Connection
+from .transport import Connection
 from .zeromq import ZmqPeer, recv_message
 
 __all__ = ["Handler", "ServeLoop"]
 
 log = logging.getLogger(__name__)
+#: seconds a listener rests after accept() ran out of file descriptors
+ACCEPT_PAUSE = 0.25
 
 
 class Handler(Protocol):
@@ -48,7 +61,7 @@ class Handler(Protocol):
 
 
 class ServeLoop:
-    """Poll the listeners and connections; admit, frame-check and dispatch messages.
+    """Poll the listeners and connections; admit, check and dispatch messages.
 
     Parameters
     ----------
@@ -56,7 +69,7 @@ class ServeLoop:
         For log and error messages ("server 1", "the scheduler").
     handler : Handler
     verifier : Verifier
-        Checks the proof in each HELLO.
+        Challenges each HELLO and checks its proof.
     timeout : float
         Seconds a stream write may wait, and a half-read message may wait for the rest.
     router : zmq.Socket, optional
@@ -65,12 +78,20 @@ class ServeLoop:
         Bound stream listeners (Unix socket, TCP).
     refusal : callable
         ``refusal(why)``: the error a refused HELLO is answered with.
+    handshake_timeout : float
+        Seconds a connection may stay unadmitted.
+    max_unadmitted : int
+        Unadmitted connections kept at once (per node, all transports together).
+    max_message_bytes : int
+        The most an admitted peer may send in one message.
     """
 
     def __init__(self, name: str, handler: Handler, verifier: Verifier, timeout: float,
                  router: zmq.Socket[Any] | None = None,
                  listeners: list[StreamListener] | None = None,
-                 refusal: Callable[[str], KVStoreError] = ProtocolError) -> None:
+                 refusal: Callable[[str], KVStoreError] = ProtocolError,
+                 handshake_timeout: float = 10.0, max_unadmitted: int = 64,
+                 max_message_bytes: int = 4 << 30) -> None:
         self.name = name
         self.handler = handler
         self._verifier = verifier
@@ -78,9 +99,16 @@ class ServeLoop:
         self._router = router
         self._listeners = {lis.pollable(): lis for lis in listeners or []}
         self._refusal = refusal
+        self._handshake = handshake_timeout
+        self._max_unadmitted = max_unadmitted
+        self._max_message = max_message_bytes
         self._conns: dict[int, StreamConn] = {}
         self._peers: dict[bytes, ZmqPeer] = {}
+        self._unadmitted: dict[Connection, float] = {}   # conn -> when it was first seen
+        self._paused: dict[int, float] = {}              # listener fd -> resume time
+        self._again: set[int] = set()                    # TLS conns with bytes buffered
         self.admitted: dict[Any, Any] = {}
+        self.refusals = RefusalLog(log, name)
         self._poller = zmq.Poller()
 
     # ---- replies ---------------------------------------------------------------------
@@ -105,43 +133,81 @@ class ServeLoop:
                 self._poller.unregister(fd)
         elif isinstance(conn, ZmqPeer):
             self._peers.pop(conn.ident, None)
+        self._unadmitted.pop(conn, None)
+        self._verifier.forget(conn)
         if self.admitted.pop(conn, None) is not None:
             self.handler.dropped(conn)
         conn.close()
 
+    def _refuse(self, conn: Connection, ts: int, why: str, err: KVStoreError) -> None:
+        """Refuse a message of an unadmitted peer: one quiet log line, an ERROR reply."""
+        self.refusals.refused(_who(conn), why)
+        self.error(conn, ts, err)
+
     # ---- dispatch ----------------------------------------------------------------------
     def dispatch(self, conn: Connection, meta: Meta, arrays: list[np.ndarray]) -> None:
-        """Admit a HELLO, or hand an admitted peer's message to the handler."""
-        if meta.cmd == Command.HELLO:
-            why = self._verifier.check(meta.body)
-            if why is not None:
-                log.warning("%s: refused a connection (%s)", self.name, why)
-                self.error(conn, meta.ts, self._refusal(f"{self.name} refused this node: {why}"))
-                return
-            try:
-                who = self.handler.admit(conn, meta)
-            except KVStoreError as err:
-                log.warning("%s: refused a node (%s)", self.name, err)
-                self.error(conn, meta.ts, err)
-                return
-            if who is not None:
-                self.admitted[conn] = who
-                conn.max_bytes = None
-            return
+        """Check a message, then admit a HELLO or hand an admitted peer's message on.
+
+        Nothing a peer sends escapes: every error becomes an ERROR reply or a log line.
+        """
+        try:
+            self._dispatch(conn, meta, arrays)
+        except Exception as err:  # a node never dies of a message; the peer hears why
+            log.exception("%s: %s from %s failed", self.name, meta.cmd.name, conn.peer)
+            self.error(conn, meta.ts, ClusterError(f"{type(err).__name__}: {err}"))
+
+    def _dispatch(self, conn: Connection, meta: Meta, arrays: list[np.ndarray]) -> None:
         peer = self.admitted.get(conn)
+        try:
+            validate.request(meta, arrays)
+        except ProtocolError as err:
+            if peer is None:
+                self._refuse(conn, meta.ts, f"malformed message: {err}", err)
+            else:
+                log.debug("%s: malformed %s: %s", self.name, meta.cmd.name, err)
+                self.error(conn, meta.ts, err)
+            return
+        if meta.cmd == Command.HELLO:
+            self._hello(conn, meta)
+            return
         if peer is None:
-            log.warning("%s: refused %s from a node that did not say HELLO", self.name,
-                        meta.cmd.name)
-            self.error(conn, meta.ts, self._refusal(
+            self._refuse(conn, meta.ts, f"{meta.cmd.name} before HELLO", self._refusal(
                 "this node was never admitted: send HELLO first"))
             return
         try:
             self.handler.handle(conn, peer, meta, arrays)
         except KVStoreError as err:
             self.error(conn, meta.ts, err)
-        except Exception as err:  # a node never dies of a request; the peer hears why
-            log.exception("%s: %s failed", self.name, meta.cmd.name)
-            self.error(conn, meta.ts, ClusterError(f"{type(err).__name__}: {err}"))
+
+    def _hello(self, conn: Connection, meta: Meta) -> None:
+        if conn in self.admitted:
+            self.error(conn, meta.ts, ProtocolError("this connection was admitted already"))
+            return
+        why = self._verifier.check(conn, meta.body)
+        if why == CHALLENGE:
+            self.send(conn, Command.CHALLENGE, meta.ts, self._verifier.challenge(conn))
+            return
+        if why is not None:
+            self._refuse(conn, meta.ts, why,
+                         self._refusal(f"{self.name} refused this node: {why}"))
+            return
+        try:
+            who = self.handler.admit(conn, meta)
+        except KVStoreError as err:
+            self._refuse(conn, meta.ts, str(err), err)
+            return
+        if who is not None:
+            self.admitted[conn] = who
+            self._unadmitted.pop(conn, None)
+            conn.max_bytes = self._max_message
+
+    def _room(self, who: str) -> bool:
+        """Whether one more unadmitted connection may be kept (else log the refusal)."""
+        if len(self._unadmitted) < self._max_unadmitted:
+            return True
+        self.refusals.refused(who, f"{self._max_unadmitted} connections already wait for "
+                                   "admission (PSKV_MAX_UNADMITTED)")
+        return False
 
     def _read_router(self) -> None:
         assert self._router is not None
@@ -152,25 +218,47 @@ class ServeLoop:
             assert ident is not None
             peer = self._peers.get(ident)
             if peer is None:
+                if not self._room(_zmq_address(frames)):
+                    continue             # no reply: it costs nothing more than the read
                 peer = self._peers[ident] = ZmqPeer(self._router, ident)
+                peer.address = _zmq_address(frames)
                 peer.max_bytes = ADMISSION_BYTES     # until it proves it holds the secret
+                self._unadmitted[peer] = time.monotonic()
             try:
-                if peer.max_bytes is not None and \
-                        sum(f.buffer.nbytes for f in frames) > peer.max_bytes:
-                    raise ProtocolError(f"{peer.peer} sent a message of over "
-                                        f"{peer.max_bytes} bytes before it was admitted")
+                size = sum(f.buffer.nbytes for f in frames)
+                if peer.max_bytes is not None and size > peer.max_bytes:
+                    raise ProtocolError(f"a message of {size} bytes is over the "
+                                        f"{peer.max_bytes} this peer may send")
                 meta, arrays = decode(frames)
             except ProtocolError as err:
-                log.warning("%s: malformed message: %s", self.name, err)
-                self.error(peer, 0, ProtocolError(f"malformed message: {err}"))
+                if peer not in self.admitted:
+                    self._refuse(peer, 0, f"malformed message: {err}",
+                                 ProtocolError(f"malformed message: {err}"))
+                else:
+                    log.warning("%s: malformed message: %s", self.name, err)
+                    self.error(peer, 0, ProtocolError(f"malformed message: {err}"))
                 continue
             self.dispatch(peer, meta, arrays)
 
-    def _accept(self, listener: StreamListener) -> None:
-        for conn in listener.accept(self._timeout):
+    def _accept(self, fd: int, listener: StreamListener) -> None:
+        conns = listener.accept(self._timeout)
+        for conn in conns:
+            if not self._room(conn.peer):
+                conn.close()
+                continue
             conn.max_bytes = ADMISSION_BYTES     # until it proves it holds the secret
             self._conns[conn.fileno()] = conn
+            self._unadmitted[conn] = time.monotonic()
             self._poller.register(conn.fileno(), zmq.POLLIN)
+        if listener.exhausted:
+            # out of file descriptors: make room (the oldest stranger goes), rest a moment
+            listener.exhausted = False
+            self.refusals.refused("accept", "out of file descriptors; new connections wait")
+            oldest = [c for c in self._unadmitted if isinstance(c, StreamConn)]
+            if oldest:
+                self.drop(oldest[0])
+            self._poller.unregister(fd)
+            self._paused[fd] = time.monotonic() + ACCEPT_PAUSE
 
     def _read_conn(self, conn: StreamConn) -> None:
         for _ in range(64):             # whatever has arrived, a bounded batch
@@ -178,7 +266,10 @@ class ServeLoop:
                 # one message at a time: the next one may reuse this one's buffers
                 got = conn.receive(None, 1)
             except ProtocolError as err:
-                log.warning("%s: %s; closing it", self.name, err)
+                if conn in self.admitted:
+                    log.warning("%s: %s; closing it", self.name, err)
+                else:
+                    self.refusals.refused(conn.peer, f"malformed message: {err}")
                 self.error(conn, 0, ProtocolError(f"malformed message: {err}"))
                 self.drop(conn)
                 return
@@ -194,6 +285,23 @@ class ServeLoop:
             self.dispatch(conn, *got[0])
             if conn.fileno() not in self._conns:
                 return
+        if conn.buffered():              # TLS holds more: poll would not say so
+            self._again.add(conn.fileno())
+
+    def _expire(self, now: float) -> None:
+        """Close what waited too long: unadmitted peers, half-sent messages; resume
+        listeners that rested."""
+        for conn in [c for c, t in self._unadmitted.items() if now - t > self._handshake]:
+            self.refusals.refused(_who(conn), f"not admitted within {self._handshake:g} s "
+                                  "(PSKV_HANDSHAKE_TIMEOUT)")
+            self.drop(conn)
+        for conn in [c for c in self._conns.values() if c.stalled(now)]:
+            log.warning("%s: %s sent part of a message, then nothing for %g s; "
+                        "dropping it", self.name, conn.peer, conn.timeout)
+            self.drop(conn)
+        for fd in [fd for fd, t in self._paused.items() if now >= t]:
+            del self._paused[fd]
+            self._poller.register(fd, zmq.POLLIN)
 
     # ---- loop --------------------------------------------------------------------------
     def run(self, stop: Callable[[], bool], poll_ms: int = 100, tick: float = 0.5) -> None:
@@ -204,20 +312,20 @@ class ServeLoop:
             self._poller.register(fd, zmq.POLLIN)
         last = time.monotonic()
         while not stop():
-            for what, _ in self._poller.poll(poll_ms):
+            events = self._poller.poll(0 if self._again else poll_ms)
+            again, self._again = self._again, set()
+            events += [(fd, zmq.POLLIN) for fd in again if fd in self._conns]
+            for what, _ in events:
                 if what is self._router:
                     self._read_router()
                 elif isinstance(what, int) and what in self._listeners:
-                    self._accept(self._listeners[what])
+                    self._accept(what, self._listeners[what])
                 elif isinstance(what, int) and what in self._conns:
                     self._read_conn(self._conns[what])
             now = time.monotonic()
             if now - last >= tick:
                 last = now
-                for conn in [c for c in self._conns.values() if c.stalled(now)]:
-                    log.warning("%s: %s sent part of a message, then nothing for %g s; "
-                                "dropping it", self.name, conn.peer, conn.timeout)
-                    self.drop(conn)
+                self._expire(now)
                 self.handler.tick()
 
     def close(self) -> None:
@@ -227,3 +335,16 @@ class ServeLoop:
         self._conns.clear()
         for lis in self._listeners.values():
             lis.close()
+
+
+def _who(conn: Connection) -> str:
+    """The peer a refusal is logged under (its address where known)."""
+    return getattr(conn, "address", None) or conn.peer
+
+
+def _zmq_address(frames: list[Any]) -> str:
+    """The IP address a ZeroMQ message came from, when libzmq knows it."""
+    try:
+        return f"a ZeroMQ peer at {frames[0].get('Peer-Address')}"
+    except (zmq.ZMQError, AttributeError, IndexError):
+        return "a ZeroMQ peer"

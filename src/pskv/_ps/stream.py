@@ -19,10 +19,12 @@ the timeout), writes wait for room at most the timeout.
 """
 from __future__ import annotations
 
+import errno
 import math
 import os
 import select
 import socket
+import ssl
 import struct
 import tempfile
 import time
@@ -69,15 +71,21 @@ class StreamConn:
         A name for error messages.
     """
 
-    def __init__(self, sock: socket.socket, timeout: float, peer: str) -> None:
+    def __init__(self, sock: socket.socket, timeout: float, peer: str,
+                 handshaken: bool = True) -> None:
         self.sock = sock
         self.peer = peer
         self.timeout = timeout
+        #: a TLS link (:mod:`.tls`): written buffer by buffer, its handshake done on reads
+        self.tls = isinstance(sock, ssl.SSLSocket)
+        self._handshaken = handshaken
         sock.setblocking(False)
         if sock.family != socket.AF_UNIX:    # small requests go out at once
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         #: bytes one message may carry; a server keeps it small until the peer is admitted
         self.max_bytes: int | None = None
+        #: where the peer connected from, for refusal logs ("" when unknown)
+        self.address = ""
         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             try:    # room for a few MiB in flight: fewer stalls of sender and receiver
                 sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
@@ -97,8 +105,10 @@ class StreamConn:
         self._since = 0.0                   # when the message in progress last moved
 
     @classmethod
-    def connect(cls, path: str, timeout: float, peer: str) -> StreamConn:
-        """Connect to a server's Unix socket at ``path``, or TCP ``host:port``."""
+    def connect(cls, path: str, timeout: float, peer: str,
+                tls: ssl.SSLContext | None = None) -> StreamConn:
+        """Connect to a server's Unix socket at ``path``, or TCP ``host:port`` (over TLS
+        with ``tls``)."""
         addr: str | tuple[str, int] = path
         family = socket.AF_UNIX
         if path.startswith("tcp:"):
@@ -112,7 +122,19 @@ class StreamConn:
         except OSError as err:
             sock.close()
             raise NodeFailedError(f"cannot connect to {peer} at {path}: {err}") from err
+        if tls is not None and family != socket.AF_UNIX:
+            try:
+                sock = tls.wrap_socket(sock, server_side=False)
+            except (ssl.SSLError, OSError) as err:
+                sock.close()
+                raise NodeFailedError(f"the TLS handshake with {peer} at {path} failed: "
+                                      f"{err}. Check PSKV_TLS_CERT/KEY/CA on both sides.") \
+                    from err
         return cls(sock, timeout, peer)
+
+    def buffered(self) -> int:
+        """Bytes TLS has decrypted but not handed out yet (poll does not see them)."""
+        return self.sock.pending() if self.tls else 0  # type: ignore[attr-defined]
 
     def fileno(self) -> int:
         """The socket's file descriptor (for poll)."""
@@ -140,8 +162,10 @@ class StreamConn:
         try:
             while bufs:
                 try:
-                    sent = self.sock.sendmsg(bufs[:_IOV_MAX])
-                except BlockingIOError:
+                    # TLS sockets have no sendmsg: one buffer (at most 1 MiB) at a time
+                    sent = self.sock.send(bufs[0][:1 << 20]) if self.tls else \
+                        self.sock.sendmsg(bufs[:_IOV_MAX])
+                except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                     if not select.select([], [self.sock], [], self.timeout)[1]:
                         raise ClusterTimeoutError(
                             f"sending to {self.peer} waited over {self.timeout:g} s: it is "
@@ -205,8 +229,8 @@ class StreamConn:
             self._meta, self._specs = parse_header(self._target)
             if self.max_bytes is not None and \
                     sum(n for _, _, n in self._specs) > self.max_bytes:
-                raise ProtocolError(f"{self.peer} sent a message of over {self.max_bytes} bytes "
-                                    "before it was admitted")
+                raise ProtocolError(f"{self.peer} sent a message of over the {self.max_bytes} "
+                                    "bytes it may send (before admission: 64 KiB)")
             self._alloc = (alloc_for(self._meta) if alloc_for is not None else None) or \
                 self.reuse
             self._phase = 2
@@ -221,11 +245,20 @@ class StreamConn:
         in buffers reused between messages (:meth:`reuse`).
         """
         done: list[tuple[Meta, list[np.ndarray]]] = []
+        if not self._handshaken:
+            try:
+                self.sock.do_handshake()  # type: ignore[attr-defined]
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return done
+            except (ssl.SSLError, OSError) as err:
+                raise ProtocolError(f"the TLS handshake with {self.peer} failed: "
+                                    f"{err}") from None
+            self._handshaken = True
         while len(done) < limit:
             view = self._target[self._pos:]
             try:
                 k = self.sock.recv_into(view, view.nbytes)
-            except BlockingIOError:
+            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 break
             except OSError as err:
                 raise NodeFailedError(f"the connection to {self.peer} broke: {err}") from err
@@ -252,8 +285,9 @@ class StreamListener:
     """
 
     def __init__(self, *, path: str | None = None, host: str | None = None,
-                 advertise: str | None = None) -> None:
+                 advertise: str | None = None, tls: ssl.SSLContext | None = None) -> None:
         self._path = path
+        self._tls = tls if path is None else None
         if path is not None:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.bind(path)
@@ -267,20 +301,41 @@ class StreamListener:
             self.endpoint = f"tcp:{advertise or host}:{self.sock.getsockname()[1]}"
         self.sock.listen(64)
         self.sock.setblocking(False)
+        #: set when accept() ran out of file descriptors (the caller rests, then clears it)
+        self.exhausted = False
 
     def pollable(self) -> int:
         """The listening socket's file descriptor."""
         return self.sock.fileno()
 
-    def accept(self, timeout: float) -> list[StreamConn]:
-        """The connections waiting to be accepted (none blocks)."""
+    def accept(self, timeout: float, limit: int = 64) -> list[StreamConn]:
+        """The connections waiting to be accepted, at most ``limit`` (none blocks).
+
+        Out of file descriptors (or buffers), it returns what it got and sets
+        :attr:`exhausted` instead of raising.
+        """
         conns: list[StreamConn] = []
-        while True:
+        while len(conns) < limit:
             try:
-                sock, _ = self.sock.accept()
+                sock, addr = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return conns
-            conns.append(StreamConn(sock, timeout, f"a worker (fd {sock.fileno()})"))
+            except OSError as err:
+                if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self.exhausted = True
+                    return conns
+                continue                 # that one connection went away (ECONNABORTED)
+            name = f"a worker (fd {sock.fileno()})"
+            if self._tls is not None:     # the handshake runs on the loop's reads
+                sock.setblocking(False)
+                conn = StreamConn(self._tls.wrap_socket(sock, server_side=True,
+                                                        do_handshake_on_connect=False),
+                                  timeout, name, handshaken=False)
+            else:
+                conn = StreamConn(sock, timeout, name)
+            conn.address = f"{addr[0]}" if isinstance(addr, tuple) else "the Unix socket"
+            conns.append(conn)
+        return conns
 
     def close(self) -> None:
         """Stop listening (and remove a Unix socket's file)."""

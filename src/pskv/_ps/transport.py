@@ -9,20 +9,18 @@ message until its HELLO proves it holds the cluster secret.
 """
 from __future__ import annotations
 
+import ssl
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from .config import ClusterConfig
+from .limits import ADMISSION_BYTES
 from .message import Command, Meta
 from .stream import Alloc, StreamConn
 from .zeromq import ZmqConn, ZmqContext
 
 __all__ = ["ADMISSION_BYTES", "Alloc", "Connection", "connect"]
-
-#: the most a peer may send in one message before its HELLO is accepted (every transport)
-ADMISSION_BYTES = 1 << 16
-
 
 
 class Connection(Protocol):
@@ -56,16 +54,16 @@ class Connection(Protocol):
 
 
 def connect(cfg: ClusterConfig, endpoints: dict[str, str], same_host: bool, peer: str,
-            zmq_context: ZmqContext) -> Connection:
+            zmq_context: ZmqContext, tls: ssl.SSLContext | None = None) -> Connection:
     """Connect to a server announcing ``endpoints``, over the transport ``cfg`` asks for.
 
     Endpoints: ``uds`` (a Unix socket path), ``tcp`` (``tcp:host:port``, stream framing),
     ``zmq`` (a ZeroMQ ``tcp://`` address). ``auto`` takes the Unix socket on the same
-    host and TCP otherwise.
+    host and TCP otherwise. ``tls``: the context TCP links are wrapped in (:mod:`.tls`).
     """
     transport = cfg.transport
     if "uds" in endpoints and (transport == "ipc" or (transport == "auto" and same_host)):
         return StreamConn.connect(endpoints["uds"], cfg.request_timeout, peer)
     if "tcp" in endpoints and transport != "zmq":
-        return StreamConn.connect(endpoints["tcp"], cfg.request_timeout, peer)
+        return StreamConn.connect(endpoints["tcp"], cfg.request_timeout, peer, tls)
     return ZmqConn(zmq_context, endpoints["zmq"], cfg.request_timeout, peer)

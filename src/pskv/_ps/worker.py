@@ -6,22 +6,30 @@ polls every connection until that reply arrives, keeping other replies for their
 Invariants: every wait is bounded by ``request_timeout`` and ends early with NodeFailedError
 when the scheduler reports a dead node; an ERROR reply is re-raised as the error class
 registered for its kind (:func:`..errors.error_from_kind`), marked "(reported by server N)".
+
+Threads: any number may send and wait at once. A message is written whole under its
+connection's send lock; one waiting thread at a time reads the connections (the receiver)
+and files every reply under its ts, and the others wait on a condition for theirs; no lock
+is held while a thread waits for the network except the receiver role itself.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import socket
+import threading
 import time
 from typing import Any, Sequence
 
 import numpy as np
 import zmq
 
-from ..errors import ClusterTimeoutError, KVStoreError, ProtocolError
+from ..errors import ClusterTimeoutError, KVStoreError, NodeFailedError, ProtocolError
 from .auth import prove
 from .config import ClusterConfig
 from .message import Command, Meta, error_from_body
 from .postoffice import Postoffice
+from .tls import client_context
 from .transport import Alloc, Connection, connect
 from .zeromq import ZmqContext
 
@@ -42,17 +50,39 @@ class KVWorker:
         self._dirty: set[int] = set()              # servers pushed to since the last flush
         self._deferred_error: Exception | None = None
         self._into: dict[int, Sequence[np.ndarray | None]] = {}
-        hello = {"role": "worker", "rank": po.rank, **prove(cfg.secret, "worker", "server")}
+        self._mutex = threading.Lock()       # _done, _into, _dirty, _deferred_error, _lost
+        self._cond = threading.Condition(self._mutex)
+        self._receiving = False              # a thread holds the receiver role
+        self._send_locks: list[threading.Lock] = []
+        # ZeroMQ sockets are not thread-safe: with ZeroMQ links, sends and the receiver's
+        # poll-and-read take turns under one lock (the receiver polls in short slices)
+        self._io = threading.Lock()
+        self._zmq = False
+        self._lost: set[int] = set()               # servers whose connection broke
+        hello: dict[str, Any] = {"role": "worker", "rank": po.rank}
         try:
             me = socket.gethostname()
+            tls = client_context(*cfg.tls) if cfg.tls is not None else None
             for rank, ep in enumerate(po.servers):
-                conn = connect(cfg, ep, ep.get("host") == me, f"server {rank}", zctx)
+                conn = connect(cfg, ep, ep.get("host") == me, f"server {rank}", zctx, tls)
                 self._conns.append(conn)
+                self._send_locks.append(threading.Lock())
+                self._zmq = self._zmq or not isinstance(conn.pollable(), int)
                 self._server_of[conn.pollable()] = rank
                 self._poller.register(conn.pollable(), zmq.POLLIN)
+            # each server challenges; the proof binds this job and rank under this worker's
+            # own key from the scheduler (auth.py)
             tss = [self.request(s, Command.HELLO, body=hello) for s in range(len(self._conns))]
+            for s, ts in enumerate(tss):
+                meta, _ = self.wait(ts, timeout=cfg.connect_timeout)
+                if meta.cmd == Command.CHALLENGE:
+                    proof = prove(po.key, "server", meta.body, "worker", po.rank)
+                    tss[s] = self.request(s, Command.HELLO, body={**hello, **proof})
+                else:
+                    tss[s] = 0
             for ts in tss:
-                self.wait(ts, timeout=cfg.connect_timeout)
+                if ts:
+                    self.wait(ts, timeout=cfg.connect_timeout)
         except BaseException:
             self.close()
             raise
@@ -67,10 +97,11 @@ class KVWorker:
         """
         ts = -next(self._ts) if negative else next(self._ts)
         if into is not None:
-            self._into[ts] = into
-        if self._poller.poll(0):
-            self._receive(0)      # keep the servers' replies from piling up
-        self._conns[server].send(cmd, ts, keys, body, arrays)
+            with self._mutex:
+                self._into[ts] = into
+        self.poll_links()         # keep the servers' replies from piling up
+        with self._send_locks[server], self._io if self._zmq else contextlib.nullcontext():
+            self._conns[server].send(cmd, ts, keys, body, arrays)
         return ts
 
     def push(self, server: int, cmd: Command, keys: Sequence[int], body: Any,
@@ -80,7 +111,8 @@ class KVWorker:
         Its ts is negative, so an ERROR for it is told apart from a reply someone awaits.
         """
         ts = self.request(server, cmd, keys, body, arrays, negative=True)
-        self._dirty.add(server)
+        with self._mutex:
+            self._dirty.add(server)
         return ts
 
     def close(self) -> None:
@@ -90,7 +122,8 @@ class KVWorker:
         self._conns.clear()
 
     def _alloc_for(self, meta: Meta) -> Alloc | None:
-        into = self._into.pop(meta.ts, None)
+        with self._mutex:
+            into = self._into.pop(meta.ts, None)
         if into is None:
             return None
 
@@ -102,6 +135,14 @@ class KVWorker:
         return alloc
 
     def _receive(self, timeout_ms: int) -> None:
+        """Read and file what arrives within ``timeout_ms`` (only the receiver calls it)."""
+        if self._zmq:
+            with self._io:
+                self._read(min(timeout_ms, 10))
+        else:
+            self._read(timeout_ms)
+
+    def _read(self, timeout_ms: int) -> None:
         for what, _ in self._poller.poll(timeout_ms):
             server = self._server_of[what]
             conn = self._conns[server]
@@ -110,27 +151,54 @@ class KVWorker:
                     got = conn.receive(self._alloc_for, 1)
                 except ProtocolError as err:
                     raise ProtocolError(f"server {server} sent a bad reply: {err}") from None
+                except NodeFailedError as err:
+                    with self._mutex:
+                        first = server not in self._lost
+                        self._lost.add(server)
+                    if first:                        # the others hear it from the scheduler
+                        self.po.report_lost("server", server)
+                    self.po.check()      # a cluster already failed: that is the cause
+                    raise NodeFailedError(f"server {server} is gone: {err}") from None
                 if not got:
                     break
                 meta, arrays = got[0]
-                self._into.pop(meta.ts, None)
                 result: tuple[Meta, list[np.ndarray]] | Exception = (meta, arrays)
                 if meta.cmd == Command.ERROR:
                     result = error_from_body(meta.body, f"server {server}")
-                if meta.ts < 0:              # only a failed push is answered
-                    if isinstance(result, Exception) and self._deferred_error is None:
-                        self._deferred_error = result
-                    continue
-                self._done[meta.ts] = result
+                with self._mutex:
+                    self._into.pop(meta.ts, None)
+                    if meta.ts < 0:              # only a failed push is answered
+                        if isinstance(result, Exception) and self._deferred_error is None:
+                            self._deferred_error = result
+                        continue
+                    self._done[meta.ts] = result
+                    self._cond.notify_all()
+
+    def poll_links(self) -> None:
+        """Read whatever has arrived, without waiting, unless another thread is reading: a
+        connection that broke is noticed (and reported) even while the store is idle.
+        Raises NodeFailedError then."""
+        with self._mutex:
+            if self._receiving:
+                return
+            self._receiving = True
+        try:
+            self._receive(0)
+        finally:
+            with self._mutex:
+                self._receiving = False
+                self._cond.notify_all()
 
     def defer(self, err: Exception) -> None:
         """Keep ``err`` for :meth:`raise_deferred` (the first one wins)."""
-        if self._deferred_error is None:
-            self._deferred_error = err
+        with self._mutex:
+            if self._deferred_error is None:
+                self._deferred_error = err
 
     def raise_deferred(self) -> None:
         """Raise the error an earlier push got, once."""
-        err, self._deferred_error = self._deferred_error, None
+        with self._mutex:
+            err, self._deferred_error = self._deferred_error, None
         if err is not None:
             raise err
 
@@ -139,16 +207,28 @@ class KVWorker:
         """Wait for the reply to ``ts``."""
         limit = self.cfg.request_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        while ts not in self._done:
+        while True:
             self.po.check()
             left = deadline - time.monotonic()
-            if left <= 0:
-                raise ClusterTimeoutError(
-                    f"worker {self.po.rank} waited {limit:g} s for {what}. A server or another "
-                    "worker is stuck or slow: check that every worker makes the same calls, "
-                    "or raise PSKV_REQUEST_TIMEOUT.")
-            self._receive(int(min(left, 0.2) * 1000) + 1)
-        result = self._done.pop(ts)
+            with self._mutex:
+                if ts in self._done:
+                    result = self._done.pop(ts)
+                    break
+                if left <= 0:
+                    raise ClusterTimeoutError(
+                        f"worker {self.po.rank} waited {limit:g} s for {what}. A server or "
+                        "another worker is stuck or slow: check that every worker makes the "
+                        "same calls, or raise PSKV_REQUEST_TIMEOUT.")
+                if self._receiving:          # another thread reads; it files our reply
+                    self._cond.wait(min(left, 0.05))
+                    continue
+                self._receiving = True
+            try:
+                self._receive(int(min(left, 0.2) * 1000) + 1)
+            finally:
+                with self._mutex:
+                    self._receiving = False
+                    self._cond.notify_all()
         if isinstance(result, Exception):
             raise result
         return result
@@ -171,8 +251,9 @@ class KVWorker:
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every push sent so far has been applied; raise what any of them got."""
-        if self._dirty:
+        with self._mutex:
             servers, self._dirty = sorted(self._dirty), set()
+        if servers:
             tss = [self.request(s, Command.FLUSH) for s in servers]
             for ts in tss:
                 self.wait(ts, timeout, "the servers to apply this worker's pushes (another "

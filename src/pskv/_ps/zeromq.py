@@ -135,6 +135,8 @@ class ZmqPeer:
         self.router = router
         self.ident = ident
         self.peer = f"a ZeroMQ peer ({ident.hex()[:12]})"
+        #: where it connected from, for refusal logs ("" when unknown)
+        self.address = ""
 
     def send(self, cmd: Command, ts: int = 0, keys: Sequence[int] = (), body: Any = None,
              arrays: Sequence[np.ndarray] = ()) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 
-from ..errors import (ClusterTimeoutError, KeyAlreadyInitializedError, KeyNotInitializedError,
+from ..errors import (ClusterError, ClusterTimeoutError, KeyAlreadyInitializedError, KeyNotInitializedError,
                       KVStoreError, ShapeMismatchError, UnsupportedError)
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
@@ -159,8 +159,11 @@ class Engine:
     def set_optimizer_spec(self, spec: Any) -> None:
         """Install the optimizer ``spec`` (JSON); identical repeats are no-ops."""
         from .. import optimizer
+        from ._agree import check_optimizer_spec
         if spec != self._opt_spec:
-            self.updater = optimizer.get_updater(optimizer.from_spec(spec))
+            opt = optimizer.from_spec(spec)
+            check_optimizer_spec(opt, spec)     # a spec that cannot update is refused now
+            self.updater = optimizer.get_updater(opt)
             self._opt_spec = spec
 
     def set_compression(self, params: Any) -> None:
@@ -275,7 +278,14 @@ class Engine:
         return NDArray(entry.merge)
 
     def _close_round(self, key: Key, entry: _Entry) -> None:
-        self.finish(key)
+        try:
+            self.finish(key)
+        except Exception as err:  # the update failed: its pushers hear why; the key goes on
+            entry.round += 1
+            self._fail_entry(entry, err if isinstance(err, KVStoreError) else ClusterError(
+                f"the update of key {entry.name!r} failed: {type(err).__name__}: {err}",
+                key=entry.name))
+            return
         entry.round += 1
         entry.pushers.clear()
         waiting, entry.waiting = entry.waiting, []

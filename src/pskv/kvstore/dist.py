@@ -13,10 +13,11 @@ ps_key order; a failed call on one worker fails on every worker instead of hangi
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
-from typing import Any, overload
+from typing import Any, Iterator, overload
 
 import numpy as np
 import zmq
@@ -31,6 +32,7 @@ from .._ps.postoffice import Postoffice
 from .._ps.zeromq import ZmqContext
 from .._ps.worker import KVWorker
 from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
+from ._agree import check_optimizer_spec
 from ._args import as_numpy, normalize, row_ids_by_key
 from ._held import HeldPush, Items
 from ._keys import KeyRecord, KeyTable
@@ -58,15 +60,18 @@ class DistKVStore(KVStoreBase):
         #: key -> its record (shape, dtype, placement); the tests read the placement here
         self._store: dict[Key, KeyRecord] = self._keys.records
         self._reducer = Reducer(int(os.environ.get("PSKV_REDUCE_THREADS", "0")) or None)
-        self._lock = threading.RLock()
+        # held while a call checks its arguments and sends, never while it waits for a
+        # reply or a barrier (_unlocked): other threads may push and pull meanwhile
+        self._lock = threading.Lock()
+        self._collective_lock = threading.Lock()   # init, barrier: one at a time
         self._cfg = cfg
         self._sync = "async" not in name
         self._zctx = ZmqContext(zmq_context)
         try:
-            self._po = Postoffice(cfg, self._zctx)
+            # the scheduler refuses a job whose workers created different store types
+            self._po = Postoffice(cfg, self._zctx, mode="sync" if self._sync else "async")
             self._po.start()
             self._kv = KVWorker(cfg, self._zctx, self._po)
-            self._to_all(Command.COMMAND, {"op": "mode", "sync": self._sync})
         except BaseException:
             self._zctx.close()
             raise
@@ -100,7 +105,20 @@ class DistKVStore(KVStoreBase):
     # ---- plumbing ------------------------------------------------------------------------
     def _to_all(self, cmd: Command, body: Any) -> list[Any]:
         tss = [self._kv.request(s, cmd, body=body) for s in range(self._po.num_servers)]
-        return self._kv.wait_all(tss, f"the servers to take {body.get('op', cmd.name)}")
+        return self._wait_all(tss, f"the servers to take {body.get('op', cmd.name)}")
+
+    @contextlib.contextmanager
+    def _unlocked(self) -> Iterator[None]:
+        """Release the store lock for a network wait (the caller holds it)."""
+        self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.acquire()
+
+    def _wait_all(self, tss: list[int], what: str) -> list[Any]:
+        with self._unlocked():
+            return self._kv.wait_all(tss, what)
 
     def _begin(self, pulling: bool = False) -> None:
         self._keys.check_open()
@@ -114,13 +132,17 @@ class DistKVStore(KVStoreBase):
         self._send_push(self._held.release())
 
     def _send_overdue(self) -> None:
-        """On the control thread: send a push held too long if the store is idle (rule 4
-        of ``pskv.kvstore._held``); an error is raised by the store's next call."""
-        if not self._held.overdue() or not self._lock.acquire(blocking=False):
+        """On the control thread, when the store is idle: send a push held too long (rule 4
+        of ``pskv.kvstore._held``) and notice a server connection that broke; an error is
+        raised by the store's next call."""
+        if not self._lock.acquire(blocking=False):
             return
         try:
-            if not self._keys.closed and self._held.overdue():
+            if self._keys.closed:
+                return
+            if self._held.overdue():
                 self._send_held()
+            self._kv.poll_links()
         except KVStoreError as err:
             self._kv.defer(err)
         finally:
@@ -136,7 +158,7 @@ class DistKVStore(KVStoreBase):
 
         Raises on every worker if any worker's keys, shapes or dtypes differ.
         """
-        with self._lock:
+        with self._collective_lock, self._lock:
             self._begin()
             keys: list[Key] = []
             groups: list[list[Any]] = []
@@ -166,8 +188,9 @@ class DistKVStore(KVStoreBase):
     def _collective(self, call: str, payload: dict[str, Any] | None = None) \
             -> dict[str, dict[str, Any]]:
         """A barrier of the workers that also checks they all made the same ``call``."""
-        payloads: dict[str, dict[str, Any]] = self._po.barrier(
-            "worker", {"call": call, **(payload or {})})
+        with self._unlocked():
+            payloads: dict[str, dict[str, Any]] = self._po.barrier(
+                "worker", {"call": call, **(payload or {})})
         calls = {r: (p or {}).get("call") for r, p in payloads.items()}
         if len(set(calls.values())) > 1:
             met = ", ".join(f"worker {r} called {c}" for r, c in
@@ -207,7 +230,7 @@ class DistKVStore(KVStoreBase):
                 arrays.append(np.ascontiguousarray(part).reshape(part.shape))  # keeps 0-d
         tss = [self._kv.request(s, Command.INIT, pk, {"entries": sp}, arr)
                for s, (pk, sp, arr) in per.items()]
-        self._kv.wait_all(tss, "the servers to take init")
+        self._wait_all(tss, "the servers to take init")
 
     # ---- push --------------------------------------------------------------------------------
     def push(self, key: KeyArg, value: ValueArg, priority: int = 0) -> None:
@@ -304,7 +327,7 @@ class DistKVStore(KVStoreBase):
                    for s, (pk, kinds, arrays) in push.items()}
         else:
             tss = {s: self._kv.request(s, cmd, pk, into=into[s]) for s, pk in per.items()}
-        replies = dict(zip(tss, self._kv.wait_all(list(tss.values()), "a pull reply")))
+        replies = dict(zip(tss, self._wait_all(list(tss.values()), "a pull reply")))
         got: dict[int, list[np.ndarray]] = {}
         for s, (_meta, arrays) in replies.items():
             if len(arrays) != len(per[s]):
@@ -412,9 +435,8 @@ class DistKVStore(KVStoreBase):
 
     def broadcast(self, key: KeyArg, value: ValueArg, out: OutArg, priority: int = 0) -> None:
         """Initialize with rank 0's ``value`` and pull it into ``out`` on every worker."""
-        with self._lock:
-            self.init(key, value)
-            self.pull(key, out=out)
+        self.init(key, value)
+        self.pull(key, out=out)
 
     def row_sparse_pull(self, key: KeyArg, out: OutArg | None = None, priority: int = 0,
                         row_ids: Any = None) -> None:
@@ -429,7 +451,7 @@ class DistKVStore(KVStoreBase):
             per = rows_by_server([(self._store[k], r) for k, _o, r in reqs])
             tss = {s: self._kv.request(s, Command.RSP_PULL, pk, None, arrays)
                    for s, (pk, arrays, _) in per.items()}
-            replies = dict(zip(tss, self._kv.wait_all(list(tss.values()), "row_sparse_pull")))
+            replies = dict(zip(tss, self._wait_all(list(tss.values()), "row_sparse_pull")))
             datas = [np.empty((len(r),) + self._store[k].shape[1:], o.dtype)
                      for k, o, r in reqs]
             for s, (_, _, where) in per.items():
@@ -446,9 +468,10 @@ class DistKVStore(KVStoreBase):
         identical repeats as no-ops.
         """
         check_optimizer(optimizer)
+        spec = optimizer.to_spec()
+        check_optimizer_spec(optimizer, spec)    # refused here, alike on every worker
         with self._lock:
             self._begin()
-            spec = optimizer.to_spec()
             self._to_all(Command.COMMAND, {"op": "optimizer", "spec": spec})
 
     def set_updater(self, updater: Updater) -> None:
@@ -488,7 +511,7 @@ class DistKVStore(KVStoreBase):
             blobs = read_states(fname, self._po.num_servers)
             tss = [self._kv.request(s, Command.COMMAND, body={"op": "load"}, arrays=[b])
                    for s, b in enumerate(blobs)]
-            self._kv.wait_all(tss, "the servers to load states")
+            self._wait_all(tss, "the servers to load states")
 
     # ---- cluster ---------------------------------------------------------------------------------
     def barrier(self) -> None:
@@ -499,10 +522,11 @@ class DistKVStore(KVStoreBase):
         may need pushes other workers make after the barrier; a pull after the barrier
         still returns the round that includes this worker's push.
         """
-        with self._lock:
+        with self._collective_lock, self._lock:
             self._begin()
             if not self._sync:
-                self._kv.flush()
+                with self._unlocked():
+                    self._kv.flush()
             self._collective("barrier")
 
     _barrier = barrier
@@ -517,7 +541,8 @@ class DistKVStore(KVStoreBase):
             try:
                 if self._po.failure is None:
                     self._send_held()
-                    self._kv.flush(timeout=min(self._cfg.request_timeout, 10.0))
+                    with self._unlocked():
+                        self._kv.flush(timeout=min(self._cfg.request_timeout, 10.0))
             except KVStoreError as err:
                 log.warning("worker %d: closing with unacknowledged pushes: %s", self.rank, err)
             finally:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from typing import Any, Callable
 
 import numpy as np
 import zmq
 
-from ..errors import KeyAlreadyInitializedError, KVStoreError, NodeFailedError, ProtocolError, \
+from ..errors import ClusterError, KeyAlreadyInitializedError, KVStoreError, NodeFailedError, ProtocolError, \
     ShapeMismatchError
 from .._ps.auth import Verifier
 from .._ps.config import ClusterConfig
@@ -26,6 +27,7 @@ from .._ps.message import Command, Meta
 from .._ps.postoffice import Postoffice
 from .._ps.serve import ServeLoop
 from .._ps.stream import StreamListener, ipc_path
+from .._ps.tls import server_context
 from .._ps.transport import Connection
 from .._ps.zeromq import ZmqContext
 from ._engine import Engine, Ticket
@@ -56,11 +58,18 @@ class KVServer:
         self._stop = stop or threading.Event()
         self._zctx = ZmqContext(zmq_context)
         self._listeners: list[StreamListener] = []
+        router: zmq.Socket[Any] | None = None
         try:
-            router = self._zctx.socket(zmq.ROUTER)
-            router.setsockopt(zmq.RCVHWM, 0)
-            router.setsockopt(zmq.SNDHWM, 0)
+            if cfg.transport in ("zmq", "inproc"):
+                # a ZeroMQ data port only where workers use it: the stream listeners check
+                # a stranger's sizes before reading, libzmq only per frame
+                router = self._zctx.socket(zmq.ROUTER)
+                router.setsockopt(zmq.RCVHWM, 0)
+                router.setsockopt(zmq.SNDHWM, 0)
+                router.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_bytes)
+                router.setsockopt(zmq.HANDSHAKE_IVL, int(cfg.handshake_timeout * 1000))
             if cfg.transport == "inproc":     # a thread of an in-process cluster
+                assert router is not None
                 endpoints = {"zmq": f"inproc://pskv-server-{id(self):x}"}
                 router.bind(endpoints["zmq"])
             else:
@@ -70,23 +79,31 @@ class KVServer:
         except BaseException:
             self._close()
             raise
-        self.loop = ServeLoop("server", self, Verifier(cfg.secret, "server"),
-                              cfg.request_timeout, router, self._listeners)
+        self._verifier = Verifier("server", "", self._key_for)
+        self._rank_of: dict[Connection, int] = {}
+        self.loop = ServeLoop("server", self, self._verifier, cfg.request_timeout, router,
+                              self._listeners, handshake_timeout=cfg.handshake_timeout,
+                              max_unadmitted=cfg.max_unadmitted,
+                              max_message_bytes=cfg.max_message_bytes)
         self._open: dict[Any, int] = {}           # per worker: pushes not yet applied
         self._flushes: dict[Any, list[int]] = {}  # per worker: FLUSH requests waiting
         self.engine = engine_class(self.po.num_workers, True, self._answer, self._answer_error)
 
-    def _bind(self, cfg: ClusterConfig, router: zmq.Socket[Any]) -> dict[str, str]:
-        """Listen on ZeroMQ, TCP and (``auto``, ``ipc``) a Unix socket; their endpoints.
+    def _bind(self, cfg: ClusterConfig, router: zmq.Socket[Any] | None) -> dict[str, str]:
+        """Listen on TCP, (``auto``, ``ipc``) a Unix socket and (``zmq``) ZeroMQ; their
+        endpoints.
 
         Workers on other hosts connect over TCP (pskv's framing), same-host workers over a
-        Unix socket only this user can open, and any worker over ZeroMQ (``zmq``).
+        Unix socket only this user can open, and with ``zmq`` over ZeroMQ.
         """
-        port = router.bind_to_random_port(f"tcp://{cfg.node_host}")
         host = cfg.node_host if cfg.node_host != "0.0.0.0" else _my_address(cfg.root_uri)
-        tcp = StreamListener(host=cfg.node_host, advertise=host)
+        tls = server_context(*cfg.tls) if cfg.tls is not None else None
+        tcp = StreamListener(host=cfg.node_host, advertise=host, tls=tls)
         self._listeners.append(tcp)
-        endpoints = {"zmq": f"tcp://{host}:{port}", "tcp": tcp.endpoint}
+        endpoints = {"tcp": tcp.endpoint}
+        if router is not None:
+            port = router.bind_to_random_port(f"tcp://{cfg.node_host}")
+            endpoints["zmq"] = f"tcp://{host}:{port}"
         if cfg.transport in ("auto", "ipc"):
             uds = StreamListener(path=ipc_path("server"))
             self._listeners.append(uds)
@@ -94,11 +111,21 @@ class KVServer:
         return endpoints
 
     # ---- the Handler of the ServeLoop ----------------------------------------------------
+    def _key_for(self, role: str, rank: int | None) -> bytes:
+        """The key the worker of ``rank`` proves itself with (the scheduler's assignment)."""
+        if role != "worker" or rank is None:
+            raise ProtocolError("only a worker that names its rank may connect to a server")
+        if not 0 <= rank < len(self.po.worker_keys):
+            raise ProtocolError(f"rank {rank} is not a worker rank of this job (0 to "
+                                f"{len(self.po.worker_keys) - 1})")
+        return self.po.worker_keys[rank]
+
     def admit(self, conn: Connection, meta: Meta) -> int:
-        """A worker's HELLO: admitted under its rank."""
-        body = meta.body if isinstance(meta.body, dict) else {}
+        """A worker's HELLO whose proof checked: admitted under the rank it proved."""
+        rank = int(meta.body["rank"])
+        self._rank_of[conn] = rank
         self._send(conn, Command.ACK, meta.ts)
-        return int(body.get("rank", -1))
+        return rank
 
     def handle(self, conn: Connection, worker: Any, meta: Meta,
                arrays: list[np.ndarray]) -> None:
@@ -113,7 +140,11 @@ class KVServer:
         self.engine.check_rounds(self.cfg.round_timeout)
 
     def dropped(self, conn: Connection) -> None:
-        """A worker's connection is gone (its pending replies cannot be sent)."""
+        """A worker's connection is gone: tell the scheduler (a worker that closed said
+        GOODBYE first; one that did not is reported failed to every node)."""
+        rank = self._rank_of.pop(conn, None)
+        if rank is not None:
+            self.po.report_lost("worker", rank)
 
     # ---- replies -------------------------------------------------------------------------
     def _send(self, conn: Any, cmd: Command, ts: int, body: Any = None,
@@ -199,8 +230,14 @@ class KVServer:
             self._open[conn] = self._open.get(conn, 0) + 1
         self.engine.hold(ticket)                         # until every key is queued
         sync = self.engine.sync
-        for k, kind, part in items:
-            self.engine.push(k, worker, part, kind, ticket if sync else None)
+        try:
+            for k, kind, part in items:
+                self.engine.push(k, worker, part, kind, ticket if sync else None)
+        except Exception as err:  # an update failed (dist_async): answered, flush not held
+            ticket.remaining = -1
+            self._answer_error(ticket, err if isinstance(err, KVStoreError) else
+                               ClusterError(f"{type(err).__name__}: {err}"))
+            return
         self.engine.release(ticket)
 
     def _on_pushpull(self, conn: Connection, worker: int, ts: int, keys: tuple[int, ...],
@@ -232,9 +269,7 @@ class KVServer:
                     body: Any, arrays: list[np.ndarray]) -> None:
         op = body.get("op") if isinstance(body, dict) else None
         reply: list[np.ndarray] = []
-        if op == "mode":
-            self.engine.sync = bool(body.get("sync", True))
-        elif op == "optimizer":
+        if op == "optimizer":
             self.engine.set_optimizer_spec(body.get("spec"))
         elif op == "compression":
             self.engine.set_compression(body.get("params"))
@@ -262,19 +297,27 @@ class KVServer:
         try:
             self.po.start()
             self.engine.num_workers = self.po.num_workers    # as admitted
+            self.engine.sync = self.po.mode != "async"      # as every worker agreed
+            self._verifier.job = self.po.job
             self.loop.name = f"server {self.po.rank}"
             failed_seen = False
+            lost_at: float | None = None
 
             def stop() -> bool:
-                nonlocal failed_seen
+                nonlocal failed_seen, lost_at
                 if self.po.failure is not None and not failed_seen:
                     failed_seen = True
                     self.engine.fail_all(NodeFailedError(self.po.failure))
                 if self.po.scheduler_lost.is_set():
                     # a server on another host (ssh launcher) has no launcher to stop it:
-                    # without the scheduler no SHUTDOWN can come, so it exits by itself
-                    log.error("server %d: %s; exiting", self.po.rank, self.po.failure)
-                    return True
+                    # without the scheduler no SHUTDOWN can come, so it exits by itself,
+                    # two heartbeats later: its workers notice the scheduler's loss first
+                    # (not this server's), which is what their error should name
+                    if lost_at is None:
+                        lost_at = time.monotonic()
+                    if time.monotonic() - lost_at >= 2 * self.cfg.heartbeat_interval:
+                        log.error("server %d: %s; exiting", self.po.rank, self.po.failure)
+                        return True
                 return self._stop.is_set() or self.po.shutdown.is_set()
 
             self.loop.run(stop)

@@ -1,0 +1,186 @@
+"""What each message type must carry: one checker per command, before any handler runs.
+
+:func:`request` is called by the server loop on every message a scheduler or a server
+receives, and :func:`admit_reply` by a node on the scheduler's ADMIT: each checks every
+field of the body (type, range, length) and raises ProtocolError naming the field, so a
+handler only ever sees a body of the right shape. What a field means for the cluster (a rank
+beyond the expected count, a key never initialized) is the handler's to check; what a field
+is (an int, a short string, a list of one spec per key) is checked here, once.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import ProtocolError
+from .message import Command, Meta, short
+
+__all__ = ["ROLES", "admit_reply", "request"]
+
+#: the roles a HELLO may name
+ROLES = ("server", "worker")
+_MAX_STR = 4096
+_MAX_RANK = 1 << 20
+_STORE_MODES = ("sync", "async")
+_COMMAND_OPS = ("optimizer", "compression", "save", "load")
+
+
+def _fail(meta: Meta, field: str, want: str, got: Any) -> ProtocolError:
+    return ProtocolError(f"{meta.cmd.name}: field {field!r} must be {want}, got {short(got)}")
+
+
+def _body(meta: Meta, required: bool = True) -> dict[str, Any]:
+    if meta.body is None and not required:
+        return {}
+    if not isinstance(meta.body, dict):
+        raise _fail(meta, "b", "an object", meta.body)
+    return meta.body
+
+
+def _str(meta: Meta, body: dict[str, Any], field: str, choices: tuple[str, ...] = (),
+         optional: bool = False) -> None:
+    value = body.get(field)
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or len(value) > _MAX_STR or (choices and value not in choices):
+        raise _fail(meta, field, f"one of {choices}" if choices else "a string", value)
+
+
+def _int(meta: Meta, body: dict[str, Any], field: str, lo: int, hi: int,
+         optional: bool = False) -> None:
+    value = body.get(field)
+    if value is None and optional:
+        return
+    if type(value) is not int or not lo <= value < hi:
+        raise _fail(meta, field, f"an integer in [{lo}, {hi})", value)
+
+
+def _hello(meta: Meta, arrays: list[np.ndarray]) -> None:
+    body = _body(meta)
+    _str(meta, body, "role", ROLES)
+    _int(meta, body, "rank", 0, _MAX_RANK, optional=True)
+    for field in ("host", "proof", "nonce"):
+        _str(meta, body, field, optional=True)
+    _str(meta, body, "mode", _STORE_MODES, optional=True)
+    _int(meta, body, "pid", 0, 1 << 31, optional=True)
+    eps = body.get("endpoints", {})
+    if not isinstance(eps, dict) or len(eps) > 8 or not all(
+            isinstance(k, str) and isinstance(v, str) and len(v) <= _MAX_STR
+            for k, v in eps.items()):
+        raise _fail(meta, "endpoints", "an object of a few strings", eps)
+
+
+def _barrier(meta: Meta, arrays: list[np.ndarray]) -> None:
+    body = _body(meta)
+    _str(meta, body, "group", ("worker", "server", "all"))
+
+
+def _peer_lost(meta: Meta, arrays: list[np.ndarray]) -> None:
+    body = _body(meta)
+    _str(meta, body, "role", ROLES)
+    _int(meta, body, "rank", 0, _MAX_RANK)
+
+
+def _none(meta: Meta, arrays: list[np.ndarray]) -> None:
+    """No body needed (anything given is ignored), no arrays."""
+    if arrays:
+        raise ProtocolError(f"{meta.cmd.name} carries no arrays, got {len(arrays)}")
+
+
+def _init(meta: Meta, arrays: list[np.ndarray]) -> None:
+    body = _body(meta)
+    entries = body.get("entries")
+    if not isinstance(entries, list) or len(entries) != len(meta.keys) or \
+            len(arrays) != len(meta.keys):
+        raise ProtocolError("INIT needs one entry spec and one array per key")
+    if len(set(meta.keys)) != len(meta.keys):
+        raise ProtocolError("an INIT names a key twice")
+    for spec, arr in zip(entries, arrays, strict=True):
+        if not isinstance(spec, dict):
+            raise _fail(meta, "entries", "a list of objects", spec)
+        key, shape = spec.get("key"), spec.get("shape")
+        if not (type(key) is int or (isinstance(key, str) and len(key) <= _MAX_STR)):
+            raise _fail(meta, "key", "an int or a string", key)
+        if not isinstance(shape, list) or tuple(shape) != arr.shape:
+            raise ProtocolError(f"INIT of key {short(key)}: shape {arr.shape} != declared "
+                                f"{short(shape)}")
+        _str(meta, spec, "stype", ("default", "row_sparse"), optional=True)
+
+
+def _push(meta: Meta, arrays: list[np.ndarray]) -> None:
+    body = _body(meta)
+    kinds = body.get("kinds")
+    if not isinstance(kinds, str) or len(kinds) != len(meta.keys) or \
+            not set(kinds) <= set("dcr"):
+        raise ProtocolError("a push needs one kind letter (d, c or r) per key")
+    if len(set(meta.keys)) != len(meta.keys):
+        raise ProtocolError("a push names a key twice")
+    if len(arrays) != len(kinds) + kinds.count("r"):
+        raise ProtocolError("push arrays do not match their kinds")
+
+
+def _pull(meta: Meta, arrays: list[np.ndarray]) -> None:
+    if arrays:
+        raise ProtocolError(f"PULL carries no arrays, got {len(arrays)}")
+
+
+def _rsp_pull(meta: Meta, arrays: list[np.ndarray]) -> None:
+    if len(arrays) != len(meta.keys) or not all(
+            a.ndim == 1 and a.dtype.kind in "iu" for a in arrays):
+        raise ProtocolError("row_sparse pull needs one 1-d integer row-id array per key")
+
+
+def _command(meta: Meta, arrays: list[np.ndarray]) -> None:
+    body = _body(meta)
+    _str(meta, body, "op", _COMMAND_OPS)
+    op = body["op"]
+    if op == "optimizer" and not isinstance(body.get("spec"), dict):
+        raise _fail(meta, "spec", "an object", body.get("spec"))
+    if op == "compression" and not isinstance(body.get("params"), dict | None):
+        raise _fail(meta, "params", "an object or null", body.get("params"))
+    if op == "save" and not isinstance(body.get("dump", False), bool):
+        raise _fail(meta, "dump", "a bool", body.get("dump"))
+    if op == "load" and (len(arrays) != 1 or arrays[0].dtype != np.uint8 or arrays[0].ndim != 1):
+        raise ProtocolError("load needs one array of state bytes")
+
+
+_CHECKS: dict[Command, Callable[[Meta, list[np.ndarray]], None]] = {
+    Command.HELLO: _hello, Command.BARRIER: _barrier, Command.HEARTBEAT: _none,
+    Command.GOODBYE: _none, Command.PEER_LOST: _peer_lost,
+    Command.INIT: _init, Command.PUSH: _push, Command.PUSHPULL: _push, Command.PULL: _pull,
+    Command.RSP_PULL: _rsp_pull, Command.COMMAND: _command, Command.FLUSH: _none,
+}
+
+
+def request(meta: Meta, arrays: list[np.ndarray]) -> None:
+    """Check a request a node received; raise ProtocolError saying which field is wrong.
+
+    Replies (ACK, DATA, ERROR, ...) are not requests: a node that serves is never sent one.
+    """
+    check = _CHECKS.get(meta.cmd)
+    if check is None:
+        raise ProtocolError(f"{meta.cmd.name} is not a request")
+    check(meta, arrays)
+
+
+def admit_reply(body: Any) -> dict[str, Any]:
+    """Check the scheduler's ADMIT body (the fields a node goes on with); return it."""
+    meta = Meta(Command.ADMIT, body=body)
+    got = _body(meta)
+    _str(meta, got, "role", ROLES)
+    _str(meta, got, "job")
+    _int(meta, got, "num_workers", 1, _MAX_RANK)
+    _int(meta, got, "num_servers", 1, _MAX_RANK)
+    _int(meta, got, "rank", 0, _MAX_RANK)
+    servers = got.get("servers")
+    if not isinstance(servers, list) or len(servers) != got["num_servers"] or not all(
+            isinstance(s, dict) and all(isinstance(v, str) for v in s.values())
+            for s in servers):
+        raise _fail(meta, "servers", "one table of endpoints per server", servers)
+    for field in ("key", "mode"):
+        _str(meta, got, field, optional=True)
+    keys = got.get("worker_keys", [])
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise _fail(meta, "worker_keys", "a list of strings", keys)
+    return got

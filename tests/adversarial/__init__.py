@@ -1,0 +1,1 @@
+"""Attacks on a node (see conftest.py)."""
