@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     md = ("# TLS cost on the worker-server TCP link\n\n" + _common.md_table(
         ["key", "plain TCP", "TLS", "TLS / plain (time)"], rows) +
         f"\n\nMachine: {data['machine'].get('cpu_model')}, {data['machine'].get('cpu_count')} "
-        f"cores, Python {data['machine'].get('python')}. Medians; `{data['command']}`\n")
+        f"cores, Python {data['machine'].get('python')}; commit {data['commit']['commit']}, "
+        f"{data['when']}. Medians; `{data['command']}`\n")
     if not args.quick:
         _common.write_results("bench_tls", data, md)
     print(md)
