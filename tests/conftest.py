@@ -25,7 +25,8 @@ _KEEP = {"PSKV_MXNET_PYTHON", "PSKV_MXNET_SRC"}
 TESTS = Path(__file__).resolve().parent
 
 #: folder under tests/ -> the markers each of its tests gets
-FOLDER_MARKERS = {"dist": ("dist",), "mxnet": ("mxnet",), "multihost": ("multihost", "dist")}
+FOLDER_MARKERS = {"dist": ("dist",), "mxnet": ("mxnet",), "multihost": ("multihost", "dist"),
+                  "durability": ("dist",)}
 
 #: tests in tests/unit that open a socket or start a process ("file::test", without
 #: parameters); they are marked ``dist``

@@ -15,7 +15,8 @@ from typing import Mapping
 from ..errors import ConfigError
 
 __all__ = [
-    "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
+    "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_CHECKPOINT_DIR", "ENV_CHECKPOINT_EVERY",
+    "ENV_CHECKPOINT_KEEP", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_LOG_LEVEL", "ENV_SECRET", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "ENV_WORKER_ID",
@@ -41,6 +42,10 @@ ENV_HEARTBEAT_TIMEOUT = "PSKV_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "PSKV_SHUTDOWN_TIMEOUT"
 ENV_TRANSPORT = "PSKV_TRANSPORT"
 ENV_COALESCE_BYTES = "PSKV_COALESCE_BYTES"
+#: periodic checkpoints (docs/durability.md): where, every how many rounds, how many kept
+ENV_CHECKPOINT_DIR = "PSKV_CHECKPOINT_DIR"
+ENV_CHECKPOINT_EVERY = "PSKV_CHECKPOINT_EVERY"
+ENV_CHECKPOINT_KEEP = "PSKV_CHECKPOINT_KEEP"
 #: the level of pskv's loggers in every process of a job (pskv-launch --log-level)
 ENV_LOG_LEVEL = "PSKV_LOG_LEVEL"
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -127,6 +132,10 @@ class ClusterConfig:
         call, so that a pull of the same keys right after it travels with it (0: never)
     rank : the rank this worker or server asks the scheduler for (DMLC_WORKER_ID /
         DMLC_SERVER_ID); None takes the next free rank in arrival order
+    checkpoint_dir : where servers write periodic checkpoints and where a restarted server
+        reloads its shard from (PSKV_CHECKPOINT_DIR); None: no periodic checkpoints
+    checkpoint_every : rounds between periodic checkpoints (PSKV_CHECKPOINT_EVERY)
+    checkpoint_keep : how many complete periodic checkpoints are kept (PSKV_CHECKPOINT_KEEP)
     """
 
     role: Role
@@ -146,6 +155,9 @@ class ClusterConfig:
     transport: str = "auto"
     coalesce_bytes: int = 65536
     rank: int | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    checkpoint_keep: int = 3
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -157,6 +169,10 @@ class ClusterConfig:
                 f"{ENV_NUM_SERVER} and {ENV_NUM_WORKER}, or start with pskv-launch -n W -s S.")
         if not 0 < self.root_port < 65536:
             raise ConfigError(f"{ENV_ROOT_PORT}={self.root_port} is not a TCP port (1-65535).")
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ConfigError(f"{ENV_CHECKPOINT_EVERY}={self.checkpoint_every} needs "
+                              f"{ENV_CHECKPOINT_DIR}: set it to a directory every server can "
+                              "write (a shared file system across hosts).")
         if self.transport not in ("auto", "tcp", "ipc", "zmq", "inproc"):
             raise ConfigError(f"{ENV_TRANSPORT}={self.transport!r}: use auto, tcp, ipc or zmq.")
         if self.heartbeat_timeout <= self.heartbeat_interval:
@@ -217,6 +233,11 @@ class ClusterConfig:
             coalesce_bytes=_int(env, ENV_COALESCE_BYTES, 65536,
                                 "Set it to a number of bytes (0 sends every push at once)."),
             rank=rank,
+            checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
+            checkpoint_every=_int(env, ENV_CHECKPOINT_EVERY, 0, "Set it to a number of rounds "
+                                  f"between checkpoints (with {ENV_CHECKPOINT_DIR}), or 0."),
+            checkpoint_keep=_int(env, ENV_CHECKPOINT_KEEP, 3, "Set it to how many checkpoints "
+                                 "to keep, e.g. 3.", 1),
         )
 
     def with_role(self, role: Role) -> ClusterConfig:
