@@ -26,7 +26,8 @@ TESTS = Path(__file__).resolve().parent
 
 #: folder under tests/ -> the markers each of its tests gets
 FOLDER_MARKERS = {"dist": ("dist",), "mxnet": ("mxnet",), "multihost": ("multihost", "dist"),
-                  "adversarial": ("adversarial", "dist")}
+                  "adversarial": ("adversarial", "dist"),
+                  "durability": ("dist",)}
 
 #: tests in tests/unit that open a socket or start a process ("file::test", without
 #: parameters); they are marked ``dist``

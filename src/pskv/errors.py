@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "CheckpointError",
     "ClusterError",
     "ClusterTimeoutError",
     "ConfigError",
@@ -144,6 +145,14 @@ class OptimizerStateError(ConfigError):
     """Saved optimizer states are corrupt, foreign (e.g. an MXNet pickle) or unsupported.
 
     .. versionadded:: 0.1
+    """
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint cannot be written or read: not a checkpoint, incomplete, damaged, or of
+    another model (other keys or shapes).
+
+    .. versionadded:: 0.3
     """
 
 

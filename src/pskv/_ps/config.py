@@ -16,7 +16,8 @@ from typing import Mapping
 from ..errors import ConfigError
 
 __all__ = [
-    "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
+    "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_CHECKPOINT_DIR", "ENV_CHECKPOINT_EVERY",
+    "ENV_CHECKPOINT_KEEP", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_MESSAGE_BYTES", "ENV_MAX_UNADMITTED",
@@ -53,6 +54,10 @@ ENV_MAX_MESSAGE_BYTES = "PSKV_MAX_MESSAGE_BYTES"
 ENV_TLS_CERT = "PSKV_TLS_CERT"
 ENV_TLS_KEY = "PSKV_TLS_KEY"
 ENV_TLS_CA = "PSKV_TLS_CA"
+#: periodic checkpoints (docs/durability.md): where, every how many rounds, how many kept
+ENV_CHECKPOINT_DIR = "PSKV_CHECKPOINT_DIR"
+ENV_CHECKPOINT_EVERY = "PSKV_CHECKPOINT_EVERY"
+ENV_CHECKPOINT_KEEP = "PSKV_CHECKPOINT_KEEP"
 #: the level of pskv's loggers in every process of a job (pskv-launch --log-level)
 ENV_LOG_LEVEL = "PSKV_LOG_LEVEL"
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -144,6 +149,10 @@ class ClusterConfig:
     max_message_bytes : the largest message an admitted peer may send
     tls : (certificate, key, CA) PEM files for mutual TLS on TCP links between workers and
         servers (PSKV_TLS_CERT / _KEY / _CA); None: plain TCP
+    checkpoint_dir : where servers write periodic checkpoints and where a restarted server
+        reloads its shard from (PSKV_CHECKPOINT_DIR); None: no periodic checkpoints
+    checkpoint_every : rounds between periodic checkpoints (PSKV_CHECKPOINT_EVERY)
+    checkpoint_keep : how many complete periodic checkpoints are kept (PSKV_CHECKPOINT_KEEP)
     """
 
     role: Role
@@ -167,6 +176,9 @@ class ClusterConfig:
     max_unadmitted: int = 64
     max_message_bytes: int = 4 << 30
     tls: tuple[str, str, str] | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    checkpoint_keep: int = 3
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -178,6 +190,10 @@ class ClusterConfig:
                 f"{ENV_NUM_SERVER} and {ENV_NUM_WORKER}, or start with pskv-launch -n W -s S.")
         if not 0 < self.root_port < 65536:
             raise ConfigError(f"{ENV_ROOT_PORT}={self.root_port} is not a TCP port (1-65535).")
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ConfigError(f"{ENV_CHECKPOINT_EVERY}={self.checkpoint_every} needs "
+                              f"{ENV_CHECKPOINT_DIR}: set it to a directory every server can "
+                              "write (a shared file system across hosts).")
         if self.transport not in ("auto", "tcp", "ipc", "zmq", "inproc"):
             raise ConfigError(f"{ENV_TRANSPORT}={self.transport!r}: use auto, tcp, ipc or zmq.")
         if self.heartbeat_timeout <= self.heartbeat_interval:
@@ -244,6 +260,11 @@ class ClusterConfig:
             max_message_bytes=_int(env, ENV_MAX_MESSAGE_BYTES, 4 << 30, "Set it to a number "
                                    "of bytes, e.g. 4294967296.", 1 << 20),
             tls=_tls(env),
+            checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
+            checkpoint_every=_int(env, ENV_CHECKPOINT_EVERY, 0, "Set it to a number of rounds "
+                                  f"between checkpoints (with {ENV_CHECKPOINT_DIR}), or 0."),
+            checkpoint_keep=_int(env, ENV_CHECKPOINT_KEEP, 3, "Set it to how many checkpoints "
+                                 "to keep, e.g. 3.", 1),
         )
 
     def with_role(self, role: Role) -> ClusterConfig:

@@ -23,7 +23,7 @@ ROLES = ("server", "worker")
 _MAX_STR = 4096
 _MAX_RANK = 1 << 20
 _STORE_MODES = ("sync", "async")
-_COMMAND_OPS = ("optimizer", "compression", "save", "load")
+_COMMAND_OPS = ("optimizer", "compression", "save", "load", "checkpoint", "restore")
 
 
 def _fail(meta: Meta, field: str, want: str, got: Any) -> ProtocolError:
@@ -141,6 +141,8 @@ def _command(meta: Meta, arrays: list[np.ndarray]) -> None:
         raise _fail(meta, "params", "an object or null", body.get("params"))
     if op == "save" and not isinstance(body.get("dump", False), bool):
         raise _fail(meta, "dump", "a bool", body.get("dump"))
+    if op in ("checkpoint", "restore"):
+        _str(meta, body, "path")
     if op == "load" and (len(arrays) != 1 or arrays[0].dtype != np.uint8 or arrays[0].ndim != 1):
         raise ProtocolError("load needs one array of state bytes")
 

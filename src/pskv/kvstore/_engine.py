@@ -27,6 +27,7 @@ from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._types import Key, Updater
 from ._reduce import sum_rows
+from ._snapshot import Reader, ShardCopy
 
 __all__ = ["Engine", "PushKind", "Ticket"]
 
@@ -57,6 +58,7 @@ class _Entry:
     name: Key                          # the user's key: what the updater sees
     stored: NDArray
     sparse: bool
+    place: tuple[int, int, tuple[int, ...]] | None = None  # start, stop, the whole key's shape
     merge: np.ndarray | None = None
     pushers: set[int] = field(default_factory=set)
     round: int = 0
@@ -109,6 +111,11 @@ class Engine:
         self._opt_spec: Any = None
         self.gc: Any = None
         self._gc_params: Any = None
+        #: periodic snapshots: every this many rounds of a key (0: none), and
+        #: ``on_snapshot(round, copy)`` once every key has reached that round
+        self.snapshot_every = 0
+        self.on_snapshot: Callable[[int, ShardCopy], None] | None = None
+        self._pending: dict[int, dict[Key, tuple[dict[str, Any], np.ndarray, Any]]] = {}
 
     # ---- keys ------------------------------------------------------------------------
     def __contains__(self, key: object) -> bool:
@@ -119,8 +126,12 @@ class Engine:
         return self._entries[key].name
 
     def init(self, key: Key, value: np.ndarray, sparse: bool = False, name: Key | None = None,
-             ctx: Any = None) -> NDArray:
-        """Keep a copy of ``value`` under ``key`` (all rows of it for row_sparse keys)."""
+             ctx: Any = None, place: tuple[int, int, tuple[int, ...]] | None = None) -> NDArray:
+        """Keep a copy of ``value`` under ``key`` (all rows of it for row_sparse keys).
+
+        ``place``: the part of the user's key ``value`` is (elements, or rows for row_sparse,
+        ``[start, stop)`` of a key of the given shape); None: all of it. Checkpoints record it.
+        """
         if key in self._entries:
             shown = key if name is None else name
             raise KeyAlreadyInitializedError(
@@ -128,7 +139,7 @@ class Engine:
                 "push to change its value.", key=shown)
         data = np.array(value, copy=True)
         stored: NDArray = RowSparseNDArray._all_rows(data, ctx) if sparse else NDArray(data, ctx)
-        self._entries[key] = _Entry(key if name is None else name, stored, sparse)
+        self._entries[key] = _Entry(key if name is None else name, stored, sparse, place)
         self.stored[key] = stored
         return stored
 
@@ -227,6 +238,8 @@ class Engine:
         if not self.sync:
             self.accumulate(key, arrays, kind, first=True)
             self.finish(key)
+            entry.round += 1              # in dist_async a round is one applied push
+            self._maybe_snapshot(key, entry)
             return
         if worker in entry.pushers:       # its next round: wait (distinct workers per round)
             entry.deferred.append((worker, [np.array(a) for a in arrays], kind, ticket))
@@ -287,6 +300,7 @@ class Engine:
                 key=entry.name))
             return
         entry.round += 1
+        self._maybe_snapshot(key, entry)
         entry.pushers.clear()
         waiting, entry.waiting = entry.waiting, []
         deferred, entry.deferred = entry.deferred, []
@@ -302,6 +316,81 @@ class Engine:
                 entry.pulls.append((worker, ticket))    # its later push is not applied yet
             else:
                 self.release(ticket)
+
+    # ---- snapshots (kvstore._snapshot writes and reads them) ---------------------------------
+    def _copy_entry(self, key: Key, entry: _Entry) -> tuple[dict[str, Any], np.ndarray, Any]:
+        data = entry.stored._data
+        start, stop, full = entry.place or (0, _units(data.shape, entry.sparse), data.shape)
+        meta = {"key": entry.name, "id": key, "shape": list(full), "dtype": data.dtype.name,
+                "stype": "row_sparse" if entry.sparse else "default", "start": start,
+                "stop": stop, "round": entry.round}
+        states = getattr(self.updater, "states", None)
+        state = _copy_state(states.get(entry.name)) if isinstance(states, dict) else None
+        return meta, np.array(data, copy=True), state
+
+    def _shard(self, copies: list[tuple[dict[str, Any], np.ndarray, Any]]) -> ShardCopy:
+        upd = self.updater
+        spec = None
+        if upd is not None and hasattr(upd, "optimizer"):
+            try:
+                spec = upd.optimizer.to_spec()
+            except KVStoreError:    # an unregistered optimizer: states only
+                spec = None
+        states = None if upd is None or not hasattr(upd, "get_states") else \
+            {m["key"]: st for m, _a, st in copies if st is not None}
+        return ShardCopy([m for m, _a, _s in copies], [a for _m, a, _s in copies], states,
+                         spec, self._gc_params)
+
+    def snapshot(self) -> ShardCopy:
+        """A copy of the whole shard (values, optimizer states, rounds, placement): the
+        only pause a checkpoint causes; write it with ``_snapshot.write_shard``."""
+        return self._shard([self._copy_entry(k, e) for k, e in self._entries.items()])
+
+    def _maybe_snapshot(self, key: Key, entry: _Entry) -> None:
+        every = self.snapshot_every
+        if not every or entry.round % every or self.on_snapshot is None:
+            return
+        # each key is copied as its round closes: all keys at the same round, one copy
+        pending = self._pending.setdefault(entry.round, {})
+        pending[key] = self._copy_entry(key, entry)
+        if len(pending) == len(self._entries):
+            del self._pending[entry.round]
+            for older in [r for r in self._pending if r < entry.round]:
+                del self._pending[older]         # a key skipped that round: give it up
+            self.on_snapshot(entry.round, self._shard(list(pending.values())))
+
+    def restore(self, reader: Reader) -> None:
+        """Set every key this engine holds from a checkpoint (its part of each key, on
+        whatever placement saved it), with optimizer states and rounds; all or nothing."""
+        from ..errors import CheckpointError
+        plan = []
+        for e in self._entries.values():
+            meta = reader.key_meta(e.name)
+            data = e.stored._data
+            start, stop, full = e.place or (0, _units(data.shape, e.sparse), data.shape)
+            if tuple(meta["shape"]) != tuple(full) or meta["dtype"] != data.dtype.name \
+                    or (meta["stype"] == "row_sparse") != e.sparse:
+                raise CheckpointError(
+                    f"key {e.name!r} is {list(full)} {data.dtype.name} here but "
+                    f"{meta['shape']} {meta['dtype']} ({meta['stype']}) in checkpoint "
+                    f"{reader.directory!r}. Load a checkpoint of the same model.", key=e.name)
+            plan.append((e, start, stop))
+        spec = reader.optimizer()
+        values = [reader.value(e.name, start, stop, e.stored.shape) for e, start, stop in plan]
+        states = {e.name: reader.state(e.name, start, stop, e.stored.shape)
+                  for e, start, stop in plan}
+        if spec is not None:
+            from .. import optimizer
+            self.updater = optimizer.get_updater(optimizer.from_spec(spec))
+            self._opt_spec = spec
+        upd = self.updater
+        for (e, _start, _stop), value in zip(plan, values, strict=True):
+            np.copyto(e.stored._data, value)
+            e.round = reader.round(e.name)
+            st = states[e.name]
+            if st is not None and isinstance(getattr(upd, "states", None), dict):
+                upd.states[e.name] = st         # type: ignore[union-attr]
+                upd.states_synced[e.name] = False  # type: ignore[union-attr]
 
     # ---- tickets ---------------------------------------------------------------------
     def hold(self, ticket: Ticket) -> None:
@@ -365,3 +454,20 @@ class Engine:
         entry.waiting, entry.deferred, entry.pulls = [], [], []
         entry.pushers.clear()
         entry.sparse_parts.clear()
+
+
+def _units(shape: tuple[int, ...], sparse: bool) -> int:
+    """Elements of a dense key, rows of a row_sparse one."""
+    return (shape[0] if shape else 0) if sparse else int(np.prod(shape, dtype=np.int64))
+
+
+def _copy_state(state: Any) -> Any:
+    """A deep copy of an optimizer state (NDArrays, tuples or lists of them, scalars)."""
+    if isinstance(state, RowSparseNDArray):
+        return RowSparseNDArray(np.array(state._data), np.array(state._indices), state.shape)
+    if isinstance(state, NDArray):
+        return NDArray(np.array(state._data, copy=True), state.context)
+    if isinstance(state, (tuple, list)):
+        items = [_copy_state(s) for s in state]
+        return tuple(items) if isinstance(state, tuple) else items
+    return state

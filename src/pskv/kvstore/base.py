@@ -122,6 +122,15 @@ class KVStoreBase:
         """Load optimizer states saved by :meth:`save_optimizer_states`."""
         raise self._unsupported("load_optimizer_states")
 
+    def save_checkpoint(self, path: str) -> None:
+        """Write every stored value, optimizer state and round to the directory ``path``
+        (NumPy arrays + JSON, a manifest, one shard per server; never a pickle)."""
+        raise self._unsupported("save_checkpoint")
+
+    def load_checkpoint(self, path: str) -> None:
+        """Set every key from the checkpoint in ``path`` (any number of servers wrote it)."""
+        raise self._unsupported("load_checkpoint")
+
     def barrier(self) -> None:
         """Wait for every worker (nothing to wait for in a single process)."""
 

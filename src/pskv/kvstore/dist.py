@@ -22,7 +22,7 @@ from typing import Any, Iterator, overload
 import numpy as np
 import zmq
 
-from ..errors import ClusterError, KVStoreError, UnsupportedError
+from ..errors import CheckpointError, ClusterError, KVStoreError, UnsupportedError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._ps.config import ClusterConfig
@@ -34,9 +34,11 @@ from .._ps.worker import KVWorker
 from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
 from ._agree import check_optimizer_spec
 from ._args import as_numpy, normalize, row_ids_by_key
+from ._durable import checkpoint_path
 from ._held import HeldPush, Items
 from ._keys import KeyRecord, KeyTable
 from ._reduce import Reducer, sum_row_sparse
+from ._snapshot import Reader, check_keys, write_manifest
 from ._wire import (assemble, check_agreement, init_spec, parts, read_states, rows_by_server,
                     target, write_states)
 from .base import KVStoreBase, check_capability, check_optimizer
@@ -226,7 +228,8 @@ class DistKVStore(KVStoreBase):
                 pk, specs, arrays = per.setdefault(seg.server, ([], [], []))
                 pk.append(info.pskey)
                 specs.append({"key": k, "shape": list(part.shape),
-                              "stype": "row_sparse" if info.sparse else "default"})
+                              "stype": "row_sparse" if info.sparse else "default",
+                              "place": [seg.start, seg.stop, list(info.shape)]})
                 arrays.append(np.ascontiguousarray(part).reshape(part.shape))  # keeps 0-d
         tss = [self._kv.request(s, Command.INIT, pk, {"entries": sp}, arr)
                for s, (pk, sp, arr) in per.items()]
@@ -512,6 +515,63 @@ class DistKVStore(KVStoreBase):
             tss = [self._kv.request(s, Command.COMMAND, body={"op": "load"}, arrays=[b])
                    for s, b in enumerate(blobs)]
             self._wait_all(tss, "the servers to load states")
+
+    # ---- checkpoints (docs/durability.md) --------------------------------------------------
+    def save_checkpoint(self, path: str) -> None:
+        """Every server writes its shard to the directory ``path``; rank 0 the manifest.
+
+        Collective: every worker calls it at the same point. Each worker's pushes made
+        before it are applied first, so the checkpoint holds whole rounds. Each server
+        pauses for one in-memory copy of its shard and writes it on a thread, all servers in
+        parallel; the call returns once every shard is on disk. ``path`` must be a
+        directory every server can write (a shared file system across hosts).
+        """
+        with self._lock:
+            self._begin()
+            self._kv.flush()
+            self._collective("save_checkpoint")
+            error = None
+            if self.rank == 0:
+                where = checkpoint_path(path)
+                try:
+                    self._to_all(Command.COMMAND, {"op": "checkpoint", "path": where})
+                    write_manifest(where, self._po.num_servers, None, self._type)
+                except (KVStoreError, OSError) as err:
+                    error = f"{type(err).__name__}: {err}"
+            self._finish_collective("save_checkpoint (written)", error)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Set every key from the checkpoint in ``path``, written by any number of servers
+        (or by a local store): values, optimizer states (and optimizer), rounds.
+
+        Collective. The workers must have initialized exactly the checkpoint's keys with
+        the same shapes and dtypes; call ``set_optimizer`` before loading, not after (a
+        saved optimizer replaces it). Raises CheckpointError on every worker otherwise.
+        """
+        with self._lock:
+            self._begin()
+            self._kv.flush()
+            self._collective("load_checkpoint")
+            error = None
+            if self.rank == 0:
+                where = checkpoint_path(path)
+                try:
+                    reader = Reader(where)
+                    try:
+                        check_keys(reader, list(self._store), where)
+                    finally:
+                        reader.close()
+                    self._to_all(Command.COMMAND, {"op": "restore", "path": where})
+                except KVStoreError as err:
+                    error = f"{type(err).__name__}: {err}"
+            self._finish_collective("load_checkpoint (loaded)", error)
+
+    def _finish_collective(self, call: str, error: str | None) -> None:
+        """The closing barrier of a call rank 0 carried out; raise its error everywhere."""
+        payloads = self._collective(call, {"error": error})
+        msg = (payloads.get("0") or {}).get("error")
+        if msg:
+            raise CheckpointError(f"{msg} (worker 0 reported it)")
 
     # ---- cluster ---------------------------------------------------------------------------------
     def barrier(self) -> None:

@@ -24,6 +24,7 @@ from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
 from ._args import as_numpy, dense_data, normalize, row_ids_by_key
 from ._engine import Engine
 from ._keys import KeyTable
+from ._snapshot import Reader, check_keys, write_manifest, write_shard
 from ._reduce import PARALLEL_MIN, Reducer, sum_row_sparse
 from .base import KVStoreBase, check_capability, check_optimizer
 
@@ -460,6 +461,59 @@ class LocalKVStore(KVStoreBase):
                 raise ConfigError(f"cannot read optimizer states from {fname!r}: {err}. "
                                   "Check the path.") from err
             upd.set_states(data)
+
+    # ---- checkpoints -----------------------------------------------------------------
+    def save_checkpoint(self, path: str) -> None:
+        """Write every stored value and optimizer state to the directory ``path``.
+
+        The checkpoint is a manifest plus one shard of NumPy arrays and JSON (never a
+        pickle); :meth:`load_checkpoint` of any store type reads it, a ``dist_*`` cluster
+        of any size included (docs/durability.md).
+
+        Parameters
+        ----------
+        path : str
+            A directory (created if missing); a checkpoint already there is replaced.
+
+        Examples
+        --------
+        >>> import tempfile, pskv as mx
+        >>> kv = mx.kv.create('local')
+        >>> kv.init('w', mx.nd.ones((2,)))
+        >>> d = tempfile.mkdtemp()
+        >>> kv.save_checkpoint(d)
+        >>> kv.push('w', mx.nd.zeros((2,)))
+        >>> kv.load_checkpoint(d)
+        >>> kv.pull('w').asnumpy()
+        array([1., 1.], dtype=float32)
+        """
+        with self._lock:
+            self._keys.check_open()
+            copy = self._engine.snapshot()
+            write_shard(copy, path, 0)
+            write_manifest(path, 1, None, self._type)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Set every key from the checkpoint in ``path`` (values and optimizer states).
+
+        The store must hold exactly the checkpoint's keys, initialized with the same shapes
+        and dtypes; an optimizer saved with the checkpoint replaces the store's (call
+        ``set_optimizer`` before, not after, loading).
+
+        Raises
+        ------
+        CheckpointError
+            If ``path`` is not a complete checkpoint or holds other keys or shapes; the
+            store is then unchanged.
+        """
+        with self._lock:
+            self._keys.check_open()
+            reader = Reader(path)
+            try:
+                check_keys(reader, list(self._engine.stored), path)
+                self._engine.restore(reader)
+            finally:
+                reader.close()
 
     # ---- compression ---------------------------------------------------------------------
     def set_gradient_compression(self, compression_params: dict[str, Any]) -> None:

@@ -31,6 +31,7 @@ from .._ps.tls import server_context
 from .._ps.transport import Connection
 from .._ps.zeromq import ZmqContext
 from ._engine import Engine, Ticket
+from ._durable import Snapshots
 
 __all__ = ["KVServer"]
 
@@ -88,6 +89,7 @@ class KVServer:
         self._open: dict[Any, int] = {}           # per worker: pushes not yet applied
         self._flushes: dict[Any, list[int]] = {}  # per worker: FLUSH requests waiting
         self.engine = engine_class(self.po.num_workers, True, self._answer, self._answer_error)
+        self.snapshots = Snapshots(cfg, self._send, self._error)
 
     def _bind(self, cfg: ClusterConfig, router: zmq.Socket[Any] | None) -> dict[str, str]:
         """Listen on TCP, (``auto``, ``ipc``) a Unix socket and (``zmq``) ZeroMQ; their
@@ -198,7 +200,10 @@ class KVServer:
                 raise ShapeMismatchError(f"INIT of key {spec.get('key')!r}: shape "
                                          f"{arr.shape} != declared {spec.get('shape')}")
         for k, spec, arr in zip(keys, specs, arrays):
-            self.engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"))
+            place = spec.get("place")
+            self.engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
+                             place=None if not isinstance(place, list) or len(place) != 3
+                             else (int(place[0]), int(place[1]), tuple(place[2])))
         self._send(conn, Command.ACK, ts)
 
     def _split_push(self, keys: tuple[int, ...], body: Any,
@@ -281,6 +286,13 @@ class KVServer:
             if len(arrays) != 1:
                 raise ProtocolError("load needs one array of state bytes")
             self.engine.states_updater("load", self._where()).set_states(arrays[0].tobytes())
+        elif op == "checkpoint":
+            # the pause: one copy of the shard; a thread writes it, then we answer
+            self.snapshots.write(self.engine.snapshot(), str(body.get("path")),
+                                 reply=(conn, ts))
+            return
+        elif op == "restore":
+            self.snapshots.restore(self.engine, str(body.get("path")))
         else:
             raise ProtocolError(f"unknown command {op!r}")
         self._send(conn, Command.DATA if reply else Command.ACK, ts, arrays=reply)
@@ -300,11 +312,13 @@ class KVServer:
             self.engine.sync = self.po.mode != "async"      # as every worker agreed
             self._verifier.job = self.po.job
             self.loop.name = f"server {self.po.rank}"
+            self.snapshots.start(self.engine, self.po.rank, self.po.num_servers)
             failed_seen = False
             lost_at: float | None = None
 
             def stop() -> bool:
                 nonlocal failed_seen, lost_at
+                self.snapshots.reap()
                 if self.po.failure is not None and not failed_seen:
                     failed_seen = True
                     self.engine.fail_all(NodeFailedError(self.po.failure))
@@ -329,6 +343,8 @@ class KVServer:
             self._close()
 
     def _close(self) -> None:
+        if hasattr(self, "snapshots"):
+            self.snapshots.close()
         if hasattr(self, "loop"):
             self.loop.close()
         else:

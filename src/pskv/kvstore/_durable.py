@@ -1,0 +1,166 @@
+"""A server's checkpoints: writer threads, replies when written, periodic ones, restarts.
+
+The engine copies its shard (``Engine.snapshot``, or key by key as rounds close for the
+periodic checkpoints of ``PSKV_CHECKPOINT_EVERY``); a thread of this module writes the copy
+while the server goes on serving. Invariants: the server's loop thread is the only one that
+touches the engine or sends replies (:meth:`Snapshots.reap`, called by the loop, answers a
+finished write); a writer thread touches only its copy and the files.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import CheckpointError, KVStoreError
+from .._ps.config import ClusterConfig
+from .._ps.message import Command
+from ._engine import Engine
+from ._snapshot import Reader, ShardCopy, latest, prune, round_dir, write_manifest, write_shard
+
+__all__ = ["Snapshots", "checkpoint_path", "load_shard"]
+
+log = logging.getLogger(__name__)
+
+
+class _Job:
+    __slots__ = ("thread", "reply", "error")
+
+    def __init__(self, reply: tuple[Any, int] | None) -> None:
+        self.thread: threading.Thread | None = None
+        self.reply = reply
+        self.error: KVStoreError | None = None
+
+
+class Snapshots:
+    """The checkpoints of one server.
+
+    Parameters
+    ----------
+    cfg : ClusterConfig
+        ``checkpoint_dir``, ``checkpoint_every``, ``checkpoint_keep``.
+    send, error : callable
+        The server's ``send(conn, cmd, ts)`` and ``error(conn, ts, err)``.
+    """
+
+    def __init__(self, cfg: ClusterConfig, send: Callable[..., None],
+                 error: Callable[[Any, int, BaseException], None]) -> None:
+        self.cfg = cfg
+        self._send, self._error = send, error
+        self._jobs: list[_Job] = []
+        self.index, self.num_shards = 0, 1
+
+    def start(self, engine: Engine, index: int, num_shards: int) -> None:
+        """This server's shard index; periodic checkpoints on ``engine`` if configured."""
+        self.index, self.num_shards = index, num_shards
+        if self.cfg.checkpoint_every and self.cfg.checkpoint_dir:
+            engine.snapshot_every = self.cfg.checkpoint_every
+            engine.on_snapshot = self._periodic
+
+    def _periodic(self, rnd: int, copy: ShardCopy) -> None:
+        assert self.cfg.checkpoint_dir is not None
+        self.write(copy, round_dir(self.cfg.checkpoint_dir, rnd), rnd=rnd)
+
+    def write(self, copy: ShardCopy, path: str, reply: tuple[Any, int] | None = None,
+              rnd: int | None = None) -> None:
+        """Write ``copy`` as this server's shard of the checkpoint in ``path`` on a thread;
+        answer ``reply`` (conn, ts) once written."""
+        job = _Job(reply)
+        job.thread = threading.Thread(target=self._run, args=(job, copy, path, rnd),
+                                      name=f"pskv-checkpoint-{self.index}", daemon=True)
+        self._jobs.append(job)
+        job.thread.start()
+
+    def _run(self, job: _Job, copy: ShardCopy, path: str, rnd: int | None) -> None:
+        try:
+            write_shard(copy, path, self.index)
+            if rnd is not None and self.index == 0:
+                # periodic: server 0 names the shards; the checkpoint is complete once
+                # every server's shard is there (readers check)
+                write_manifest(path, self.num_shards, rnd, "dist")
+                assert self.cfg.checkpoint_dir is not None
+                prune(self.cfg.checkpoint_dir, self.cfg.checkpoint_keep)
+        except (OSError, ValueError) as err:
+            job.error = CheckpointError(f"server {self.index} cannot write its shard of "
+                                        f"checkpoint {path!r}: {err}. Check that the directory "
+                                        "is writable by every server and has room.")
+        except KVStoreError as err:
+            job.error = err
+
+    def reap(self) -> None:
+        """On the loop thread: answer the finished writes (or log a periodic one's error)."""
+        if not self._jobs:
+            return
+        left = []
+        for job in self._jobs:
+            assert job.thread is not None
+            if job.thread.is_alive():
+                left.append(job)
+            elif job.reply is not None:
+                conn, ts = job.reply
+                if job.error is None:
+                    self._send(conn, Command.ACK, ts)
+                else:
+                    self._error(conn, ts, job.error)
+            elif job.error is not None:
+                log.error("server %d: periodic checkpoint failed: %s", self.index, job.error)
+        self._jobs = left
+
+    def restore(self, engine: Engine, path: str) -> None:
+        """Set every key ``engine`` holds from the checkpoint in ``path``."""
+        reader = Reader(path)
+        try:
+            engine.restore(reader)
+        finally:
+            reader.close()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Let the writes under way finish (bounded)."""
+        for job in self._jobs:
+            assert job.thread is not None
+            job.thread.join(timeout)
+        self._jobs.clear()
+
+
+def load_shard(engine: Engine, root: str, index: int, num_shards: int) -> int | None:
+    """A restarted server's shard: every key of shard ``index`` of the newest complete
+    checkpoint under ``root``, into an empty ``engine``; the checkpoint's round (None if
+    there is no checkpoint yet)."""
+    path = latest(root)
+    if path is None:
+        return None
+    reader = Reader(path)
+    try:
+        if reader.manifest["num_shards"] != num_shards:
+            raise CheckpointError(
+                f"the newest checkpoint {path!r} has {reader.manifest['num_shards']} shards, "
+                f"but this cluster has {num_shards} servers: a restarted server reloads its "
+                "own shard. Restart the job with as many servers, then load_checkpoint.")
+        for e in reader.metas[index]["entries"]:
+            start, stop, shape = int(e["start"]), int(e["stop"]), tuple(e["shape"])
+            sparse = e.get("stype") == "row_sparse"
+            part = _part_shape(shape, start, stop, sparse)
+            value = reader.value(e["key"], start, stop, part)
+            engine.init(e["id"], value, sparse, e["key"], place=(start, stop, shape))
+        engine.restore(reader)
+        rnd = reader.manifest.get("round")
+        return int(rnd) if isinstance(rnd, int) else 0
+    finally:
+        reader.close()
+
+
+def _part_shape(shape: tuple[int, ...], start: int, stop: int, sparse: bool) -> tuple[int, ...]:
+    """The shape a server holds for units ``[start, stop)`` of a key of ``shape``."""
+    if sparse:
+        return (stop - start,) + shape[1:]
+    if start == 0 and stop == int(np.prod(shape, dtype=np.int64)):
+        return shape
+    return (stop - start,)
+
+
+def checkpoint_path(path: str) -> str:
+    """``path`` as every server sees it (absolute: servers may run elsewhere)."""
+    return os.path.abspath(path)

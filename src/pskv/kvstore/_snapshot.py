@@ -1,0 +1,361 @@
+"""Checkpoints of an engine's shard: copied in memory, written as NumPy + JSON, read back.
+
+A checkpoint is a directory::
+
+    manifest.json       {"format": "pskv.checkpoint", "version": 1, "num_shards": S,
+                         "round": R or null, "store_type": ...}
+    shard-00000.npz     one per server (one for a local store): np.savez, no pickle:
+                        w0, w1, ... the stored parts; __states__ (optimizer states, the
+                        Updater's own archive, as bytes); __meta__ (UTF-8 JSON, below)
+
+``__meta__`` lists one entry per stored part: ``{"key", "shape" (the whole key's), "dtype",
+"stype", "start", "stop" (elements of the flat key, rows for row_sparse), "round"}`` plus the
+optimizer spec and the compression params. Every file is written to a temporary name and
+renamed, so a checkpoint is complete when its manifest and every shard it names exist.
+Invariant: the parts of a key in a complete checkpoint cover it exactly once, so it loads
+onto any number of servers (:class:`Reader` cuts and joins parts and optimizer states).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import CheckpointError
+from ..nd.ndarray import NDArray
+
+__all__ = ["FORMAT", "MANIFEST", "Reader", "ShardCopy", "check_keys", "latest", "prune", "read_manifest",
+           "round_dir", "shard_name", "write_manifest", "write_shard"]
+
+FORMAT = "pskv.checkpoint"
+VERSION = 1
+MANIFEST = "manifest.json"
+_META = "__meta__"
+_STATES = "__states__"
+_ROUND_DIR = re.compile(r"^round-(\d{10})$")
+
+
+@dataclass(slots=True)
+class ShardCopy:
+    """One shard copied out of an engine: what a writer thread may write while it serves.
+
+    ``entries`` are JSON dicts (see the module docstring); ``arrays[i]`` is entry ``i``'s
+    part; ``states`` copies of the optimizer states by key, or None without an optimizer.
+    """
+
+    entries: list[dict[str, Any]]
+    arrays: list[np.ndarray]
+    states: dict[Any, Any] | None
+    optimizer: Any
+    compression: Any
+
+
+def shard_name(index: int) -> str:
+    """The file name of shard ``index``."""
+    return f"shard-{index:05d}.npz"
+
+
+def round_dir(root: str, rnd: int) -> str:
+    """The directory of the periodic checkpoint taken at round ``rnd`` under ``root``."""
+    return os.path.join(root, f"round-{rnd:010d}")
+
+
+def _replace_atomically(path: str, write: Any) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_shard(copy: ShardCopy, directory: str, index: int) -> str:
+    """Write ``copy`` as shard ``index`` of the checkpoint in ``directory``; its path."""
+    os.makedirs(directory, exist_ok=True)
+    meta = {"format": FORMAT, "version": VERSION, "entries": copy.entries,
+            "optimizer": copy.optimizer, "compression": copy.compression}
+    named: dict[str, np.ndarray] = {f"w{i}": a for i, a in enumerate(copy.arrays)}
+    named[_META] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    if copy.states is not None:
+        from ..optimizer.updater import Updater
+        holder = Updater.__new__(Updater)    # only its states: get_states(False) reads no more
+        holder.states = copy.states
+        named[_STATES] = np.frombuffer(holder.get_states(False), dtype=np.uint8)
+    path = os.path.join(directory, shard_name(index))
+    _replace_atomically(path, lambda f: np.savez(f, allow_pickle=False, **named))
+    return path
+
+
+def write_manifest(directory: str, num_shards: int, rnd: int | None,
+                   store_type: str) -> None:
+    """Write the manifest naming ``num_shards`` shards (after or while they are written)."""
+    os.makedirs(directory, exist_ok=True)
+    body = {"format": FORMAT, "version": VERSION, "num_shards": num_shards, "round": rnd,
+            "store_type": store_type}
+    _replace_atomically(os.path.join(directory, MANIFEST),
+                        lambda f: f.write(json.dumps(body, indent=1).encode("utf-8")))
+
+
+def read_manifest(directory: str) -> dict[str, Any]:
+    """The manifest of the checkpoint in ``directory``; CheckpointError if it is not one,
+    or if a shard it names is missing."""
+    path = os.path.join(directory, MANIFEST)
+    try:
+        with open(path, "rb") as f:
+            body = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError as err:
+        raise CheckpointError(f"{directory!r} is not a pskv checkpoint: it has no {MANIFEST}. "
+                              "Pass a directory kv.save_checkpoint wrote.") from err
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise CheckpointError(f"cannot read {path!r}: {err}. Pass a directory "
+                              "kv.save_checkpoint wrote.") from err
+    if not isinstance(body, dict) or body.get("format") != FORMAT \
+            or body.get("version") != VERSION or not isinstance(body.get("num_shards"), int) \
+            or body["num_shards"] < 1:
+        raise CheckpointError(f"{path!r} is not a manifest of pskv checkpoint version "
+                              f"{VERSION}. Pass a directory kv.save_checkpoint wrote.")
+    missing = [shard_name(i) for i in range(body["num_shards"])
+               if not os.path.exists(os.path.join(directory, shard_name(i)))]
+    if missing:
+        raise CheckpointError(f"checkpoint {directory!r} is incomplete: {missing[0]} (of "
+                              f"{body['num_shards']} shards) is missing. Load an earlier "
+                              "checkpoint, or wait until its servers have written it.")
+    return body
+
+
+def _complete(directory: str) -> bool:
+    try:
+        read_manifest(directory)
+    except CheckpointError:
+        return False
+    return True
+
+
+def _rounds(root: str) -> list[tuple[int, str]]:
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    found = [(int(m.group(1)), os.path.join(root, n)) for n in names
+             if (m := _ROUND_DIR.match(n)) is not None]
+    return sorted(found, reverse=True)
+
+
+def latest(root: str) -> str | None:
+    """The newest complete periodic checkpoint under ``root`` (``round-*`` directories), or
+    ``root`` itself if it is a complete checkpoint, or None."""
+    for _rnd, path in _rounds(root):
+        if _complete(path):
+            return path
+    return root if _complete(root) else None
+
+
+def prune(root: str, keep: int) -> None:
+    """Remove periodic checkpoints under ``root`` older than the ``keep`` newest complete
+    ones (incomplete newer ones are kept: their servers may still be writing)."""
+    complete = 0
+    for _rnd, path in _rounds(root):
+        if complete >= keep:
+            shutil.rmtree(path, ignore_errors=True)
+        elif _complete(path):
+            complete += 1
+
+
+# ---- reading back, onto any placement --------------------------------------------------
+@dataclass(slots=True)
+class _Part:
+    shard: int
+    index: int
+    start: int
+    stop: int
+    meta: dict[str, Any]
+
+
+class Reader:
+    """The parts of every key of a complete checkpoint, cut to any placement.
+
+    Parameters
+    ----------
+    directory : str
+        A complete checkpoint.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.manifest = read_manifest(directory)
+        self._files: dict[int, Any] = {}
+        self._states: dict[int, dict[Any, Any]] = {}
+        self.metas: list[dict[str, Any]] = [self._meta(i)
+                                            for i in range(self.manifest["num_shards"])]
+        self.parts: dict[Any, list[_Part]] = {}
+        for s, meta in enumerate(self.metas):
+            for i, e in enumerate(meta["entries"]):
+                self.parts.setdefault(e["key"], []).append(_Part(s, i, e["start"], e["stop"], e))
+        for key, parts in self.parts.items():
+            parts.sort(key=lambda p: p.start)
+            units = _units(parts[0].meta)
+            pos = 0
+            for p in parts:
+                if p.start != pos:
+                    raise CheckpointError(f"checkpoint {directory!r}: the parts of key {key!r} "
+                                          "do not cover it. The checkpoint is damaged.", key=key)
+                pos = p.stop
+            if pos != units:
+                raise CheckpointError(f"checkpoint {directory!r}: the parts of key {key!r} "
+                                      "do not cover it. The checkpoint is damaged.", key=key)
+
+    def close(self) -> None:
+        """Close the shard files."""
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def _file(self, shard: int) -> Any:
+        f = self._files.get(shard)
+        if f is None:
+            path = os.path.join(self.directory, shard_name(shard))
+            try:
+                f = self._files[shard] = np.load(path, allow_pickle=False)
+            except (OSError, ValueError) as err:
+                raise CheckpointError(f"cannot read {path!r}: {err}. The checkpoint is "
+                                      "damaged; load an earlier one.") from err
+        return f
+
+    def _meta(self, shard: int) -> dict[str, Any]:
+        f = self._file(shard)
+        try:
+            meta = json.loads(f[_META].tobytes().decode("utf-8"))
+        except (KeyError, UnicodeDecodeError, ValueError) as err:
+            raise CheckpointError(f"shard {shard} of {self.directory!r} has no readable "
+                                  f"{_META}: {err}. The checkpoint is damaged.") from err
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT \
+                or not isinstance(meta.get("entries"), list):
+            raise CheckpointError(f"shard {shard} of {self.directory!r} is not a pskv shard.")
+        return meta
+
+    def _array(self, part: _Part) -> np.ndarray:
+        return np.asarray(self._file(part.shard)[f"w{part.index}"])
+
+    def key_meta(self, key: Any) -> dict[str, Any]:
+        """What ``key`` was saved as (shape, dtype, stype, round); CheckpointError if absent."""
+        parts = self.parts.get(key)
+        if parts is None:
+            raise CheckpointError(f"key {key!r} is not in checkpoint {self.directory!r}. Load "
+                                  "a checkpoint of the same model (same keys).", key=key)
+        return parts[0].meta
+
+    def _overlap(self, key: Any, start: int, stop: int) -> list[_Part]:
+        return [p for p in self.parts[key] if p.start < stop and p.stop > start]
+
+    def value(self, key: Any, start: int, stop: int, shape: tuple[int, ...]) -> np.ndarray:
+        """Elements (rows for row_sparse) ``[start, stop)`` of ``key``, shaped ``shape``."""
+        meta = self.key_meta(key)
+        out = np.empty(shape, np.dtype(meta["dtype"]))
+        dst = _flat(out, meta)
+        for p in self._overlap(key, start, stop):
+            src = _flat(self._array(p), meta)
+            lo, hi = max(start, p.start), min(stop, p.stop)
+            dst[lo - start:hi - start] = src[lo - p.start:hi - p.start]
+        return out
+
+    def round(self, key: Any) -> int:
+        """The round ``key`` was saved at (the newest of its parts)."""
+        return max(int(p.meta.get("round", 0)) for p in self.parts[key])
+
+    def _shard_states(self, shard: int) -> dict[Any, Any]:
+        got = self._states.get(shard)
+        if got is None:
+            from ..optimizer.updater import _decode
+            f = self._file(shard)
+            got = _decode(f[_STATES].tobytes())[0] if _STATES in f.files else {}
+            self._states[shard] = got
+        return got
+
+    def state(self, key: Any, start: int, stop: int, shape: tuple[int, ...]) -> Any:
+        """``key``'s optimizer state cut to ``[start, stop)`` (shaped like a part of
+        ``shape``), or None if it has none."""
+        meta = self.key_meta(key)
+        parts = self._overlap(key, start, stop)
+        trees = [self._shard_states(p.shard).get(key) for p in parts]
+        if any(t is None for t in trees):
+            return None
+        if len(parts) == 1 and (parts[0].start, parts[0].stop) == (start, stop):
+            return trees[0]
+
+        def join(nodes: list[Any]) -> Any:
+            first = nodes[0]
+            if isinstance(first, (tuple, list)):
+                joined = [join([n[i] for n in nodes]) for i in range(len(first))]
+                return tuple(joined) if isinstance(first, tuple) else joined
+            if type(first) is not NDArray:
+                return first
+            out = np.empty(shape, first.dtype)
+            dst = _flat(out, meta)
+            for p, node in zip(parts, nodes, strict=True):
+                src = _flat(node._data, meta)
+                if src.shape[0] != p.stop - p.start:
+                    raise CheckpointError(
+                        f"the optimizer state of key {key!r} does not have the shape of its "
+                        "weight, so it cannot be cut onto another number of servers. Load it "
+                        "onto as many servers as saved it.", key=key)
+                lo, hi = max(start, p.start), min(stop, p.stop)
+                dst[lo - start:hi - start] = src[lo - p.start:hi - p.start]
+            return NDArray(out, first.context)
+        return join(trees)
+
+    def optimizer(self) -> Any:
+        """The optimizer spec, with the update counts of every shard merged (or None)."""
+        specs: list[dict[str, Any]] = [m["optimizer"] for m in self.metas
+                                       if isinstance(m.get("optimizer"), dict)]
+        if not specs:
+            return None
+        spec = json.loads(json.dumps(specs[0]))
+        state = spec.setdefault("state", {})
+        state["num_update"] = max(int(s.get("state", {}).get("num_update", 0)) for s in specs)
+        merged: dict[int, dict[str, Any]] = {}
+        for s in specs:
+            for dev, pairs in s.get("state", {}).get("update_counts", []):
+                into = merged.setdefault(int(dev), {})
+                for k, v in pairs:
+                    into[json.dumps(k)] = [k, max(int(v), into.get(json.dumps(k), [k, 0])[1])]
+        state["update_counts"] = [[dev, list(c.values())] for dev, c in merged.items()]
+        return spec
+
+    def compression(self) -> Any:
+        """The gradient-compression params the checkpoint was taken with (or None)."""
+        return self.metas[0].get("compression")
+
+
+def check_keys(reader: Reader, keys: list[Any], path: str) -> None:
+    """CheckpointError unless the checkpoint holds exactly ``keys`` (the user's keys)."""
+    extra = sorted((k for k in reader.parts if k not in set(keys)), key=repr)
+    missing = sorted((k for k in keys if k not in reader.parts), key=repr)
+    if extra or missing:
+        k = (missing or extra)[0]
+        where = "is not in" if missing else "is in"
+        raise CheckpointError(
+            f"key {k!r} {where} checkpoint {path!r} but {'is' if missing else 'is not'} "
+            f"initialized in this store ({len(missing)} such keys missing, {len(extra)} "
+            "extra). Init exactly the checkpoint's keys before loading it.", key=k)
+
+
+def _units(meta: dict[str, Any]) -> int:
+    shape = meta["shape"]
+    if meta.get("stype") == "row_sparse":
+        return int(shape[0]) if shape else 0
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _flat(a: np.ndarray, meta: dict[str, Any]) -> np.ndarray:
+    """``a`` as units: rows for row_sparse keys, elements otherwise (a view)."""
+    return a if meta.get("stype") == "row_sparse" else a.reshape(-1)
