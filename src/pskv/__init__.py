@@ -12,7 +12,7 @@ from __future__ import annotations
 from . import kvstore as kv
 from . import lr_scheduler, nd, np, optimizer, test_utils
 from .context import Context, cpu, cpu_pinned, current_context, gpu, num_gpus
-from .errors import (ClusterError, ClusterTimeoutError, ConfigError, KeyAlreadyInitializedError,
+from .errors import (CheckpointError, ClusterError, ClusterTimeoutError, ConfigError, KeyAlreadyInitializedError,
                      KeyNotInitializedError, KeyTypeError, KVStoreError, NodeFailedError,
                      ProtocolError, ShapeMismatchError, StoreClosedError, UnsupportedError,
                      ValueTypeError)
@@ -24,6 +24,7 @@ kvstore = kv
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointError",
     "ClusterError",
     "ClusterTimeoutError",
     "ConfigError",
