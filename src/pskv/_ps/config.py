@@ -16,7 +16,7 @@ from ..errors import ConfigError
 
 __all__ = [
     "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_CHECKPOINT_DIR", "ENV_CHECKPOINT_EVERY",
-    "ENV_CHECKPOINT_KEEP", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
+    "ENV_CHECKPOINT_KEEP", "ENV_MAX_RESTARTS", "ENV_RESTART", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_LOG_LEVEL", "ENV_SECRET", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "ENV_WORKER_ID",
@@ -46,6 +46,9 @@ ENV_COALESCE_BYTES = "PSKV_COALESCE_BYTES"
 ENV_CHECKPOINT_DIR = "PSKV_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY = "PSKV_CHECKPOINT_EVERY"
 ENV_CHECKPOINT_KEEP = "PSKV_CHECKPOINT_KEEP"
+#: set by pskv-launch --max-restarts in every process, and the restart count of this one
+ENV_MAX_RESTARTS = "PSKV_MAX_RESTARTS"
+ENV_RESTART = "PSKV_RESTART"
 #: the level of pskv's loggers in every process of a job (pskv-launch --log-level)
 ENV_LOG_LEVEL = "PSKV_LOG_LEVEL"
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -136,6 +139,9 @@ class ClusterConfig:
         reloads its shard from (PSKV_CHECKPOINT_DIR); None: no periodic checkpoints
     checkpoint_every : rounds between periodic checkpoints (PSKV_CHECKPOINT_EVERY)
     checkpoint_keep : how many complete periodic checkpoints are kept (PSKV_CHECKPOINT_KEEP)
+    max_restarts : how often pskv-launch restarts a dead node (PSKV_MAX_RESTARTS): the
+        scheduler then waits for a dead server's replacement instead of ending the job
+    restart : this process's restart count (PSKV_RESTART; 0: its first start)
     """
 
     role: Role
@@ -158,6 +164,8 @@ class ClusterConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     checkpoint_keep: int = 3
+    max_restarts: int = 0
+    restart: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -238,6 +246,9 @@ class ClusterConfig:
                                   f"between checkpoints (with {ENV_CHECKPOINT_DIR}), or 0."),
             checkpoint_keep=_int(env, ENV_CHECKPOINT_KEEP, 3, "Set it to how many checkpoints "
                                  "to keep, e.g. 3.", 1),
+            max_restarts=_int(env, ENV_MAX_RESTARTS, 0, "Set it with pskv-launch "
+                              "--max-restarts N."),
+            restart=_int(env, ENV_RESTART, 0, "pskv-launch sets it; leave it unset."),
         )
 
     def with_role(self, role: Role) -> ClusterConfig:

@@ -43,6 +43,7 @@ class Command(enum.IntEnum):
     NODE_FAILED = 7    # scheduler -> nodes: a peer died
     GOODBYE = 8        # worker -> scheduler: closed; server -> scheduler: stopped
     SHUTDOWN = 9       # scheduler -> servers: every worker is gone
+    NODE_REJOINED = 10  # scheduler -> nodes: a restarted node took a dead one's rank
     INIT = 20
     PUSH = 21
     PULL = 22

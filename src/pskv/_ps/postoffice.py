@@ -70,6 +70,11 @@ class Postoffice:
         self.num_servers = cfg.num_servers
         self.servers: list[dict[str, str]] = []
         self.host = socket.gethostname()
+        #: ranks of servers restarted since the KVWorker last looked (their new endpoints
+        #: are in ``servers``); appended by the control thread
+        self.rejoined: queue.SimpleQueue[int] = queue.SimpleQueue()
+        #: whether this node is a restarted one that took a dead node's rank
+        self.rejoin = False
         #: called by the control thread about every half heartbeat interval (a worker's
         #: store sends a push it held too long); it must not block
         self.idle_hook: Callable[[], None] | None = None
@@ -105,6 +110,7 @@ class Postoffice:
         self.servers = list(body["servers"])
         self.num_workers = int(body["num_workers"])
         self.num_servers = int(body["num_servers"])
+        self.rejoin = bool(body.get("rejoin", False))
         self._thread = threading.Thread(target=self._loop, name=f"pskv-{self.role}-control",
                                         daemon=True)
         self._thread.start()
@@ -219,6 +225,13 @@ class Postoffice:
             self._set_failure(f"{msg}; this {self.role} cannot go on")
         elif cmd == Command.SHUTDOWN:
             self.shutdown.set()
+        elif cmd == Command.NODE_REJOINED:
+            if isinstance(body, dict) and body.get("role") == "server" \
+                    and isinstance(body.get("rank"), int) \
+                    and 0 <= body["rank"] < len(self.servers):
+                log.warning("%s %d: server %d was restarted", self.role, self.rank, body["rank"])
+                self.servers[body["rank"]] = dict(body.get("endpoints") or {})
+                self.rejoined.put(body["rank"])
         elif cmd == Command.ERROR:
             with self._cond:
                 self._replies[ts] = error_from_body(body, "the scheduler")

@@ -39,6 +39,7 @@ class _Node:
     state: str = "alive"        # alive | closed | dead
     hello_ts: int = 0
     claimed: int | None = None  # the rank it asked for (DMLC_WORKER_ID / DMLC_SERVER_ID)
+    dead_since: float = 0.0     # with restarts: when it stopped heartbeating
 
 
 @dataclass(slots=True)
@@ -93,9 +94,14 @@ class Scheduler:
         role = str(body.get("role")) if isinstance(body, dict) else ""
         if why is None and role not in ("server", "worker"):
             why = f"an unknown role {role!r}"
+        claimed = body.get("rank") if isinstance(body, dict) else None
+        if why is None and self._admitted and self.cfg.max_restarts and ident not in self._nodes:
+            old = next((n for n in self._members(role) if n.rank == claimed), None)
+            if old is not None:
+                self._rejoin(old, ident, ts, body)
+                return
         if why is None and (self._admitted or self._counts[role] >= self._expected(role)):
             why = f"a {role} beyond the {self._expected(role)} this cluster expects"
-        claimed = body.get("rank") if isinstance(body, dict) else None
         if why is None and claimed is not None and ident not in self._nodes:
             why = self._check_claim(role, claimed)
         if why is not None:
@@ -140,7 +146,7 @@ class Scheduler:
     def _admit(self) -> None:
         self._assign_ranks()
         servers = sorted(self._members("server"), key=lambda n: n.rank)
-        table = [n.body.get("endpoints", {}) for n in servers]
+        table = self._table()
         now = time.monotonic()
         for node in self._nodes.values():
             node.last_seen = now
@@ -151,6 +157,32 @@ class Scheduler:
         ns, nw = len(servers), self.cfg.num_workers
         log.info("scheduler: %d server%s and %d worker%s admitted", ns, "s"[:ns != 1], nw,
                  "s"[:nw != 1])
+
+    def _table(self) -> list[Any]:
+        servers = sorted(self._members("server"), key=lambda n: n.rank)
+        return [n.body.get("endpoints", {}) for n in servers]
+
+    def _rejoin(self, old: _Node, ident: Connection, ts: int, body: dict[str, Any]) -> None:
+        """A node restarted by pskv-launch --max-restarts takes the rank of ``old`` (dead,
+        or about to be found dead); every other node is told where it is now."""
+        del self._nodes[old.ident]
+        for bar in self._barriers.values():
+            for k, (who, _bts, _p) in list(bar.waiting.items()):
+                if who is old.ident:
+                    del bar.waiting[k]
+        node = _Node(ident, old.role, old.rank, dict(body), time.monotonic(), hello_ts=ts,
+                     claimed=old.rank)
+        self._nodes[ident] = node
+        log.warning("scheduler: %s %d rejoined (restarted)", node.role, node.rank)
+        self._send(ident, Command.ADMIT, ts, {
+            "role": node.role, "rank": node.rank, "servers": self._table(),
+            "num_workers": self.cfg.num_workers, "num_servers": self.cfg.num_servers,
+            "rejoin": True})
+        for other in self._live():
+            if other is not node:
+                self._send(other.ident, Command.NODE_REJOINED, 0, {
+                    "role": node.role, "rank": node.rank,
+                    "endpoints": body.get("endpoints", {})})
 
     def _barrier(self, node: _Node, ts: int, body: Any) -> None:
         group = body.get("group", "worker") if isinstance(body, dict) else "worker"
@@ -185,6 +217,12 @@ class Scheduler:
                     self._send(n.ident, Command.SHUTDOWN)
 
     def _fail(self, node: _Node, reason: str) -> None:
+        if self.cfg.max_restarts and not node.dead_since and node.role != "scheduler":
+            # pskv-launch restarts it: its replacement has connect_timeout to say HELLO
+            node.state, node.dead_since = "dead", time.monotonic()
+            log.warning("scheduler: %s %d %s; waiting for its restart", node.role, node.rank,
+                        reason)
+            return
         node.state = "dead"
         self._failed = True
         # name the machine too (the hostname it said HELLO with): that is what an operator
@@ -240,6 +278,11 @@ class Scheduler:
             if now - node.last_seen > self.cfg.heartbeat_timeout:
                 self._fail(node, f"sent no heartbeat for {now - node.last_seen:.1f} s "
                                  "(it died or hangs)")
+        for node in self._members():
+            if node.dead_since and now - node.dead_since > self.cfg.connect_timeout \
+                    and not self._failed:
+                self._fail(node, f"died and was not restarted within "
+                                 f"{self.cfg.connect_timeout:g} s")
         servers = self._members("server")
         if self._shutdown_sent and all(n.state != "alive" for n in servers):
             self._code = 1 if self._failed else 0

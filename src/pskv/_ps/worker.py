@@ -10,6 +10,7 @@ registered for its kind (:func:`..errors.error_from_kind`), marked "(reported by
 from __future__ import annotations
 
 import itertools
+import logging
 import socket
 import time
 from typing import Any, Sequence
@@ -17,15 +18,18 @@ from typing import Any, Sequence
 import numpy as np
 import zmq
 
-from ..errors import ClusterTimeoutError, KVStoreError, ProtocolError
+from ..errors import ClusterTimeoutError, KVStoreError, NodeFailedError, ProtocolError
 from .auth import prove
 from .config import ClusterConfig
 from .message import Command, Meta, error_from_body
 from .postoffice import Postoffice
+from .replay import PushLog
 from .transport import Alloc, Connection, connect
 from .zeromq import ZmqContext
 
 __all__ = ["KVWorker"]
+
+log = logging.getLogger(__name__)
 
 
 class KVWorker:
@@ -42,20 +46,87 @@ class KVWorker:
         self._dirty: set[int] = set()              # servers pushed to since the last flush
         self._deferred_error: Exception | None = None
         self._into: dict[int, Sequence[np.ndarray | None]] = {}
-        hello = {"role": "worker", "rank": po.rank, **prove(cfg.secret, "worker", "server")}
+        self._zctx = zctx
+        self._hello = {"role": "worker", "rank": po.rank,
+                       **prove(cfg.secret, "worker", "server")}
+        #: servers may be restarted (pskv-launch --max-restarts): keep what a restarted
+        #: one needs again (pushes, requests not answered yet, mode and compression)
+        self.resilient = cfg.max_restarts > 0
+        self._log = PushLog(3 * cfg.checkpoint_every + 2 if self.resilient else 0)
+        self._sent: dict[int, tuple[int, Command, Sequence[int], Any,
+                                    Sequence[np.ndarray]]] = {}
+        self._setup: dict[str, Any] = {}
+        self._down: set[int] = set()
+        self._reconnecting = False
         try:
-            me = socket.gethostname()
             for rank, ep in enumerate(po.servers):
-                conn = connect(cfg, ep, ep.get("host") == me, f"server {rank}", zctx)
-                self._conns.append(conn)
-                self._server_of[conn.pollable()] = rank
-                self._poller.register(conn.pollable(), zmq.POLLIN)
-            tss = [self.request(s, Command.HELLO, body=hello) for s in range(len(self._conns))]
+                self._conns.append(self._connect(rank, ep))
+            tss = [self.request(s, Command.HELLO, body=self._hello)
+                   for s in range(len(self._conns))]
             for ts in tss:
                 self.wait(ts, timeout=cfg.connect_timeout)
         except BaseException:
             self.close()
             raise
+
+    def _connect(self, rank: int, ep: dict[str, str]) -> Connection:
+        conn = connect(self.cfg, ep, ep.get("host") == socket.gethostname(), f"server {rank}",
+                       self._zctx)
+        self._server_of[conn.pollable()] = rank
+        self._poller.register(conn.pollable(), zmq.POLLIN)
+        return conn
+
+    # ---- restarted servers (docs/durability.md) ---------------------------------------------
+    def _lost(self, server: int, err: KVStoreError) -> None:
+        """The link to ``server`` broke: wait for its restart, or raise ``err``."""
+        if not self.resilient:
+            raise err
+        if server not in self._down:
+            self._down.add(server)
+            try:
+                self._poller.unregister(self._conns[server].pollable())
+            except KeyError:   # pragma: no cover - not registered
+                pass
+            self._conns[server].close()
+
+    def _check_rejoined(self) -> None:
+        """Reconnect to every server the scheduler says was restarted, then send it what
+        it lacks: mode and compression, this worker's later pushes, unanswered requests."""
+        if self._reconnecting:
+            return
+        while not self.po.rejoined.empty():
+            server = self.po.rejoined.get()
+            self._reconnecting = True
+            try:
+                self._rejoin(server)
+            finally:
+                self._reconnecting = False
+
+    def _rejoin(self, server: int) -> None:
+        self._lost(server, NodeFailedError(f"server {server} was restarted"))
+        self._server_of = {p: s for p, s in self._server_of.items() if s != server}
+        conn = self._connect(server, self.po.servers[server])
+        self._conns[server] = conn
+        self._down.discard(server)
+        ts = next(self._ts)
+        conn.send(Command.HELLO, ts, body=self._hello)
+        meta, _ = self.wait(ts, timeout=self.cfg.connect_timeout, what=f"server {server}'s "
+                            "HELLO after its restart")
+        body = meta.body if isinstance(meta.body, dict) else {}
+        applied = {int(k): int(n) for k, n in body.get("applied", [])}
+        for setup in list(self._setup.values()):
+            ts = next(self._ts)
+            conn.send(Command.COMMAND, ts, body=setup)
+            self.wait(ts, what=f"server {server} to take {setup.get('op')}")
+        pushes = self._log.since(server, applied)
+        for pk, kind, arrays in pushes:
+            conn.send(Command.PUSH, -next(self._ts), [pk], {"kinds": kind}, arrays)
+        again = sorted(ts for ts, sent in self._sent.items() if sent[0] == server)
+        for ts in again:
+            _s, cmd, keys, body_, arrays_ = self._sent[ts]
+            conn.send(cmd, ts, keys, body_, arrays_)
+        log.warning("worker %d: server %d restarted; sent %d pushes and %d requests again",
+                    self.po.rank, server, len(pushes), len(again))
 
     def request(self, server: int, cmd: Command, keys: Sequence[int] = (), body: Any = None,
                 arrays: Sequence[np.ndarray] = (), negative: bool = False,
@@ -68,10 +139,32 @@ class KVWorker:
         ts = -next(self._ts) if negative else next(self._ts)
         if into is not None:
             self._into[ts] = into
+        if self.resilient:
+            self._check_rejoined()
+            self._keep(server, cmd, ts, keys, body, arrays)
         if self._poller.poll(0):
             self._receive(0)      # keep the servers' replies from piling up
-        self._conns[server].send(cmd, ts, keys, body, arrays)
+        if server in self._down:
+            return ts             # sent again once it has been restarted
+        try:
+            self._conns[server].send(cmd, ts, keys, body, arrays)
+        except NodeFailedError as err:
+            self._lost(server, err)
         return ts
+
+    def _keep(self, server: int, cmd: Command, ts: int, keys: Sequence[int], body: Any,
+              arrays: Sequence[np.ndarray]) -> None:
+        """Remember what a restarted ``server`` would need again."""
+        if cmd in (Command.PUSH, Command.PUSHPULL):
+            kinds = body.get("kinds", "") if isinstance(body, dict) else ""
+            self._log.record(server, keys, kinds, arrays)
+        if cmd == Command.COMMAND and isinstance(body, dict) \
+                and body.get("op") in ("mode", "compression"):
+            self._setup[str(body["op"])] = body
+        if ts > 0 and cmd != Command.HELLO:
+            # a PUSHPULL's push is in the log: sent again, it is a PULL
+            self._sent[ts] = (server, Command.PULL, keys, None, ()) \
+                if cmd == Command.PUSHPULL else (server, cmd, keys, body, arrays)
 
     def push(self, server: int, cmd: Command, keys: Sequence[int], body: Any,
              arrays: Sequence[np.ndarray]) -> int:
@@ -103,17 +196,23 @@ class KVWorker:
 
     def _receive(self, timeout_ms: int) -> None:
         for what, _ in self._poller.poll(timeout_ms):
-            server = self._server_of[what]
+            server = self._server_of.get(what)
+            if server is None or server in self._down:
+                continue
             conn = self._conns[server]
             while True:         # one message at a time: its buffers may be reused
                 try:
                     got = conn.receive(self._alloc_for, 1)
                 except ProtocolError as err:
                     raise ProtocolError(f"server {server} sent a bad reply: {err}") from None
+                except NodeFailedError as err:
+                    self._lost(server, err)
+                    break
                 if not got:
                     break
                 meta, arrays = got[0]
                 self._into.pop(meta.ts, None)
+                self._sent.pop(meta.ts, None)
                 result: tuple[Meta, list[np.ndarray]] | Exception = (meta, arrays)
                 if meta.cmd == Command.ERROR:
                     result = error_from_body(meta.body, f"server {server}")
@@ -141,6 +240,8 @@ class KVWorker:
         deadline = time.monotonic() + limit
         while ts not in self._done:
             self.po.check()
+            if self.resilient:
+                self._check_rejoined()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ClusterTimeoutError(

@@ -145,7 +145,7 @@ def load_shard(engine: Engine, root: str, index: int, num_shards: int) -> int | 
             part = _part_shape(shape, start, stop, sparse)
             value = reader.value(e["key"], start, stop, part)
             engine.init(e["id"], value, sparse, e["key"], place=(start, stop, shape))
-        engine.restore(reader)
+        engine.restore(reader, counters=True)
         rnd = reader.manifest.get("round")
         return int(rnd) if isinstance(rnd, int) else 0
     finally:

@@ -62,6 +62,7 @@ class _Entry:
     merge: np.ndarray | None = None
     pushers: set[int] = field(default_factory=set)
     round: int = 0
+    applied: dict[int, int] = field(default_factory=dict)     # per worker: pushes applied
     started: float = 0.0
     waiting: list[Ticket] = field(default_factory=list)            # pushers of this round
     pulls: list[tuple[int, Ticket]] = field(default_factory=list)  # pulls after a push
@@ -236,6 +237,7 @@ class Engine:
             self.accumulate(key, arrays, kind, first=True)
             self.finish(key)
             entry.round += 1              # in dist_async a round is one applied push
+            entry.applied[worker] = entry.applied.get(worker, 0) + 1
             self._maybe_snapshot(key, entry)
             return
         if worker in entry.pushers:       # its next round: wait (distinct workers per round)
@@ -290,6 +292,8 @@ class Engine:
     def _close_round(self, key: Key, entry: _Entry) -> None:
         self.finish(key)
         entry.round += 1
+        for worker in entry.pushers:
+            entry.applied[worker] = entry.applied.get(worker, 0) + 1
         self._maybe_snapshot(key, entry)
         entry.pushers.clear()
         waiting, entry.waiting = entry.waiting, []
@@ -313,7 +317,8 @@ class Engine:
         start, stop, full = entry.place or (0, _units(data.shape, entry.sparse), data.shape)
         meta = {"key": entry.name, "id": key, "shape": list(full), "dtype": data.dtype.name,
                 "stype": "row_sparse" if entry.sparse else "default", "start": start,
-                "stop": stop, "round": entry.round}
+                "stop": stop, "round": entry.round,
+                "applied": [[w, n] for w, n in sorted(entry.applied.items())]}
         states = getattr(self.updater, "states", None)
         state = _copy_state(states.get(entry.name)) if isinstance(states, dict) else None
         return meta, np.array(data, copy=True), state
@@ -349,9 +354,18 @@ class Engine:
                 del self._pending[older]         # a key skipped that round: give it up
             self.on_snapshot(entry.round, self._shard(list(pending.values())))
 
-    def restore(self, reader: Reader) -> None:
+    def applied_by(self, worker: int) -> list[list[Any]]:
+        """``[key, pushes of worker applied]`` for every key: what a worker that sends its
+        pushes again (to a restarted server) may skip."""
+        return [[k, e.applied.get(worker, 0)] for k, e in self._entries.items()]
+
+    def restore(self, reader: Reader, counters: bool = False) -> None:
         """Set every key this engine holds from a checkpoint (its part of each key, on
-        whatever placement saved it), with optimizer states and rounds; all or nothing."""
+        whatever placement saved it), with optimizer states; all or nothing.
+
+        ``counters``: also the rounds and per-worker push counts (a restarted server of the
+        same job); else they keep counting this job's pushes (``kv.load_checkpoint``).
+        """
         from ..errors import CheckpointError
         plan = []
         for e in self._entries.values():
@@ -376,7 +390,9 @@ class Engine:
         upd = self.updater
         for (e, _start, _stop), value in zip(plan, values, strict=True):
             np.copyto(e.stored._data, value)
-            e.round = reader.round(e.name)
+            if counters:
+                e.round = reader.round(e.name)
+                e.applied = reader.applied(e.name)
             st = states[e.name]
             if st is not None and isinstance(getattr(upd, "states", None), dict):
                 upd.states[e.name] = st         # type: ignore[union-attr]

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import zmq
 
-from ..errors import KeyAlreadyInitializedError, KVStoreError, NodeFailedError, ProtocolError, \
+from ..errors import CheckpointError, KeyAlreadyInitializedError, KVStoreError, NodeFailedError, ProtocolError, \
     ShapeMismatchError
 from .._ps.auth import Verifier
 from .._ps.config import ClusterConfig
@@ -29,7 +29,7 @@ from .._ps.stream import StreamListener, ipc_path
 from .._ps.transport import Connection
 from .._ps.zeromq import ZmqContext
 from ._engine import Engine, Ticket
-from ._durable import Snapshots
+from ._durable import Snapshots, load_shard
 
 __all__ = ["KVServer"]
 
@@ -99,8 +99,10 @@ class KVServer:
     def admit(self, conn: Connection, meta: Meta) -> int:
         """A worker's HELLO: admitted under its rank."""
         body = meta.body if isinstance(meta.body, dict) else {}
-        self._send(conn, Command.ACK, meta.ts)
-        return int(body.get("rank", -1))
+        rank = int(body.get("rank", -1))
+        # what of this worker's pushes is applied here: a worker sends the rest again
+        self._send(conn, Command.ACK, meta.ts, {"applied": self.engine.applied_by(rank)})
+        return rank
 
     def handle(self, conn: Connection, worker: Any, meta: Meta,
                arrays: list[np.ndarray]) -> None:
@@ -272,6 +274,8 @@ class KVServer:
     def run(self) -> int:
         """Join the cluster and serve until the scheduler says SHUTDOWN; return 0."""
         try:
+            if self.cfg.restart and self.cfg.rank is not None:
+                self._reload(self.cfg.rank)
             self.po.start()
             self.engine.num_workers = self.po.num_workers    # as admitted
             self.loop.name = f"server {self.po.rank}"
@@ -298,6 +302,20 @@ class KVServer:
             return 0
         finally:
             self._close()
+
+    def _reload(self, rank: int) -> None:
+        """Restarted by pskv-launch --max-restarts: this rank's shard from the newest
+        checkpoint, before rejoining (the workers then send what it does not include)."""
+        root = self.cfg.checkpoint_dir
+        rnd = None if root is None else load_shard(self.engine, root, rank,
+                                                   self.cfg.num_servers)
+        if rnd is None:
+            raise CheckpointError(
+                f"server {rank} was restarted but has nothing to reload: no complete "
+                f"checkpoint in PSKV_CHECKPOINT_DIR={root!r}. Set PSKV_CHECKPOINT_DIR and "
+                "PSKV_CHECKPOINT_EVERY so that a restarted server can rejoin.")
+        log.warning("server %d: restarted; reloaded %d keys from the checkpoint of round %d",
+                    rank, len(self.engine.stored), rnd)
 
     def _close(self) -> None:
         if hasattr(self, "snapshots"):

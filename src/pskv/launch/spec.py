@@ -96,6 +96,9 @@ class LaunchSpec:
     shutdown_timeout : float
         Seconds the scheduler and servers get to exit by themselves once every worker
         has exited 0; then they are stopped (quietly: the job still succeeds).
+    max_restarts : int
+        How many times each worker or server that dies is started again, with its rank
+        (``--max-restarts``; docs/durability.md); 0: the first failure ends the job.
 
     Examples
     --------
@@ -122,12 +125,16 @@ class LaunchSpec:
     hosts: str | None = None
     log_level: str | None = None
     log_dir: str | None = None
+    max_restarts: int = 0
 
     def __post_init__(self) -> None:
         # frozen: normalise through object.__setattr__, as attrs converters do
         setattr_ = object.__setattr__
         setattr_(self, "command", tuple(str(c) for c in self.command))
         setattr_(self, "server_command", tuple(str(c) for c in self.server_command))
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts {self.max_restarts} is negative. Pass how "
+                              "many times a dead worker or server may be restarted, or 0.")
         if not self.command:
             raise ConfigError("no command to launch. Put the worker command last, e.g. "
                               "pskv-launch -n 2 python train.py.")

@@ -1,0 +1,63 @@
+"""A worker's recent pushes, kept to send again to a server that was restarted.
+
+A server counts, per key and worker, the pushes it has applied (and a checkpoint keeps the
+counts); a worker numbers its pushes of each key to each server the same way. After a
+restart the server says how many it holds and the worker sends the later ones again, in
+order (docs/durability.md: why re-send rather than roll back). Invariant: for each server
+and ps_key, the log holds the last ``keep`` pushes, numbered 1, 2, ... in send order.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import NodeFailedError, ProtocolError
+
+__all__ = ["PushLog"]
+
+
+class PushLog:
+    """The last ``keep`` pushes of each key to each server (copies)."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._count: dict[tuple[int, int], int] = {}
+        self._log: dict[tuple[int, int], deque[tuple[int, str, list[np.ndarray]]]] = {}
+
+    def record(self, server: int, keys: Sequence[int], kinds: str,
+               arrays: Sequence[np.ndarray]) -> None:
+        """One push message (``kinds``: one letter per key; ``r`` carries two arrays)."""
+        pos = 0
+        for pk, kind in zip(keys, kinds, strict=True):
+            n = 2 if kind == "r" else 1
+            if pos + n > len(arrays):
+                raise ProtocolError("push arrays do not match their kinds")
+            j = self._count.get((server, pk), 0) + 1
+            self._count[(server, pk)] = j
+            if self.keep:
+                log = self._log.get((server, pk))
+                if log is None:
+                    log = self._log[(server, pk)] = deque(maxlen=self.keep)
+                log.append((j, kind, [np.array(a, copy=True) for a in arrays[pos:pos + n]]))
+            pos += n
+
+    def since(self, server: int, applied: dict[int, int]) \
+            -> list[tuple[int, str, list[np.ndarray]]]:
+        """The pushes to ``server`` it has not applied (``applied``: ps_key -> count), as
+        (ps_key, kind, arrays), oldest first; NodeFailedError if some are no longer kept."""
+        out: list[tuple[int, int, str, list[np.ndarray]]] = []
+        for (srv, pk), sent in self._count.items():
+            have = applied.get(pk, 0)
+            if srv != server or sent <= have:
+                continue
+            log = self._log.get((srv, pk), deque())
+            if not log or log[0][0] > have + 1:
+                raise NodeFailedError(
+                    f"server {server} was restarted from a checkpoint holding {have} of this "
+                    f"worker's {sent} pushes of ps_key {pk}, and this worker keeps only the "
+                    f"last {self.keep}. Lower PSKV_CHECKPOINT_EVERY, or use PSKV_REPLICAS=1.")
+            out.extend((j, pk, kind, arrays) for j, kind, arrays in log if j > have)
+        out.sort(key=lambda item: item[0])
+        return [(pk, kind, arrays) for _j, pk, kind, arrays in out]

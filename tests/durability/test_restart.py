@@ -1,0 +1,66 @@
+"""pskv-launch --max-restarts: a server SIGKILLed at a seeded random moment is restarted,
+reloads its shard from the newest checkpoint, the workers send it their later pushes again,
+and the job ends as a run where nothing died: the same weights in dist_sync, every push
+applied once in dist_async."""
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pskv.launch import launch
+
+pytestmark = pytest.mark.timeout(300)
+
+HERE = Path(__file__).parent / "scripts"
+STEPS = 150
+
+
+def _job(out: Path, store_type: str, die: tuple[int, float] | None, every: int = 5,
+         extra: dict[str, str] | None = None) -> int:
+    out.mkdir()
+    env = {"PSKV_CHECKPOINT_DIR": str(out / "ck"), "PSKV_CHECKPOINT_EVERY": str(every),
+           "PSKV_HEARTBEAT_TIMEOUT": "20", "PSKV_CONNECT_TIMEOUT": "30",
+           "DIE_MARK": str(out / "died"), **(extra or {})}
+    if die is not None:
+        env.update(DIE_SERVER=str(die[0]), DIE_AFTER=str(die[1]))
+    result = launch([sys.executable, str(HERE / "train.py"), str(out), str(STEPS), store_type],
+                    2, 2, env=env, max_restarts=1, timeout=200,
+                    server_command=[sys.executable, str(HERE / "server.py")])
+    if die is not None:
+        assert (out / "died").exists(), "the server was not killed while the job ran"
+    return result.returncode
+
+
+def _weights(out: Path) -> dict[str, np.ndarray]:
+    with np.load(out / "weights.npz") as data:
+        return {k: data[k] for k in data.files}
+
+
+def _die(seed: int) -> tuple[int, float]:
+    rng = random.Random(seed)
+    return rng.randrange(2), rng.uniform(0.8, 1.6)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sync_server_killed_restarts_from_checkpoint_bit_identical(tmp_path: Path,
+                                                                   seed: int) -> None:
+    assert _job(tmp_path / "calm", "dist_sync", None) == 0
+    assert _job(tmp_path / "killed", "dist_sync", _die(seed)) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
+@pytest.mark.parametrize("seed", [3])
+def test_async_server_killed_restarts_and_loses_no_push(tmp_path: Path, seed: int) -> None:
+    assert _job(tmp_path / "killed", "dist_async", _die(seed)) == 0
+    pushed = [json.loads((tmp_path / "killed" / f"pushes-{r}.json").read_text())["pushes"]
+              for r in (0, 1)]
+    counted = _weights(tmp_path / "killed")["n"]
+    # "n" starts at one and gains one per applied push of it (4 keys: a quarter of them)
+    np.testing.assert_array_equal(counted, np.full(2, 1.0 + sum(pushed) // 4))
