@@ -17,22 +17,24 @@ from pskv.launch import launch
 pytestmark = pytest.mark.timeout(300)
 
 HERE = Path(__file__).parent / "scripts"
-STEPS = 150
+STEPS = 200
 
 
-def _job(out: Path, store_type: str, die: tuple[int, float] | None, every: int = 5,
-         extra: dict[str, str] | None = None) -> int:
+def _job(out: Path, store_type: str, die: tuple[int, float] | list[tuple[int, float]] | None,
+         every: int = 5, extra: dict[str, str] | None = None) -> int:
     out.mkdir()
-    env = {"PSKV_CHECKPOINT_DIR": str(out / "ck"), "PSKV_CHECKPOINT_EVERY": str(every),
-           "PSKV_HEARTBEAT_TIMEOUT": "20", "PSKV_CONNECT_TIMEOUT": "30",
+    env = {"PSKV_HEARTBEAT_TIMEOUT": "20", "PSKV_CONNECT_TIMEOUT": "30",
            "DIE_MARK": str(out / "died"), **(extra or {})}
-    if die is not None:
-        env.update(DIE_SERVER=str(die[0]), DIE_AFTER=str(die[1]))
+    if every:
+        env.update(PSKV_CHECKPOINT_DIR=str(out / "ck"), PSKV_CHECKPOINT_EVERY=str(every))
+    kills = [] if die is None else die if isinstance(die, list) else [die]
+    env.update(DIE_SERVER=",".join(str(r) for r, _ in kills),
+               DIE_AFTER=",".join(str(t) for _, t in kills))
     result = launch([sys.executable, str(HERE / "train.py"), str(out), str(STEPS), store_type],
                     2, 2, env=env, max_restarts=1, timeout=200,
                     server_command=[sys.executable, str(HERE / "server.py")])
-    if die is not None:
-        assert (out / "died").exists(), "the server was not killed while the job ran"
+    for rank, _ in kills:
+        assert (out / f"died-{rank}").exists(), f"server {rank} was not killed while the job ran"
     return result.returncode
 
 
@@ -63,4 +65,36 @@ def test_async_server_killed_restarts_and_loses_no_push(tmp_path: Path, seed: in
               for r in (0, 1)]
     counted = _weights(tmp_path / "killed")["n"]
     # "n" starts at one and gains one per applied push of it (4 keys: a quarter of them)
+    np.testing.assert_array_equal(counted, np.full(2, 1.0 + sum(pushed) // 4))
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_sync_replicas_failover_bit_identical(tmp_path: Path, seed: int) -> None:
+    assert _job(tmp_path / "calm", "dist_sync", None) == 0
+    # no checkpoints: the backup holds everything acknowledged
+    assert _job(tmp_path / "killed", "dist_sync", _die(seed), every=0,
+                extra={"PSKV_REPLICAS": "1"}) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
+def test_replicas_restarted_server_is_the_new_backup(tmp_path: Path) -> None:
+    # server 0 dies (server 1 takes its shard), restarts as a backup of both shards, then
+    # server 1 dies: server 0 serves everything, and nothing acknowledged is lost
+    assert _job(tmp_path / "calm", "dist_sync", None) == 0
+    assert _job(tmp_path / "killed", "dist_sync", [(0, 0.8), (1, 2.0)], every=0,
+                extra={"PSKV_REPLICAS": "1"}) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
+@pytest.mark.parametrize("seed", [6])
+def test_async_replicas_failover_loses_no_push(tmp_path: Path, seed: int) -> None:
+    assert _job(tmp_path / "killed", "dist_async", _die(seed), every=0,
+                extra={"PSKV_REPLICAS": "1"}) == 0
+    pushed = [json.loads((tmp_path / "killed" / f"pushes-{r}.json").read_text())["pushes"]
+              for r in (0, 1)]
+    counted = _weights(tmp_path / "killed")["n"]
     np.testing.assert_array_equal(counted, np.full(2, 1.0 + sum(pushed) // 4))

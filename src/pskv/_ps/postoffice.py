@@ -73,6 +73,8 @@ class Postoffice:
         #: ranks of servers restarted since the KVWorker last looked (their new endpoints
         #: are in ``servers``); appended by the control thread
         self.rejoined: queue.SimpleQueue[int] = queue.SimpleQueue()
+        #: ranks of dead servers whose backups took over (PSKV_REPLICAS=1)
+        self.lost: queue.SimpleQueue[int] = queue.SimpleQueue()
         #: whether this node is a restarted one that took a dead node's rank
         self.rejoin = False
         #: called by the control thread about every half heartbeat interval (a worker's
@@ -220,6 +222,11 @@ class Postoffice:
             with self._cond:
                 self._replies[ts] = body
                 self._cond.notify_all()
+        elif cmd == Command.NODE_FAILED and isinstance(body, dict) and body.get("failover") \
+                and isinstance(body.get("rank"), int):
+            log.warning("%s %d: %s; its backup takes over", self.role, self.rank,
+                        body.get("msg"))
+            self.lost.put(body["rank"])
         elif cmd == Command.NODE_FAILED:
             msg = body.get("msg") if isinstance(body, dict) else "a node failed"
             self._set_failure(f"{msg}; this {self.role} cannot go on")

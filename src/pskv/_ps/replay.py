@@ -15,7 +15,19 @@ import numpy as np
 
 from ..errors import NodeFailedError, ProtocolError
 
-__all__ = ["PushLog"]
+__all__ = ["PushLog", "backup_of"]
+
+
+def backup_of(shard: int, host: int, num_servers: int) -> int:
+    """The server that keeps the backup of ``shard`` while server ``host`` serves it: the
+    next server while its own serves it, its own (restarted) once the next took it over.
+
+    Examples
+    --------
+    >>> backup_of(1, 1, 3), backup_of(1, 2, 3), backup_of(2, 2, 3)
+    (2, 1, 0)
+    """
+    return (shard + 1) % num_servers if host == shard else shard
 
 
 class PushLog:

@@ -23,7 +23,7 @@ from .auth import prove
 from .config import ClusterConfig
 from .message import Command, Meta, error_from_body
 from .postoffice import Postoffice
-from .replay import PushLog
+from .replay import PushLog, backup_of
 from .transport import Alloc, Connection, connect
 from .zeromq import ZmqContext
 
@@ -51,8 +51,11 @@ class KVWorker:
                        **prove(cfg.secret, "worker", "server")}
         #: servers may be restarted (pskv-launch --max-restarts): keep what a restarted
         #: one needs again (pushes, requests not answered yet, mode and compression)
-        self.resilient = cfg.max_restarts > 0
-        self._log = PushLog(3 * cfg.checkpoint_every + 2 if self.resilient else 0)
+        self.resilient = cfg.max_restarts > 0 or cfg.replicas > 0
+        self._log = PushLog(max(3 * cfg.checkpoint_every + 2 if cfg.max_restarts else 0,
+                                16 if cfg.replicas else 0))
+        #: shard -> the server that serves it (its backup once its primary died)
+        self._host = list(range(len(po.servers)))
         self._sent: dict[int, tuple[int, Command, Sequence[int], Any,
                                     Sequence[np.ndarray]]] = {}
         self._setup: dict[str, Any] = {}
@@ -77,11 +80,14 @@ class KVWorker:
         return conn
 
     # ---- restarted servers (docs/durability.md) ---------------------------------------------
-    def _lost(self, server: int, err: KVStoreError) -> None:
-        """The link to ``server`` broke: wait for its restart, or raise ``err``."""
+    def _lost(self, server: int, err: KVStoreError, switch: bool = True) -> None:
+        """The link to ``server`` broke: switch to the backups of what it served
+        (PSKV_REPLICAS=1; soon, on this thread), or wait for its restart, or raise ``err``."""
         if not self.resilient:
             raise err
         if server not in self._down:
+            if self.cfg.replicas and switch:
+                self.po.lost.put(server)
             self._down.add(server)
             try:
                 self._poller.unregister(self._conns[server].pollable())
@@ -94,16 +100,65 @@ class KVWorker:
         it lacks: mode and compression, this worker's later pushes, unanswered requests."""
         if self._reconnecting:
             return
-        while not self.po.rejoined.empty():
-            server = self.po.rejoined.get()
+        while not self.po.lost.empty() or not self.po.rejoined.empty():
             self._reconnecting = True
             try:
-                self._rejoin(server)
+                if not self.po.lost.empty():
+                    self._failover(self.po.lost.get())
+                else:
+                    self._rejoin(self.po.rejoined.get())
             finally:
                 self._reconnecting = False
 
+    def _failover(self, server: int) -> None:
+        """``server`` died: each shard it served goes to its backup, which is told what
+        of this worker's pushes it lacks, and gets the unanswered requests again."""
+        self._lost(server, NodeFailedError(f"server {server} died"), switch=False)
+        for shard, host in enumerate(self._host):
+            if host != server:
+                continue
+            backup = backup_of(shard, host, len(self._host))
+            if backup in self._down:
+                raise NodeFailedError(f"server {server} died and the backup of its shard "
+                                      f"{shard}, server {backup}, is down too: that shard is "
+                                      "lost. Restart from a checkpoint.")
+            self._host[shard] = backup
+            ts = next(self._ts)
+            self._conns[backup].send(Command.COMMAND, ts, body={
+                "op": "applied", "shard": shard, "rank": self.po.rank})
+            meta, _ = self.wait(ts, what=f"server {backup} to take over shard {shard}")
+            self._resend(shard, meta.body)
+            log.warning("worker %d: server %d died; shard %d now on server %d", self.po.rank,
+                        server, shard, backup)
+
+    def _resend(self, shard: int, body: Any) -> None:
+        """Send the server of ``shard`` this worker's pushes it has not applied (``body``:
+        its ``applied`` counts), then the requests not answered yet."""
+        body = body if isinstance(body, dict) else {}
+        applied = {int(k): int(n) for k, n in body.get("applied", [])}
+        host = self._host[shard]
+        conn = self._conns[host]
+        tag = {} if host == shard else {"shard": shard}
+        pushes = self._log.since(shard, applied)
+        for pk, kind, arrays in pushes:
+            conn.send(Command.PUSH, -next(self._ts), [pk], {"kinds": kind, **tag}, arrays)
+        again = sorted(ts for ts, sent in self._sent.items() if sent[0] == shard)
+        for ts in again:
+            _s, cmd, keys, body_, arrays_ = self._sent[ts]
+            conn.send(cmd, ts, keys, self._tagged(shard, body_), arrays_)
+        log.warning("worker %d: sent %d pushes and %d requests for shard %d again to server "
+                    "%d", self.po.rank, len(pushes), len(again), shard, host)
+
+    def _tagged(self, shard: int, body: Any) -> Any:
+        """``body`` naming ``shard`` when another server serves it."""
+        if self._host[shard] == shard:
+            return body
+        return {**(body if isinstance(body, dict) else {}), "shard": shard}
+
     def _rejoin(self, server: int) -> None:
-        self._lost(server, NodeFailedError(f"server {server} was restarted"))
+        if self.cfg.replicas and self._host[server] == server:
+            self._failover(server)          # it died unseen: its backup serves its shard
+        self._lost(server, NodeFailedError(f"server {server} was restarted"), switch=False)
         self._server_of = {p: s for p, s in self._server_of.items() if s != server}
         conn = self._connect(server, self.po.servers[server])
         self._conns[server] = conn
@@ -113,20 +168,13 @@ class KVWorker:
         meta, _ = self.wait(ts, timeout=self.cfg.connect_timeout, what=f"server {server}'s "
                             "HELLO after its restart")
         body = meta.body if isinstance(meta.body, dict) else {}
-        applied = {int(k): int(n) for k, n in body.get("applied", [])}
+        if self.cfg.replicas:
+            return                          # a backup now: its shard stays where it is
         for setup in list(self._setup.values()):
             ts = next(self._ts)
             conn.send(Command.COMMAND, ts, body=setup)
             self.wait(ts, what=f"server {server} to take {setup.get('op')}")
-        pushes = self._log.since(server, applied)
-        for pk, kind, arrays in pushes:
-            conn.send(Command.PUSH, -next(self._ts), [pk], {"kinds": kind}, arrays)
-        again = sorted(ts for ts, sent in self._sent.items() if sent[0] == server)
-        for ts in again:
-            _s, cmd, keys, body_, arrays_ = self._sent[ts]
-            conn.send(cmd, ts, keys, body_, arrays_)
-        log.warning("worker %d: server %d restarted; sent %d pushes and %d requests again",
-                    self.po.rank, server, len(pushes), len(again))
+        self._resend(server, body)
 
     def request(self, server: int, cmd: Command, keys: Sequence[int] = (), body: Any = None,
                 arrays: Sequence[np.ndarray] = (), negative: bool = False,
@@ -144,12 +192,14 @@ class KVWorker:
             self._keep(server, cmd, ts, keys, body, arrays)
         if self._poller.poll(0):
             self._receive(0)      # keep the servers' replies from piling up
-        if server in self._down:
+        host = self._host[server] if self.resilient else server
+        if host in self._down:
             return ts             # sent again once it has been restarted
         try:
-            self._conns[server].send(cmd, ts, keys, body, arrays)
+            self._conns[host].send(cmd, ts, keys, self._tagged(server, body)
+                                   if host != server else body, arrays)
         except NodeFailedError as err:
-            self._lost(server, err)
+            self._lost(host, err)
         return ts
 
     def _keep(self, server: int, cmd: Command, ts: int, keys: Sequence[int], body: Any,

@@ -54,37 +54,40 @@ class Snapshots:
         self.index, self.num_shards = 0, 1
 
     def start(self, engine: Engine, index: int, num_shards: int) -> None:
-        """This server's shard index; periodic checkpoints on ``engine`` if configured."""
+        """``engine`` serves shard ``index`` of ``num_shards``; periodic checkpoints of it
+        if configured."""
         self.index, self.num_shards = index, num_shards
         if self.cfg.checkpoint_every and self.cfg.checkpoint_dir:
             engine.snapshot_every = self.cfg.checkpoint_every
-            engine.on_snapshot = self._periodic
+            engine.on_snapshot = lambda rnd, copy: self._periodic(rnd, copy, index)
 
-    def _periodic(self, rnd: int, copy: ShardCopy) -> None:
+    def _periodic(self, rnd: int, copy: ShardCopy, index: int) -> None:
         assert self.cfg.checkpoint_dir is not None
-        self.write(copy, round_dir(self.cfg.checkpoint_dir, rnd), rnd=rnd)
+        self.write(copy, round_dir(self.cfg.checkpoint_dir, rnd), rnd=rnd, index=index)
 
     def write(self, copy: ShardCopy, path: str, reply: tuple[Any, int] | None = None,
-              rnd: int | None = None) -> None:
-        """Write ``copy`` as this server's shard of the checkpoint in ``path`` on a thread;
-        answer ``reply`` (conn, ts) once written."""
+              rnd: int | None = None, index: int | None = None) -> None:
+        """Write ``copy`` as shard ``index`` (this server's) of the checkpoint in ``path``
+        on a thread; answer ``reply`` (conn, ts) once written."""
         job = _Job(reply)
-        job.thread = threading.Thread(target=self._run, args=(job, copy, path, rnd),
-                                      name=f"pskv-checkpoint-{self.index}", daemon=True)
+        shard = self.index if index is None else index
+        job.thread = threading.Thread(target=self._run, args=(job, copy, path, rnd, shard),
+                                      name=f"pskv-checkpoint-{shard}", daemon=True)
         self._jobs.append(job)
         job.thread.start()
 
-    def _run(self, job: _Job, copy: ShardCopy, path: str, rnd: int | None) -> None:
+    def _run(self, job: _Job, copy: ShardCopy, path: str, rnd: int | None,
+             index: int) -> None:
         try:
-            write_shard(copy, path, self.index)
-            if rnd is not None and self.index == 0:
+            write_shard(copy, path, index)
+            if rnd is not None and index == 0:
                 # periodic: server 0 names the shards; the checkpoint is complete once
                 # every server's shard is there (readers check)
                 write_manifest(path, self.num_shards, rnd, "dist")
                 assert self.cfg.checkpoint_dir is not None
                 prune(self.cfg.checkpoint_dir, self.cfg.checkpoint_keep)
         except (OSError, ValueError) as err:
-            job.error = CheckpointError(f"server {self.index} cannot write its shard of "
+            job.error = CheckpointError(f"server {self.index} cannot write shard {index} of "
                                         f"checkpoint {path!r}: {err}. Check that the directory "
                                         "is writable by every server and has room.")
         except KVStoreError as err:

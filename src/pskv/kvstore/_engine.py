@@ -69,6 +69,7 @@ class _Entry:
     deferred: list[tuple[int, list[np.ndarray], str, Ticket | None]] = \
         field(default_factory=list)
     sparse_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    last: NDArray | None = None        # the round's merged value, kept for ``replicate``
 
 
 def _ignore(ticket: Ticket) -> None:
@@ -117,6 +118,9 @@ class Engine:
         self.snapshot_every = 0
         self.on_snapshot: Callable[[int, ShardCopy], None] | None = None
         self._pending: dict[int, dict[Key, tuple[dict[str, Any], np.ndarray, Any]]] = {}
+        #: ``replicate(key, merged, round, applied)`` after each applied round or async
+        #: push, before any request waiting for it is answered (primary-backup)
+        self.replicate: Callable[[Key, NDArray, int, dict[int, int]], None] | None = None
 
     # ---- keys ------------------------------------------------------------------------
     def __contains__(self, key: object) -> bool:
@@ -238,6 +242,7 @@ class Engine:
             self.finish(key)
             entry.round += 1              # in dist_async a round is one applied push
             entry.applied[worker] = entry.applied.get(worker, 0) + 1
+            self._replicate(key, entry)
             self._maybe_snapshot(key, entry)
             return
         if worker in entry.pushers:       # its next round: wait (distinct workers per round)
@@ -278,7 +283,27 @@ class Engine:
 
     def finish(self, key: Key) -> None:
         """The round of ``key`` is complete: apply its merged value."""
-        self.apply(key, self._merged(self._entries[key]))
+        entry = self._entries[key]
+        merged = self._merged(entry)
+        self.apply(key, merged)
+        if self.replicate is not None:
+            entry.last = merged
+
+    def _replicate(self, key: Key, entry: _Entry) -> None:
+        if self.replicate is not None and entry.last is not None:
+            merged, entry.last = entry.last, None
+            self.replicate(key, merged, entry.round, entry.applied)
+
+    def set_counters(self, key: Key, rnd: int, applied: dict[int, int]) -> None:
+        """Set ``key``'s round and per-worker push counts (a backup's copy of a shard)."""
+        entry = self._entries[key]
+        entry.round, entry.applied = rnd, dict(applied)
+
+    def replay(self, key: Key, merged: NDArray, rnd: int, applied: dict[int, int]) -> None:
+        """A backup's copy of a primary's applied round: the same update, the same counts."""
+        entry = self._entries[key]
+        self.apply(key, merged)
+        entry.round, entry.applied = rnd, dict(applied)
 
     def _merged(self, entry: _Entry) -> NDArray:
         if entry.sparse:
@@ -294,6 +319,7 @@ class Engine:
         entry.round += 1
         for worker in entry.pushers:
             entry.applied[worker] = entry.applied.get(worker, 0) + 1
+        self._replicate(key, entry)       # the backup has it before anyone is answered
         self._maybe_snapshot(key, entry)
         entry.pushers.clear()
         waiting, entry.waiting = entry.waiting, []

@@ -1,8 +1,8 @@
 """``pskv.server`` that SIGKILLs itself once, at a chosen moment (fault injection for tests).
 
-Environment: DIE_SERVER (the server rank to kill), DIE_AFTER (seconds after it started),
-DIE_MARK (a file it creates just before dying). Only the first start of that server dies;
-a restart (PSKV_RESTART > 0) serves normally.
+Environment: DIE_SERVER (server ranks to kill, comma-separated), DIE_AFTER (for each, the
+seconds after it started), DIE_MARK (a file each creates, suffixed with its rank, just
+before dying). Only the first start of a server dies; a restart (PSKV_RESTART > 0) serves.
 """
 from __future__ import annotations
 
@@ -12,17 +12,26 @@ import threading
 
 from pskv.server import main
 
-if __name__ == "__main__":
-    if os.environ.get("DMLC_ROLE") == "server" \
-            and os.environ.get("DMLC_SERVER_ID") == os.environ.get("DIE_SERVER") \
-            and os.environ.get("PSKV_RESTART", "0") == "0":
-        delay = float(os.environ.get("DIE_AFTER", "1"))
 
-        def die() -> None:
-            with open(os.environ["DIE_MARK"], "w"):
-                pass
-            os.kill(os.getpid(), signal.SIGKILL)
-        timer = threading.Timer(delay, die)
-        timer.daemon = True
-        timer.start()
+def _arm() -> None:
+    if os.environ.get("DMLC_ROLE") != "server" or os.environ.get("PSKV_RESTART", "0") != "0":
+        return
+    ranks = os.environ.get("DIE_SERVER", "").split(",")
+    delays = os.environ.get("DIE_AFTER", "").split(",")
+    me = os.environ.get("DMLC_SERVER_ID")
+    if me not in ranks:
+        return
+    delay = float(delays[ranks.index(me)])
+
+    def die() -> None:
+        with open(f"{os.environ['DIE_MARK']}-{me}", "w"):
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+    timer = threading.Timer(delay, die)
+    timer.daemon = True
+    timer.start()
+
+
+if __name__ == "__main__":
+    _arm()
     raise SystemExit(main())

@@ -1,0 +1,296 @@
+"""Primary-backup replication of shards between servers (``PSKV_REPLICAS=1``).
+
+Shard ``x`` (what server ``x`` was placed) has one backup: server ``x + 1`` (mod S) while
+server ``x`` serves it, and server ``x`` itself once the backup has taken it over and
+``x`` was restarted (:func:`backup_of`). The server that serves a shard sends its backup,
+on the loop thread and before it answers anyone, every init, every setting (mode,
+optimizer, compression, states) and each applied round's merged value with the round
+counters (:class:`Replicator`); the backup applies the same update to its copy, so both
+stay bit-identical. A new backup first gets the whole shard (:func:`encode_copy`).
+Invariant: a request is answered only after the backup acknowledged every change it saw,
+or after the backup was found dead (then the shard runs without one until it is back).
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import zmq
+
+from ..errors import KVStoreError
+from ..nd.ndarray import NDArray
+from ..nd.sparse import RowSparseNDArray
+from .._ps.auth import prove
+from .._ps.config import ClusterConfig
+from .._ps.message import Command, error_from_body
+from .._ps.replay import backup_of
+from .._ps.transport import Connection, connect
+from .._ps.zeromq import ZmqContext
+from .._types import Key
+from ._engine import Engine
+from ._snapshot import ShardCopy
+
+__all__ = ["Backups", "Replicator", "apply_change", "backup_endpoints", "backup_of", "encode_copy",
+           "install_copy"]
+
+log = logging.getLogger(__name__)
+
+
+class Replicator:
+    """The link from the server that serves ``shard`` to that shard's backup."""
+
+    def __init__(self, cfg: ClusterConfig, zctx: ZmqContext, me: int, shard: int,
+                 backup: int, engine: Engine) -> None:
+        # stream sockets always: the backups' listeners are Unix and TCP sockets
+        self.cfg = replace(cfg, transport="auto" if cfg.transport != "tcp" else "tcp")
+        self._zctx = zctx
+        self.me, self.shard, self.backup, self.engine = me, shard, backup, engine
+        self._conn: Connection | None = None
+        self._ts = 0
+        #: where the backup's replication listeners are; None while it is dead
+        self.endpoints: dict[str, str] | None = None
+
+    @property
+    def up(self) -> bool:
+        """Whether the backup is connected (else changes are not replicated)."""
+        return self._conn is not None
+
+    def _connect(self, endpoints: dict[str, str]) -> None:
+        """Connect to the backup, say HELLO (as a server), send it the whole shard."""
+        conn = connect(self.cfg, endpoints, endpoints.get("host") == socket.gethostname(),
+                       f"server {self.backup} (backup of shard {self.shard})", self._zctx)
+        self._conn = conn
+        hello = {"role": "server", "rank": -1 - self.me,
+                 **prove(self.cfg.secret, "server", "server")}
+        self._call(Command.HELLO, hello, ())
+        body, arrays = encode_copy(self.engine.snapshot(), self.engine.sync)
+        self._call(Command.COMMAND, {**body, "op": "r_state", "shard": self.shard}, arrays)
+        log.info("server %d: server %d is the backup of shard %d (%d keys copied)", self.me,
+                 self.backup, self.shard, len(body["entries"]))
+
+    def close(self) -> None:
+        """Forget the backup (it died, or another takes its place)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def send(self, op: str, body: dict[str, Any], arrays: list[np.ndarray] | tuple[()] = ()) \
+            -> None:
+        """One change of the shard; returns once the backup has applied it (or is dead)."""
+        if (self._conn is None and self.endpoints is None) or \
+                (op == "r_noop" and self._conn is not None):
+            return
+        try:
+            if self._conn is None:
+                assert self.endpoints is not None
+                self._connect(self.endpoints)
+                if op == "r_noop":
+                    return
+            self._call(Command.COMMAND, {**body, "op": op, "shard": self.shard}, arrays)
+        except KVStoreError as err:
+            log.error("server %d: the backup of shard %d (server %d) is lost (%s); the shard "
+                      "runs without a backup until it is back", self.me, self.shard,
+                      self.backup, err)
+            self.close()
+            self.endpoints = None
+
+    def _call(self, cmd: Command, body: Any, arrays: Any) -> None:
+        conn = self._conn
+        assert conn is not None
+        self._ts += 1
+        ts = self._ts
+        conn.send(cmd, ts, (), body, arrays)
+        deadline = time.monotonic() + self.cfg.request_timeout
+        poller = zmq.Poller()
+        poller.register(conn.pollable(), zmq.POLLIN)
+        while True:
+            for meta, _arrays in conn.receive(None, 8):
+                if meta.ts != ts:
+                    continue
+                if meta.cmd == Command.ERROR:
+                    raise error_from_body(meta.body, f"server {self.backup}")
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise KVStoreError(f"no answer from server {self.backup} in "
+                                   f"{self.cfg.request_timeout:g} s")
+            poller.poll(int(min(left, 0.5) * 1000) + 1)
+
+    # ---- what the engine and the server replicate ------------------------------------------
+    def round(self, key: Key, merged: NDArray, rnd: int, applied: dict[int, int]) -> None:
+        """The engine's ``replicate`` hook: one applied round (or async push) of ``key``."""
+        counters = {"key": key, "round": rnd, "applied": [[w, n] for w, n in applied.items()]}
+        if isinstance(merged, RowSparseNDArray):
+            self.send("r_round", {**counters, "kind": "r"},
+                      [np.ascontiguousarray(merged._indices), np.ascontiguousarray(merged._data)])
+        else:
+            self.send("r_round", {**counters, "kind": "d"}, [np.ascontiguousarray(merged._data)])
+
+
+def encode_copy(copy: ShardCopy, sync: bool) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """A whole shard as one replication message (JSON body, arrays; no pickle)."""
+    arrays = list(copy.arrays)
+    states = None
+    if copy.states is not None:
+        from ..optimizer.updater import Updater
+        holder = Updater.__new__(Updater)    # only its states: get_states(False) reads no more
+        holder.states = copy.states
+        arrays.append(np.frombuffer(holder.get_states(False), dtype=np.uint8))
+        states = len(arrays) - 1
+    return ({"entries": copy.entries, "optimizer": copy.optimizer, "states": states,
+             "compression": copy.compression, "sync": sync}, arrays)
+
+
+def install_copy(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """Fill an empty ``engine`` from :func:`encode_copy` output."""
+    from ..optimizer.updater import _decode
+    engine.sync = bool(body.get("sync", True))
+    if body.get("compression") is not None:
+        engine.set_compression(body["compression"])
+    if body.get("optimizer") is not None:
+        engine.set_optimizer_spec(body["optimizer"])
+    for e, arr in zip(body["entries"], arrays, strict=False):
+        engine.init(e["id"], arr, e.get("stype") == "row_sparse", e["key"],
+                    place=(int(e["start"]), int(e["stop"]), tuple(e["shape"])))
+        engine.set_counters(e["id"], int(e.get("round", 0)),
+                            {int(w): int(n) for w, n in e.get("applied", [])})
+    if body.get("states") is not None and engine.updater is not None:
+        states = _decode(arrays[int(body["states"])].tobytes())[0]
+        upd: Any = engine.updater
+        for name, st in states.items():
+            upd.states[name] = st
+            upd.states_synced[name] = False
+
+
+class Backups:
+    """The backup side: copies of other servers' shards, kept up to date on a thread of
+    their own (its own ServeLoop and listeners), so that two servers that back each other
+    up never wait for each other. ``lock`` guards the copies against the server's loop,
+    which reads counters and takes a copy over (:meth:`take`)."""
+
+    def __init__(self, cfg: ClusterConfig, make_engine: Any) -> None:
+        import threading
+
+        from .._ps.auth import Verifier
+        from .._ps.serve import ServeLoop
+        from .._ps.stream import StreamListener, ipc_path
+        self.cfg = cfg
+        self._make = make_engine
+        self.lock = threading.Lock()
+        self.engines: dict[int, Engine] = {}
+        self._listeners = [StreamListener(host=cfg.node_host, advertise=_advertise(cfg))]
+        if cfg.transport != "tcp":
+            self._listeners.append(StreamListener(path=ipc_path("backup")))
+        #: where primaries reach this server's backups (announced with its endpoints)
+        self.endpoints = {"r_" + ("uds" if lis.endpoint.startswith("/") else "tcp"):
+                          lis.endpoint for lis in self._listeners}
+        self.loop = ServeLoop("backups", self, Verifier(cfg.secret, "server"),
+                              cfg.request_timeout, None, self._listeners)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pskv-backups", daemon=True)
+
+    def start(self) -> None:
+        """Serve the primaries on a thread."""
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.loop.run(self._stop.is_set, 50, 1.0)
+        except Exception:  # pragma: no cover - logged: the shard is then without a backup
+            log.exception("backups: the replication thread failed")
+
+    def close(self) -> None:
+        """Stop the thread and close the listeners."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5.0)
+        self.loop.close()
+
+    def take(self, shard: int) -> Engine | None:
+        """The copy of ``shard``, to serve it (its primary died); it is no longer updated."""
+        with self.lock:
+            return self.engines.pop(shard, None)
+
+    # ---- the Handler of the ServeLoop ----------------------------------------------------
+    def admit(self, conn: Connection, meta: Any) -> int:
+        """A primary's HELLO."""
+        self.loop.send(conn, Command.ACK, meta.ts)
+        return 0
+
+    def handle(self, conn: Connection, peer: Any, meta: Any, arrays: list[np.ndarray]) -> None:
+        """One change of a shard this server backs up."""
+        body = meta.body if isinstance(meta.body, dict) else {}
+        op, shard = body.get("op"), body.get("shard")
+        if meta.cmd != Command.COMMAND or not isinstance(shard, int):
+            raise KVStoreError(f"backups take replication commands, not {meta.cmd.name}")
+        with self.lock:
+            if op == "r_state":
+                engine = self.engines[shard] = self._make()
+                install_copy(engine, body, arrays)
+            else:
+                engine = self.engines[shard]
+                apply_change(engine, op, body, arrays)
+        self.loop.send(conn, Command.ACK, meta.ts)
+
+    def tick(self) -> None:
+        """Nothing on a timer."""
+
+    def dropped(self, conn: Connection) -> None:
+        """A primary went away (it died, or it closed)."""
+
+
+def apply_change(engine: Engine, op: Any, body: dict[str, Any], arrays: list[np.ndarray]) \
+        -> None:
+    """Apply one replicated change (not ``r_state``) to a backup copy."""
+    if op == "r_round":
+        key = body["key"]
+        applied = {int(w): int(n) for w, n in body.get("applied", [])}
+        entry_shape = engine.entry(key, "replicate").shape
+        merged: NDArray = RowSparseNDArray(arrays[1], arrays[0].astype(np.int64), entry_shape) \
+            if body.get("kind") == "r" else NDArray(arrays[0])
+        engine.replay(key, merged, int(body["round"]), applied)
+    elif op == "r_init":
+        for k, spec, arr in zip(body["keys"], body["entries"], arrays, strict=True):
+            place = spec.get("place")
+            engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
+                        place=None if not isinstance(place, list) else
+                        (int(place[0]), int(place[1]), tuple(place[2])))
+    elif op == "r_mode":
+        engine.sync = bool(body.get("sync", True))
+    elif op == "r_optimizer":
+        engine.set_optimizer_spec(body.get("spec"))
+    elif op == "r_compression":
+        engine.set_compression(body.get("params"))
+    elif op == "r_load":
+        engine.states_updater("load").set_states(arrays[0].tobytes())
+    elif op == "r_restore":
+        from ._snapshot import Reader
+        reader = Reader(str(body.get("path")))
+        try:
+            engine.restore(reader)
+        finally:
+            reader.close()
+    else:
+        raise KVStoreError(f"unknown replication command {op!r}")
+
+
+def _advertise(cfg: ClusterConfig) -> str:
+    if cfg.node_host != "0.0.0.0":
+        return cfg.node_host
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((cfg.root_uri, 9))
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+def backup_endpoints(endpoints: dict[str, str]) -> dict[str, str]:
+    """A server's announced endpoints -> those of its backups' listeners."""
+    got = {k[2:]: v for k, v in endpoints.items() if k.startswith("r_")}
+    got["host"] = endpoints.get("host", "")
+    return got
