@@ -98,3 +98,17 @@ def test_async_replicas_failover_loses_no_push(tmp_path: Path, seed: int) -> Non
               for r in (0, 1)]
     counted = _weights(tmp_path / "killed")["n"]
     np.testing.assert_array_equal(counted, np.full(2, 1.0 + sum(pushed) // 4))
+
+
+@pytest.mark.parametrize("seed", [7])
+def test_worker_killed_restarts_with_its_rank_bit_identical(tmp_path: Path, seed: int) -> None:
+    # the restarted worker runs its script from the start; the pushes its first run made
+    # are dropped as it makes them again, then it goes on where it died
+    rng = random.Random(seed)
+    assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
+    assert _job(tmp_path / "killed", "dist_sync", None, every=0,
+                extra={"DIE_WORKER": str(rng.randrange(2)),
+                       "DIE_STEP": str(rng.randrange(20, STEPS - 20))}) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])

@@ -9,7 +9,7 @@ and ps_key, the log holds the last ``keep`` pushes, numbered 1, 2, ... in send o
 from __future__ import annotations
 
 from collections import deque
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -37,6 +37,43 @@ class PushLog:
         self.keep = keep
         self._count: dict[tuple[int, int], int] = {}
         self._log: dict[tuple[int, int], deque[tuple[int, str, list[np.ndarray]]]] = {}
+        self._skip: dict[tuple[int, int], int] = {}
+        #: whether pushes are still being dropped (a restarted worker catching up)
+        self.skipping = False
+
+    def skip(self, server: int, applied: dict[int, int]) -> None:
+        """A restarted worker: ``server`` applied this many pushes of each ps_key from this
+        worker's rank already; the first that many pushes made again are dropped."""
+        for pk, n in applied.items():
+            if n > 0:
+                self._skip[(server, pk)] = n
+        self.skipping = bool(self._skip)
+
+    def drop_applied(self, server: int, keys: Sequence[int], body: Any,
+                     arrays: Sequence[np.ndarray]) \
+            -> tuple[list[int], Any, list[np.ndarray]]:
+        """A push message without the keys whose push is already applied (counted)."""
+        kinds = body.get("kinds", "") if isinstance(body, dict) else ""
+        out_keys: list[int] = []
+        out_kinds: list[str] = []
+        out_arrays: list[np.ndarray] = []
+        pos = 0
+        for pk, kind in zip(keys, kinds, strict=True):
+            n = 2 if kind == "r" else 1
+            have = self._skip.get((server, pk), 0)
+            done = self._count.get((server, pk), 0)
+            if done < have:
+                self._count[(server, pk)] = done + 1     # made again: drop it
+                if done + 1 == have:
+                    del self._skip[(server, pk)]
+                    self.skipping = bool(self._skip)
+            else:
+                out_keys.append(pk)
+                out_kinds.append(kind)
+                out_arrays.extend(arrays[pos:pos + n])
+            pos += n
+        rest = body if isinstance(body, dict) else {}
+        return out_keys, {**rest, "kinds": "".join(out_kinds)}, out_arrays
 
     def record(self, server: int, keys: Sequence[int], kinds: str,
                arrays: Sequence[np.ndarray]) -> None:

@@ -66,8 +66,13 @@ class KVWorker:
                 self._conns.append(self._connect(rank, ep))
             tss = [self.request(s, Command.HELLO, body=self._hello)
                    for s in range(len(self._conns))]
-            for ts in tss:
-                self.wait(ts, timeout=cfg.connect_timeout)
+            for server, ts in enumerate(tss):
+                meta, _ = self.wait(ts, timeout=cfg.connect_timeout)
+                if po.rejoin and isinstance(meta.body, dict):
+                    # a restarted worker: the pushes its first run made are applied; the
+                    # same pushes made again as it catches up are dropped (docs/durability.md)
+                    self._log.skip(server, {int(k): int(n)
+                                            for k, n in meta.body.get("applied", [])})
         except BaseException:
             self.close()
             raise
@@ -184,6 +189,10 @@ class KVWorker:
         ``into``: where the reply's arrays should land, one per array (None: anywhere);
         honoured where the transport reads into place and shape and dtype match.
         """
+        if cmd == Command.PUSHPULL and self._log.skipping:
+            # a restarted worker catching up: push what is new, then pull
+            self.push(server, Command.PUSH, keys, body, arrays)
+            cmd, body, arrays = Command.PULL, None, ()
         ts = -next(self._ts) if negative else next(self._ts)
         if into is not None:
             self._into[ts] = into
@@ -222,6 +231,10 @@ class KVWorker:
 
         Its ts is negative, so an ERROR for it is told apart from a reply someone awaits.
         """
+        if self._log.skipping:
+            keys, body, arrays = self._log.drop_applied(server, keys, body, arrays)
+            if not keys:
+                return 0
         ts = self.request(server, cmd, keys, body, arrays, negative=True)
         self._dirty.add(server)
         return ts

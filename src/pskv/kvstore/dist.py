@@ -150,6 +150,16 @@ class DistKVStore(KVStoreBase):
                 specs = [init_spec(k, vals[0], self._by_pskey) for k, vals in zip(keys, groups)]
             except KVStoreError as err:
                 error = err
+            if self._po.rejoin:
+                # a worker restarted by --max-restarts: the keys are on the servers already,
+                # and the other workers are past init; place them as the first run did
+                if error is not None:
+                    raise error
+                assert specs is not None
+                for i in sorted(range(len(keys)), key=lambda i: specs[i][0]):
+                    self._by_pskey[self._keys.add(self._place(keys[i], groups[i][0])).pskey] \
+                        = keys[i]
+                return
             payloads = self._collective("init", {
                 "specs": specs, "error": None if error is None else
                 f"{type(error).__name__}: {error}"})

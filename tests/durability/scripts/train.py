@@ -4,12 +4,14 @@ Usage: train.py OUT STEPS [dist_sync|dist_async]. Rank 0 writes the final weight
 OUT/weights.npz; every worker writes how many pushes it made (OUT/pushes-<rank>.json).
 dist_sync runs SGD with momentum (so optimizer states matter); dist_async runs SGD with
 learning rate -1 (each push is added to the weights) and pushes ones to key "n" every
-step, so "n" counts the pushes the servers applied.
+step, so "n" counts the pushes the servers applied. With DIE_WORKER and DIE_STEP set, that
+worker SIGKILLs itself in the middle of that step on its first run (after pushing one key).
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -29,8 +31,12 @@ def main() -> None:
     kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9)
                      if store_type == "dist_sync" else mx.optimizer.SGD(learning_rate=-1.0))
     pushes = 0
+    die = os.environ.get("PSKV_RESTART", "0") == "0" \
+        and os.environ.get("DIE_WORKER") == str(kv.rank)
     for step in range(steps):
-        for k in keys:
+        for i, k in enumerate(keys):
+            if die and step == int(os.environ["DIE_STEP"]) and i == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
             rng = np.random.default_rng([step, kv.rank, len(k), ord(k[-1])])
             grad = np.ones(SHAPES[k], np.float32) if k == "n" else \
                 rng.standard_normal(SHAPES[k]).astype(np.float32)
