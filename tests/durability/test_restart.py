@@ -79,6 +79,16 @@ def test_sync_replicas_failover_bit_identical(tmp_path: Path, seed: int) -> None
         np.testing.assert_array_equal(killed[k], calm[k])
 
 
+def test_replicas_over_zeromq_the_scheduler_reports_the_death(tmp_path: Path) -> None:
+    # ZeroMQ does not show a broken link: the workers learn of it from the scheduler
+    assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
+    assert _job(tmp_path / "killed", "dist_sync", (1, 1.0), every=0,
+                extra={"PSKV_REPLICAS": "1", "PSKV_TRANSPORT": "zmq"}) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
 def test_replicas_restarted_server_is_the_new_backup(tmp_path: Path) -> None:
     # server 0 dies (server 1 takes its shard), restarts as a backup of both shards, then
     # server 1 dies: server 0 serves everything, and nothing acknowledged is lost

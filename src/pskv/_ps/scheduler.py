@@ -217,6 +217,20 @@ class Scheduler:
                     self._send(n.ident, Command.SHUTDOWN)
 
     def _fail(self, node: _Node, reason: str) -> None:
+        if node.role == "server" and self.cfg.replicas and not node.dead_since and not any(
+                n.role == "server" and n.state == "dead" and n is not node
+                for n in self._members()):
+            # its backup takes its shard over: the job goes on (docs/durability.md)
+            log.warning("scheduler: server %d %s; its backup takes over", node.rank, reason)
+            for other in self._live():
+                if other is not node:
+                    self._send(other.ident, Command.NODE_FAILED, 0,
+                               {"role": "server", "rank": node.rank, "failover": True,
+                                "msg": f"server {node.rank} {reason}"})
+            node.state = "dead"
+            if self.cfg.max_restarts:
+                node.dead_since = time.monotonic()
+            return
         if self.cfg.max_restarts and not node.dead_since and node.role != "scheduler":
             # pskv-launch restarts it: its replacement has connect_timeout to say HELLO
             node.state, node.dead_since = "dead", time.monotonic()
@@ -224,16 +238,6 @@ class Scheduler:
                         reason)
             return
         node.state = "dead"
-        if node.role == "server" and self.cfg.replicas and not any(
-                n.role == "server" and n.state == "dead" and n is not node
-                for n in self._members()):
-            # its backup takes its shard over: the job goes on (docs/durability.md)
-            log.warning("scheduler: server %d %s; its backup takes over", node.rank, reason)
-            for other in self._live():
-                self._send(other.ident, Command.NODE_FAILED, 0,
-                           {"role": "server", "rank": node.rank, "failover": True,
-                            "msg": f"server {node.rank} {reason}"})
-            return
         self._failed = True
         # name the machine too (the hostname it said HELLO with): that is what an operator
         # looks for when a link or a host went down

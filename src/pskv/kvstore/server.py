@@ -86,6 +86,7 @@ class KVServer:
         self.served: dict[int, Engine] = {}
         self._own = self.engine
         self._repl: dict[int, Replicator] = {}
+        self._restarted: set[int] = set()   # servers restarted since this one started
         self._shard = -1
         self.snapshots = Snapshots(cfg, self._send, self._error)
 
@@ -163,7 +164,7 @@ class KVServer:
         repl = Replicator(self.cfg, self._zctx, self.po.rank, shard, backup, engine)
         self._repl[shard] = repl
         engine.replicate = repl.round
-        if backup != shard:                 # not the dead primary: it is alive
+        if backup != shard or shard in self._restarted:   # else the dead primary: not yet
             repl.endpoints = backup_endpoints(self.po.servers[backup])
 
     def _forward(self, op: str, body: dict[str, Any],
@@ -177,6 +178,7 @@ class KVServer:
         """A restarted server is the new backup of the shards served here that it backs."""
         while not self.po.rejoined.empty():
             rank = self.po.rejoined.get()
+            self._restarted.add(rank)
             for repl in self._repl.values():
                 if repl.backup == rank:
                     repl.endpoints = backup_endpoints(self.po.servers[rank])
