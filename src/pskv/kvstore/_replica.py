@@ -51,6 +51,7 @@ class Replicator:
         self.me, self.shard, self.backup, self.engine = me, shard, backup, engine
         self._conn: Connection | None = None
         self._ts = 0
+        self._outstanding: set[int] = set()
         #: where the backup's replication listeners are; None while it is dead
         self.endpoints: dict[str, str] | None = None
 
@@ -74,13 +75,15 @@ class Replicator:
 
     def close(self) -> None:
         """Forget the backup (it died, or another takes its place)."""
+        self._outstanding.clear()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
 
-    def send(self, op: str, body: dict[str, Any], arrays: list[np.ndarray] | tuple[()] = ()) \
-            -> None:
-        """One change of the shard; returns once the backup has applied it (or is dead)."""
+    def send(self, op: str, body: dict[str, Any], arrays: list[np.ndarray] | tuple[()] = (),
+             wait: bool = True) -> None:
+        """One change of the shard. ``wait``: return once the backup has applied it and
+        every change before it (or is found dead); else :meth:`drain` waits for it."""
         if (self._conn is None and self.endpoints is None) or \
                 (op == "r_noop" and self._conn is not None):
             return
@@ -90,29 +93,52 @@ class Replicator:
                 self._connect(self.endpoints)
                 if op == "r_noop":
                     return
-            self._call(Command.COMMAND, {**body, "op": op, "shard": self.shard}, arrays)
+            self._ts += 1
+            self._outstanding.add(self._ts)
+            assert self._conn is not None
+            self._conn.send(Command.COMMAND, self._ts, (),
+                            {**body, "op": op, "shard": self.shard}, arrays)
+            if wait:
+                self._wait()
         except KVStoreError as err:
-            log.error("server %d: the backup of shard %d (server %d) is lost (%s); the shard "
-                      "runs without a backup until it is back", self.me, self.shard,
-                      self.backup, err)
-            self.close()
-            self.endpoints = None
+            self._lost(err)
+
+    def drain(self) -> None:
+        """Wait until the backup has applied every change sent (before answering anyone)."""
+        if self._outstanding:
+            try:
+                self._wait()
+            except KVStoreError as err:
+                self._lost(err)
+
+    def _lost(self, err: KVStoreError) -> None:
+        log.error("server %d: the backup of shard %d (server %d) is lost (%s); the shard "
+                  "runs without a backup until it is back", self.me, self.shard,
+                  self.backup, err)
+        self.close()
+        self.endpoints = None
 
     def _call(self, cmd: Command, body: Any, arrays: Any) -> None:
         conn = self._conn
         assert conn is not None
         self._ts += 1
-        ts = self._ts
-        conn.send(cmd, ts, (), body, arrays)
+        self._outstanding.add(self._ts)
+        conn.send(cmd, self._ts, (), body, arrays)
+        self._wait()
+
+    def _wait(self) -> None:
+        """Read the backup's acknowledgments until none is outstanding."""
+        conn = self._conn
+        assert conn is not None
         deadline = time.monotonic() + self.cfg.request_timeout
         poller = zmq.Poller()
         poller.register(conn.pollable(), zmq.POLLIN)
-        while True:
-            for meta, _arrays in conn.receive(None, 8):
-                if meta.ts != ts:
-                    continue
+        while self._outstanding:
+            for meta, _arrays in conn.receive(None, 64):
+                self._outstanding.discard(meta.ts)
                 if meta.cmd == Command.ERROR:
                     raise error_from_body(meta.body, f"server {self.backup}")
+            if not self._outstanding:
                 return
             left = deadline - time.monotonic()
             if left <= 0:
@@ -126,9 +152,11 @@ class Replicator:
         counters = {"key": key, "round": rnd, "applied": [[w, n] for w, n in applied.items()]}
         if isinstance(merged, RowSparseNDArray):
             self.send("r_round", {**counters, "kind": "r"},
-                      [np.ascontiguousarray(merged._indices), np.ascontiguousarray(merged._data)])
-        else:
-            self.send("r_round", {**counters, "kind": "d"}, [np.ascontiguousarray(merged._data)])
+                      [np.ascontiguousarray(merged._indices), np.ascontiguousarray(merged._data)],
+                      wait=False)
+        else:       # acknowledged before any answer: KVServer._send drains first
+            self.send("r_round", {**counters, "kind": "d"}, [np.ascontiguousarray(merged._data)],
+                      wait=False)
 
 
 def encode_copy(copy: ShardCopy, sync: bool) -> tuple[dict[str, Any], list[np.ndarray]]:

@@ -196,9 +196,13 @@ class KVServer:
     # ---- replies -------------------------------------------------------------------------
     def _send(self, conn: Any, cmd: Command, ts: int, body: Any = None,
               arrays: list[np.ndarray] | tuple[()] = ()) -> None:
+        for repl in self._repl.values():    # the backups have every change answered
+            repl.drain()
         self.loop.send(conn, cmd, ts, body, arrays)
 
     def _error(self, conn: Any, ts: int, err: BaseException) -> None:
+        for repl in self._repl.values():
+            repl.drain()
         self.loop.error(conn, ts, err)
 
     def _answer(self, ticket: Ticket, engine: Engine) -> None:
