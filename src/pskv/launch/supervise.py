@@ -391,7 +391,6 @@ class _Supervisor:
         deadline = None if self.timeout is None else start + self.timeout
         shutdown_deadline: float | None = None
         after_workers: set[_Child] = set()
-        workers = [c for c in self.children if c.spec.role is Role.WORKER]
         while True:
             if self.signum is not None:
                 if self.signum == signal.SIGINT:
@@ -422,6 +421,8 @@ class _Supervisor:
             if not running:
                 return "ok", None
             now = time.monotonic()
+            # read each time: a restarted worker (--max-restarts) is a new child
+            workers = [c for c in self.children if c.spec.role is Role.WORKER]
             if shutdown_deadline is None and not any(c.running for c in workers):
                 # every worker exited 0: a scheduler and servers the workers used follow by
                 # themselves within moments (ps-lite's Finalize); ones nobody joined would
