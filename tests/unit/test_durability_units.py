@@ -92,7 +92,7 @@ def test_push_log_sends_again_what_was_not_applied() -> None:
 
 def test_push_log_drops_pushes_a_restarted_worker_makes_again() -> None:
     log = PushLog(keep=0)
-    log.skip(0, {10: 2})
+    log.applied_before(0, {10: 2})
     assert log.skipping
     keys, body, arrays = log.drop_applied(0, [10, 12], {"kinds": "dd"}, [np.ones(1), np.zeros(1)])
     assert (keys, body["kinds"], len(arrays)) == ([12], "d", 1)

@@ -41,7 +41,7 @@ class PushLog:
         #: whether pushes are still being dropped (a restarted worker catching up)
         self.skipping = False
 
-    def skip(self, server: int, applied: dict[int, int]) -> None:
+    def applied_before(self, server: int, applied: dict[int, int]) -> None:
         """A restarted worker: ``server`` applied this many pushes of each ps_key from this
         worker's rank already; the first that many pushes made again are dropped."""
         for pk, n in applied.items():

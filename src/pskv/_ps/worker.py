@@ -71,7 +71,7 @@ class KVWorker:
                 if po.rejoin and isinstance(meta.body, dict):
                     # a restarted worker: the pushes its first run made are applied; the
                     # same pushes made again as it catches up are dropped (docs/durability.md)
-                    self._log.skip(server, {int(k): int(n)
+                    self._log.applied_before(server, {int(k): int(n)
                                             for k, n in meta.body.get("applied", [])})
         except BaseException:
             self.close()
