@@ -86,7 +86,7 @@ def test_push_log_sends_again_what_was_not_applied() -> None:
     assert [(pk, kind) for pk, kind, _ in again] == [(10, "d"), (10, "d"), (12, "r")]
     assert [int(arrays[0][0]) for _pk, _kind, arrays in again] == [3, 4, 4]
     assert log.since(0, {10: 5, 12: 5}) == []
-    with pytest.raises(NodeFailedError, match="keeps only the last 3"):
+    with pytest.raises(NodeFailedError, match="no longer keeps push 2"):
         log.since(0, {10: 1, 12: 5})
 
 
@@ -187,3 +187,15 @@ def test_latest_and_prune_keep_the_newest_complete(tmp_path: Path) -> None:
     prune(str(tmp_path), 2)
     assert sorted(os.listdir(tmp_path)) == [os.path.basename(round_dir("", r))
                                             for r in (4, 6, 8)]
+
+
+def test_push_log_forgets_acknowledged_pushes() -> None:
+    log = PushLog(keep=8)
+    for i in range(4):
+        log.record(0, [10], "d", [np.full(1, i)])
+    counts = log.counts(0, [10])
+    log.record(0, [10], "d", [np.full(1, 4)])
+    log.forget(0, counts)                 # a pull sent after push 4 was answered
+    assert [int(a[0][0]) for _pk, _k, a in log.since(0, {10: 4})] == [4]
+    with pytest.raises(NodeFailedError):
+        log.since(0, {10: 2})

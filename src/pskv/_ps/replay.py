@@ -92,6 +92,20 @@ class PushLog:
                 log.append((j, kind, [np.array(a, copy=True) for a in arrays[pos:pos + n]]))
             pos += n
 
+    def counts(self, server: int, keys: Sequence[int] | None) -> dict[int, int]:
+        """Pushes sent so far to ``server`` of each of ``keys`` (None: every key)."""
+        if keys is None:
+            return {pk: n for (srv, pk), n in self._count.items() if srv == server}
+        return {pk: self._count[(server, pk)] for pk in keys if (server, pk) in self._count}
+
+    def forget(self, server: int, counts: dict[int, int]) -> None:
+        """The first ``counts[pk]`` pushes of each ps_key to ``server`` are safe (applied
+        and backed up): stop keeping them."""
+        for pk, n in counts.items():
+            log = self._log.get((server, pk))
+            while log and log[0][0] <= n:
+                log.popleft()
+
     def since(self, server: int, applied: dict[int, int]) \
             -> list[tuple[int, str, list[np.ndarray]]]:
         """The pushes to ``server`` it has not applied (``applied``: ps_key -> count), as
@@ -102,11 +116,14 @@ class PushLog:
             if srv != server or sent <= have:
                 continue
             log = self._log.get((srv, pk), deque())
-            if not log or log[0][0] > have + 1:
+            first = log[0][0] if log else sent + 1     # the oldest push still kept
+            if first > have + 1:
                 raise NodeFailedError(
-                    f"server {server} was restarted from a checkpoint holding {have} of this "
-                    f"worker's {sent} pushes of ps_key {pk}, and this worker keeps only the "
-                    f"last {self.keep}. Lower PSKV_CHECKPOINT_EVERY, or use PSKV_REPLICAS=1.")
+                    f"server {server}'s shard was rebuilt holding {have} of this worker's "
+                    f"{sent} pushes of ps_key {pk}, and this worker no longer keeps push "
+                    f"{have + 1} (it keeps the last {self.keep}, and with PSKV_REPLICAS=1 "
+                    "none acknowledged). Lower PSKV_CHECKPOINT_EVERY, or pull each key "
+                    "after pushing it.")
             out.extend((j, pk, kind, arrays) for j, kind, arrays in log if j > have)
         out.sort(key=lambda item: item[0])
         return [(pk, kind, arrays) for _j, pk, kind, arrays in out]

@@ -53,7 +53,10 @@ class KVWorker:
         #: one needs again (pushes, requests not answered yet, mode and compression)
         self.resilient = cfg.max_restarts > 0 or cfg.replicas > 0
         self._log = PushLog(max(3 * cfg.checkpoint_every + 2 if cfg.max_restarts else 0,
-                                16 if cfg.replicas else 0))
+                                64 if cfg.replicas else 0))
+        #: ts -> (server, ps_key -> pushes sent before it): with replicas, a reply to a
+        #: pull or flush means those pushes are applied and backed up: no longer kept
+        self._acks: dict[int, tuple[int, dict[int, int]]] = {}
         #: shard -> the server that serves it (its backup once its primary died)
         self._host = list(range(len(po.servers)))
         self._sent: dict[int, tuple[int, Command, Sequence[int], Any,
@@ -220,6 +223,9 @@ class KVWorker:
         if cmd == Command.COMMAND and isinstance(body, dict) \
                 and body.get("op") in ("mode", "compression"):
             self._setup[str(body["op"])] = body
+        if self.cfg.replicas and cmd in (Command.PULL, Command.PUSHPULL, Command.FLUSH):
+            self._acks[ts] = (server, self._log.counts(server, None if cmd == Command.FLUSH
+                                                       else keys))
         if ts > 0 and cmd != Command.HELLO:
             # a PUSHPULL's push is in the log: sent again, it is a PULL
             self._sent[ts] = (server, Command.PULL, keys, None, ()) \
@@ -276,6 +282,9 @@ class KVWorker:
                 meta, arrays = got[0]
                 self._into.pop(meta.ts, None)
                 self._sent.pop(meta.ts, None)
+                acked = self._acks.pop(meta.ts, None)
+                if acked is not None and meta.cmd != Command.ERROR:
+                    self._log.forget(*acked)
                 result: tuple[Meta, list[np.ndarray]] | Exception = (meta, arrays)
                 if meta.cmd == Command.ERROR:
                     result = error_from_body(meta.body, f"server {server}")

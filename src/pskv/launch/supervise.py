@@ -399,11 +399,13 @@ class _Supervisor:
                 logger.warning("got %s; stopping all %d processes", name, len(self._running()))
                 self._stop(self.children, self.signum)
                 return "signal", None
+            restarted = False
             for c in self.children:
                 rc = c.popen.poll()
                 if rc is None or rc == 0 or c in after_workers:
                     continue
                 if shutdown_deadline is None and self._restart(c, rc):
+                    restarted = True
                     continue
                 if shutdown_deadline is not None:
                     # every worker exited 0, so the job succeeded: the workers' status is
@@ -417,8 +419,13 @@ class _Supervisor:
                              c.spec.label, c.popen.pid, exit_status(rc))
                 self._stop(self.children)
                 return "failed", c
+            if restarted:
+                continue            # look at the new child's status first
             running = self._running()
             if not running:
+                if any(c.popen.poll() not in (None, 0) and c not in after_workers
+                       for c in self.children):
+                    continue        # one failed since the loop above looked: report it
                 return "ok", None
             now = time.monotonic()
             # read each time: a restarted worker (--max-restarts) is a new child
