@@ -21,7 +21,7 @@ STEPS = 200
 
 
 def _job(out: Path, store_type: str, die: tuple[int, float] | list[tuple[int, float]] | None,
-         every: int = 5, extra: dict[str, str] | None = None) -> int:
+         every: int = 5, extra: dict[str, str] | None = None, servers: int = 2) -> int:
     out.mkdir()
     env = {"PSKV_HEARTBEAT_TIMEOUT": "20", "PSKV_CONNECT_TIMEOUT": "30",
            "DIE_MARK": str(out / "died"), **(extra or {})}
@@ -31,7 +31,7 @@ def _job(out: Path, store_type: str, die: tuple[int, float] | list[tuple[int, fl
     env.update(DIE_SERVER=",".join(str(r) for r, _ in kills),
                DIE_AFTER=",".join(str(t) for _, t in kills))
     result = launch([sys.executable, str(HERE / "train.py"), str(out), str(STEPS), store_type],
-                    2, 2, env=env, max_restarts=1, timeout=200,
+                    2, servers, env=env, max_restarts=1, timeout=200,
                     server_command=[sys.executable, str(HERE / "server.py")])
     for rank, _ in kills:
         assert (out / f"died-{rank}").exists(), f"server {rank} was not killed while the job ran"
@@ -119,6 +119,19 @@ def test_worker_killed_restarts_with_its_rank_bit_identical(tmp_path: Path, seed
     assert _job(tmp_path / "killed", "dist_sync", None, every=0,
                 extra={"DIE_WORKER": str(rng.randrange(2)),
                        "DIE_STEP": str(rng.randrange(20, STEPS - 20))}) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
+@pytest.mark.parametrize("replicas", ["0", "1"])
+def test_three_servers_split_keys(tmp_path: Path, replicas: str) -> None:
+    # keys split across three servers (bound 500 elements); any one of them killed
+    rng = random.Random(8 + int(replicas))
+    extra = {"MXNET_KVSTORE_BIGARRAY_BOUND": "500", "PSKV_REPLICAS": replicas}
+    assert _job(tmp_path / "calm", "dist_sync", None, extra=extra, servers=3) == 0
+    assert _job(tmp_path / "killed", "dist_sync", (rng.randrange(3), rng.uniform(0.8, 1.6)),
+                extra=extra, servers=3) == 0
     calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
     for k in calm:
         np.testing.assert_array_equal(killed[k], calm[k])
