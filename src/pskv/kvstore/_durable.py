@@ -79,11 +79,15 @@ class Snapshots:
     def _run(self, job: _Job, copy: ShardCopy, path: str, rnd: int | None,
              index: int) -> None:
         try:
+            if rnd is not None and self._obsolete(rnd):
+                return      # a newer checkpoint is complete: this one was pruned already
             write_shard(copy, path, index)
-            if rnd is not None and index == 0:
+            if rnd is not None:
                 # periodic: server 0 names the shards; the checkpoint is complete once
-                # every server's shard is there (readers check)
-                write_manifest(path, self.num_shards, rnd, "dist")
+                # every server's shard is there (readers check), and whichever server
+                # completes it removes the old ones
+                if index == 0:
+                    write_manifest(path, self.num_shards, rnd, "dist")
                 assert self.cfg.checkpoint_dir is not None
                 prune(self.cfg.checkpoint_dir, self.cfg.checkpoint_keep)
         except (OSError, ValueError) as err:
@@ -92,6 +96,14 @@ class Snapshots:
                                         "is writable by every server and has room.")
         except KVStoreError as err:
             job.error = err
+
+    def _obsolete(self, rnd: int) -> bool:
+        root = self.cfg.checkpoint_dir
+        newest = None if root is None else latest(root)
+        if newest is None:
+            return False
+        name = os.path.basename(newest)
+        return name.startswith("round-") and int(name[6:]) > rnd
 
     def reap(self) -> None:
         """On the loop thread: answer the finished writes (or log a periodic one's error)."""
