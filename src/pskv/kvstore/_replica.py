@@ -256,6 +256,12 @@ class Backups:
         if meta.cmd != Command.COMMAND or not isinstance(shard, int):
             raise KVStoreError(f"backups take replication commands, not {meta.cmd.name}")
         with self.lock:
+            if op == "r_round" and shard in self.engines:
+                # the round is safe once it is here: acknowledge, then apply (still under
+                # the lock, so a takeover sees it applied) while the primary answers
+                self.loop.send(conn, Command.ACK, meta.ts)
+                apply_change(self.engines[shard], op, body, arrays)
+                return
             if op == "r_state":
                 engine = self.engines[shard] = self._make()
                 install_copy(engine, body, arrays)
