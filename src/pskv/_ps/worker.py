@@ -153,6 +153,8 @@ class KVWorker:
         again = sorted(ts for ts, sent in self._sent.items() if sent[0] == shard)
         for ts in again:
             _s, cmd, keys, body_, arrays_ = self._sent[ts]
+            if cmd == Command.INIT and isinstance(body_, dict):
+                body_ = {**body_, "again": True}     # its keys may be there already
             conn.send(cmd, ts, keys, self._tagged(shard, body_), arrays_)
         log.warning("worker %d: sent %d pushes and %d requests for shard %d again to server "
                     "%d", self.po.rank, len(pushes), len(again), shard, host)

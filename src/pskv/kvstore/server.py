@@ -240,6 +240,11 @@ class KVServer:
         if not isinstance(specs, list) or len(specs) != len(keys) or len(arrays) != len(keys) \
                 or not all(isinstance(spec, dict) for spec in specs):
             raise ProtocolError("INIT needs one entry spec and one array per key")
+        if body.get("again"):
+            # sent again after a failover: the backup may have it already (docs/durability.md)
+            kept = [i for i, k in enumerate(keys) if k not in self.engine]
+            keys = tuple(keys[i] for i in kept)
+            specs, arrays = [specs[i] for i in kept], [arrays[i] for i in kept]
         for k, spec, arr in zip(keys, specs, arrays):
             if k in self.engine:
                 raise KeyAlreadyInitializedError(
