@@ -61,6 +61,14 @@ class Snapshots:
             engine.snapshot_every = self.cfg.checkpoint_every
             engine.on_snapshot = lambda rnd, copy: self._periodic(rnd, copy, index)
 
+    def initial(self, engine: Engine, index: int) -> None:
+        """With periodic checkpoints, before any round: the initial values as the
+        checkpoint of round 0, so that a server restarted before the first periodic one
+        has something to reload (the workers re-send everything after it)."""
+        if self.cfg.checkpoint_every and self.cfg.checkpoint_dir and engine.untouched:
+            self.write(engine.snapshot(), round_dir(self.cfg.checkpoint_dir, 0), rnd=0,
+                       index=index)
+
     def _periodic(self, rnd: int, copy: ShardCopy, index: int) -> None:
         assert self.cfg.checkpoint_dir is not None
         self.write(copy, round_dir(self.cfg.checkpoint_dir, rnd), rnd=rnd, index=index)
@@ -83,10 +91,11 @@ class Snapshots:
                 return      # a newer checkpoint is complete: this one was pruned already
             write_shard(copy, path, index)
             if rnd is not None:
-                # periodic: server 0 names the shards; the checkpoint is complete once
-                # every server's shard is there (readers check), and whichever server
-                # completes it removes the old ones
-                if index == 0:
+                # periodic: server 0 names the shards (every server, for the initial one:
+                # server 0 may hold no key); the checkpoint is complete once every
+                # server's shard is there (readers check), and whichever server completes
+                # it removes the old ones
+                if index == 0 or rnd == 0:
                     write_manifest(path, self.num_shards, rnd, "dist")
                 assert self.cfg.checkpoint_dir is not None
                 prune(self.cfg.checkpoint_dir, self.cfg.checkpoint_keep)

@@ -380,6 +380,11 @@ class Engine:
                 del self._pending[older]         # a key skipped that round: give it up
             self.on_snapshot(entry.round, self._shard(list(pending.values())))
 
+    @property
+    def untouched(self) -> bool:
+        """Whether no round of any key has closed yet (the values are the inits)."""
+        return all(e.round == 0 for e in self._entries.values())
+
     def applied_by(self, worker: int) -> list[list[Any]]:
         """``[key, pushes of worker applied]`` for every key: what a worker that sends its
         pushes again (to a restarted server) may skip."""

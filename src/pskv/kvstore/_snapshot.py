@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +68,7 @@ def round_dir(root: str, rnd: int) -> str:
 
 
 def _replace_atomically(path: str, write: Any) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = f"{path}.tmp{os.getpid()}-{threading.get_ident()}"
     try:
         with open(tmp, "wb") as f:
             write(f)

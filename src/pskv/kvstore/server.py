@@ -87,6 +87,7 @@ class KVServer:
         self._own = self.engine
         self._repl: dict[int, Replicator] = {}
         self._restarted: set[int] = set()   # servers restarted since this one started
+        self._written_initial: set[int] = set()
         self._shard = -1
         self.snapshots = Snapshots(cfg, self._send, self._error)
 
@@ -259,6 +260,7 @@ class KVServer:
                              place=None if not isinstance(place, list) or len(place) != 3
                              else (int(place[0]), int(place[1]), tuple(place[2])))
         self._forward("r_init", {"keys": list(keys), "entries": specs}, arrays)
+        self.snapshots.initial(self.engine, self._shard)
         self._send(conn, Command.ACK, ts)
 
     def _split_push(self, keys: tuple[int, ...], body: Any,
@@ -331,6 +333,9 @@ class KVServer:
             return
         if op == "mode":
             self.engine.sync = bool(body.get("sync", True))
+            if self._shard not in self._written_initial:   # every server: its shard too
+                self._written_initial.add(self._shard)
+                self.snapshots.initial(self.engine, self._shard)
         elif op == "optimizer":
             self.engine.set_optimizer_spec(body.get("spec"))
         elif op == "compression":
