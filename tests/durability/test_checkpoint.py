@@ -216,6 +216,7 @@ def test_initial_values_are_the_checkpoint_of_round_zero(tmp_path: Any) -> None:
     # so that a server restarted before the first periodic checkpoint can reload its shard
     def fn(kv: Any) -> Any:
         _init(kv)
+        kv.push("small", mx.nd.ones((3,)))      # the first push writes it: after the inits
         kv.barrier()
         return None
 

@@ -78,6 +78,7 @@ class DistKVStore(KVStoreBase):
         self._sendbuf: dict[Key, np.ndarray] = {}
         self._by_pskey: dict[int, Key] = {}
         self._held = HeldPush(cfg.coalesce_bytes if self._sync else 0)
+        self._initial_sent = False
         self._po.idle_hook = self._send_overdue
         # a strong reference: a store dropped without close() must still say goodbye at
         # exit, or the scheduler takes the silent worker for dead and exits 1
@@ -285,7 +286,17 @@ class DistKVStore(KVStoreBase):
                 arrays.append(part)
         return {s: (pk, "".join(kinds), arrays) for s, (pk, kinds, arrays) in per.items()}
 
+    def _first_push(self) -> None:
+        """Before worker 0's first push, with periodic checkpoints: the initial values as
+        the checkpoint of round 0 (docs/durability.md); no round can close before it,
+        since every round needs this worker's push."""
+        if not self._initial_sent:
+            self._initial_sent = True
+            if self.rank == 0 and self._cfg.checkpoint_every:
+                self._to_all(Command.COMMAND, {"op": "initial"})
+
     def _push_validated(self, keys: list[Key], groups: list[list[Any]]) -> None:
+        self._first_push()
         self._send_held()
         items = self._push_items(keys, groups)
         if not self._held.hold(keys, items):
@@ -417,6 +428,7 @@ class DistKVStore(KVStoreBase):
             okeys, ogroups = normalize(key, value if out is None else out, "out")
             self._keys.validate_push(keys, groups, self._wire_gc is not None)
             self._keys.validate_pull(okeys, ogroups)
+            self._first_push()
             items = self._push_items(keys, groups)
             # with out=None the reply overwrites the values: after they were sent
             targets = self._targets(okeys, ogroups) if out is not None else {}

@@ -87,7 +87,6 @@ class KVServer:
         self._own = self.engine
         self._repl: dict[int, Replicator] = {}
         self._restarted: set[int] = set()   # servers restarted since this one started
-        self._written_initial: set[int] = set()
         self._shard = -1
         self.snapshots = Snapshots(cfg, self._send, self._error)
 
@@ -260,7 +259,6 @@ class KVServer:
                              place=None if not isinstance(place, list) or len(place) != 3
                              else (int(place[0]), int(place[1]), tuple(place[2])))
         self._forward("r_init", {"keys": list(keys), "entries": specs}, arrays)
-        self.snapshots.initial(self.engine, self._shard)
         self._send(conn, Command.ACK, ts)
 
     def _split_push(self, keys: tuple[int, ...], body: Any,
@@ -331,11 +329,10 @@ class KVServer:
             self._send(conn, Command.ACK, ts,
                        {"applied": self.engine.applied_by(int(body.get("rank", -1)))})
             return
-        if op == "mode":
+        if op == "initial":     # worker 0's first push: the inits are done
+            self.snapshots.initial(self.engine, self._shard)
+        elif op == "mode":
             self.engine.sync = bool(body.get("sync", True))
-            if self._shard not in self._written_initial:   # every server: its shard too
-                self._written_initial.add(self._shard)
-                self.snapshots.initial(self.engine, self._shard)
         elif op == "optimizer":
             self.engine.set_optimizer_spec(body.get("spec"))
         elif op == "compression":
