@@ -5,6 +5,7 @@ applied once in dist_async."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -132,6 +133,16 @@ def test_three_servers_split_keys(tmp_path: Path, replicas: str) -> None:
     assert _job(tmp_path / "calm", "dist_sync", None, extra=extra, servers=3) == 0
     assert _job(tmp_path / "killed", "dist_sync", (rng.randrange(3), rng.uniform(0.8, 1.6)),
                 extra=extra, servers=3) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
+def test_server_killed_before_the_first_periodic_checkpoint(tmp_path: Path) -> None:
+    # only the round-0 checkpoint (the initial values) exists: every push is sent again
+    assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
+    assert _job(tmp_path / "killed", "dist_sync", (1, 1.0), every=1000) == 0
+    assert os.listdir(tmp_path / "killed" / "ck") == ["round-0000000000"]
     calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
     for k in calm:
         np.testing.assert_array_equal(killed[k], calm[k])
