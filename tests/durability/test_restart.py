@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +33,15 @@ def _job(out: Path, store_type: str, die: tuple[int, float] | list[tuple[int, fl
     kills = [] if die is None else die if isinstance(die, list) else [die]
     env.update(DIE_SERVER=",".join(str(r) for r, _ in kills),
                DIE_AFTER=",".join(str(t) for _, t in kills))
-    result = launch([sys.executable, str(HERE / "train.py"), str(out), str(STEPS), store_type],
-                    2, servers, env=env, max_restarts=1, timeout=200,
-                    server_command=[sys.executable, str(HERE / "server.py")])
+    # the Unix socket files of SIGKILLed servers stay behind: in a directory removed after
+    sockets = tempfile.mkdtemp(prefix="pskv-t")
+    env["TMPDIR"] = sockets
+    try:
+        result = launch([sys.executable, str(HERE / "train.py"), str(out), str(STEPS),
+                         store_type], 2, servers, env=env, max_restarts=1, timeout=200,
+                        server_command=[sys.executable, str(HERE / "server.py")])
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
     for rank, _ in kills:
         assert (out / f"died-{rank}").exists(), f"server {rank} was not killed while the job ran"
     return result.returncode
