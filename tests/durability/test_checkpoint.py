@@ -210,3 +210,23 @@ def test_periodic_checkpoints_keep_the_last_few(tmp_path: Any, store_type: str) 
     fresh.load_checkpoint(newest)
     for k in KEYS:
         np.testing.assert_array_equal(fresh.pull(k).asnumpy(), results[0][8][k])
+
+
+def test_initial_values_are_the_checkpoint_of_round_zero(tmp_path: Any) -> None:
+    # so that a server restarted before the first periodic checkpoint can reload its shard
+    def fn(kv: Any) -> Any:
+        _init(kv)
+        kv.push("small", mx.nd.ones((3,)))      # the first push writes it: after the inits
+        kv.barrier()
+        return None
+
+    with InprocCluster(num_workers=2, num_servers=3, bigarray_bound=16,
+                       checkpoint_dir=str(tmp_path), checkpoint_every=100) as cluster:
+        _run(cluster, fn)
+    assert latest(str(tmp_path)) == os.path.join(str(tmp_path), "round-0000000000")
+    fresh = mx.kv.create("local")
+    _init(fresh)
+    fresh.push("big", mx.nd.zeros((5, 8)))
+    fresh.load_checkpoint(latest(str(tmp_path)) or "")
+    np.testing.assert_array_equal(fresh.pull("big").asnumpy(),
+                                  np.arange(40, dtype=np.float32).reshape(5, 8) / 10)

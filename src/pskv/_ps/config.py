@@ -17,7 +17,7 @@ from ..errors import ConfigError
 
 __all__ = [
     "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_CHECKPOINT_DIR", "ENV_CHECKPOINT_EVERY",
-    "ENV_CHECKPOINT_KEEP", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
+    "ENV_CHECKPOINT_KEEP", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_MESSAGE_BYTES", "ENV_MAX_UNADMITTED",
@@ -58,6 +58,11 @@ ENV_TLS_CA = "PSKV_TLS_CA"
 ENV_CHECKPOINT_DIR = "PSKV_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY = "PSKV_CHECKPOINT_EVERY"
 ENV_CHECKPOINT_KEEP = "PSKV_CHECKPOINT_KEEP"
+#: set by pskv-launch --max-restarts in every process, and the restart count of this one
+ENV_MAX_RESTARTS = "PSKV_MAX_RESTARTS"
+ENV_RESTART = "PSKV_RESTART"
+#: 1: every shard also lives on the next server (primary-backup, docs/durability.md)
+ENV_REPLICAS = "PSKV_REPLICAS"
 #: the level of pskv's loggers in every process of a job (pskv-launch --log-level)
 ENV_LOG_LEVEL = "PSKV_LOG_LEVEL"
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -153,6 +158,11 @@ class ClusterConfig:
         reloads its shard from (PSKV_CHECKPOINT_DIR); None: no periodic checkpoints
     checkpoint_every : rounds between periodic checkpoints (PSKV_CHECKPOINT_EVERY)
     checkpoint_keep : how many complete periodic checkpoints are kept (PSKV_CHECKPOINT_KEEP)
+    max_restarts : how often pskv-launch restarts a dead node (PSKV_MAX_RESTARTS): the
+        scheduler then waits for a dead server's replacement instead of ending the job
+    restart : this process's restart count (PSKV_RESTART; 0: its first start)
+    replicas : 1 keeps a copy of every shard on the next server, which takes over when its
+        primary dies (PSKV_REPLICAS); 0: none
     """
 
     role: Role
@@ -179,6 +189,9 @@ class ClusterConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     checkpoint_keep: int = 3
+    max_restarts: int = 0
+    restart: int = 0
+    replicas: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -190,6 +203,13 @@ class ClusterConfig:
                 f"{ENV_NUM_SERVER} and {ENV_NUM_WORKER}, or start with pskv-launch -n W -s S.")
         if not 0 < self.root_port < 65536:
             raise ConfigError(f"{ENV_ROOT_PORT}={self.root_port} is not a TCP port (1-65535).")
+        if self.replicas not in (0, 1):
+            raise ConfigError(f"{ENV_REPLICAS}={self.replicas}: pskv keeps at most one backup "
+                              "of each shard. Set it to 1 or 0.")
+        if self.replicas and self.num_servers < 2:
+            raise ConfigError(f"{ENV_REPLICAS}=1 needs at least 2 servers (a shard's backup "
+                              f"lives on another server); this cluster has {self.num_servers}. "
+                              "Start with pskv-launch -s 2 or more.")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ConfigError(f"{ENV_CHECKPOINT_EVERY}={self.checkpoint_every} needs "
                               f"{ENV_CHECKPOINT_DIR}: set it to a directory every server can "
@@ -265,6 +285,10 @@ class ClusterConfig:
                                   f"between checkpoints (with {ENV_CHECKPOINT_DIR}), or 0."),
             checkpoint_keep=_int(env, ENV_CHECKPOINT_KEEP, 3, "Set it to how many checkpoints "
                                  "to keep, e.g. 3.", 1),
+            max_restarts=_int(env, ENV_MAX_RESTARTS, 0, "Set it with pskv-launch "
+                              "--max-restarts N."),
+            restart=_int(env, ENV_RESTART, 0, "pskv-launch sets it; leave it unset."),
+            replicas=_int(env, ENV_REPLICAS, 0, "Set it to 1 (a backup of every shard) or 0."),
         )
 
     def with_role(self, role: Role) -> ClusterConfig:

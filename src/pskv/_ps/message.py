@@ -86,6 +86,7 @@ class Command(enum.IntEnum):
     SHUTDOWN = 9       # scheduler -> servers: every worker is gone
     CHALLENGE = 10     # acceptor -> node: answer with a HELLO proving this nonce (auth.py)
     PEER_LOST = 11     # node -> scheduler: my connection to this peer broke
+    NODE_REJOINED = 12  # scheduler -> nodes: a restarted node took a dead one's rank
     INIT = 20
     PUSH = 21
     PULL = 22

@@ -78,7 +78,16 @@ class Postoffice:
         self.job = ""
         self.key = b""
         self.worker_keys: list[bytes] = []
+        #: for a server: the key servers prove themselves to each other with (replication)
+        self.server_key = b""
         self.host = socket.gethostname()
+        #: ranks of servers restarted since the KVWorker last looked (their new endpoints
+        #: are in ``servers``); appended by the control thread
+        self.rejoined: queue.SimpleQueue[int] = queue.SimpleQueue()
+        #: ranks of dead servers whose backups took over (PSKV_REPLICAS=1)
+        self.lost: queue.SimpleQueue[int] = queue.SimpleQueue()
+        #: whether this node is a restarted one that took a dead node's rank
+        self.rejoin = False
         #: called by the control thread about every half heartbeat interval (a worker's
         #: store sends a push it held too long); it must not block
         self.idle_hook: Callable[[], None] | None = None
@@ -136,6 +145,8 @@ class Postoffice:
         self.mode = got.get("mode", self.mode)
         self.key = str(got.get("key", "")).encode()
         self.worker_keys = [k.encode() for k in got.get("worker_keys", [])]
+        self.server_key = str(got.get("server_key", "")).encode()
+        self.rejoin = bool(got.get("rejoin", False))
         self._thread = threading.Thread(target=self._loop, name=f"pskv-{self.role}-control",
                                         daemon=True)
         self._thread.start()
@@ -250,11 +261,26 @@ class Postoffice:
             with self._cond:
                 self._replies[ts] = body
                 self._cond.notify_all()
+        elif cmd == Command.NODE_FAILED and isinstance(body, dict) and body.get("failover") \
+                and isinstance(body.get("rank"), int):
+            log.warning("%s %d: %s; its backup takes over", self.role, self.rank,
+                        body.get("msg"))
+            self.lost.put(body["rank"])
         elif cmd == Command.NODE_FAILED:
             msg = body.get("msg") if isinstance(body, dict) else "a node failed"
             self._set_failure(f"{msg}; this {self.role} cannot go on")
         elif cmd == Command.SHUTDOWN:
             self.shutdown.set()
+        elif cmd == Command.NODE_REJOINED:
+            endpoints = body.get("endpoints") if isinstance(body, dict) else None
+            if isinstance(body, dict) and body.get("role") == "server" \
+                    and isinstance(body.get("rank"), int) \
+                    and 0 <= body["rank"] < len(self.servers) \
+                    and isinstance(endpoints, dict) \
+                    and all(isinstance(v, str) for v in endpoints.values()):
+                log.warning("%s %d: server %d was restarted", self.role, self.rank, body["rank"])
+                self.servers[body["rank"]] = {str(k): v for k, v in endpoints.items()}
+                self.rejoined.put(body["rank"])
         elif cmd == Command.ERROR:
             with self._cond:
                 self._replies[ts] = error_from_body(body, "the scheduler")

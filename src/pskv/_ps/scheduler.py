@@ -49,6 +49,7 @@ class _Node:
     claimed: int | None = None  # the rank it asked for (DMLC_WORKER_ID / DMLC_SERVER_ID)
     lost: float = 0.0           # when a peer reported its connection to it broke (0: never)
     lost_by: str = ""
+    dead_since: float = 0.0     # with restarts: when it stopped heartbeating
 
 
 @dataclass(slots=True)
@@ -95,6 +96,12 @@ class Scheduler:
         self._nodes: dict[Connection, _Node] = {}
         self._counts = {"server": 0, "worker": 0}
         self._admitted = False
+        #: the job's store type and each worker rank's key, from admission (a restarted node
+        #: gets them again when it rejoins)
+        self._mode = "sync"
+        self._keys: list[str] = []
+        #: the key servers prove themselves to each other with (never sent to a worker)
+        self._server_key = new_key()
         self._barriers: dict[str, _Barrier] = {}
         self._failed = False
         self._shutdown_sent = 0.0
@@ -117,10 +124,15 @@ class Scheduler:
     def _hello(self, ident: Connection, ts: int, body: dict[str, Any]) -> None:
         """A HELLO whose proof checked (``validate`` checked its fields)."""
         role = str(body["role"])
+        claimed = body.get("rank")
+        if self._admitted and self.cfg.max_restarts and ident not in self._nodes:
+            old = next((n for n in self._members(role) if n.rank == claimed), None)
+            if old is not None:
+                self._rejoin(old, ident, ts, body)
+                return
         why = None
         if (self._admitted or self._counts[role] >= self._expected(role)):
             why = f"a {role} beyond the {self._expected(role)} this cluster expects"
-        claimed = body.get("rank")
         if why is None and claimed is not None and ident not in self._nodes:
             why = self._check_claim(role, claimed)
         if why is not None:
@@ -132,11 +144,15 @@ class Scheduler:
             return
         # ranks are final at admission: claimed ranks first, then arrival order (_admit)
         self._counts[role] += 1
-        kept: dict[str, Any] = {k: body[k] for k in ("role", "host", "pid", "endpoints", "mode") if k in body}
+        kept = self._kept(body)
         self._nodes[ident] = _Node(ident, role, -1, kept, time.monotonic(), hello_ts=ts,
                                    claimed=claimed)
         if all(self._counts[r] == self._expected(r) for r in ("server", "worker")):
             self._admit()
+
+    @staticmethod
+    def _kept(body: dict[str, Any]) -> dict[str, Any]:
+        return {k: body[k] for k in ("role", "host", "pid", "endpoints", "mode") if k in body}
 
     def _check_claim(self, role: str, claimed: Any) -> str | None:
         """Why a node may not have the rank it claims, or None (BytePS's DMLC_WORKER_ID)."""
@@ -172,21 +188,55 @@ class Scheduler:
         if len(modes) > 1:
             self._refuse_all(self._mixed_modes(workers))
             return
-        table = [n.body.get("endpoints", {}) for n in servers]
         # one random key per worker rank: a worker proves its rank to the servers with it,
         # so holding the cluster secret is not enough to speak as another worker
-        keys = [new_key() for _ in workers]
+        self._keys = [new_key() for _ in workers]
+        self._mode = modes.pop()
         now = time.monotonic()
-        common = {"servers": table, "num_workers": self.cfg.num_workers,
-                  "num_servers": self.cfg.num_servers, "job": self.job, "mode": modes.pop()}
         for node in self._nodes.values():
             node.last_seen = now
-            extra = {"key": keys[node.rank]} if node.role == "worker" else {"worker_keys": keys}
-            self._send(node.ident, Command.ADMIT, node.hello_ts,
-                       {"role": node.role, "rank": node.rank, **common, **extra})
+            self._send(node.ident, Command.ADMIT, node.hello_ts, self._admission(node))
         ns, nw = len(servers), self.cfg.num_workers
         log.info("scheduler: %d server%s and %d worker%s admitted", ns, "s"[:ns != 1], nw,
                  "s"[:nw != 1])
+
+    def _admission(self, node: _Node, rejoin: bool = False) -> dict[str, Any]:
+        """The ADMIT body for ``node``: its rank, the server table, its key(s)."""
+        servers = sorted(self._members("server"), key=lambda n: n.rank)
+        body: dict[str, Any] = {
+            "role": node.role, "rank": node.rank,
+            "servers": [n.body.get("endpoints", {}) for n in servers],
+            "num_workers": self.cfg.num_workers, "num_servers": self.cfg.num_servers,
+            "job": self.job, "mode": self._mode}
+        if node.role == "worker":
+            body["key"] = self._keys[node.rank]
+        else:
+            body["worker_keys"] = self._keys
+            body["server_key"] = self._server_key
+        if rejoin:
+            body["rejoin"] = True
+        return body
+
+    def _rejoin(self, old: _Node, ident: Connection, ts: int, body: dict[str, Any]) -> None:
+        """A node restarted by pskv-launch --max-restarts takes the rank of ``old`` (dead,
+        or about to be found dead: a restart can say HELLO before the death is noticed);
+        every other node is told where it is now. Only a node that proved the cluster secret
+        for that role and rank gets here (the Verifier checked its HELLO)."""
+        del self._nodes[old.ident]
+        for bar in self._barriers.values():
+            for k, (who, _bts, _p) in list(bar.waiting.items()):
+                if who is old.ident:
+                    del bar.waiting[k]
+        node = _Node(ident, old.role, old.rank, self._kept(body), time.monotonic(),
+                     hello_ts=ts, claimed=old.rank)
+        self._nodes[ident] = node
+        log.warning("scheduler: %s %d rejoined (restarted)", node.role, node.rank)
+        self._send(ident, Command.ADMIT, ts, self._admission(node, rejoin=True))
+        for other in self._live():
+            if other is not node:
+                self._send(other.ident, Command.NODE_REJOINED, 0, {
+                    "role": node.role, "rank": node.rank,
+                    "endpoints": node.body.get("endpoints", {})})
 
     @staticmethod
     def _mixed_modes(workers: list[_Node]) -> str:
@@ -232,6 +282,26 @@ class Scheduler:
                     self._send(n.ident, Command.SHUTDOWN)
 
     def _fail(self, node: _Node, reason: str) -> None:
+        if node.role == "server" and self.cfg.replicas and not node.dead_since and not any(
+                n.role == "server" and n.state == "dead" and n is not node
+                for n in self._members()):
+            # its backup takes its shard over: the job goes on (docs/durability.md)
+            log.warning("scheduler: server %d %s; its backup takes over", node.rank, reason)
+            for other in self._live():
+                if other is not node:
+                    self._send(other.ident, Command.NODE_FAILED, 0,
+                               {"role": "server", "rank": node.rank, "failover": True,
+                                "msg": f"server {node.rank} {reason}"})
+            node.state = "dead"
+            if self.cfg.max_restarts:
+                node.dead_since = time.monotonic()
+            return
+        if self.cfg.max_restarts and not node.dead_since:
+            # pskv-launch restarts it: its replacement has connect_timeout to say HELLO
+            node.state, node.dead_since = "dead", time.monotonic()
+            log.warning("scheduler: %s %d %s; waiting for its restart", node.role, node.rank,
+                        reason)
+            return
         node.state = "dead"
         self._failed = True
         # name the machine too (the hostname it said HELLO with): that is what an operator
@@ -304,6 +374,11 @@ class Scheduler:
             elif now - node.last_seen > self.cfg.heartbeat_timeout:
                 self._fail(node, f"sent no heartbeat for {now - node.last_seen:.1f} s "
                                  "(it died or hangs)")
+        for node in self._members():
+            if node.dead_since and now - node.dead_since > self.cfg.connect_timeout \
+                    and not self._failed:
+                self._fail(node, f"died and was not restarted within "
+                                 f"{self.cfg.connect_timeout:g} s")
         servers = self._members("server")
         if self._shutdown_sent and all(n.state != "alive" for n in servers):
             self._code = 1 if self._failed else 0

@@ -16,14 +16,18 @@ import numpy as np
 from ..errors import ProtocolError
 from .message import Command, Meta, short
 
-__all__ = ["ROLES", "admit_reply", "request"]
+__all__ = ["REPLICATION_OPS", "ROLES", "admit_reply", "request"]
 
 #: the roles a HELLO may name
 ROLES = ("server", "worker")
 _MAX_STR = 4096
 _MAX_RANK = 1 << 20
 _STORE_MODES = ("sync", "async")
-_COMMAND_OPS = ("optimizer", "compression", "save", "load", "checkpoint", "restore")
+_COMMAND_OPS = ("optimizer", "compression", "save", "load", "checkpoint", "restore",
+                "applied", "initial")
+#: what a primary sends the backup of its shard (PSKV_REPLICAS=1; kvstore/_replica.py)
+REPLICATION_OPS = ("r_state", "r_round", "r_init", "r_optimizer", "r_compression", "r_load",
+                   "r_restore", "r_noop")
 
 
 def _fail(meta: Meta, field: str, want: str, got: Any) -> ProtocolError:
@@ -131,8 +135,49 @@ def _rsp_pull(meta: Meta, arrays: list[np.ndarray]) -> None:
         raise ProtocolError("row_sparse pull needs one 1-d integer row-id array per key")
 
 
+def _pairs(meta: Meta, body: dict[str, Any], field: str) -> None:
+    value = body.get(field, [])
+    if not isinstance(value, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(type(x) is int for x in p)
+            for p in value):
+        raise _fail(meta, field, "a list of [int, int] pairs", value)
+
+
+def _replication(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """A primary's change of a shard its backup keeps (only servers are admitted there)."""
+    op = body["op"]
+    _int(meta, body, "shard", 0, _MAX_RANK)
+    if op == "r_round":
+        _int(meta, body, "round", 0, 1 << 62)
+        _str(meta, body, "kind", ("d", "r"))
+        _pairs(meta, body, "applied")
+        if len(arrays) != (2 if body["kind"] == "r" else 1):
+            raise ProtocolError("a replicated round carries its merged value's arrays")
+    elif op in ("r_init", "r_state"):
+        entries = body.get("entries")
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries) \
+                or len(arrays) < len(entries):
+            raise _fail(meta, "entries", "a list of objects, one array each", entries)
+        if op == "r_init":
+            keys = body.get("keys")
+            if not isinstance(keys, list) or len(keys) != len(entries) or \
+                    len(arrays) != len(keys):
+                raise _fail(meta, "keys", "one key per entry and array", keys)
+    elif op == "r_optimizer" and not isinstance(body.get("spec"), dict | None):
+        raise _fail(meta, "spec", "an object or null", body.get("spec"))
+    elif op == "r_compression" and not isinstance(body.get("params"), dict | None):
+        raise _fail(meta, "params", "an object or null", body.get("params"))
+    elif op == "r_load" and (len(arrays) != 1 or arrays[0].dtype != np.uint8):
+        raise ProtocolError("r_load needs one array of state bytes")
+    elif op == "r_restore":
+        _str(meta, body, "path")
+
+
 def _command(meta: Meta, arrays: list[np.ndarray]) -> None:
     body = _body(meta)
+    if body.get("op") in REPLICATION_OPS:
+        _replication(meta, body, arrays)
+        return
     _str(meta, body, "op", _COMMAND_OPS)
     op = body["op"]
     if op == "optimizer" and not isinstance(body.get("spec"), dict):
@@ -164,6 +209,11 @@ def request(meta: Meta, arrays: list[np.ndarray]) -> None:
     if check is None:
         raise ProtocolError(f"{meta.cmd.name} is not a request")
     check(meta, arrays)
+    if isinstance(meta.body, dict):
+        # which shard a request is for, when a server serves another's (PSKV_REPLICAS=1)
+        _int(meta, meta.body, "shard", 0, _MAX_RANK, optional=True)
+        if not isinstance(meta.body.get("again", False), bool):
+            raise _fail(meta, "again", "true or false", meta.body.get("again"))
 
 
 def admit_reply(body: Any) -> dict[str, Any]:
@@ -180,9 +230,11 @@ def admit_reply(body: Any) -> dict[str, Any]:
             isinstance(s, dict) and all(isinstance(v, str) for v in s.values())
             for s in servers):
         raise _fail(meta, "servers", "one table of endpoints per server", servers)
-    for field in ("key", "mode"):
+    for field in ("key", "mode", "server_key"):
         _str(meta, got, field, optional=True)
     keys = got.get("worker_keys", [])
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise _fail(meta, "worker_keys", "a list of strings", keys)
+    if not isinstance(got.get("rejoin", False), bool):
+        raise _fail(meta, "rejoin", "true or false", got.get("rejoin"))
     return got

@@ -54,41 +54,65 @@ class Snapshots:
         self.index, self.num_shards = 0, 1
 
     def start(self, engine: Engine, index: int, num_shards: int) -> None:
-        """This server's shard index; periodic checkpoints on ``engine`` if configured."""
+        """``engine`` serves shard ``index`` of ``num_shards``; periodic checkpoints of it
+        if configured."""
         self.index, self.num_shards = index, num_shards
         if self.cfg.checkpoint_every and self.cfg.checkpoint_dir:
             engine.snapshot_every = self.cfg.checkpoint_every
-            engine.on_snapshot = self._periodic
+            engine.on_snapshot = lambda rnd, copy: self._periodic(rnd, copy, index)
 
-    def _periodic(self, rnd: int, copy: ShardCopy) -> None:
+    def initial(self, engine: Engine, index: int) -> None:
+        """With periodic checkpoints, before any round: the initial values as the
+        checkpoint of round 0, so that a server restarted before the first periodic one
+        has something to reload (the workers re-send everything after it)."""
+        if self.cfg.checkpoint_every and self.cfg.checkpoint_dir and engine.untouched:
+            self.write(engine.snapshot(), round_dir(self.cfg.checkpoint_dir, 0), rnd=0,
+                       index=index)
+
+    def _periodic(self, rnd: int, copy: ShardCopy, index: int) -> None:
         assert self.cfg.checkpoint_dir is not None
-        self.write(copy, round_dir(self.cfg.checkpoint_dir, rnd), rnd=rnd)
+        self.write(copy, round_dir(self.cfg.checkpoint_dir, rnd), rnd=rnd, index=index)
 
     def write(self, copy: ShardCopy, path: str, reply: tuple[Any, int] | None = None,
-              rnd: int | None = None) -> None:
-        """Write ``copy`` as this server's shard of the checkpoint in ``path`` on a thread;
-        answer ``reply`` (conn, ts) once written."""
+              rnd: int | None = None, index: int | None = None) -> None:
+        """Write ``copy`` as shard ``index`` (this server's) of the checkpoint in ``path``
+        on a thread; answer ``reply`` (conn, ts) once written."""
         job = _Job(reply)
-        job.thread = threading.Thread(target=self._run, args=(job, copy, path, rnd),
-                                      name=f"pskv-checkpoint-{self.index}", daemon=True)
+        shard = self.index if index is None else index
+        job.thread = threading.Thread(target=self._run, args=(job, copy, path, rnd, shard),
+                                      name=f"pskv-checkpoint-{shard}", daemon=True)
         self._jobs.append(job)
         job.thread.start()
 
-    def _run(self, job: _Job, copy: ShardCopy, path: str, rnd: int | None) -> None:
+    def _run(self, job: _Job, copy: ShardCopy, path: str, rnd: int | None,
+             index: int) -> None:
         try:
-            write_shard(copy, path, self.index)
-            if rnd is not None and self.index == 0:
-                # periodic: server 0 names the shards; the checkpoint is complete once
-                # every server's shard is there (readers check)
-                write_manifest(path, self.num_shards, rnd, "dist")
+            if rnd is not None and self._obsolete(rnd):
+                return      # a newer checkpoint is complete: this one was pruned already
+            write_shard(copy, path, index)
+            if rnd is not None:
+                # periodic: server 0 names the shards (every server, for the initial one:
+                # server 0 may hold no key); the checkpoint is complete once every
+                # server's shard is there (readers check), and whichever server completes
+                # it removes the old ones
+                if index == 0 or rnd == 0:
+                    write_manifest(path, self.num_shards, rnd, "dist")
                 assert self.cfg.checkpoint_dir is not None
                 prune(self.cfg.checkpoint_dir, self.cfg.checkpoint_keep)
         except (OSError, ValueError) as err:
-            job.error = CheckpointError(f"server {self.index} cannot write its shard of "
+            job.error = CheckpointError(f"server {self.index} cannot write shard {index} of "
                                         f"checkpoint {path!r}: {err}. Check that the directory "
                                         "is writable by every server and has room.")
         except KVStoreError as err:
             job.error = err
+
+    def _obsolete(self, rnd: int) -> bool:
+        root = self.cfg.checkpoint_dir
+        newest = None if root is None else latest(root)
+        if newest is None:
+            return False
+        name = os.path.basename(newest)
+        return name.startswith("round-") and int(name[6:]) > rnd
 
     def reap(self) -> None:
         """On the loop thread: answer the finished writes (or log a periodic one's error)."""
@@ -145,7 +169,7 @@ def load_shard(engine: Engine, root: str, index: int, num_shards: int) -> int | 
             part = _part_shape(shape, start, stop, sparse)
             value = reader.value(e["key"], start, stop, part)
             engine.init(e["id"], value, sparse, e["key"], place=(start, stop, shape))
-        engine.restore(reader)
+        engine.restore(reader, counters=True)
         rnd = reader.manifest.get("round")
         return int(rnd) if isinstance(rnd, int) else 0
     finally:

@@ -62,12 +62,14 @@ class _Entry:
     merge: np.ndarray | None = None
     pushers: set[int] = field(default_factory=set)
     round: int = 0
+    applied: dict[int, int] = field(default_factory=dict)     # per worker: pushes applied
     started: float = 0.0
     waiting: list[Ticket] = field(default_factory=list)            # pushers of this round
     pulls: list[tuple[int, Ticket]] = field(default_factory=list)  # pulls after a push
     deferred: list[tuple[int, list[np.ndarray], str, Ticket | None]] = \
         field(default_factory=list)
     sparse_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    last: NDArray | None = None        # the round's merged value, kept for ``replicate``
 
 
 def _ignore(ticket: Ticket) -> None:
@@ -116,6 +118,9 @@ class Engine:
         self.snapshot_every = 0
         self.on_snapshot: Callable[[int, ShardCopy], None] | None = None
         self._pending: dict[int, dict[Key, tuple[dict[str, Any], np.ndarray, Any]]] = {}
+        #: ``replicate(key, merged, round, applied)`` after each applied round or async
+        #: push, before any request waiting for it is answered (primary-backup)
+        self.replicate: Callable[[Key, NDArray, int, dict[int, int]], None] | None = None
 
     # ---- keys ------------------------------------------------------------------------
     def __contains__(self, key: object) -> bool:
@@ -239,6 +244,8 @@ class Engine:
             self.accumulate(key, arrays, kind, first=True)
             self.finish(key)
             entry.round += 1              # in dist_async a round is one applied push
+            entry.applied[worker] = entry.applied.get(worker, 0) + 1
+            self._replicate(key, entry)
             self._maybe_snapshot(key, entry)
             return
         if worker in entry.pushers:       # its next round: wait (distinct workers per round)
@@ -279,7 +286,27 @@ class Engine:
 
     def finish(self, key: Key) -> None:
         """The round of ``key`` is complete: apply its merged value."""
-        self.apply(key, self._merged(self._entries[key]))
+        entry = self._entries[key]
+        merged = self._merged(entry)
+        self.apply(key, merged)
+        if self.replicate is not None:
+            entry.last = merged
+
+    def _replicate(self, key: Key, entry: _Entry) -> None:
+        if self.replicate is not None and entry.last is not None:
+            merged, entry.last = entry.last, None
+            self.replicate(key, merged, entry.round, entry.applied)
+
+    def set_counters(self, key: Key, rnd: int, applied: dict[int, int]) -> None:
+        """Set ``key``'s round and per-worker push counts (a backup's copy of a shard)."""
+        entry = self._entries[key]
+        entry.round, entry.applied = rnd, dict(applied)
+
+    def replay(self, key: Key, merged: NDArray, rnd: int, applied: dict[int, int]) -> None:
+        """A backup's copy of a primary's applied round: the same update, the same counts."""
+        entry = self._entries[key]
+        self.apply(key, merged)
+        entry.round, entry.applied = rnd, dict(applied)
 
     def _merged(self, entry: _Entry) -> NDArray:
         if entry.sparse:
@@ -300,6 +327,9 @@ class Engine:
                 key=entry.name))
             return
         entry.round += 1
+        for worker in entry.pushers:
+            entry.applied[worker] = entry.applied.get(worker, 0) + 1
+        self._replicate(key, entry)       # the backup has it before anyone is answered
         self._maybe_snapshot(key, entry)
         entry.pushers.clear()
         waiting, entry.waiting = entry.waiting, []
@@ -323,7 +353,8 @@ class Engine:
         start, stop, full = entry.place or (0, _units(data.shape, entry.sparse), data.shape)
         meta = {"key": entry.name, "id": key, "shape": list(full), "dtype": data.dtype.name,
                 "stype": "row_sparse" if entry.sparse else "default", "start": start,
-                "stop": stop, "round": entry.round}
+                "stop": stop, "round": entry.round,
+                "applied": [[w, n] for w, n in sorted(entry.applied.items())]}
         states = getattr(self.updater, "states", None)
         state = _copy_state(states.get(entry.name)) if isinstance(states, dict) else None
         return meta, np.array(data, copy=True), state
@@ -359,9 +390,23 @@ class Engine:
                 del self._pending[older]         # a key skipped that round: give it up
             self.on_snapshot(entry.round, self._shard(list(pending.values())))
 
-    def restore(self, reader: Reader) -> None:
+    @property
+    def untouched(self) -> bool:
+        """Whether no round of any key has closed yet (the values are the inits)."""
+        return all(e.round == 0 for e in self._entries.values())
+
+    def applied_by(self, worker: int) -> list[list[Any]]:
+        """``[key, pushes of worker applied]`` for every key: what a worker that sends its
+        pushes again (to a restarted server) may skip."""
+        return [[k, e.applied.get(worker, 0)] for k, e in self._entries.items()]
+
+    def restore(self, reader: Reader, counters: bool = False) -> None:
         """Set every key this engine holds from a checkpoint (its part of each key, on
-        whatever placement saved it), with optimizer states and rounds; all or nothing."""
+        whatever placement saved it), with optimizer states; all or nothing.
+
+        ``counters``: also the rounds and per-worker push counts (a restarted server of the
+        same job); else they keep counting this job's pushes (``kv.load_checkpoint``).
+        """
         from ..errors import CheckpointError
         plan = []
         for e in self._entries.values():
@@ -386,7 +431,9 @@ class Engine:
         upd = self.updater
         for (e, _start, _stop), value in zip(plan, values, strict=True):
             np.copyto(e.stored._data, value)
-            e.round = reader.round(e.name)
+            if counters:
+                e.round = reader.round(e.name)
+                e.applied = reader.applied(e.name)
             st = states[e.name]
             if st is not None and isinstance(getattr(upd, "states", None), dict):
                 upd.states[e.name] = st         # type: ignore[union-attr]

@@ -9,7 +9,8 @@ A checkpoint is a directory::
                         Updater's own archive, as bytes); __meta__ (UTF-8 JSON, below)
 
 ``__meta__`` lists one entry per stored part: ``{"key", "shape" (the whole key's), "dtype",
-"stype", "start", "stop" (elements of the flat key, rows for row_sparse), "round"}`` plus the
+"stype", "start", "stop" (elements of the flat key, rows for row_sparse), "round", "applied"
+(per worker: pushes included)}`` plus the
 optimizer spec and the compression params. Every file is written to a temporary name and
 renamed, so a checkpoint is complete when its manifest and every shard it names exist.
 Invariant: the parts of a key in a complete checkpoint cover it exactly once, so it loads
@@ -21,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +68,7 @@ def round_dir(root: str, rnd: int) -> str:
 
 
 def _replace_atomically(path: str, write: Any) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = f"{path}.tmp{os.getpid()}-{threading.get_ident()}"
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -271,6 +273,11 @@ class Reader:
     def round(self, key: Any) -> int:
         """The round ``key`` was saved at (the newest of its parts)."""
         return max(int(p.meta.get("round", 0)) for p in self.parts[key])
+
+    def applied(self, key: Any) -> dict[int, int]:
+        """Per worker, how many of its pushes of ``key`` the checkpoint includes."""
+        pairs = self.parts[key][0].meta.get("applied") or []
+        return {int(w): int(n) for w, n in pairs}
 
     def _shard_states(self, shard: int) -> dict[Any, Any]:
         got = self._states.get(shard)

@@ -83,6 +83,7 @@ class DistKVStore(KVStoreBase):
         self._sendbuf: dict[Key, np.ndarray] = {}
         self._by_pskey: dict[int, Key] = {}
         self._held = HeldPush(cfg.coalesce_bytes if self._sync else 0)
+        self._initial_sent = False
         self._po.idle_hook = self._send_overdue
         # a strong reference: a store dropped without close() must still say goodbye at
         # exit, or the scheduler takes the silent worker for dead and exits 1
@@ -172,6 +173,16 @@ class DistKVStore(KVStoreBase):
                 specs = [init_spec(k, vals[0], self._by_pskey) for k, vals in zip(keys, groups)]
             except KVStoreError as err:
                 error = err
+            if self._po.rejoin:
+                # a worker restarted by --max-restarts: the keys are on the servers already,
+                # and the other workers are past init; place them as the first run did
+                if error is not None:
+                    raise error
+                assert specs is not None
+                for i in sorted(range(len(keys)), key=lambda i: specs[i][0]):
+                    self._by_pskey[self._keys.add(self._place(keys[i], groups[i][0])).pskey] \
+                        = keys[i]
+                return
             payloads = self._collective("init", {
                 "specs": specs, "error": None if error is None else
                 f"{type(error).__name__}: {error}"})
@@ -298,7 +309,17 @@ class DistKVStore(KVStoreBase):
                 arrays.append(part)
         return {s: (pk, "".join(kinds), arrays) for s, (pk, kinds, arrays) in per.items()}
 
+    def _first_push(self) -> None:
+        """Before worker 0's first push, with periodic checkpoints: the initial values as
+        the checkpoint of round 0 (docs/durability.md); no round can close before it,
+        since every round needs this worker's push."""
+        if not self._initial_sent:
+            self._initial_sent = True
+            if self.rank == 0 and self._cfg.checkpoint_every:
+                self._to_all(Command.COMMAND, {"op": "initial"})
+
     def _push_validated(self, keys: list[Key], groups: list[list[Any]]) -> None:
+        self._first_push()
         self._send_held()
         items = self._push_items(keys, groups)
         if not self._held.hold(keys, items):
@@ -430,6 +451,7 @@ class DistKVStore(KVStoreBase):
             okeys, ogroups = normalize(key, value if out is None else out, "out")
             self._keys.validate_push(keys, groups, self._wire_gc is not None)
             self._keys.validate_pull(okeys, ogroups)
+            self._first_push()
             items = self._push_items(keys, groups)
             # with out=None the reply overwrites the values: after they were sent
             targets = self._targets(okeys, ogroups) if out is not None else {}

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import zmq
 
-from ..errors import ClusterError, KeyAlreadyInitializedError, KVStoreError, NodeFailedError, ProtocolError, \
+from ..errors import CheckpointError, ClusterError, KeyAlreadyInitializedError, KVStoreError, NodeFailedError, ProtocolError, \
     ShapeMismatchError
 from .._ps.auth import Verifier
 from .._ps.config import ClusterConfig
@@ -31,7 +31,8 @@ from .._ps.tls import server_context
 from .._ps.transport import Connection
 from .._ps.zeromq import ZmqContext
 from ._engine import Engine, Ticket
-from ._durable import Snapshots
+from ._durable import Snapshots, load_shard
+from ._replica import Backups, Replicator, backup_endpoints, backup_of
 
 __all__ = ["KVServer"]
 
@@ -75,6 +76,11 @@ class KVServer:
                 router.bind(endpoints["zmq"])
             else:
                 endpoints = self._bind(cfg, router)
+            self._engine_class = engine_class
+            #: copies of other servers' shards (PSKV_REPLICAS=1), updated on their own thread
+            self.backups = Backups(cfg, self._new_engine, self._zctx) if cfg.replicas else None
+            if self.backups is not None:
+                endpoints.update(self.backups.endpoints)
             self.po = Postoffice(cfg, self._zctx, endpoints={**endpoints, "host": ""})
             self.po._endpoints["host"] = self.po.host
         except BaseException:
@@ -88,8 +94,23 @@ class KVServer:
                               max_message_bytes=cfg.max_message_bytes)
         self._open: dict[Any, int] = {}           # per worker: pushes not yet applied
         self._flushes: dict[Any, list[int]] = {}  # per worker: FLUSH requests waiting
-        self.engine = engine_class(self.po.num_workers, True, self._answer, self._answer_error)
+        self.engine = self._new_engine()
+        #: the shards this server serves (its own; one whose primary died, as its backup)
+        self.served: dict[int, Engine] = {}
+        self._own = self.engine
+        self._repl: dict[int, Replicator] = {}
+        self._restarted: set[int] = set()   # servers restarted since this one started
+        self._shard = -1
         self.snapshots = Snapshots(cfg, self._send, self._error)
+
+    def _new_engine(self) -> Engine:
+        """An engine whose answers go to this server's peers."""
+        holder: list[Engine] = []
+        nw = self.po.num_workers if hasattr(self, "po") else self.cfg.num_workers
+        engine = self._engine_class(nw, True, lambda t: self._answer(t, holder[0]),
+                                    self._answer_error)
+        holder.append(engine)
+        return engine
 
     def _bind(self, cfg: ClusterConfig, router: zmq.Socket[Any] | None) -> dict[str, str]:
         """Listen on TCP, (``auto``, ``ipc``) a Unix socket and (``zmq``) ZeroMQ; their
@@ -126,7 +147,8 @@ class KVServer:
         """A worker's HELLO whose proof checked: admitted under the rank it proved."""
         rank = int(meta.body["rank"])
         self._rank_of[conn] = rank
-        self._send(conn, Command.ACK, meta.ts)
+        # what of this worker's pushes is applied here: a restarted worker skips those
+        self._send(conn, Command.ACK, meta.ts, {"applied": self.engine.applied_by(rank)})
         return rank
 
     def handle(self, conn: Connection, worker: Any, meta: Meta,
@@ -135,11 +157,65 @@ class KVServer:
         handler = self._handlers.get(meta.cmd)
         if handler is None:
             raise ProtocolError(f"server does not take {meta.cmd.name}")
-        handler(self, conn, worker, meta.ts, meta.keys, meta.body, arrays)
+        shard = meta.body.get("shard") if isinstance(meta.body, dict) else None
+        engine = self.engine if shard is None else self._engine_of(shard)
+        self.engine, self._shard = engine, self.po.rank if shard is None else shard
+        try:
+            handler(self, conn, worker, meta.ts, meta.keys, meta.body, arrays)
+        finally:
+            self.engine, self._shard = self.served.get(self.po.rank, self._own), self.po.rank
+
+    def _engine_of(self, shard: int) -> Engine:
+        """The engine of ``shard``: served here, or taken over from its dead primary."""
+        engine = self.served.get(shard)
+        if engine is None and self.backups is not None:
+            engine = self.backups.take(shard)
+            if engine is not None:
+                log.warning("server %d: serves shard %d now, as its backup (its server died)",
+                            self.po.rank, shard)
+                engine.num_workers = self.po.num_workers
+                self._serve(shard, engine)
+        if engine is None:
+            raise ProtocolError(f"server {self.po.rank} holds no shard {shard} (with "
+                                "PSKV_REPLICAS=1 a server serves its own shard and, once its "
+                                "primary died, the one it backs up)")
+        return engine
+
+    def _serve(self, shard: int, engine: Engine) -> None:
+        """Serve ``shard`` with ``engine``, replicating it to its backup if there is one."""
+        self.served[shard] = engine
+        self.snapshots.start(engine, shard, self.po.num_servers)
+        if self.backups is None:
+            return
+        backup = backup_of(shard, self.po.rank, self.po.num_servers)
+        repl = Replicator(self.cfg, self._zctx, self.po, shard, backup, engine)
+        self._repl[shard] = repl
+        engine.replicate = repl.round
+        if backup != shard or shard in self._restarted:   # else the dead primary: not yet
+            repl.endpoints = backup_endpoints(self.po.servers[backup])
+
+    def _forward(self, op: str, body: dict[str, Any],
+                 arrays: list[np.ndarray] | tuple[()] = ()) -> None:
+        """Replicate a change of the shard being handled to its backup (before answering)."""
+        repl = self._repl.get(self._shard)
+        if repl is not None:
+            repl.send(op, body, list(arrays))
+
+    def _rejoined(self) -> None:
+        """A restarted server is the new backup of the shards served here that it backs."""
+        while not self.po.rejoined.empty():
+            rank = self.po.rejoined.get()
+            self._restarted.add(rank)
+            for repl in self._repl.values():
+                if repl.backup == rank:
+                    repl.endpoints = backup_endpoints(self.po.servers[rank])
+                    repl.close()
+                    repl.send("r_noop", {})       # connect now: the whole shard, then this
 
     def tick(self) -> None:
         """Fail sync rounds that waited too long."""
-        self.engine.check_rounds(self.cfg.round_timeout)
+        for engine in self.served.values():
+            engine.check_rounds(self.cfg.round_timeout)
 
     def dropped(self, conn: Connection) -> None:
         """A worker's connection is gone: tell the scheduler (a worker that closed said
@@ -151,16 +227,20 @@ class KVServer:
     # ---- replies -------------------------------------------------------------------------
     def _send(self, conn: Any, cmd: Command, ts: int, body: Any = None,
               arrays: list[np.ndarray] | tuple[()] = ()) -> None:
+        for repl in self._repl.values():    # the backups have every change answered
+            repl.drain()
         self.loop.send(conn, cmd, ts, body, arrays)
 
     def _error(self, conn: Any, ts: int, err: BaseException) -> None:
+        for repl in self._repl.values():
+            repl.drain()
         self.loop.error(conn, ts, err)
 
-    def _answer(self, ticket: Ticket) -> None:
+    def _answer(self, ticket: Ticket, engine: Engine) -> None:
         if ticket.cmd == Command.PUSH:      # pushes are not acknowledged one by one
             self._push_done(ticket.peer)
         else:
-            self._send(ticket.peer, Command.DATA, ticket.ts, arrays=self.engine.values(ticket))
+            self._send(ticket.peer, Command.DATA, ticket.ts, arrays=engine.values(ticket))
 
     def _answer_error(self, ticket: Ticket, err: KVStoreError) -> None:
         self._error(ticket.peer, ticket.ts, err)
@@ -191,6 +271,11 @@ class KVServer:
         if not isinstance(specs, list) or len(specs) != len(keys) or len(arrays) != len(keys) \
                 or not all(isinstance(spec, dict) for spec in specs):
             raise ProtocolError("INIT needs one entry spec and one array per key")
+        if body.get("again"):
+            # sent again after a failover: the backup may have it already (docs/durability.md)
+            kept = [i for i, k in enumerate(keys) if k not in self.engine]
+            keys = tuple(keys[i] for i in kept)
+            specs, arrays = [specs[i] for i in kept], [arrays[i] for i in kept]
         for k, spec, arr in zip(keys, specs, arrays):
             if k in self.engine:
                 raise KeyAlreadyInitializedError(
@@ -204,6 +289,7 @@ class KVServer:
             self.engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
                              place=None if not isinstance(place, list) or len(place) != 3
                              else (int(place[0]), int(place[1]), tuple(place[2])))
+        self._forward("r_init", {"keys": list(keys), "entries": specs}, arrays)
         self._send(conn, Command.ACK, ts)
 
     def _split_push(self, keys: tuple[int, ...], body: Any,
@@ -274,7 +360,14 @@ class KVServer:
                     body: Any, arrays: list[np.ndarray]) -> None:
         op = body.get("op") if isinstance(body, dict) else None
         reply: list[np.ndarray] = []
-        if op == "optimizer":
+        if op in ("optimizer", "compression", "load", "restore"):
+            self._forward("r_" + str(op), body, arrays)     # the backup first: then here
+        if op == "applied":     # a worker that switched to this backup: what it holds
+            self._send(conn, Command.ACK, ts, {"applied": self.engine.applied_by(worker)})
+            return
+        if op == "initial":     # worker 0's first push: the inits are done
+            self.snapshots.initial(self.engine, self._shard)
+        elif op == "optimizer":
             self.engine.set_optimizer_spec(body.get("spec"))
         elif op == "compression":
             self.engine.set_compression(body.get("params"))
@@ -289,7 +382,7 @@ class KVServer:
         elif op == "checkpoint":
             # the pause: one copy of the shard; a thread writes it, then we answer
             self.snapshots.write(self.engine.snapshot(), str(body.get("path")),
-                                 reply=(conn, ts))
+                                 reply=(conn, ts), index=self._shard)
             return
         elif op == "restore":
             self.snapshots.restore(self.engine, str(body.get("path")))
@@ -307,21 +400,31 @@ class KVServer:
     def run(self) -> int:
         """Join the cluster and serve until the scheduler says SHUTDOWN; return 0."""
         try:
+            if self.cfg.restart and self.cfg.rank is not None and not self.cfg.replicas:
+                self._reload(self.cfg.rank)
             self.po.start()
             self.engine.num_workers = self.po.num_workers    # as admitted
             self.engine.sync = self.po.mode != "async"      # as every worker agreed
             self._verifier.job = self.po.job
             self.loop.name = f"server {self.po.rank}"
-            self.snapshots.start(self.engine, self.po.rank, self.po.num_servers)
+            self._own = self.engine
+            if self.backups is not None:
+                self.backups.start(self.po)
+            if not (self.cfg.restart and self.cfg.replicas):
+                self._serve(self.po.rank, self.engine)
+            # else: its backup took its shard over; it rejoins as a backup
             failed_seen = False
             lost_at: float | None = None
 
             def stop() -> bool:
                 nonlocal failed_seen, lost_at
                 self.snapshots.reap()
+                if self.backups is not None:
+                    self._rejoined()
                 if self.po.failure is not None and not failed_seen:
                     failed_seen = True
-                    self.engine.fail_all(NodeFailedError(self.po.failure))
+                    for engine in self.served.values():
+                        engine.fail_all(NodeFailedError(self.po.failure))
                 if self.po.scheduler_lost.is_set():
                     # a server on another host (ssh launcher) has no launcher to stop it:
                     # without the scheduler no SHUTDOWN can come, so it exits by itself,
@@ -342,9 +445,28 @@ class KVServer:
         finally:
             self._close()
 
+    def _reload(self, rank: int) -> None:
+        """Restarted by pskv-launch --max-restarts: this rank's shard from the newest
+        checkpoint, before rejoining (the workers then send what it does not include)."""
+        root = self.cfg.checkpoint_dir
+        rnd = None if root is None else load_shard(self.engine, root, rank,
+                                                   self.cfg.num_servers)
+        if rnd is None:
+            raise CheckpointError(
+                f"server {rank} was restarted but has nothing to reload: no complete "
+                f"checkpoint in PSKV_CHECKPOINT_DIR={root!r}. Set PSKV_CHECKPOINT_DIR and "
+                "PSKV_CHECKPOINT_EVERY so that a restarted server can rejoin.")
+        log.warning("server %d: restarted; reloaded %d keys from the checkpoint of round %d",
+                    rank, len(self.engine.stored), rnd)
+
     def _close(self) -> None:
         if hasattr(self, "snapshots"):
             self.snapshots.close()
+        for repl in getattr(self, "_repl", {}).values():
+            repl.close()
+        if getattr(self, "backups", None) is not None:
+            assert self.backups is not None
+            self.backups.close()
         if hasattr(self, "loop"):
             self.loop.close()
         else:

@@ -106,7 +106,7 @@ def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
     logger.info("launching %d worker%s and %d server%s (%s)", w, "s"[:w != 1], s,
                 "s"[:s != 1], spec.launcher)
     result = run_processes(procs, timeout=spec.timeout, grace_period=spec.grace_period,
-                           log_dir=spec.log_dir,
+                           log_dir=spec.log_dir, max_restarts=spec.max_restarts,
                            shutdown_timeout=spec.shutdown_timeout, stdout=stdout,
                            stderr=stderr)
     if result.reason == "ok" and result.killed:
@@ -125,7 +125,8 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
            hosts: str | None = None, log_level: str | None = None, log_dir: str | None = None,
            image: str | None = None, namespace: str | None = None,
            job_name: str | None = None, dry_run: bool = False,
-           stdout: TextIO | None = None, stderr: TextIO | None = None) -> LaunchResult:
+           stdout: TextIO | None = None, stderr: TextIO | None = None,
+           max_restarts: int = 0) -> LaunchResult:
     """Launch a distributed job and wait for it, as ``pskv-launch`` does.
 
     Runs one scheduler, `num_servers` servers (``python -m pskv.server``) and `num_workers`
@@ -175,6 +176,9 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
         kubernetes: print the manifests as YAML to `stdout` instead of creating them.
     stdout, stderr : text streams, optional
         Where the prefixed output goes.
+    max_restarts : int
+        Start a worker or server that died again, with its rank, up to this many times
+        each (``--max-restarts``; docs/durability.md).
 
     Returns
     -------
@@ -199,7 +203,7 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
         env_worker=tuple((env_worker or {}).items()), timeout=timeout, port=port,
         host_ip=host_ip, secret=secret, grace_period=grace_period,
         shutdown_timeout=shutdown_timeout, hosts=hosts, log_level=log_level, log_dir=log_dir,
-        image=image, namespace=namespace, job_name=job_name, dry_run=dry_run,
+        max_restarts=max_restarts, image=image, namespace=namespace, job_name=job_name, dry_run=dry_run,
         server_command=DEFAULT_SERVER_COMMAND if server_command is None
         else tuple(server_command))
     return launch_spec(spec, stdout=stdout, stderr=stderr)
@@ -261,6 +265,10 @@ def _parser() -> _Parser:
     p.add_argument("--log-dir", type=str, metavar="DIR",
                    help="also write each process's output to DIR/worker-0.log, "
                    "DIR/server-0.log, DIR/scheduler.log")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="start a worker or server that died again, with its rank, up to N "
+                   "times each; a server reloads its shard from the newest checkpoint "
+                   "(PSKV_CHECKPOINT_DIR) or its backup (PSKV_REPLICAS=1); default 0")
     k8s = p.add_argument_group("kubernetes")
     k8s.add_argument("--image", type=str,
                      help="the container image of every pod (with pskv and the command)")
@@ -324,7 +332,7 @@ def parse_args(argv: Sequence[str] | None = None,
         env_worker=tuple(parse_env_pair(e, "--env-worker", env) for e in args.env_worker),
         timeout=args.timeout, port=args.port, host_ip=args.host_ip,
         server_command=server_command, image=args.image, namespace=args.namespace,
-        job_name=args.job_name, dry_run=args.dry_run)
+        job_name=args.job_name, dry_run=args.dry_run, max_restarts=args.max_restarts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

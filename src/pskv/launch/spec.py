@@ -113,6 +113,9 @@ class LaunchSpec:
         digits by default); lowercase letters, digits and ``-``, at most 40 characters.
     dry_run : bool
         kubernetes: print the manifests as YAML instead of creating them.
+    max_restarts : int
+        How many times each worker or server that dies is started again, with its rank
+        (``--max-restarts``; docs/durability.md); 0: the first failure ends the job.
 
     Examples
     --------
@@ -143,12 +146,16 @@ class LaunchSpec:
     namespace: str | None = None
     job_name: str | None = None
     dry_run: bool = False
+    max_restarts: int = 0
 
     def __post_init__(self) -> None:
         # frozen: normalise through object.__setattr__, as attrs converters do
         setattr_ = object.__setattr__
         setattr_(self, "command", tuple(str(c) for c in self.command))
         setattr_(self, "server_command", tuple(str(c) for c in self.server_command))
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts {self.max_restarts} is negative. Pass how "
+                              "many times a dead worker or server may be restarted, or 0.")
         if not self.command:
             raise ConfigError("no command to launch. Put the worker command last, e.g. "
                               "pskv-launch -n 2 python train.py.")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Callable, Sequence, TextIO
 
-from .._ps.config import Role
+from .._ps.config import ENV_MAX_RESTARTS, ENV_RESTART, Role
 from ..errors import ConfigError
 from .spec import ProcessSpec
 
@@ -231,8 +231,10 @@ class _Supervisor:
 
     def __init__(self, procs: Sequence[ProcessSpec], *, timeout: float | None,
                  grace_period: float, shutdown_timeout: float, stdout: TextIO,
-                 stderr: TextIO, log_dir: str | None = None) -> None:
+                 stderr: TextIO, log_dir: str | None = None, max_restarts: int = 0) -> None:
         self.procs = list(procs)
+        self.max_restarts = max_restarts
+        self.restarts: dict[str, int] = {}
         self.timeout = timeout
         self.grace_period = grace_period
         self.shutdown_timeout = shutdown_timeout
@@ -266,6 +268,9 @@ class _Supervisor:
         # Python children print through a pipe: unbuffered, their lines come out as written
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.update(ps.env)
+        if self.max_restarts:     # the scheduler waits for a dead node's replacement
+            env[ENV_MAX_RESTARTS] = str(self.max_restarts)
+            env[ENV_RESTART] = str(self.restarts.get(ps.label, 0))
         try:
             popen = subprocess.Popen(
                 list(ps.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -300,6 +305,20 @@ class _Supervisor:
             pumps.append(t)
         logger.debug("started %s (pid %d): %s", ps.label, popen.pid, ps.argv)
         return _Child(ps, popen, pumps)
+
+    def _restart(self, child: _Child, rc: int) -> bool:
+        """Start a dead worker or server again (same rank, same command) if it has
+        restarts left (--max-restarts); whether it did."""
+        ps = child.spec
+        used = self.restarts.get(ps.label, 0)
+        if ps.role is Role.SCHEDULER or ps.rank is None or used >= self.max_restarts:
+            return False
+        self.restarts[ps.label] = used + 1
+        logger.warning("%s (pid %d) exited with status %d; restarting it (%d of %d)",
+                       ps.label, child.popen.pid, exit_status(rc), used + 1, self.max_restarts)
+        child.signal_group(signal.SIGKILL)    # whatever it left behind in its group
+        self.children[self.children.index(child)] = self._spawn(ps)
+        return True
 
     def _running(self) -> list[_Child]:
         return [c for c in self.children if c.running]
@@ -376,7 +395,6 @@ class _Supervisor:
         deadline = None if self.timeout is None else start + self.timeout
         shutdown_deadline: float | None = None
         after_workers: set[_Child] = set()
-        workers = [c for c in self.children if c.spec.role is Role.WORKER]
         while True:
             if self.signum is not None:
                 if self.signum == signal.SIGINT:
@@ -385,9 +403,13 @@ class _Supervisor:
                 logger.warning("got %s; stopping all %d processes", name, len(self._running()))
                 self._stop(self.children, self.signum)
                 return "signal", None
+            restarted = False
             for c in self.children:
                 rc = c.popen.poll()
                 if rc is None or rc == 0 or c in after_workers:
+                    continue
+                if shutdown_deadline is None and self._restart(c, rc):
+                    restarted = True
                     continue
                 if shutdown_deadline is not None:
                     # every worker exited 0, so the job succeeded: the workers' status is
@@ -402,10 +424,17 @@ class _Supervisor:
                              c.spec.where, c.popen.pid, exit_status(rc))
                 self._stop(self.children)
                 return "failed", c
+            if restarted:
+                continue            # look at the new child's status first
             running = self._running()
             if not running:
+                if any(c.popen.poll() not in (None, 0) and c not in after_workers
+                       for c in self.children):
+                    continue        # one failed since the loop above looked: report it
                 return "ok", None
             now = time.monotonic()
+            # read each time: a restarted worker (--max-restarts) is a new child
+            workers = [c for c in self.children if c.spec.role is Role.WORKER]
             if shutdown_deadline is None and not any(c.running for c in workers):
                 # every worker exited 0: a scheduler and servers the workers used follow by
                 # themselves within moments (ps-lite's Finalize); ones nobody joined would
@@ -434,7 +463,8 @@ class _Supervisor:
 def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
                   grace_period: float = 5.0, shutdown_timeout: float = 2.0,
                   stdout: TextIO | None = None,
-                  stderr: TextIO | None = None, log_dir: str | None = None) -> LaunchResult:
+                  stderr: TextIO | None = None, log_dir: str | None = None,
+                  max_restarts: int = 0) -> LaunchResult:
     """Start `procs` in order and supervise them until the job ends.
 
     The first process that exits non-zero stops all others (SIGTERM, then SIGKILL after
@@ -456,6 +486,10 @@ def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
     log_dir : str, optional
         Also write each process's output, unprefixed, to ``log_dir/<label>.log``
         (``worker-0.log``, ``server-1.log``, ``scheduler.log``); created if missing.
+    max_restarts : int
+        A worker or server that exits non-zero is started again (same rank and command,
+        with ``PSKV_RESTART`` set to its restart count) up to this many times before its
+        exit ends the job; every child gets ``PSKV_MAX_RESTARTS``.
 
     Returns
     -------
@@ -469,4 +503,5 @@ def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
     return _Supervisor(procs, timeout=timeout, grace_period=grace_period,
                        shutdown_timeout=shutdown_timeout,
                        stdout=sys.stdout if stdout is None else stdout,
-                       stderr=sys.stderr if stderr is None else stderr, log_dir=log_dir).run()
+                       stderr=sys.stderr if stderr is None else stderr, log_dir=log_dir,
+                       max_restarts=max_restarts).run()

@@ -1,0 +1,151 @@
+"""What durability costs: throughput with PSKV_REPLICAS=1 against 0, and a snapshot's pause.
+
+Run from the repository root::
+
+    python benchmarks/bench_durability.py            # full run, several minutes on 2 cores
+    python benchmarks/bench_durability.py --quick    # smoke run, well under a minute
+
+Throughput: one ``dist_sync`` job per (workload, replicas) through ``pskv.launch.launch``
+(a scheduler, 2 servers, 2 workers on this machine, the default transport); each worker
+times push-then-pull steps of the workload and rank 0 reports steps/s. Workloads: the
+161 parameter tensors of ResNet-50 v1 (``_dist_worker.resnet50_shapes``, with SGD on the
+servers), and 64 MB keys (split across both servers). Jobs with and without replicas
+alternate, so machine load falls on both alike.
+
+Snapshot pause: the time ``Engine.snapshot()`` takes, in this process, on an engine holding
+the same shard (with SGD momentum states): that copy is the only time a server stops
+serving for a checkpoint (the write happens on a thread). Reported per 100 MB of shard.
+
+Results go to ``benchmarks/results/bench_durability.json`` and ``.md`` with the machine,
+the commit and the command line. The issue's aims (replication costs at most 25% of
+throughput; a pause under 50 ms per 100 MB) are reported as PASS or MISS, never asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import _common
+import _dist_worker
+
+MB = 1 << 20
+BIG = 16 * MB          # float32 elements of a 64 MB key
+
+
+def shapes_of(workload: str, quick: bool) -> list[tuple[int, ...]]:
+    """The key shapes of a workload."""
+    if workload == "resnet50":
+        return [tuple(s) for s in _dist_worker.resnet50_shapes()]
+    return [(BIG // 4,)] * 2 if quick else [(BIG,)] * 4
+
+
+# ---- the worker side (run by pskv-launch) ------------------------------------------------
+def worker(out: str, workload: str, steps: int, quick: bool) -> None:
+    """Time ``steps`` push+pull steps; rank 0 writes seconds per step to ``out``."""
+    import pskv as mx
+    kv = mx.kv.create("dist_sync")
+    shapes = shapes_of(workload, quick)
+    keys = list(range(len(shapes)))
+    kv.init(keys, [mx.nd.zeros(s) for s in shapes])
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.01, momentum=0.9))
+    grads = [mx.nd.ones(s) for s in shapes]
+    outs = [mx.nd.zeros(s) for s in shapes]
+    times = []
+    for step in range(steps + 1):           # the first step warms up
+        t0 = time.perf_counter()
+        kv.push(keys, grads)
+        kv.pull(keys, out=outs)
+        if step:
+            times.append(time.perf_counter() - t0)
+    kv.barrier()
+    if kv.rank == 0:
+        Path(out).write_text(json.dumps({"seconds_per_step": statistics.median(times)}))
+    kv.close()
+
+
+# ---- the driver ----------------------------------------------------------------------------
+def throughput(workload: str, replicas: int, steps: int, quick: bool) -> float:
+    """Steps per second of one job."""
+    from pskv.launch import launch
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "result.json")
+        argv = [sys.executable, __file__, "--worker", out, workload, str(steps)]
+        if quick:
+            argv.append("--quick")
+        result = launch(argv, 2, 2, env={"PSKV_REPLICAS": str(replicas)}, timeout=900)
+        if result.returncode != 0:
+            raise RuntimeError(f"the {workload} job with PSKV_REPLICAS={replicas} failed "
+                               f"with status {result.returncode}")
+        return 1.0 / float(json.loads(Path(out).read_text())["seconds_per_step"])
+
+
+def snapshot_pause(workload: str, quick: bool, repeats: int) -> dict[str, float]:
+    """Seconds ``Engine.snapshot()`` pauses for half the workload's keys (one server's
+    shard of two), and that per 100 MB."""
+    import pskv as mx
+    from pskv.kvstore._engine import Engine
+    engine = Engine(num_workers=1)
+    engine.set_optimizer_spec(mx.optimizer.SGD(learning_rate=0.01, momentum=0.9).to_spec())
+    shard_bytes = 0
+    for i, shape in enumerate(shapes_of(workload, quick)[::2]):
+        engine.init(i, np.zeros(shape, np.float32))
+        engine.apply(i, mx.nd.ones(shape))       # creates the momentum state
+        shard_bytes += 2 * int(np.prod(shape)) * 4
+    pauses = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        engine.snapshot()
+        pauses.append(time.perf_counter() - t0)
+    pause = statistics.median(pauses)
+    return {"shard_mb": shard_bytes / MB, "pause_ms": pause * 1e3,
+            "pause_ms_per_100mb": pause * 1e3 * 100 * MB / shard_bytes}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="a smoke run")
+    p.add_argument("--worker", nargs=3, metavar=("OUT", "WORKLOAD", "STEPS"),
+                   help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        out, workload, steps = args.worker
+        worker(out, workload, int(steps), args.quick)
+        return 0
+    steps, rounds, repeats = (2, 1, 3) if args.quick else (10, 3, 10)
+    rows, data = [], {"machine": _common.machine_info(), "commit": _common.commit_info(),
+                      "command": _common.command_line(), "time": _common.timestamp(),
+                      "results": {}}
+    for workload in ("resnet50", "64mb"):
+        got: dict[int, list[float]] = {0: [], 1: []}
+        for _ in range(rounds):
+            for replicas in (0, 1):
+                got[replicas].append(throughput(workload, replicas, steps, args.quick))
+        base, repl = statistics.median(got[0]), statistics.median(got[1])
+        pause = snapshot_pause(workload, args.quick, repeats)
+        cost = 1 - repl / base
+        data["results"][workload] = {"steps_per_s": {"replicas_0": base, "replicas_1": repl},
+                                     "replication_cost": cost, "snapshot": pause}
+        rows.append([workload, f"{base:.2f}", f"{repl:.2f}", f"{cost:.0%}",
+                     "PASS" if cost <= 0.25 else "MISS", f"{pause['shard_mb']:.0f}",
+                     f"{pause['pause_ms']:.1f}", f"{pause['pause_ms_per_100mb']:.1f}",
+                     "PASS" if pause["pause_ms_per_100mb"] < 50 else "MISS"])
+    header = ["workload", "steps/s, replicas 0", "steps/s, replicas 1", "cost",
+              "<= 25%", "shard MB", "snapshot pause ms", "ms per 100 MB", "< 50 ms"]
+    print(_common.text_table(header, rows))
+    markdown = (f"# bench_durability\n\n`{data['command']}` at {data['time']}, commit "
+                f"{data['commit']}, {data['machine']}\n\n" + _common.md_table(header, rows))
+    if not args.quick:
+        _common.write_results("bench_durability", data, markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

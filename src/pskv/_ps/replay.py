@@ -1,0 +1,129 @@
+"""A worker's recent pushes, kept to send again to a server that was restarted.
+
+A server counts, per key and worker, the pushes it has applied (and a checkpoint keeps the
+counts); a worker numbers its pushes of each key to each server the same way. After a
+restart the server says how many it holds and the worker sends the later ones again, in
+order (docs/durability.md: why re-send rather than roll back). Invariant: for each server
+and ps_key, the log holds the last ``keep`` pushes, numbered 1, 2, ... in send order.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import NodeFailedError, ProtocolError
+
+__all__ = ["PushLog", "backup_of"]
+
+
+def backup_of(shard: int, host: int, num_servers: int) -> int:
+    """The server that keeps the backup of ``shard`` while server ``host`` serves it: the
+    next server while its own serves it, its own (restarted) once the next took it over.
+
+    Examples
+    --------
+    >>> backup_of(1, 1, 3), backup_of(1, 2, 3), backup_of(2, 2, 3)
+    (2, 1, 0)
+    """
+    return (shard + 1) % num_servers if host == shard else shard
+
+
+class PushLog:
+    """The last ``keep`` pushes of each key to each server (copies)."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._count: dict[tuple[int, int], int] = {}
+        self._log: dict[tuple[int, int], deque[tuple[int, str, list[np.ndarray]]]] = {}
+        self._skip: dict[tuple[int, int], int] = {}
+        #: whether pushes are still being dropped (a restarted worker catching up)
+        self.skipping = False
+
+    def applied_before(self, server: int, applied: dict[int, int]) -> None:
+        """A restarted worker: ``server`` applied this many pushes of each ps_key from this
+        worker's rank already; the first that many pushes made again are dropped."""
+        for pk, n in applied.items():
+            if n > 0:
+                self._skip[(server, pk)] = n
+        self.skipping = bool(self._skip)
+
+    def drop_applied(self, server: int, keys: Sequence[int], body: Any,
+                     arrays: Sequence[np.ndarray]) \
+            -> tuple[list[int], Any, list[np.ndarray]]:
+        """A push message without the keys whose push is already applied (counted)."""
+        kinds = body.get("kinds", "") if isinstance(body, dict) else ""
+        out_keys: list[int] = []
+        out_kinds: list[str] = []
+        out_arrays: list[np.ndarray] = []
+        pos = 0
+        for pk, kind in zip(keys, kinds, strict=True):
+            n = 2 if kind == "r" else 1
+            have = self._skip.get((server, pk), 0)
+            done = self._count.get((server, pk), 0)
+            if done < have:
+                self._count[(server, pk)] = done + 1     # made again: drop it
+                if done + 1 == have:
+                    del self._skip[(server, pk)]
+                    self.skipping = bool(self._skip)
+            else:
+                out_keys.append(pk)
+                out_kinds.append(kind)
+                out_arrays.extend(arrays[pos:pos + n])
+            pos += n
+        rest = body if isinstance(body, dict) else {}
+        return out_keys, {**rest, "kinds": "".join(out_kinds)}, out_arrays
+
+    def record(self, server: int, keys: Sequence[int], kinds: str,
+               arrays: Sequence[np.ndarray]) -> None:
+        """One push message (``kinds``: one letter per key; ``r`` carries two arrays)."""
+        pos = 0
+        for pk, kind in zip(keys, kinds, strict=True):
+            n = 2 if kind == "r" else 1
+            if pos + n > len(arrays):
+                raise ProtocolError("push arrays do not match their kinds")
+            j = self._count.get((server, pk), 0) + 1
+            self._count[(server, pk)] = j
+            if self.keep:
+                log = self._log.get((server, pk))
+                if log is None:
+                    log = self._log[(server, pk)] = deque(maxlen=self.keep)
+                log.append((j, kind, [np.array(a, copy=True) for a in arrays[pos:pos + n]]))
+            pos += n
+
+    def counts(self, server: int, keys: Sequence[int] | None) -> dict[int, int]:
+        """Pushes sent so far to ``server`` of each of ``keys`` (None: every key)."""
+        if keys is None:
+            return {pk: n for (srv, pk), n in self._count.items() if srv == server}
+        return {pk: self._count[(server, pk)] for pk in keys if (server, pk) in self._count}
+
+    def forget(self, server: int, counts: dict[int, int]) -> None:
+        """The first ``counts[pk]`` pushes of each ps_key to ``server`` are safe (applied
+        and backed up): stop keeping them."""
+        for pk, n in counts.items():
+            log = self._log.get((server, pk))
+            while log and log[0][0] <= n:
+                log.popleft()
+
+    def since(self, server: int, applied: dict[int, int]) \
+            -> list[tuple[int, str, list[np.ndarray]]]:
+        """The pushes to ``server`` it has not applied (``applied``: ps_key -> count), as
+        (ps_key, kind, arrays), oldest first; NodeFailedError if some are no longer kept."""
+        out: list[tuple[int, int, str, list[np.ndarray]]] = []
+        for (srv, pk), sent in self._count.items():
+            have = applied.get(pk, 0)
+            if srv != server or sent <= have:
+                continue
+            log = self._log.get((srv, pk), deque())
+            first = log[0][0] if log else sent + 1     # the oldest push still kept
+            if first > have + 1:
+                raise NodeFailedError(
+                    f"server {server}'s shard was rebuilt holding {have} of this worker's "
+                    f"{sent} pushes of ps_key {pk}, and this worker no longer keeps push "
+                    f"{have + 1} (it keeps the last {self.keep}, and with PSKV_REPLICAS=1 "
+                    "none acknowledged). Lower PSKV_CHECKPOINT_EVERY, or pull each key "
+                    "after pushing it.")
+            out.extend((j, pk, kind, arrays) for j, kind, arrays in log if j > have)
+        out.sort(key=lambda item: item[0])
+        return [(pk, kind, arrays) for _j, pk, kind, arrays in out]

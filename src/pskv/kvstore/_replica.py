@@ -1,0 +1,379 @@
+"""Primary-backup replication of shards between servers (``PSKV_REPLICAS=1``).
+
+Shard ``x`` (what server ``x`` was placed) has one backup: server ``x + 1`` (mod S) while
+server ``x`` serves it, and server ``x`` itself once the backup has taken it over and
+``x`` was restarted (:func:`backup_of`). The server that serves a shard sends its backup,
+on the loop thread and before it answers anyone, every init, every setting (optimizer,
+compression, states) and each applied round's merged value with the round
+counters (:class:`Replicator`); the backup applies the same update to its copy, so both
+stay bit-identical. A new backup first gets the whole shard (:func:`encode_copy`).
+Invariant: a request is answered only after the backup acknowledged every change it saw,
+or after the backup was found dead (then the shard runs without one until it is back).
+
+The link between servers is admitted like any other (:mod:`.._ps.auth`): the backups'
+listener challenges, and a primary proves the servers' key that only servers get from the
+scheduler (purpose ``"backup"``, bound to the job and the primary's rank), so a worker,
+which holds the cluster secret but not that key, cannot write into a backup.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import zmq
+
+from ..errors import KVStoreError, ProtocolError
+from ..nd.ndarray import NDArray
+from ..nd.sparse import RowSparseNDArray
+from .._ps.auth import Verifier, prove
+from .._ps.config import ClusterConfig
+from .._ps.message import Command, Meta, error_from_body, short
+from .._ps.postoffice import Postoffice
+from .._ps.replay import backup_of
+from .._ps.tls import client_context, server_context
+from .._ps.transport import Connection, connect
+from .._ps.validate import REPLICATION_OPS
+from .._ps.zeromq import ZmqContext
+from .._types import Key
+from ._engine import Engine
+from ._snapshot import ShardCopy
+
+__all__ = ["Backups", "PURPOSE", "REPLICATION_OPS", "Replicator", "apply_change",
+           "backup_endpoints", "backup_of", "encode_copy", "install_copy"]
+
+log = logging.getLogger(__name__)
+#: what a proof on the replication link is made for (auth.py): worthless anywhere else
+PURPOSE = "backup"
+
+
+class Replicator:
+    """The link from the server that serves ``shard`` to that shard's backup."""
+
+    def __init__(self, cfg: ClusterConfig, zctx: ZmqContext, po: Postoffice, shard: int,
+                 backup: int, engine: Engine) -> None:
+        # stream sockets always: the backups' listeners are Unix and TCP sockets
+        self.cfg = replace(cfg, transport="auto" if cfg.transport != "tcp" else "tcp")
+        self._zctx = zctx
+        self._po = po
+        self.me, self.shard, self.backup, self.engine = po.rank, shard, backup, engine
+        self._conn: Connection | None = None
+        self._ts = 0
+        self._outstanding: set[int] = set()
+        #: where the backup's replication listeners are; None while it is dead
+        self.endpoints: dict[str, str] | None = None
+
+    @property
+    def up(self) -> bool:
+        """Whether the backup is connected (else changes are not replicated)."""
+        return self._conn is not None
+
+    def _connect(self, endpoints: dict[str, str]) -> None:
+        """Connect to the backup, say HELLO (as a server), send it the whole shard."""
+        tls = client_context(*self.cfg.tls) if self.cfg.tls is not None else None
+        conn = connect(self.cfg, endpoints, endpoints.get("host") == socket.gethostname(),
+                       f"server {self.backup} (backup of shard {self.shard})", self._zctx, tls)
+        self._conn = conn
+        hello: dict[str, Any] = {"role": "server", "rank": self.me}
+        challenge = self._call(Command.HELLO, hello, ())
+        if challenge.cmd == Command.CHALLENGE:
+            self._call(Command.HELLO, {**hello, **prove(self._po.server_key, PURPOSE,
+                                                        challenge.body, "server", self.me)}, ())
+        body, arrays = encode_copy(self.engine.snapshot(), self.engine.sync)
+        self._call(Command.COMMAND, {**body, "op": "r_state", "shard": self.shard}, arrays)
+        log.info("server %d: server %d is the backup of shard %d (%d keys copied)", self.me,
+                 self.backup, self.shard, len(body["entries"]))
+
+    def close(self) -> None:
+        """Forget the backup (it died, or another takes its place)."""
+        self._outstanding.clear()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def send(self, op: str, body: dict[str, Any], arrays: list[np.ndarray] | tuple[()] = (),
+             wait: bool = True) -> None:
+        """One change of the shard. ``wait``: return once the backup has applied it and
+        every change before it (or is found dead); else :meth:`drain` waits for it."""
+        if (self._conn is None and self.endpoints is None) or \
+                (op == "r_noop" and self._conn is not None):
+            return
+        try:
+            if self._conn is None:
+                assert self.endpoints is not None
+                self._connect(self.endpoints)
+                if op == "r_noop":
+                    return
+            self._ts += 1
+            self._outstanding.add(self._ts)
+            assert self._conn is not None
+            self._conn.send(Command.COMMAND, self._ts, (),
+                            {**body, "op": op, "shard": self.shard}, arrays)
+            if wait:
+                self._wait()
+        except KVStoreError as err:
+            self._lost(err)
+
+    def drain(self) -> None:
+        """Wait until the backup has applied every change sent (before answering anyone)."""
+        if self._outstanding:
+            try:
+                self._wait()
+            except KVStoreError as err:
+                self._lost(err)
+
+    def _lost(self, err: KVStoreError) -> None:
+        log.error("server %d: the backup of shard %d (server %d) is lost (%s); the shard "
+                  "runs without a backup until it is back", self.me, self.shard,
+                  self.backup, err)
+        self.close()
+        self.endpoints = None
+
+    def _call(self, cmd: Command, body: Any, arrays: Any) -> Meta:
+        """Send one message and wait for its answer (and every earlier one's)."""
+        conn = self._conn
+        assert conn is not None
+        self._ts += 1
+        self._outstanding.add(self._ts)
+        conn.send(cmd, self._ts, (), body, arrays)
+        last = self._wait()
+        assert last is not None
+        return last
+
+    def _wait(self) -> Meta | None:
+        """Read the backup's acknowledgments until none is outstanding; the last one."""
+        conn = self._conn
+        assert conn is not None
+        deadline = time.monotonic() + self.cfg.request_timeout
+        poller = zmq.Poller()
+        poller.register(conn.pollable(), zmq.POLLIN)
+        last: Meta | None = None
+        while self._outstanding:
+            for meta, _arrays in conn.receive(None, 64):
+                self._outstanding.discard(meta.ts)
+                last = meta
+                if meta.cmd == Command.ERROR:
+                    raise error_from_body(meta.body, f"server {self.backup}")
+            if not self._outstanding:
+                return last
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise KVStoreError(f"no answer from server {self.backup} in "
+                                   f"{self.cfg.request_timeout:g} s")
+            poller.poll(int(min(left, 0.5) * 1000) + 1)
+
+    # ---- what the engine and the server replicate ------------------------------------------
+    def round(self, key: Key, merged: NDArray, rnd: int, applied: dict[int, int]) -> None:
+        """The engine's ``replicate`` hook: one applied round (or async push) of ``key``."""
+        counters = {"key": key, "round": rnd, "applied": [[w, n] for w, n in applied.items()]}
+        if isinstance(merged, RowSparseNDArray):
+            self.send("r_round", {**counters, "kind": "r"},
+                      [np.ascontiguousarray(merged._indices), np.ascontiguousarray(merged._data)],
+                      wait=False)
+        else:       # acknowledged before any answer: KVServer._send drains first
+            self.send("r_round", {**counters, "kind": "d"}, [np.ascontiguousarray(merged._data)],
+                      wait=False)
+
+
+def encode_copy(copy: ShardCopy, sync: bool) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """A whole shard as one replication message (JSON body, arrays; no pickle)."""
+    arrays = list(copy.arrays)
+    states = None
+    if copy.states is not None:
+        from ..optimizer.updater import Updater
+        holder = Updater.__new__(Updater)    # only its states: get_states(False) reads no more
+        holder.states = copy.states
+        arrays.append(np.frombuffer(holder.get_states(False), dtype=np.uint8))
+        states = len(arrays) - 1
+    return ({"entries": copy.entries, "optimizer": copy.optimizer, "states": states,
+             "compression": copy.compression, "sync": sync}, arrays)
+
+
+def install_copy(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """Fill an empty ``engine`` from :func:`encode_copy` output."""
+    from ..optimizer.updater import _decode
+    engine.sync = bool(body.get("sync", True))
+    if body.get("compression") is not None:
+        engine.set_compression(body["compression"])
+    if body.get("optimizer") is not None:
+        engine.set_optimizer_spec(body["optimizer"])
+    for e, arr in zip(body["entries"], arrays, strict=False):
+        engine.init(e["id"], arr, e.get("stype") == "row_sparse", e["key"],
+                    place=(int(e["start"]), int(e["stop"]), tuple(e["shape"])))
+        engine.set_counters(e["id"], int(e.get("round", 0)),
+                            {int(w): int(n) for w, n in e.get("applied", [])})
+    if body.get("states") is not None and engine.updater is not None:
+        states = _decode(arrays[int(body["states"])].tobytes())[0]
+        upd: Any = engine.updater
+        for name, st in states.items():
+            upd.states[name] = st
+            upd.states_synced[name] = False
+
+
+class Backups:
+    """The backup side: copies of other servers' shards, kept up to date on a thread of
+    their own (its own ServeLoop and listeners), so that two servers that back each other
+    up never wait for each other. ``lock`` guards the copies against the server's loop,
+    which reads counters and takes a copy over (:meth:`take`)."""
+
+    def __init__(self, cfg: ClusterConfig, make_engine: Any, zctx: ZmqContext) -> None:
+        import threading
+
+        from .._ps.serve import ServeLoop
+        from .._ps.stream import StreamListener, ipc_path
+        self.cfg = cfg
+        self._make = make_engine
+        self.lock = threading.Lock()
+        self.engines: dict[int, Engine] = {}
+        self._po: Postoffice | None = None
+        tls = server_context(*cfg.tls) if cfg.tls is not None else None
+        self._listeners = [StreamListener(host=cfg.node_host, advertise=_advertise(cfg),
+                                          tls=tls)]
+        try:
+            if cfg.transport != "tcp":
+                self._listeners.append(StreamListener(path=ipc_path("backup")))
+        except BaseException:
+            self._listeners[0].close()
+            raise
+        #: where primaries reach this server's backups (announced with its endpoints)
+        self.endpoints = {"r_" + ("uds" if lis.endpoint.startswith("/") else "tcp"):
+                          lis.endpoint for lis in self._listeners}
+        self._verifier = Verifier(PURPOSE, "", self._key_for)
+        self.loop = ServeLoop("backups", self, self._verifier, cfg.request_timeout, None,
+                              self._listeners, handshake_timeout=cfg.handshake_timeout,
+                              max_unadmitted=cfg.max_unadmitted,
+                              max_message_bytes=cfg.max_message_bytes)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pskv-backups", daemon=True)
+
+    def _key_for(self, role: str, rank: int | None) -> bytes:
+        """Only servers of this job write into backups, proving the servers' key."""
+        po = self._po
+        if po is None or not po.server_key:
+            raise ProtocolError("this server has not joined its cluster yet")
+        if role != "server" or rank is None or not 0 <= rank < po.num_servers:
+            raise ProtocolError("only a server of this job may send a backup its changes")
+        return po.server_key
+
+    def start(self, po: Postoffice) -> None:
+        """Serve the primaries of the cluster ``po`` joined, on a thread."""
+        self._po = po
+        self._verifier.job = po.job
+        self.loop.name = f"backups of server {po.rank}"
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.loop.run(self._stop.is_set, 50, 1.0)
+        except Exception:  # pragma: no cover - logged: the shard is then without a backup
+            log.exception("backups: the replication thread failed")
+
+    def close(self) -> None:
+        """Stop the thread and close the listeners."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5.0)
+        self.loop.close()
+
+    def take(self, shard: int) -> Engine | None:
+        """The copy of ``shard``, to serve it (its primary died); it is no longer updated."""
+        with self.lock:
+            return self.engines.pop(shard, None)
+
+    # ---- the Handler of the ServeLoop ----------------------------------------------------
+    def admit(self, conn: Connection, meta: Meta) -> int:
+        """A primary's HELLO whose proof checked."""
+        self.loop.send(conn, Command.ACK, meta.ts)
+        return int(meta.body["rank"])
+
+    def handle(self, conn: Connection, peer: Any, meta: Meta, arrays: list[np.ndarray]) -> None:
+        """One change of a shard this server backs up."""
+        body = meta.body if isinstance(meta.body, dict) else {}
+        op, shard = body.get("op"), body.get("shard")
+        if meta.cmd != Command.COMMAND or op not in REPLICATION_OPS or \
+                not isinstance(shard, int) or isinstance(shard, bool):
+            raise ProtocolError(f"backups take replication commands, not {meta.cmd.name} "
+                                f"{short(op)}")
+        if op == "r_noop":
+            self.loop.send(conn, Command.ACK, meta.ts)
+            return
+        with self.lock:
+            if op == "r_round" and shard in self.engines:
+                # the round is safe once it is here: acknowledge, then apply (still under
+                # the lock, so a takeover sees it applied) while the primary answers
+                self.loop.send(conn, Command.ACK, meta.ts)
+                apply_change(self.engines[shard], op, body, arrays)
+                return
+            if op == "r_state":
+                engine = self.engines[shard] = self._make()
+                install_copy(engine, body, arrays)
+            else:
+                engine = self.engines.get(shard)
+                if engine is None:
+                    raise ProtocolError(f"{op} for shard {shard}, which this server does not "
+                                        "back up (its whole copy, r_state, comes first)")
+                apply_change(engine, op, body, arrays)
+        self.loop.send(conn, Command.ACK, meta.ts)
+
+    def tick(self) -> None:
+        """Nothing on a timer."""
+
+    def dropped(self, conn: Connection) -> None:
+        """A primary went away (it died, or it closed)."""
+
+
+def apply_change(engine: Engine, op: Any, body: dict[str, Any], arrays: list[np.ndarray]) \
+        -> None:
+    """Apply one replicated change (not ``r_state``) to a backup copy."""
+    if op == "r_round":
+        key = body["key"]
+        if body.get("kind") == "r" and len(arrays) != 2 or body.get("kind") != "r" and \
+                len(arrays) != 1:
+            raise ProtocolError("a replicated round needs its merged value's arrays")
+        applied = {int(w): int(n) for w, n in body.get("applied", [])}
+        entry_shape = engine.entry(key, "replicate").shape
+        merged: NDArray = RowSparseNDArray(arrays[1], arrays[0].astype(np.int64), entry_shape) \
+            if body.get("kind") == "r" else NDArray(arrays[0])
+        engine.replay(key, merged, int(body["round"]), applied)
+    elif op == "r_init":
+        for k, spec, arr in zip(body["keys"], body["entries"], arrays, strict=True):
+            place = spec.get("place")
+            engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
+                        place=None if not isinstance(place, list) else
+                        (int(place[0]), int(place[1]), tuple(place[2])))
+    elif op == "r_optimizer":
+        engine.set_optimizer_spec(body.get("spec"))
+    elif op == "r_compression":
+        engine.set_compression(body.get("params"))
+    elif op == "r_load":
+        engine.states_updater("load").set_states(arrays[0].tobytes())
+    elif op == "r_restore":
+        from ._snapshot import Reader
+        reader = Reader(str(body.get("path")))
+        try:
+            engine.restore(reader)
+        finally:
+            reader.close()
+    else:
+        raise KVStoreError(f"unknown replication command {op!r}")
+
+
+def _advertise(cfg: ClusterConfig) -> str:
+    if cfg.node_host != "0.0.0.0":
+        return cfg.node_host
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((cfg.root_uri, 9))
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+def backup_endpoints(endpoints: dict[str, str]) -> dict[str, str]:
+    """A server's announced endpoints -> those of its backups' listeners."""
+    got = {k[2:]: v for k, v in endpoints.items() if k.startswith("r_")}
+    got["host"] = endpoints.get("host", "")
+    return got

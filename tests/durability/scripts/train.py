@@ -1,0 +1,57 @@
+"""A small training job for the durability tests: deterministic gradients per rank and step.
+
+Usage: train.py OUT STEPS [dist_sync|dist_async]. Rank 0 writes the final weights to
+OUT/weights.npz; every worker writes how many pushes it made (OUT/pushes-<rank>.json).
+dist_sync runs SGD with momentum (so optimizer states matter); dist_async runs SGD with
+learning rate -1 (each push is added to the weights) and pushes ones to key "n" every
+step, so "n" counts the pushes the servers applied. With DIE_WORKER and DIE_STEP set, that
+worker SIGKILLs itself in the middle of that step on its first run (after pushing one key).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import pskv as mx
+
+SHAPES = {"n": (2,), "w0": (300,), "w1": (40, 30), "w2": (7,)}
+
+
+def main() -> None:
+    out, steps = sys.argv[1], int(sys.argv[2])
+    store_type = sys.argv[3] if len(sys.argv) > 3 else "dist_sync"
+    kv = mx.kv.create(store_type)
+    keys = sorted(SHAPES)
+    kv.init(keys, [mx.nd.ones(SHAPES[k]) for k in keys])
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9)
+                     if store_type == "dist_sync" else mx.optimizer.SGD(learning_rate=-1.0))
+    pushes = 0
+    die = os.environ.get("PSKV_RESTART", "0") == "0" \
+        and os.environ.get("DIE_WORKER") == str(kv.rank)
+    for step in range(steps):
+        for i, k in enumerate(keys):
+            if die and step == int(os.environ["DIE_STEP"]) and i == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            rng = np.random.default_rng([step, kv.rank, len(k), ord(k[-1])])
+            grad = np.ones(SHAPES[k], np.float32) if k == "n" else \
+                rng.standard_normal(SHAPES[k]).astype(np.float32)
+            kv.push(k, mx.nd.array(grad))
+            pushes += 1
+        for k in keys:
+            kv.pull(k)
+        time.sleep(0.01)
+    kv.barrier()
+    if kv.rank == 0:
+        np.savez(os.path.join(out, "weights.npz"), **{k: kv.pull(k).asnumpy() for k in keys})
+    with open(os.path.join(out, f"pushes-{kv.rank}.json"), "w") as f:
+        json.dump({"pushes": pushes}, f)
+    kv.close()
+
+
+if __name__ == "__main__":
+    main()

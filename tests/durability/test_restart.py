@@ -1,0 +1,156 @@
+"""pskv-launch --max-restarts: a server SIGKILLed at a seeded random moment is restarted,
+reloads its shard from the newest checkpoint, the workers send it their later pushes again,
+and the job ends as a run where nothing died: the same weights in dist_sync, every push
+applied once in dist_async."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pskv.launch import launch
+
+pytestmark = pytest.mark.timeout(300)
+
+HERE = Path(__file__).parent / "scripts"
+STEPS = 200
+
+
+def _job(out: Path, store_type: str, die: tuple[int, float] | list[tuple[int, float]] | None,
+         every: int = 5, extra: dict[str, str] | None = None, servers: int = 2) -> int:
+    out.mkdir()
+    env = {"PSKV_HEARTBEAT_TIMEOUT": "20", "PSKV_CONNECT_TIMEOUT": "30",
+           "DIE_MARK": str(out / "died"), **(extra or {})}
+    if every:
+        env.update(PSKV_CHECKPOINT_DIR=str(out / "ck"), PSKV_CHECKPOINT_EVERY=str(every))
+    kills = [] if die is None else die if isinstance(die, list) else [die]
+    env.update(DIE_SERVER=",".join(str(r) for r, _ in kills),
+               DIE_AFTER=",".join(str(t) for _, t in kills))
+    # the Unix socket files of SIGKILLed servers stay behind: in a directory removed after
+    sockets = tempfile.mkdtemp(prefix="pskv-t")
+    env["TMPDIR"] = sockets
+    try:
+        result = launch([sys.executable, str(HERE / "train.py"), str(out), str(STEPS),
+                         store_type], 2, servers, env=env, max_restarts=1, timeout=200,
+                        server_command=[sys.executable, str(HERE / "server.py")])
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
+    for rank, _ in kills:
+        assert (out / f"died-{rank}").exists(), f"server {rank} was not killed while the job ran"
+    return result.returncode
+
+
+def _weights(out: Path) -> dict[str, np.ndarray]:
+    with np.load(out / "weights.npz") as data:
+        return {k: data[k] for k in data.files}
+
+
+def _die(seed: int) -> tuple[int, float]:
+    rng = random.Random(seed)
+    return rng.randrange(2), rng.uniform(0.8, 1.6)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sync_server_killed_restarts_from_checkpoint_bit_identical(tmp_path: Path,
+                                                                   seed: int) -> None:
+    assert _job(tmp_path / "calm", "dist_sync", None) == 0
+    assert _job(tmp_path / "killed", "dist_sync", _die(seed)) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
+@pytest.mark.parametrize("seed", [3])
+def test_async_server_killed_restarts_and_loses_no_push(tmp_path: Path, seed: int) -> None:
+    assert _job(tmp_path / "killed", "dist_async", _die(seed)) == 0
+    pushed = [json.loads((tmp_path / "killed" / f"pushes-{r}.json").read_text())["pushes"]
+              for r in (0, 1)]
+    counted = _weights(tmp_path / "killed")["n"]
+    # "n" starts at one and gains one per applied push of it (4 keys: a quarter of them)
+    np.testing.assert_array_equal(counted, np.full(2, 1.0 + sum(pushed) // 4))
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_sync_replicas_failover_bit_identical(tmp_path: Path, seed: int) -> None:
+    assert _job(tmp_path / "calm", "dist_sync", None) == 0
+    # no checkpoints: the backup holds everything acknowledged
+    assert _job(tmp_path / "killed", "dist_sync", _die(seed), every=0,
+                extra={"PSKV_REPLICAS": "1"}) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
+def test_replicas_over_zeromq_the_scheduler_reports_the_death(tmp_path: Path) -> None:
+    # ZeroMQ does not show a broken link: the workers learn of it from the scheduler
+    assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
+    assert _job(tmp_path / "killed", "dist_sync", (1, 1.0), every=0,
+                extra={"PSKV_REPLICAS": "1", "PSKV_TRANSPORT": "zmq"}) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
+def test_replicas_restarted_server_is_the_new_backup(tmp_path: Path) -> None:
+    # server 0 dies (server 1 takes its shard), restarts as a backup of both shards, then
+    # server 1 dies: server 0 serves everything, and nothing acknowledged is lost
+    assert _job(tmp_path / "calm", "dist_sync", None) == 0
+    assert _job(tmp_path / "killed", "dist_sync", [(0, 0.8), (1, 2.0)], every=0,
+                extra={"PSKV_REPLICAS": "1"}) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
+@pytest.mark.parametrize("seed", [6])
+def test_async_replicas_failover_loses_no_push(tmp_path: Path, seed: int) -> None:
+    assert _job(tmp_path / "killed", "dist_async", _die(seed), every=0,
+                extra={"PSKV_REPLICAS": "1"}) == 0
+    pushed = [json.loads((tmp_path / "killed" / f"pushes-{r}.json").read_text())["pushes"]
+              for r in (0, 1)]
+    counted = _weights(tmp_path / "killed")["n"]
+    np.testing.assert_array_equal(counted, np.full(2, 1.0 + sum(pushed) // 4))
+
+
+@pytest.mark.parametrize("seed", [7])
+def test_worker_killed_restarts_with_its_rank_bit_identical(tmp_path: Path, seed: int) -> None:
+    # the restarted worker runs its script from the start; the pushes its first run made
+    # are dropped as it makes them again, then it goes on where it died
+    rng = random.Random(seed)
+    assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
+    assert _job(tmp_path / "killed", "dist_sync", None, every=0,
+                extra={"DIE_WORKER": str(rng.randrange(2)),
+                       "DIE_STEP": str(rng.randrange(20, STEPS - 20))}) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
+@pytest.mark.parametrize("replicas", ["0", "1"])
+def test_three_servers_split_keys(tmp_path: Path, replicas: str) -> None:
+    # keys split across three servers (bound 500 elements); any one of them killed
+    rng = random.Random(8 + int(replicas))
+    extra = {"MXNET_KVSTORE_BIGARRAY_BOUND": "500", "PSKV_REPLICAS": replicas}
+    assert _job(tmp_path / "calm", "dist_sync", None, extra=extra, servers=3) == 0
+    assert _job(tmp_path / "killed", "dist_sync", (rng.randrange(3), rng.uniform(0.8, 1.6)),
+                extra=extra, servers=3) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
+def test_server_killed_before_the_first_periodic_checkpoint(tmp_path: Path) -> None:
+    # only the round-0 checkpoint (the initial values) exists: every push is sent again
+    assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
+    assert _job(tmp_path / "killed", "dist_sync", (1, 1.0), every=1000) == 0
+    assert os.listdir(tmp_path / "killed" / "ck") == ["round-0000000000"]
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])

@@ -1,0 +1,201 @@
+"""Durability pieces without sockets: config, launcher flag, push log, engine snapshots and
+counters, checkpoint files and resharding (docs/durability.md)."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pskv as mx
+from pskv._ps.config import ClusterConfig, Role
+from pskv._ps.replay import PushLog, backup_of
+from pskv.errors import CheckpointError, ConfigError, NodeFailedError
+from pskv.kvstore._engine import Engine, Ticket
+from pskv.kvstore._snapshot import (MANIFEST, Reader, latest, prune, round_dir, shard_name,
+                                    write_manifest, write_shard)
+from pskv.launch import parse_args
+from pskv.launch.spec import LaunchSpec
+from pskv.launch.supervise import run_processes
+from pskv.launch.spec import ProcessSpec
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {"DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9000",
+            "DMLC_NUM_SERVER": "2", "DMLC_NUM_WORKER": "1", **extra}
+
+
+def test_config_reads_the_durability_variables() -> None:
+    cfg = ClusterConfig.from_env(_env(PSKV_CHECKPOINT_DIR="/ck", PSKV_CHECKPOINT_EVERY="5",
+                                      PSKV_CHECKPOINT_KEEP="2", PSKV_REPLICAS="1",
+                                      PSKV_MAX_RESTARTS="3", PSKV_RESTART="1"))
+    assert (cfg.checkpoint_dir, cfg.checkpoint_every, cfg.checkpoint_keep) == ("/ck", 5, 2)
+    assert (cfg.replicas, cfg.max_restarts, cfg.restart) == (1, 3, 1)
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"PSKV_CHECKPOINT_EVERY": "5"}, "needs PSKV_CHECKPOINT_DIR"),
+    ({"PSKV_REPLICAS": "2"}, "at most one backup"),
+    ({"PSKV_REPLICAS": "1", "DMLC_NUM_SERVER": "1"}, "at least 2 servers"),
+    ({"PSKV_CHECKPOINT_KEEP": "0"}, "at least 1"),
+])
+def test_config_refuses_bad_durability_settings(extra: dict[str, str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        ClusterConfig.from_env(_env(**extra))
+
+
+def test_max_restarts_flag() -> None:
+    assert parse_args(["-n", "2", "--max-restarts", "3", "python", "t.py"]).max_restarts == 3
+    assert parse_args(["-n", "2", "python", "t.py"]).max_restarts == 0
+    with pytest.raises(ConfigError, match="negative"):
+        LaunchSpec(("python",), 1, max_restarts=-1)
+
+
+def test_supervisor_restarts_a_dead_worker_with_its_rank(tmp_path: Path) -> None:
+    # exits 3 on its first run, 0 on its restart; reports what it was given
+    body = ("import os, sys\n"
+            f"open({str(tmp_path / 'runs')!r}, 'a').write(os.environ['PSKV_RESTART'] + "
+            "os.environ['DMLC_WORKER_ID'] + os.environ['PSKV_MAX_RESTARTS'] + '\\n')\n"
+            "sys.exit(3 if os.environ['PSKV_RESTART'] == '0' else 0)\n")
+    spec = ProcessSpec(Role.WORKER, 1, (sys.executable, "-c", body),
+                       (("DMLC_WORKER_ID", "1"),))
+    out = io.StringIO()
+    result = run_processes([spec], max_restarts=2, stdout=out, stderr=out)
+    assert result.returncode == 0
+    assert (tmp_path / "runs").read_text().split() == ["012", "112"]
+    failing = ProcessSpec(Role.WORKER, 0, (sys.executable, "-c", "raise SystemExit(4)"))
+    assert run_processes([failing], max_restarts=1, stdout=out, stderr=out).returncode == 4
+
+
+def test_backup_placement_rule() -> None:
+    assert [backup_of(s, s, 3) for s in range(3)] == [1, 2, 0]
+    assert backup_of(0, 1, 3) == 0        # taken over by server 1: its restart backs it up
+
+
+def test_push_log_sends_again_what_was_not_applied() -> None:
+    log = PushLog(keep=3)
+    for i in range(5):
+        log.record(0, [10, 12], "dr", [np.full(2, i), np.array([i]), np.full((1, 2), i)])
+    log.record(1, [10], "d", [np.zeros(2)])
+    again = log.since(0, {10: 3, 12: 4})
+    assert [(pk, kind) for pk, kind, _ in again] == [(10, "d"), (10, "d"), (12, "r")]
+    assert [int(arrays[0][0]) for _pk, _kind, arrays in again] == [3, 4, 4]
+    assert log.since(0, {10: 5, 12: 5}) == []
+    with pytest.raises(NodeFailedError, match="no longer keeps push 2"):
+        log.since(0, {10: 1, 12: 5})
+
+
+def test_push_log_drops_pushes_a_restarted_worker_makes_again() -> None:
+    log = PushLog(keep=0)
+    log.applied_before(0, {10: 2})
+    assert log.skipping
+    keys, body, arrays = log.drop_applied(0, [10, 12], {"kinds": "dd"}, [np.ones(1), np.zeros(1)])
+    assert (keys, body["kinds"], len(arrays)) == ([12], "d", 1)
+    keys, _, _ = log.drop_applied(0, [10], {"kinds": "d"}, [np.ones(1)])
+    assert keys == [] and not log.skipping
+    keys, _, _ = log.drop_applied(0, [10], {"kinds": "d"}, [np.ones(1)])
+    assert keys == [10]
+
+
+def test_engine_counts_each_workers_applied_pushes() -> None:
+    engine = Engine(num_workers=2)
+    engine.init(5, np.zeros(3, np.float32))
+    engine.push(5, 0, [np.ones(3, np.float32)], "d")
+    engine.push(5, 0, [np.ones(3, np.float32)], "d")      # next round: waits
+    assert engine.applied_by(0) == [[5, 0]]
+    engine.push(5, 1, [np.ones(3, np.float32)], "d")
+    assert engine.applied_by(0) == [[5, 1]] and engine.applied_by(1) == [[5, 1]]
+    asyn = Engine(num_workers=2, sync=False)
+    asyn.init(5, np.zeros(3, np.float32))
+    for _ in range(3):
+        asyn.push(5, 1, [np.ones(3, np.float32)], "d")
+    assert asyn.applied_by(1) == [[5, 3]] and asyn.applied_by(0) == [[5, 0]]
+
+
+def test_engine_replicate_hook_runs_before_answers() -> None:
+    seen: list[Any] = []
+    engine = Engine(num_workers=1, on_done=lambda t: seen.append("answer"))
+    engine.replicate = lambda key, merged, rnd, applied: seen.append(
+        (key, merged.asnumpy().tolist(), rnd, dict(applied)))
+    engine.init(1, np.zeros(2, np.float32))
+    ticket = Ticket(None, 1, None, (1,))
+    engine.hold(ticket)
+    engine.push(1, 0, [np.full(2, 3, np.float32)], "d", ticket)
+    engine.release(ticket)
+    assert seen == [(1, [3.0, 3.0], 1, {0: 1}), "answer"]
+    backup = Engine(num_workers=1)
+    backup.init(1, np.zeros(2, np.float32))
+    backup.replay(1, mx.nd.array([3.0, 3.0]), 1, {0: 1})
+    assert backup.stored[1].asnumpy().tolist() == [3.0, 3.0] and backup.applied_by(0) == [[1, 1]]
+
+
+def _shard(tmp: Path, index: int, parts: list[tuple[int, int]], full: np.ndarray) -> None:
+    engine = Engine()
+    engine.set_optimizer_spec(mx.optimizer.SGD(learning_rate=0.5, momentum=0.9).to_spec())
+    for i, (a, b) in enumerate(parts):
+        engine.init(i, full.reshape(-1)[a:b], name="k", place=(a, b, full.shape))
+        engine.apply(i, mx.nd.array(np.arange(a, b, dtype=np.float32)))
+    write_shard(engine.snapshot(), str(tmp), index)
+
+
+def test_reader_cuts_values_and_states_to_any_placement(tmp_path: Path) -> None:
+    full = np.arange(12, dtype=np.float32).reshape(3, 4)
+    _shard(tmp_path, 0, [(0, 5)], full)
+    _shard(tmp_path, 1, [(5, 12)], full)
+    write_manifest(str(tmp_path), 2, 7, "dist_sync")
+    reader = Reader(str(tmp_path))
+    got = reader.value("k", 3, 9, (6,))
+    # SGD(lr 0.5, momentum 0.9) on zero momentum: w - 0.5 * g, with g = the element index
+    np.testing.assert_array_equal(got, np.arange(3, 9) * 0.5)
+    state = reader.state("k", 3, 9, (6,))
+    np.testing.assert_array_equal(state.asnumpy(), -0.5 * np.arange(3, 9))
+    whole = Engine()
+    whole.init("k", np.zeros((3, 4), np.float32))
+    whole.restore(reader)
+    np.testing.assert_array_equal(whole.stored["k"].asnumpy(), (full * 0.5))
+    assert whole.updater is not None
+    reader.close()
+
+
+def test_incomplete_and_foreign_checkpoints_are_refused(tmp_path: Path) -> None:
+    write_manifest(str(tmp_path), 2, None, "local")
+    with pytest.raises(CheckpointError, match="incomplete: shard-00000.npz"):
+        Reader(str(tmp_path))
+    (tmp_path / MANIFEST).write_text(json.dumps({"format": "other"}))
+    with pytest.raises(CheckpointError, match="is not a manifest"):
+        Reader(str(tmp_path))
+    np.save(tmp_path / shard_name(0), np.zeros(2))
+    with pytest.raises(CheckpointError):
+        write_manifest(str(tmp_path), 1, None, "local")
+        Reader(str(tmp_path))
+
+
+def test_latest_and_prune_keep_the_newest_complete(tmp_path: Path) -> None:
+    engine = Engine()
+    engine.init("k", np.zeros(2, np.float32))
+    for rnd in (2, 4, 6, 8):
+        d = round_dir(str(tmp_path), rnd)
+        write_shard(engine.snapshot(), d, 0)
+        if rnd != 8:                      # round 8's manifest is not written yet
+            write_manifest(d, 1, rnd, "local")
+    assert latest(str(tmp_path)) == round_dir(str(tmp_path), 6)
+    prune(str(tmp_path), 2)
+    assert sorted(os.listdir(tmp_path)) == [os.path.basename(round_dir("", r))
+                                            for r in (4, 6, 8)]
+
+
+def test_push_log_forgets_acknowledged_pushes() -> None:
+    log = PushLog(keep=8)
+    for i in range(4):
+        log.record(0, [10], "d", [np.full(1, i)])
+    counts = log.counts(0, [10])
+    log.record(0, [10], "d", [np.full(1, 4)])
+    log.forget(0, counts)                 # a pull sent after push 4 was answered
+    assert [int(a[0][0]) for _pk, _k, a in log.since(0, {10: 4})] == [4]
+    with pytest.raises(NodeFailedError):
+        log.since(0, {10: 2})
