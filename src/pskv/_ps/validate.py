@@ -148,6 +148,7 @@ def _replication(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> 
     op = body["op"]
     _int(meta, body, "shard", 0, _MAX_RANK)
     if op == "r_round":
+        _int(meta, body, "key", -(1 << 63), 1 << 63)
         _int(meta, body, "round", 0, 1 << 62)
         _str(meta, body, "kind", ("d", "r"))
         _pairs(meta, body, "applied")

@@ -50,6 +50,11 @@ log = logging.getLogger(__name__)
 PURPOSE = "backup"
 
 
+#: changes the primary makes before it replicates them (so a copy taken at that moment
+#: has them: sent again they would apply twice); the others go to the backup first
+APPLIED_FIRST = ("r_noop", "r_init", "r_round")
+
+
 class Replicator:
     """The link from the server that serves ``shard`` to that shard's backup."""
 
@@ -105,8 +110,8 @@ class Replicator:
             if self._conn is None:
                 assert self.endpoints is not None
                 self._connect(self.endpoints)
-                if op == "r_noop":
-                    return
+                if op in APPLIED_FIRST:
+                    return      # the whole copy just sent has it already
             self._ts += 1
             self._outstanding.add(self._ts)
             assert self._conn is not None
@@ -164,6 +169,7 @@ class Replicator:
                 raise KVStoreError(f"no answer from server {self.backup} in "
                                    f"{self.cfg.request_timeout:g} s")
             poller.poll(int(min(left, 0.5) * 1000) + 1)
+        return last
 
     # ---- what the engine and the server replicate ------------------------------------------
     def round(self, key: Key, merged: NDArray, rnd: int, applied: dict[int, int]) -> None:
