@@ -102,6 +102,9 @@ class Scheduler:
         self._keys: list[str] = []
         #: the key servers prove themselves to each other with (never sent to a worker)
         self._server_key = new_key()
+        #: restarted nodes waiting to take a rank whose holder is not yet found dead:
+        #: conn -> (the holder, HELLO ts, HELLO body, since)
+        self._claims: dict[Connection, tuple[_Node, int, dict[str, Any], float]] = {}
         self._barriers: dict[str, _Barrier] = {}
         self._failed = False
         self._shutdown_sent = 0.0
@@ -128,7 +131,10 @@ class Scheduler:
         if self._admitted and self.cfg.max_restarts and ident not in self._nodes:
             old = next((n for n in self._members(role) if n.rank == claimed), None)
             if old is not None:
-                self._rejoin(old, ident, ts, body)
+                # a restart takes the rank once its holder is found dead (at once if it
+                # is): a live rank is never handed over, with its key, to whoever asks
+                self._claims[ident] = (old, ts, body, time.monotonic())
+                self._settle_claims()
                 return
         why = None
         if (self._admitted or self._counts[role] >= self._expected(role)):
@@ -217,6 +223,27 @@ class Scheduler:
             body["rejoin"] = True
         return body
 
+    def _settle_claims(self) -> None:
+        """Let each waiting restart take its rank once the holder is dead; refuse those
+        whose holder stays alive (someone claiming a live rank) or was taken already."""
+        now = time.monotonic()
+        for ident, (old, ts, body, since) in list(self._claims.items()):
+            why = None
+            if self._nodes.get(old.ident) is not old:
+                why = f"{old.role} {old.rank} rejoined already"
+            elif old.state == "alive" and now - since > 0.8 * self.cfg.handshake_timeout:
+                why = (f"{old.role} {old.rank} is alive: a restarted node takes a rank only "
+                       "once the node that held it is found dead")
+            elif old.state == "alive":
+                continue
+            del self._claims[ident]
+            if why is None:
+                self._rejoin(old, ident, ts, body)
+                continue
+            self.loop.refusals.refused(getattr(ident, "address", "") or ident.peer, why)
+            self._send(ident, Command.ERROR, ts, error_body(
+                ClusterError(f"the scheduler refused this node: {why}")))
+
     def _rejoin(self, old: _Node, ident: Connection, ts: int, body: dict[str, Any]) -> None:
         """A node restarted by pskv-launch --max-restarts takes the rank of ``old`` (dead,
         or about to be found dead: a restart can say HELLO before the death is noticed);
@@ -231,6 +258,7 @@ class Scheduler:
                      hello_ts=ts, claimed=old.rank)
         self._nodes[ident] = node
         log.warning("scheduler: %s %d rejoined (restarted)", node.role, node.rank)
+        self.loop.admit_now(ident, node)
         self._send(ident, Command.ADMIT, ts, self._admission(node, rejoin=True))
         for other in self._live():
             if other is not node:
@@ -374,6 +402,8 @@ class Scheduler:
             elif now - node.last_seen > self.cfg.heartbeat_timeout:
                 self._fail(node, f"sent no heartbeat for {now - node.last_seen:.1f} s "
                                  "(it died or hangs)")
+        if self._claims:
+            self._settle_claims()
         for node in self._members():
             if node.dead_since and now - node.dead_since > self.cfg.connect_timeout \
                     and not self._failed:

@@ -197,9 +197,14 @@ class ServeLoop:
             self._refuse(conn, meta.ts, str(err), err)
             return
         if who is not None:
-            self.admitted[conn] = who
-            self._unadmitted.pop(conn, None)
-            conn.max_bytes = self._max_message
+            self.admit_now(conn, who)
+
+    def admit_now(self, conn: Connection, who: Any) -> None:
+        """Admit ``conn`` as ``who``: at once from ``Handler.admit``, or later when the
+        handler deferred its decision (it returned None and kept the HELLO)."""
+        self.admitted[conn] = who
+        self._unadmitted.pop(conn, None)
+        conn.max_bytes = self._max_message
 
     def _room(self, who: str) -> bool:
         """Whether one more unadmitted connection may be kept (else log the refusal)."""

@@ -23,6 +23,8 @@ __all__ = ["DEFAULT_SERVER_COMMAND", "ENV_NAME", "EnvPairs", "K8S_NAME_MAX", "LA
 
 LauncherName = Literal["local", "ssh", "mpi", "slurm", "kubernetes", "ray"]
 LAUNCHERS: tuple[str, ...] = ("local", "ssh", "mpi", "slurm", "kubernetes", "ray")
+#: launchers that restart a dead process themselves (--max-restarts)
+RESTARTING: tuple[str, ...] = ("local", "ssh", "slurm")
 #: launchers that take the hosts from a cluster manager, not from -H
 MANAGED: tuple[str, ...] = ("slurm", "kubernetes", "ray")
 
@@ -189,6 +191,12 @@ class LaunchSpec:
         if self.launcher in MANAGED and (self.hostfile or self.hosts):
             raise ConfigError(f"--launcher {self.launcher} takes the hosts from the cluster "
                               "manager, not from -H. Drop -H.")
+        if self.max_restarts and self.launcher not in RESTARTING:
+            raise ConfigError(
+                f"--max-restarts works with the launchers that start each process themselves "
+                f"({', '.join(RESTARTING)}), not --launcher {self.launcher} (mpirun, "
+                "Kubernetes and Ray start the processes; use their own restart policies). "
+                "Drop --max-restarts, or use one of those launchers.")
         self._check_managed()
         setattr_(self, "env", _pairs(self.env, "--env"))
         setattr_(self, "env_server", _pairs(self.env_server, "--env-server"))

@@ -1,0 +1,158 @@
+"""Attacks on durability's new doors: the backups' listeners, the ``shard`` field that
+routes a request to a copy, and the restart that takes a dead node's rank.
+
+A worker holds the cluster secret and its own rank's key; neither may let it write into a
+backup, read another shard through a server, or take a live node's rank (and with it the
+rank's key) by pretending to be its restart.
+"""
+from __future__ import annotations
+
+import select
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pskv as mx
+from pskv._ps.auth import prove
+from pskv._ps.message import Command, encode
+from pskv._ps.stream import StreamConn
+from pskv.errors import KVStoreError, ProtocolError
+
+from .conftest import Stranger, admitted_body
+
+
+def _next(conn: Any, timeout: float = 5.0) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        select.select([conn.sock], [], [], 0.1)
+        got = conn.receive(None, 1)
+        if got:
+            return got[0][0]
+    raise AssertionError("no reply")
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_cannot_write_into_a_backup(thread_cluster: Any) -> None:
+    cluster = thread_cluster(2, 2, replicas=1)
+    secret = cluster.cfg.secret
+    seen: dict[str, Any] = {}
+
+    def fn(kv: Any) -> Any:
+        kv.init(3, mx.nd.ones((4,)))
+        kv.barrier()
+        if kv.rank == 0:
+            pk = kv._store[3].pskey
+            for srv in range(2):
+                conn = StreamConn.connect(kv._po.servers[srv]["r_tcp"], 5.0, "backups")
+                try:
+                    other = 1 - srv       # claim to be the other server, the primary
+                    for label, key in (("secret", secret), ("worker key", kv._po.key)):
+                        conn.send(Command.HELLO, 1, body={"role": "server", "rank": other})
+                        challenge = _next(conn)
+                        assert challenge.cmd == Command.CHALLENGE, challenge
+                        conn.send(Command.HELLO, 2, body={
+                            "role": "server", "rank": other,
+                            **prove(key, "backup", challenge.body, "server", other)})
+                        seen[f"{srv} {label}"] = _next(conn)
+                    # a round for the shard, never admitted
+                    conn.send(Command.COMMAND, 3, (), {
+                        "op": "r_round", "shard": other, "key": pk, "round": 1,
+                        "kind": "d", "applied": []}, [np.full(4, 1e6, np.float32)])
+                    seen[f"{srv} round"] = _next(conn)
+                finally:
+                    conn.close()
+        kv.barrier()
+        kv.push(3, mx.nd.ones((4,)))
+        return kv.pull(3).asnumpy()
+
+    res = cluster.run(fn)
+    assert len(seen) == 6, seen
+    for label, meta in seen.items():
+        assert meta.cmd == Command.ERROR, (label, meta)
+    assert "refused" in seen["0 secret"].body["msg"], seen["0 secret"].body
+    assert "never admitted" in seen["0 round"].body["msg"], seen["0 round"].body
+    for rank in range(2):
+        np.testing.assert_array_equal(res[rank], np.full(4, 2.0, np.float32))
+    assert all(c == 0 for c in cluster.join(15).values())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("replicas", [0, 1])
+def test_a_worker_cannot_route_requests_to_copies_or_send_replication_ops(
+        replicas: int, thread_cluster: Any) -> None:
+    cluster = thread_cluster(2, 2, replicas=replicas)
+    errors: dict[str, Any] = {}
+
+    def fn(kv: Any) -> Any:
+        kv.init(5, mx.nd.zeros((6,)))
+        kv.barrier()
+        if kv.rank == 0:
+            w = kv._kv
+            pk = kv._store[5].pskey
+            attempts = {
+                "replication op": (Command.COMMAND, (), {
+                    "op": "r_round", "shard": 0, "key": pk, "round": 7, "kind": "d",
+                    "applied": []}, [np.full(6, 9.0, np.float32)]),
+                "copy taken": (Command.COMMAND, (), {"op": "r_state", "shard": 1,
+                                                     "entries": []}, []),
+                "shard not an int": (Command.PULL, [pk], {"shard": "1"}, []),
+                "shard out of range": (Command.PULL, [pk], {"shard": 9}, []),
+                "another server's shard": (Command.PULL, [pk], {"shard": 1}, []),
+                "again not a bool": (Command.PULL, [pk], {"again": "yes"}, []),
+            }
+            for label, (cmd, keys, body, arrays) in attempts.items():
+                ts = w.request(0, cmd, keys, body, arrays)
+                try:
+                    w.wait(ts)
+                    errors[label] = None
+                except KVStoreError as err:
+                    errors[label] = err
+        kv.barrier()
+        kv.push(5, mx.nd.ones((6,)))
+        return kv.pull(5).asnumpy()
+
+    res = cluster.run(fn)
+    assert set(errors) == {"replication op", "copy taken", "shard not an int",
+                           "shard out of range", "another server's shard", "again not a bool"}
+    for label, err in errors.items():
+        assert isinstance(err, ProtocolError), (label, err)
+    assert "unknown command" in str(errors["replication op"])
+    assert "holds no shard" in str(errors["another server's shard"])
+    assert "'shard'" in str(errors["shard not an int"])
+    for rank in range(2):
+        np.testing.assert_array_equal(res[rank], np.full(6, 2.0, np.float32))
+    assert all(c == 0 for c in cluster.join(15).values())
+
+
+@pytest.mark.timeout(60)
+def test_a_live_rank_is_not_handed_to_a_pretended_restart(thread_cluster: Any) -> None:
+    """With --max-restarts the scheduler gives a restarted node its dead predecessor's
+    rank and that rank's key; a secret holder claiming a live rank gets neither."""
+    cluster = thread_cluster(2, 1, max_restarts=1, handshake_timeout=2.0)
+    secret = cluster.cfg.secret
+    got: dict[str, Any] = {}
+
+    def fn(kv: Any) -> Any:
+        kv.init(2, mx.nd.zeros((3,)))
+        kv.barrier()
+        if kv.rank == 0:
+            s = Stranger(cluster.cfg.root_address)
+            try:
+                body = admitted_body(s, secret, "scheduler", rank=1)   # "worker 1, restarted"
+                got["reply"] = s.ask(encode(Command.HELLO, 1, body=body), timeout=10.0)
+            finally:
+                s.close()
+        kv.barrier()
+        kv.push(2, mx.nd.ones((3,)))
+        return kv.pull(2).asnumpy()
+
+    res = cluster.run(fn)
+    reply = got["reply"]
+    assert reply is not None and reply["c"] == Command.ERROR, reply
+    assert "is alive" in reply["b"]["msg"], reply
+    assert "key" not in reply["b"], reply
+    for rank in range(2):
+        np.testing.assert_array_equal(res[rank], np.full(3, 2.0, np.float32))
+    assert all(c == 0 for c in cluster.join(15).values())
