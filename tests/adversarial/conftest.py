@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import select
+import time
 import socket
 import struct
 import sys
@@ -64,7 +66,8 @@ def hello_body(role: str = "worker", **extra: Any) -> dict[str, Any]:
     return {"role": role, "host": "x", "pid": 1, **extra}
 
 
-def admitted_body(stranger: Stranger, key: bytes, purpose: str, role: str = "worker",
+def admitted_body(stranger: Stranger, key: bytes, purpose: str = "scheduler",
+                  role: str = "worker",
                   rank: int | None = None) -> dict[str, Any]:
     """Get a challenge from ``stranger``'s acceptor; the HELLO body proving it with ``key``."""
     claim = {} if rank is None else {"rank": rank}
@@ -107,3 +110,14 @@ def stream_exchange(endpoint: str, data: bytes, timeout: float = 3.0) -> bytes:
                 got += chunk
         except (ConnectionResetError, BrokenPipeError):
             return got + b"<reset>"
+
+
+def next_reply(conn: Any, timeout: float = 5.0) -> Any:
+    """The next message's header on a pskv stream connection (``StreamConn``)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        select.select([conn.sock], [], [], 0.1)
+        got = conn.receive(None, 1)
+        if got:
+            return got[0][0]
+    raise AssertionError(f"no reply within {timeout} s")

@@ -13,7 +13,7 @@ import pskv as mx
 from pskv._ps.auth import prove
 from pskv._ps.message import Command, encode
 
-from .conftest import Stranger, admitted_body, hello_body
+from .conftest import Stranger, admitted_body, hello_body, next_reply
 
 
 @pytest.mark.timeout(60)
@@ -77,11 +77,11 @@ def test_secret_holder_cannot_claim_another_workers_rank(transport: str,
                 try:
                     for purpose, key in (("server", secret), ("own key", kv._po.key)):
                         conn.send(Command.HELLO, 1, body=hello_body(rank=1))
-                        meta = _next(conn)
+                        meta = next_reply(conn)
                         body = hello_body(rank=1, **prove(key, "server", meta.body, "worker",
                                                           1))
                         conn.send(Command.HELLO, 2, body=body)
-                        replies[purpose] = {"c": int(_next(conn).cmd)}
+                        replies[purpose] = {"c": int(next_reply(conn).cmd)}
                 finally:
                     conn.close()
             go.set()
@@ -98,14 +98,3 @@ def test_secret_holder_cannot_claim_another_workers_rank(transport: str,
         assert reply is not None and reply["c"] == Command.ERROR, (what, reply)
     assert all(c == 0 for c in cluster.join(15).values())
 
-
-def _next(conn: Any, timeout: float = 5.0) -> Any:
-    import select
-    import time
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        select.select([conn.sock], [], [], 0.1)
-        got = conn.receive(None, 1)
-        if got:
-            return got[0][0]
-    raise AssertionError("no reply")

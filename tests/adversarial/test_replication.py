@@ -7,8 +7,6 @@ rank's key) by pretending to be its restart.
 """
 from __future__ import annotations
 
-import select
-import time
 from typing import Any
 
 import numpy as np
@@ -20,17 +18,8 @@ from pskv._ps.message import Command, encode
 from pskv._ps.stream import StreamConn
 from pskv.errors import KVStoreError, ProtocolError
 
-from .conftest import Stranger, admitted_body
+from .conftest import Stranger, admitted_body, next_reply
 
-
-def _next(conn: Any, timeout: float = 5.0) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        select.select([conn.sock], [], [], 0.1)
-        got = conn.receive(None, 1)
-        if got:
-            return got[0][0]
-    raise AssertionError("no reply")
 
 
 @pytest.mark.timeout(60)
@@ -50,17 +39,17 @@ def test_a_worker_cannot_write_into_a_backup(thread_cluster: Any) -> None:
                     other = 1 - srv       # claim to be the other server, the primary
                     for label, key in (("secret", secret), ("worker key", kv._po.key)):
                         conn.send(Command.HELLO, 1, body={"role": "server", "rank": other})
-                        challenge = _next(conn)
+                        challenge = next_reply(conn)
                         assert challenge.cmd == Command.CHALLENGE, challenge
                         conn.send(Command.HELLO, 2, body={
                             "role": "server", "rank": other,
                             **prove(key, "backup", challenge.body, "server", other)})
-                        seen[f"{srv} {label}"] = _next(conn)
+                        seen[f"{srv} {label}"] = next_reply(conn)
                     # a round for the shard, never admitted
                     conn.send(Command.COMMAND, 3, (), {
                         "op": "r_round", "shard": other, "key": pk, "round": 1,
                         "kind": "d", "applied": []}, [np.full(4, 1e6, np.float32)])
-                    seen[f"{srv} round"] = _next(conn)
+                    seen[f"{srv} round"] = next_reply(conn)
                 finally:
                     conn.close()
         kv.barrier()

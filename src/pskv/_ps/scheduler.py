@@ -227,8 +227,14 @@ class Scheduler:
         """Let each waiting restart take its rank once the holder is dead; refuse those
         whose holder stays alive (someone claiming a live rank) or was taken already."""
         now = time.monotonic()
+        # a live node heartbeats every interval: one silent for three is dead (a restart's
+        # HELLO comes before the heartbeat timeout would say so)
+        silent = max(3 * self.cfg.heartbeat_interval, 1.0)
         for ident, (old, ts, body, since) in list(self._claims.items()):
             why = None
+            if old.state == "alive" and self._nodes.get(old.ident) is old and \
+                    now - old.last_seen > silent:
+                self._fail(old, f"was restarted (silent for {now - old.last_seen:.1f} s)")
             if self._nodes.get(old.ident) is not old:
                 why = f"{old.role} {old.rank} rejoined already"
             elif old.state == "alive" and now - since > 0.8 * self.cfg.handshake_timeout:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from ..errors import KVStoreError, ProtocolError
+from ..errors import KVStoreError, NodeFailedError, ProtocolError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._ps.auth import Verifier, prove
@@ -131,6 +131,8 @@ class Replicator:
                 self._lost(err)
 
     def _lost(self, err: KVStoreError) -> None:
+        if isinstance(err, NodeFailedError):      # its link broke: the scheduler hears it
+            self._po.report_lost("server", self.backup)
         log.error("server %d: the backup of shard %d (server %d) is lost (%s); the shard "
                   "runs without a backup until it is back", self.me, self.shard,
                   self.backup, err)

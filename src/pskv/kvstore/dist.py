@@ -69,12 +69,15 @@ class DistKVStore(KVStoreBase):
         self._cfg = cfg
         self._sync = "async" not in name
         self._zctx = ZmqContext(zmq_context)
+        po: Postoffice | None = None
         try:
             # the scheduler refuses a job whose workers created different store types
-            self._po = Postoffice(cfg, self._zctx, mode="sync" if self._sync else "async")
+            po = self._po = Postoffice(cfg, self._zctx, mode="sync" if self._sync else "async")
             self._po.start()
             self._kv = KVWorker(cfg, self._zctx, self._po)
         except BaseException:
+            if po is not None:
+                po.close()          # its control thread first: then its sockets
             self._zctx.close()
             raise
         self._loads = [0] * self._po.num_servers
