@@ -44,8 +44,8 @@ def snapshot(kv: LocalKVStore) -> dict[str, Any]:
         values[k] = (stored._dense().copy(), stored.dtype,
                      None if rows is None else rows.copy())
     return {"values": values, "updater": kv._updater, "kind": kv._kind,
-            "ikey": dict(kv._ikey), "gc": kv._gc, "residual": {
-                k: v.copy() for k, v in kv._residual.items()}}
+            "ikey": dict(kv._ikey), "gc": kv._devices.gc, "residual": {
+                k: v.copy() for k, v in kv._devices._residual.items()}}
 
 
 def assert_unchanged(kv: LocalKVStore, before: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""Sums and copies of big arrays, split across threads (NumPy releases the GIL).
+"""Sums and copies of big arrays, split across threads (NumPy releases the GIL), and the
+merge of the values a local store is given for one key (one per device).
 
 Invariant: a call returns only after every chunk is written; chunks never overlap.
 """
@@ -10,9 +11,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
+from .._types import Key
+from ._args import as_numpy
 
-__all__ = ["Reducer", "sum_row_sparse", "sum_rows"]
+__all__ = ["DeviceMerge", "Reducer", "sum_row_sparse", "sum_rows"]
 
 #: below this many elements one thread is faster than handing work to the pool
 PARALLEL_MIN = 1 << 17
@@ -136,3 +140,60 @@ def sum_row_sparse(vals: list[Any]) -> RowSparseNDArray:
                                 first.context)
     rows, data = sum_rows([(v._indices, v._data) for v in vals], first.shape, first.dtype)
     return RowSparseNDArray(data, rows, first.shape, first.context)
+
+
+class DeviceMerge:
+    """The sum of the values pushed for one key, one per device, as MXNet's ``Comm``
+    reduces them: row_sparse rows summed as rows, dense values summed in device order,
+    and with gradient compression (``gc``) each device's value quantized with its own
+    error-feedback residual, then dequantized, before the sum
+    (``CommDevice::ReduceCompressed``)."""
+
+    def __init__(self, reducer: Reducer) -> None:
+        self.reducer = reducer
+        #: the store's gradient compression, or None
+        self.gc: Any = None
+        self._residual: dict[tuple[Key, int], np.ndarray] = {}
+        self._merge: dict[Key, np.ndarray] = {}
+
+    def dense_values(self, key: Key, vals: list[Any]) -> list[np.ndarray]:
+        """``vals`` as dense arrays (compressed and decompressed with ``gc``)."""
+        arrays = [v._dense() if isinstance(v, NDArray) else as_numpy(v) for v in vals]
+        if self.gc is None:
+            return arrays
+        out = []
+        for i, a in enumerate(arrays):
+            res = self._residual.get((key, i))
+            if res is None:
+                res = self._residual[(key, i)] = np.zeros(a.shape, np.float32)
+            out.append(self.gc.roundtrip(np.asarray(a, np.float32), res))
+        return out
+
+    def assign(self, key: Key, vals: list[Any], stored: NDArray) -> None:
+        """Set ``stored`` to the sum of ``vals`` (no updater)."""
+        if all(isinstance(v, RowSparseNDArray) for v in vals) and self.gc is None:
+            merged = sum_row_sparse(vals)
+            table = stored._data
+            table[...] = 0
+            table[merged._indices] = merged._data
+            return
+        self.reducer.sum_into(stored._data, self.dense_values(key, vals))
+
+    def merged(self, key: Key, vals: list[Any], stored: NDArray) -> NDArray:
+        """The sum of ``vals`` as an NDArray the updater may read but not keep."""
+        if all(isinstance(v, RowSparseNDArray) for v in vals) and self.gc is None:
+            merged = sum_row_sparse(vals)
+            merged._data.flags.writeable = False
+            return merged
+        arrays = self.dense_values(key, vals)
+        if len(arrays) == 1 and arrays[0].dtype == stored.dtype:
+            view = arrays[0].view()  # no copy: MXNet hands a single value through too
+            view.flags.writeable = False
+            return NDArray(view, stored.context)
+        buf = self._merge.get(key)
+        if buf is None:
+            buf = self._merge[key] = np.empty(stored.shape, stored.dtype)
+        buf.flags.writeable = True
+        self.reducer.sum_into(buf, arrays)
+        buf.flags.writeable = False
+        return NDArray(buf, stored.context)

@@ -35,12 +35,12 @@ from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
 from ._agree import check_optimizer_spec
 from ._args import as_numpy, normalize, row_ids_by_key
 from ._durable import checkpoint_path
-from ._held import HeldPush, Items
+from ._datapath import DataPath
+from ._held import HeldPush
 from ._keys import KeyRecord, KeyTable
-from ._reduce import Reducer, sum_row_sparse
+from ._reduce import Reducer
 from ._snapshot import Reader, check_keys, write_manifest
-from ._wire import (assemble, check_agreement, init_spec, parts, read_states, rows_by_server,
-                    target, write_states)
+from ._wire import (assemble, check_agreement, init_spec, parts, read_states, write_states)
 from .base import KVStoreBase, check_capability, check_optimizer
 
 __all__ = ["DistKVStore"]
@@ -81,9 +81,7 @@ class DistKVStore(KVStoreBase):
             self._zctx.close()
             raise
         self._loads = [0] * self._po.num_servers
-        self._wire_gc: Any = None
-        self._wire_residual: dict[Key, np.ndarray] = {}
-        self._sendbuf: dict[Key, np.ndarray] = {}
+        self._path = DataPath(self._store, self._kv, self._reducer, self._wait_all)
         self._by_pskey: dict[int, Key] = {}
         self._held = HeldPush(cfg.coalesce_bytes if self._sync else 0)
         self._initial_sent = False
@@ -135,7 +133,7 @@ class DistKVStore(KVStoreBase):
 
     def _send_held(self) -> None:
         """Send the push that waited for this call (it was not a pull of its keys)."""
-        self._send_push(self._held.release())
+        self._path.send(self._held.release())
 
     def _send_overdue(self) -> None:
         """On the control thread, when the store is idle: send a push held too long (rule 4
@@ -153,10 +151,6 @@ class DistKVStore(KVStoreBase):
             self._kv.defer(err)
         finally:
             self._lock.release()
-
-    def _send_push(self, items: Items | None) -> None:
-        for server, (pk, kinds, arrays) in (items or {}).items():
-            self._kv.push(server, Command.PUSH, pk, {"kinds": kinds}, arrays)
 
     # ---- init ------------------------------------------------------------------------------
     def init(self, key: KeyArg, value: ValueArg) -> None:
@@ -259,58 +253,8 @@ class DistKVStore(KVStoreBase):
         with self._lock:
             self._begin()
             keys, groups = normalize(key, value)
-            self._keys.validate_push(keys, groups, self._wire_gc is not None)
+            self._keys.validate_push(keys, groups, self._path.gc is not None)
             self._push_validated(keys, groups)
-
-    def _merged_dense(self, key: Key, info: KeyRecord, vals: list[Any]) -> np.ndarray:
-        """The sum of ``vals``: the caller's own array when it is one array (every transport
-        is done with it when push returns), else this key's send buffer."""
-        if len(vals) == 1 and self._wire_gc is None:
-            data = vals[0]._data if type(vals[0]) is NDArray else as_numpy(vals[0])
-            if data.dtype == info.dtype and data.flags.c_contiguous:
-                return data
-        buf = self._sendbuf.get(key)
-        if buf is None:
-            buf = self._sendbuf[key] = np.empty(info.shape, info.dtype)
-        arrays = [v._dense() if isinstance(v, NDArray) else as_numpy(v) for v in vals]
-        self._reducer.sum_into(buf, arrays)
-        return buf
-
-    def _push_items(self, keys: list[Key], groups: list[list[Any]]) \
-            -> Items:
-        """Per server: ps_keys, kind letters and arrays of one push message."""
-        per: dict[int, tuple[list[int], list[str], list[np.ndarray]]] = {}
-        for k, vals in zip(keys, groups):
-            info = self._store[k]
-            if info.sparse:
-                rsp = [v if isinstance(v, RowSparseNDArray) else
-                       RowSparseNDArray.from_dense(as_numpy(v)) for v in vals]
-                merged = sum_row_sparse(rsp)
-                for seg in info.segments:
-                    lo, hi = np.searchsorted(merged._indices, [seg.start, seg.stop])
-                    pk, kinds, arrays = per.setdefault(seg.server, ([], [], []))
-                    pk.append(info.pskey)
-                    kinds.append("r")
-                    arrays.append(merged._indices[lo:hi] - seg.start)
-                    arrays.append(np.ascontiguousarray(merged._data[lo:hi], dtype=info.dtype))
-                continue
-            data = self._merged_dense(k, info, vals)
-            pieces = parts(info, data)
-            if self._wire_gc is not None:
-                res = self._wire_residual.get(k)
-                if res is None:
-                    res = self._wire_residual[k] = np.zeros(info.size, np.float32)
-                flat = data.reshape(-1)
-                pieces = []
-                for seg in info.segments:
-                    s, e = (seg.start, seg.stop) if len(info.segments) > 1 else (0, info.size)
-                    pieces.append(self._wire_gc.compress(flat[s:e], res[s:e]))
-            for seg, part in zip(info.segments, pieces):
-                pk, kinds, arrays = per.setdefault(seg.server, ([], [], []))
-                pk.append(info.pskey)
-                kinds.append("c" if self._wire_gc is not None else "d")
-                arrays.append(part)
-        return {s: (pk, "".join(kinds), arrays) for s, (pk, kinds, arrays) in per.items()}
 
     def _first_push(self) -> None:
         """Before worker 0's first push, with periodic checkpoints: the initial values as
@@ -324,60 +268,11 @@ class DistKVStore(KVStoreBase):
     def _push_validated(self, keys: list[Key], groups: list[list[Any]]) -> None:
         self._first_push()
         self._send_held()
-        items = self._push_items(keys, groups)
+        items = self._path.items(keys, groups)
         if not self._held.hold(keys, items):
-            self._send_push(items)
+            self._path.send(items)
 
     # ---- pull --------------------------------------------------------------------------------
-    def _fetch(self, keys: list[Key], cmd: Command = Command.PULL,
-               push: Items | None = None,
-               targets: dict[Key, np.ndarray] | None = None) \
-            -> dict[Key, list[np.ndarray]]:
-        """Each key's segments as the servers hold them now (after this worker's pushes).
-
-        ``targets``: an array per key that the reply may be read straight into (then the
-        returned parts are views of it).
-        """
-        per: dict[int, list[int]] = {}
-        into: dict[int, list[np.ndarray | None]] = {}
-        for k in keys:
-            info = self._store[k]
-            t = targets.get(k) if targets else None
-            flat = t.reshape(-1) if t is not None and len(info.segments) > 1 else None
-            for seg in info.segments:
-                per.setdefault(seg.server, []).append(info.pskey)
-                into.setdefault(seg.server, []).append(
-                    None if t is None else t if flat is None else flat[seg.start:seg.stop])
-        if push is not None:
-            tss = {s: self._kv.request(s, cmd, pk, {"kinds": kinds}, arrays,
-                                       into=into.get(s))
-                   for s, (pk, kinds, arrays) in push.items()}
-        else:
-            tss = {s: self._kv.request(s, cmd, pk, into=into[s]) for s, pk in per.items()}
-        replies = dict(zip(tss, self._wait_all(list(tss.values()), "a pull reply")))
-        got: dict[int, list[np.ndarray]] = {}
-        for s, (_meta, arrays) in replies.items():
-            if len(arrays) != len(per[s]):
-                raise ClusterError(f"server {s} answered {len(arrays)} arrays for "
-                                   f"{len(per[s])} keys (reported by server {s})")
-            got[s] = list(arrays)
-        out: dict[Key, list[np.ndarray]] = {}
-        for k in keys:
-            info = self._store[k]
-            out[k] = [got[seg.server].pop(0) for seg in info.segments]
-        return out
-
-    def _targets(self, keys: list[Key], groups: list[list[Any]],
-                 only: set[Key] | None = None) -> dict[Key, np.ndarray]:
-        """Per key (of ``only``, if given), an out the reply can be read straight into."""
-        targets = {}
-        for k, outs in zip(keys, groups):
-            if only is None or k in only:
-                t = target(self._store[k], outs)
-                if t is not None:
-                    targets[k] = t
-        return targets
-
     def _pull_validated(self, keys: list[Key], groups: list[list[Any]],
                         ignore_sparse: bool, fetched: dict[Key, list[np.ndarray]]
                         | None = None) -> None:
@@ -386,11 +281,11 @@ class DistKVStore(KVStoreBase):
         if fetched is None and self._held:
             held = self._held.take_for_pull(keys) if wanted == keys else None
             if held is not None:         # the push this pull follows: together
-                fetched = self._fetch(keys, Command.PUSHPULL, held, self._targets(keys, groups))
+                fetched = self._path.fetch(keys, Command.PUSHPULL, held, self._path.targets(keys, groups))
             else:
                 self._send_held()
         if fetched is None:
-            fetched = self._fetch(wanted, targets=self._targets(keys, groups, set(wanted))) \
+            fetched = self._path.fetch(wanted, targets=self._path.targets(keys, groups, set(wanted))) \
                 if wanted else {}
         parts = fetched
         for k, outs in zip(keys, groups):
@@ -409,7 +304,7 @@ class DistKVStore(KVStoreBase):
     def _pull_new(self, key: Any) -> Any:
         self._send_held()
         many, records = self._keys.pull_new_keys(key)
-        parts = self._fetch(list(dict.fromkeys(r.key for r in records)))
+        parts = self._path.fetch(list(dict.fromkeys(r.key for r in records)))
         result = []
         for rec in records:
             data = np.empty(rec.shape, rec.dtype)
@@ -452,13 +347,13 @@ class DistKVStore(KVStoreBase):
             self._begin()
             keys, groups = normalize(key, value)
             okeys, ogroups = normalize(key, value if out is None else out, "out")
-            self._keys.validate_push(keys, groups, self._wire_gc is not None)
+            self._keys.validate_push(keys, groups, self._path.gc is not None)
             self._keys.validate_pull(okeys, ogroups)
             self._first_push()
-            items = self._push_items(keys, groups)
+            items = self._path.items(keys, groups)
             # with out=None the reply overwrites the values: after they were sent
-            targets = self._targets(okeys, ogroups) if out is not None else {}
-            fetched = self._fetch(keys, Command.PUSHPULL, items, targets)
+            targets = self._path.targets(okeys, ogroups) if out is not None else {}
+            fetched = self._path.fetch(keys, Command.PUSHPULL, items, targets)
             self._pull_validated(okeys, ogroups, True, fetched)
 
     def broadcast(self, key: KeyArg, value: ValueArg, out: OutArg, priority: int = 0) -> None:
@@ -475,18 +370,8 @@ class DistKVStore(KVStoreBase):
             keys, groups = normalize(key, out, "out")
             rows = row_ids_by_key(key, keys, groups, row_ids)
             self._keys.validate_row_sparse_pull(key, out, row_ids, keys, groups, rows)
-            reqs = [(k, o, r) for k, outs in zip(keys, groups) for o, r in zip(outs, rows[k])]
-            per = rows_by_server([(self._store[k], r) for k, _o, r in reqs])
-            tss = {s: self._kv.request(s, Command.RSP_PULL, pk, None, arrays)
-                   for s, (pk, arrays, _) in per.items()}
-            replies = dict(zip(tss, self._wait_all(list(tss.values()), "row_sparse_pull")))
-            datas = [np.empty((len(r),) + self._store[k].shape[1:], o.dtype)
-                     for k, o, r in reqs]
-            for s, (_, _, where) in per.items():
-                for (i, lo), part in zip(where, replies[s][1]):
-                    datas[i][lo:lo + len(part)] = part
-            for (_k, o, r), data in zip(reqs, datas):
-                o._data, o._indices = data, r
+            self._path.rows([(k, o, r) for k, outs in zip(keys, groups)
+                             for o, r in zip(outs, rows[k])])
 
     # ---- optimizer, compression, states -----------------------------------------------------
     def set_optimizer(self, optimizer: Any) -> None:
@@ -523,7 +408,7 @@ class DistKVStore(KVStoreBase):
             gc = compression.create(compression_params)
             self._to_all(Command.COMMAND, {"op": "compression",
                                            "params": None if gc is None else gc.params})
-            self._wire_gc = gc
+            self._path.gc = gc
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Gather every server's optimizer states into ``fname`` (NumPy arrays + JSON)."""

@@ -25,7 +25,7 @@ from ._args import as_numpy, dense_data, normalize, row_ids_by_key
 from ._engine import Engine
 from ._keys import KeyTable
 from ._snapshot import Reader, check_keys, write_manifest, write_shard
-from ._reduce import PARALLEL_MIN, Reducer, sum_row_sparse
+from ._reduce import PARALLEL_MIN, DeviceMerge, Reducer
 from .base import KVStoreBase, check_capability, check_optimizer
 
 __all__ = ["LocalKVStore", "SparsePullIgnoredWarning"]
@@ -55,10 +55,8 @@ class LocalKVStore(KVStoreBase):
         self._engine = Engine(num_workers=1)
         #: key -> stored NDArray (the engine's; the fast paths read it directly)
         self._store: dict[Key, NDArray] = self._engine.stored
-        self._gc: Any = None
-        self._residual: dict[tuple[Key, int], np.ndarray] = {}
-        self._merge: dict[Key, np.ndarray] = {}
         self._reducer = Reducer(int(os.environ.get("PSKV_REDUCE_THREADS", "0")) or None)
+        self._devices = DeviceMerge(self._reducer)
         self._lock = threading.RLock()
 
     # ---- properties ----------------------------------------------------------------
@@ -152,7 +150,7 @@ class LocalKVStore(KVStoreBase):
                 return
             self._keys.check_open()
             keys, groups = normalize(key, value)
-            self._keys.validate_push(keys, groups, self._gc is not None)
+            self._keys.validate_push(keys, groups, self._devices.gc is not None)
             self._push_validated(keys, groups)
 
     def _fast_push(self, key: Any, value: Any) -> bool:
@@ -161,7 +159,7 @@ class LocalKVStore(KVStoreBase):
         Everything the general path checks holds here by construction; anything else
         returns False and takes the general path.
         """
-        if self._engine.updater is not None or self._gc is not None or self._keys.closed or \
+        if self._engine.updater is not None or self._devices.gc is not None or self._keys.closed or \
                 (type(key) is not int and type(key) is not str):
             return False
         stored = self._store.get(key)
@@ -178,12 +176,12 @@ class LocalKVStore(KVStoreBase):
             small = PARALLEL_MIN
             for k, vals in zip(keys, groups):
                 stored = self._store[k]
-                if len(vals) == 1 and self._gc is None and type(stored) is NDArray:
+                if len(vals) == 1 and self._devices.gc is None and type(stored) is NDArray:
                     data = dense_data(vals[0])
                     if data is not None and data.size < small:
                         np.copyto(stored._data, data, casting="same_kind")
                         continue
-                self._assign(k, vals, stored)
+                self._devices.assign(k, vals, stored)
             return
         # the updater runs in key order, as MXNet's sorted key groups do
         records = self._keys.records
@@ -191,49 +189,7 @@ class LocalKVStore(KVStoreBase):
             if len(keys) > 1 else (0,)
         for i in order:
             k, vals = keys[i], groups[i]
-            self._engine.apply(k, self._merged(k, vals, self._store[k]))
-
-    def _dense_values(self, key: Key, vals: list[Any]) -> list[np.ndarray]:
-        arrays = [v._dense() if isinstance(v, NDArray) else as_numpy(v) for v in vals]
-        if self._gc is None:
-            return arrays
-        # quantize each device's value with its own residual, then dequantize
-        # (MXNet comm.h CommDevice::ReduceCompressed)
-        out = []
-        for i, a in enumerate(arrays):
-            res = self._residual.get((key, i))
-            if res is None:
-                res = self._residual[(key, i)] = np.zeros(a.shape, np.float32)
-            out.append(self._gc.roundtrip(np.asarray(a, np.float32), res))
-        return out
-
-    def _assign(self, key: Key, vals: list[Any], stored: NDArray) -> None:
-        if all(isinstance(v, RowSparseNDArray) for v in vals) and self._gc is None:
-            merged = sum_row_sparse(vals)
-            table = stored._data
-            table[...] = 0
-            table[merged._indices] = merged._data
-            return
-        self._reducer.sum_into(stored._data, self._dense_values(key, vals))
-
-    def _merged(self, key: Key, vals: list[Any], stored: NDArray) -> NDArray:
-        """The sum of ``vals`` as an NDArray the updater may read but not keep."""
-        if all(isinstance(v, RowSparseNDArray) for v in vals) and self._gc is None:
-            merged = sum_row_sparse(vals)
-            merged._data.flags.writeable = False
-            return merged
-        arrays = self._dense_values(key, vals)
-        if len(arrays) == 1 and arrays[0].dtype == stored.dtype:
-            view = arrays[0].view()  # no copy: MXNet hands a single value through too
-            view.flags.writeable = False
-            return NDArray(view, stored.context)
-        buf = self._merge.get(key)
-        if buf is None:
-            buf = self._merge[key] = np.empty(stored.shape, stored.dtype)
-        buf.flags.writeable = True
-        self._reducer.sum_into(buf, arrays)
-        buf.flags.writeable = False
-        return NDArray(buf, stored.context)
+            self._engine.apply(k, self._devices.merged(k, vals, self._store[k]))
 
     # ---- pull ------------------------------------------------------------------------
     @overload
@@ -331,7 +287,7 @@ class LocalKVStore(KVStoreBase):
             self._keys.check_open()
             keys, groups = normalize(key, value)
             okeys, ogroups = normalize(key, value if out is None else out, "out")
-            self._keys.validate_push(keys, groups, self._gc is not None)
+            self._keys.validate_push(keys, groups, self._devices.gc is not None)
             self._keys.validate_pull(okeys, ogroups)
             self._push_validated(keys, groups)
             self._pull_validated(okeys, ogroups, True)
@@ -541,7 +497,7 @@ class LocalKVStore(KVStoreBase):
                     "set_gradient_compression must be called before the first init; "
                     f"{len(self._store)} keys are initialized already. Create a new store.",
                     store_type=self._type)
-            self._gc = compression.create(compression_params)
+            self._devices.gc = compression.create(compression_params)
 
     # ---- misc ------------------------------------------------------------------------
     def is_capable(self, capability: str) -> bool:
