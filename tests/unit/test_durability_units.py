@@ -204,3 +204,20 @@ def test_push_log_forgets_acknowledged_pushes() -> None:
     assert [int(a[0][0]) for _pk, _k, a in log.since(0, {10: 4})] == [4]
     with pytest.raises(NodeFailedError):
         log.since(0, {10: 2})
+
+
+def test_push_log_reuses_buffers_of_forgotten_pushes_without_mixing_them_up() -> None:
+    log = PushLog(keep=3)
+    grad = np.zeros(5, np.float32)
+    for value in (1, 2):
+        grad[:] = value                    # the caller reuses its gradient buffer
+        log.record(0, [7], "d", [grad])
+    grad[:] = -1
+    first, second = (arrays[0] for _pk, _k, arrays in log.since(0, {7: 0}))
+    assert (float(first[0]), float(second[0])) == (1.0, 2.0)   # copies, not the caller's
+    log.forget(0, {7: 1})                  # push 1 acknowledged: its buffer is free
+    log.record(0, [7], "d", [np.full(5, 3, np.float32)])
+    kept = [arrays[0] for _pk, _k, arrays in log.since(0, {7: 1})]
+    assert [float(a[0]) for a in kept] == [2.0, 3.0]
+    assert kept[1] is first                # push 3 went into push 1's buffer
+    assert kept[0] is second               # push 2's copy untouched

@@ -30,11 +30,21 @@ def backup_of(shard: int, host: int, num_servers: int) -> int:
     return (shard + 1) % num_servers if host == shard else shard
 
 
+#: buffers of each shape and dtype kept for reuse once their push is forgotten
+POOL_DEPTH = 4
+
+
 class PushLog:
-    """The last ``keep`` pushes of each key to each server (copies)."""
+    """The last ``keep`` pushes of each key to each server (copies).
+
+    The copies go into buffers that forgotten pushes gave back (a pool per shape and
+    dtype): a fresh buffer would cost the kernel zero-filling every page before the copy,
+    as much again as the copy itself for big keys.
+    """
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
+        self._pool: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
         self._count: dict[tuple[int, int], int] = {}
         self._log: dict[tuple[int, int], deque[tuple[int, str, list[np.ndarray]]]] = {}
         self._skip: dict[tuple[int, int], int] = {}
@@ -88,9 +98,23 @@ class PushLog:
             if self.keep:
                 log = self._log.get((server, pk))
                 if log is None:
-                    log = self._log[(server, pk)] = deque(maxlen=self.keep)
-                log.append((j, kind, [np.array(a, copy=True) for a in arrays[pos:pos + n]]))
+                    log = self._log[(server, pk)] = deque()
+                if len(log) == self.keep:
+                    self._give_back(log.popleft()[2])
+                log.append((j, kind, [self._copy(a) for a in arrays[pos:pos + n]]))
             pos += n
+
+    def _copy(self, a: np.ndarray) -> np.ndarray:
+        free = self._pool.get((a.shape, a.dtype.str))
+        buf = free.pop() if free else np.empty(a.shape, a.dtype)
+        np.copyto(buf, a)
+        return buf
+
+    def _give_back(self, arrays: list[np.ndarray]) -> None:
+        for a in arrays:
+            free = self._pool.setdefault((a.shape, a.dtype.str), [])
+            if len(free) < POOL_DEPTH:
+                free.append(a)
 
     def counts(self, server: int, keys: Sequence[int] | None) -> dict[int, int]:
         """Pushes sent so far to ``server`` of each of ``keys`` (None: every key)."""
@@ -104,7 +128,7 @@ class PushLog:
         for pk, n in counts.items():
             log = self._log.get((server, pk))
             while log and log[0][0] <= n:
-                log.popleft()
+                self._give_back(log.popleft()[2])
 
     def since(self, server: int, applied: dict[int, int]) \
             -> list[tuple[int, str, list[np.ndarray]]]:
