@@ -121,3 +121,15 @@ def next_reply(conn: Any, timeout: float = 5.0) -> Any:
         if got:
             return got[0][0]
     raise AssertionError(f"no reply within {timeout} s")
+
+
+def assert_unharmed(cluster: Any, res: dict[int, Any], value: Any,
+                    timeout: float = 15.0) -> None:
+    """After an attack: every worker pulled ``value`` (nothing the attacker sent was
+    counted), and the scheduler and every server exited 0."""
+    import numpy as np
+    for rank, got in sorted(res.items()):
+        assert not isinstance(got, BaseException), (rank, got)
+        np.testing.assert_array_equal(got, value)
+    codes = cluster.join(timeout)
+    assert all(c == 0 for c in codes.values()), codes

@@ -16,7 +16,8 @@ import pytest
 import pskv as mx
 from pskv._ps.message import Command, encode
 
-from .conftest import Stranger, admitted_body, frame, hello_body, stream_exchange
+from .conftest import (Stranger, admitted_body, assert_unharmed, frame, hello_body,
+                       stream_exchange)
 
 
 def test_stranger_without_secret_is_refused(thread_cluster: Any,
@@ -61,12 +62,10 @@ def test_stranger_without_secret_is_refused(thread_cluster: Any,
         return kv.pull(1).asnumpy()
 
     res = cluster.run(fn)
-    for rank in (0, 1):
-        np.testing.assert_array_equal(res[rank], np.full(3, 2.0))
+    assert_unharmed(cluster, res, np.full(3, 2.0), 10)
     for what in ("late", "late_bad"):
         assert results[what]["c"] == Command.ERROR, (what, results[what])
     assert "beyond" in results["late"]["b"]["msg"]
-    assert cluster.join(10) == {"scheduler": 0, "server 0": 0}
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert refusals, refusals
 
@@ -162,10 +161,7 @@ def test_malformed_requests_from_an_admitted_worker(thread_cluster: Any) -> None
         return kv.pull(1).asnumpy()
 
     res = cluster.run(fn)
-    for rank in (0, 1):
-        assert not isinstance(res[rank], BaseException), res[rank]
-        np.testing.assert_array_equal(res[rank], np.full(3, 2.0))
-    assert cluster.join(10) == {"scheduler": 0, "server 0": 0}
+    assert_unharmed(cluster, res, np.full(3, 2.0), 10)
 
 
 # ---- the same-host socket (Unix domain) -------------------------------------------------------
@@ -199,10 +195,7 @@ def test_garbage_on_the_stream_sockets(endpoint: str, thread_cluster: Any) -> No
         return kv.pull(1).asnumpy()
 
     res = cluster.run(fn)
-    for rank in (0, 1):
-        assert not isinstance(res[rank], BaseException), res[rank]
-        np.testing.assert_array_equal(res[rank], np.full(3, 2.0))
-    assert cluster.join(10) == {"scheduler": 0, "server 0": 0}
+    assert_unharmed(cluster, res, np.full(3, 2.0), 10)
     if not replies:
         pytest.skip("the server opened no Unix socket: this needs a platform with AF_UNIX and "
                     "PSKV_TRANSPORT unset, auto or ipc")
