@@ -2,7 +2,10 @@
 
 A scheduler, ``S`` servers (``python -m pskv.server``) and one worker run as processes of
 this host over the default transport; the worker times ``rounds`` rounds of ``iters``
-push+pull iterations and prints the median microseconds per iteration (and each round's).
+push+pull iterations and prints the median microseconds per iteration (and each round's),
+and the CPU time per iteration that the worker and the servers spent in those rounds
+(user + system, from ``/proc`` where there is one): on a busy machine the CPU figures move
+far less than the wall time.
 With ``--profile`` the worker's loop and every server run under cProfile, and the top
 functions by own time (tottime) of each side are printed: call counts and tottime are far
 less sensitive to a noisy machine than wall time.
@@ -62,6 +65,9 @@ def worker(iters: int, rounds: int, prof: str | None) -> None:
         kv.pull(3, out=out)
     profiler = cProfile.Profile() if prof else None
     per_round: list[float] = []
+    print("mark", flush=True)                    # the parent reads the servers' CPU time
+    sys.stdin.readline()
+    cpu0 = time.process_time()
     for _ in range(rounds):
         if profiler is not None:
             profiler.enable()
@@ -73,17 +79,30 @@ def worker(iters: int, rounds: int, prof: str | None) -> None:
         if profiler is not None:
             profiler.disable()
         per_round.append(dt / iters * 1e6)
+    cpu = (time.process_time() - cpu0) / (iters * rounds) * 1e6
+    print("mark", flush=True)
+    sys.stdin.readline()
     if not np.array_equal(out.asnumpy(), np.ones(SHAPE, np.float32)):
         raise SystemExit(f"wrong value pulled: {out.asnumpy()!r}")
     kv.close()
     if profiler is not None and prof:
         profiler.dump_stats(prof)
-    print(json.dumps({"us": per_round}), flush=True)
+    print(json.dumps({"us": per_round, "cpu": cpu}), flush=True)
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0.0 without /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(servers: int, iters: int, rounds: int, profile_dir: Path | None,
-        timeout: float) -> list[float]:
-    """One cluster: return each round's us/iteration."""
+        timeout: float) -> tuple[list[float], float, float]:
+    """One cluster: each round's us/iteration, and the CPU us/iteration of the worker and
+    of the servers together."""
     port = _free_port()
     procs: list[subprocess.Popen[bytes]] = []
     py = sys.executable
@@ -100,13 +119,24 @@ def run(servers: int, iters: int, rounds: int, profile_dir: Path | None,
         argv = [py, __file__, "worker", str(iters), str(rounds)]
         if profile_dir is not None:
             argv.append(str(profile_dir / "worker.prof"))
-        got = subprocess.run(argv, env=_env("worker", port, servers), timeout=timeout,
-                             capture_output=True, check=False)
-        if got.returncode != 0:
-            raise SystemExit(f"worker failed:\n{got.stderr.decode()[-3000:]}")
+        w = subprocess.Popen(argv, env=_env("worker", port, servers), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, start_new_session=True)
+        procs.append(w)
+        assert w.stdin is not None and w.stdout is not None
+        cpu = []
+        for _ in range(2):                           # before and after the timed rounds
+            if w.stdout.readline().strip() != b"mark":
+                raise SystemExit(f"the worker failed (exit {w.wait(timeout)})")
+            cpu.append(sum(_cpu_s(p.pid) for p in procs[1:1 + servers]))
+            w.stdin.write(b"go\n")
+            w.stdin.flush()
+        out = w.stdout.read().decode()
+        if w.wait(timeout) != 0:
+            raise SystemExit(f"the worker failed (exit {w.returncode})")
         for p in procs:                             # they leave once the worker has
             p.wait(timeout=20)
-        return list(json.loads(got.stdout.decode().strip().splitlines()[-1])["us"])
+        got = json.loads(out.strip().splitlines()[-1])
+        return list(got["us"]), float(got["cpu"]), (cpu[1] - cpu[0]) / (iters * rounds) * 1e6
     finally:
         for p in procs:
             if p.poll() is None:
@@ -114,10 +144,10 @@ def run(servers: int, iters: int, rounds: int, profile_dir: Path | None,
                 p.wait()
 
 
-def top(path: Path, n: int) -> None:
-    """Print the ``n`` functions with the most own time in a cProfile dump."""
+def top(path: Path, n: int, sort: str = "tottime") -> None:
+    """Print the ``n`` functions first by ``sort`` (own time) in a cProfile dump."""
     st = pstats.Stats(str(path))
-    st.sort_stats("tottime").print_stats(n)
+    st.sort_stats(sort).print_stats(n)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,23 +161,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="cProfile worker and servers")
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--sort", default="tottime", help="pstats sort key (tottime, cumulative)")
+    ap.add_argument("--keep", type=Path, help="keep the .prof files under this folder")
     ap.add_argument("--timeout", type=float, default=300.0)
     opts = ap.parse_args(args)
     summary: dict[str, Any] = {}
     for s in opts.servers:
         with tempfile.TemporaryDirectory(prefix="pskv-prof-") as tmp:
-            pdir = Path(tmp) if opts.profile else None
-            us = run(s, opts.iters, opts.rounds, pdir, opts.timeout)
+            pdir = (opts.keep / f"S{s}" if opts.keep else Path(tmp)) if opts.profile else None
+            if pdir is not None:
+                pdir.mkdir(parents=True, exist_ok=True)
+            us, wcpu, scpu = run(s, opts.iters, opts.rounds, pdir, opts.timeout)
             med = statistics.median(us)
-            summary[f"S={s}"] = med
-            print(f"S={s}: median {med:.1f} us/iteration (push+pull of {SHAPE}); rounds: "
+            summary[f"S={s}"] = {"us": round(med, 1), "worker_cpu": round(wcpu, 1),
+                                 "server_cpu": round(scpu, 1)}
+            print(f"S={s}: median {med:.1f} us/iteration (push+pull of {SHAPE}); CPU "
+                  f"us/iteration: worker {wcpu:.1f}, servers {scpu:.1f}; rounds: "
                   + " ".join(f"{u:.1f}" for u in us), flush=True)
             if pdir is not None:
-                print(f"---- worker, S={s} (top {opts.top} by tottime)")
-                top(pdir / "worker.prof", opts.top)
+                print(f"---- worker, S={s} (top {opts.top} by {opts.sort})")
+                top(pdir / "worker.prof", opts.top, opts.sort)
                 for i in range(s):
-                    print(f"---- server {i}, S={s} (top {opts.top} by tottime)")
-                    top(pdir / f"server{i}.prof", opts.top)
+                    print(f"---- server {i}, S={s} (top {opts.top} by {opts.sort})")
+                    top(pdir / f"server{i}.prof", opts.top, opts.sort)
     print(json.dumps(summary))
     return 0
 

@@ -29,3 +29,96 @@ def test_stream_carries_binary_and_json_headers() -> None:
     finally:
         a.close()
         b.close()
+
+
+def pair() -> tuple[StreamConn, StreamConn, socket.socket]:
+    s1, s2 = socket.socketpair()
+    return StreamConn(s1, 5.0, "a"), StreamConn(s2, 5.0, "b"), s1
+
+
+def drain(conn: StreamConn, want: int, limit: int = 64) -> list:
+    got: list = []
+    for _ in range(10_000):
+        got += [(m, [a.copy() for a in arrays]) for m, arrays in conn.receive(None, limit)]
+        if len(got) >= want:
+            break
+    return got
+
+
+def test_many_small_messages_in_one_read_come_out_one_by_one() -> None:
+    a, b, _ = pair()
+    try:
+        for i in range(300):
+            a.send(Command.PUSH, -i - 1, [2 * i], {"kinds": "d"}, [np.full(3, i, np.float32)])
+        got = []
+        for _ in range(10_000):
+            one = b.receive(None, 1)
+            assert len(one) <= 1
+            got += [(m, arrays[0].copy()) for m, arrays in one]
+            if len(got) == 300:
+                break
+        assert [m.ts for m, _ in got] == [-i - 1 for i in range(300)]
+        assert all((arr == i).all() for i, (_, arr) in enumerate(got))
+        assert b.buffered() == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_bytes_trickling_in_any_split_make_the_same_messages() -> None:
+    rng = np.random.default_rng(5)
+    big = rng.standard_normal(100_000).astype(np.float32)      # 400 KB: read into place
+    small = np.arange(6, dtype=np.int64).reshape(2, 3)
+    # capture the exact bytes of three messages, then feed them in uneven pieces
+    r1, r2 = socket.socketpair()
+    tap = StreamConn(r1, 5.0, "tap")
+    tap.send(Command.DATA, 1, arrays=[small])
+    tap.send(Command.DATA, 2, arrays=[big, small])
+    tap.send(Command.COMMAND, 3, body={"op": "save"})
+    r2.setblocking(False)
+    wire = b""
+    while True:
+        try:
+            chunk = r2.recv(1 << 20)
+        except BlockingIOError:
+            break
+        wire += chunk
+    tap.close()
+    r2.close()
+    s3, s4 = socket.socketpair()
+    b = StreamConn(s4, 5.0, "b")
+    got: list = []
+    pos = 0
+    try:
+        while pos < len(wire):
+            n = int(rng.integers(1, 70_000))
+            s3.sendall(wire[pos:pos + n])
+            pos += n
+            got += [(m, [x.copy() for x in arrays]) for m, arrays in b.receive(None, 1)]
+        got += drain(b, 3 - len(got))
+        assert [m for m, _ in got] == [Meta(Command.DATA, 1), Meta(Command.DATA, 2),
+                                       Meta(Command.COMMAND, 3, (), {"op": "save"})]
+        np.testing.assert_array_equal(got[0][1][0], small)
+        np.testing.assert_array_equal(got[1][1][0], big)
+        np.testing.assert_array_equal(got[1][1][1], small)
+    finally:
+        s3.close()
+        b.close()
+
+
+def test_a_big_reply_lands_in_the_callers_array() -> None:
+    a, b, _ = pair()
+    try:
+        big = np.arange(50_000, dtype=np.float32)
+        out = np.zeros_like(big)
+        a.send(Command.DATA, 7, arrays=[big])
+        got: list = []
+        for _ in range(10_000):
+            got += b.receive(lambda meta: (lambda i, dt, shape: out), 1)
+            if got:
+                break
+        assert got[0][1][0] is out
+        np.testing.assert_array_equal(out, big)
+    finally:
+        a.close()
+        b.close()
