@@ -125,6 +125,9 @@ class Command(enum.IntEnum):
     ERROR = 42         # a reply: body {"kind": error kind, "msg": text[, "key": key]}
 
 
+_COMMANDS = {int(c): c for c in Command}
+
+
 @dataclass(frozen=True, slots=True)
 class Meta:
     """A decoded header. ``keys`` are ps_keys; ``body`` is any JSON value."""
@@ -273,15 +276,15 @@ def _parse_binary(head: memoryview, nframes: int | None) \
     if size < _FIXED.size:
         raise ProtocolError(f"malformed header: binary header of {size} bytes is truncated")
     _, c, flags, ts, nkeys, n = _FIXED.unpack_from(head)
-    try:
-        cmd = Command(c)
-    except ValueError:
-        raise ProtocolError(f"malformed header: {c} is not a valid Command") from None
+    cmd = _COMMANDS.get(c)
+    if cmd is None:
+        raise ProtocolError(f"malformed header: {c} is not a valid Command")
     if flags & ~_KINDS:
         raise ProtocolError(f"malformed header: unknown flags {flags:#x}")
     if not -_TS_LIMIT < ts < _TS_LIMIT:
         raise ProtocolError("malformed header: ts out of range")
-    _check_counts(nkeys, n)
+    if nkeys > _MAX_KEYS or n > _MAX_ARRAYS:
+        _check_counts(nkeys, n)
     if nframes is not None and n != nframes:
         raise ProtocolError(f"header declares {n} arrays but {nframes} data frames arrived")
     pos = _FIXED.size
@@ -290,28 +293,34 @@ def _parse_binary(head: memoryview, nframes: int | None) \
         raise ProtocolError(f"malformed header: {nkeys} keys and {n} arrays do not fit in "
                             f"{size} bytes")
     keys = struct.unpack_from(f"<{nkeys}q", head, pos) if nkeys else ()
-    pos += 8 * nkeys
-    codes = bytes(head[pos:pos + n])
-    ndims = bytes(head[pos + n:end])
-    pos = end
-    ndim_total = sum(ndims)
-    if pos + 8 * ndim_total > size:
-        raise ProtocolError(f"malformed header: the shapes of {n} arrays do not fit in "
-                            f"{size} bytes")
-    dims = struct.unpack_from(f"<{ndim_total}Q", head, pos) if ndim_total else ()
-    pos += 8 * ndim_total
     specs: list[tuple[np.dtype[Any], tuple[int, ...], int]] = []
-    at = 0
-    for i in range(n):
-        code, nd = codes[i], ndims[i]
-        if code >= len(_BY_CODE):
-            raise ProtocolError(f"array {i}: dtype code {code} is not allowed")
-        shape = dims[at:at + nd]
-        at += nd
-        if nd > _MAX_NDIM or not all(s < _MAX_DIM for s in shape):
-            raise ProtocolError(f"array {i}: bad shape {short(shape)}")
-        dt, itemsize = _BY_CODE[code]
-        specs.append((dt, shape, math.prod(shape) * itemsize))
+    if n:
+        pos += 8 * nkeys
+        codes = bytes(head[pos:pos + n])
+        ndims = bytes(head[pos + n:end])
+        pos = end
+        if max(codes) >= len(_BY_CODE):
+            i = next(i for i, code in enumerate(codes) if code >= len(_BY_CODE))
+            raise ProtocolError(f"array {i}: dtype code {codes[i]} is not allowed")
+        if max(ndims) > _MAX_NDIM:
+            i = next(i for i, nd in enumerate(ndims) if nd > _MAX_NDIM)
+            raise ProtocolError(f"array {i}: bad shape ({ndims[i]} dimensions)")
+        ndim_total = sum(ndims)
+        if pos + 8 * ndim_total > size:
+            raise ProtocolError(f"malformed header: the shapes of {n} arrays do not fit in "
+                                f"{size} bytes")
+        dims = struct.unpack_from(f"<{ndim_total}Q", head, pos) if ndim_total else ()
+        pos += 8 * ndim_total
+        if dims and max(dims) >= _MAX_DIM:
+            raise ProtocolError(f"bad shape: a dimension of {max(dims)} is over {_MAX_DIM}")
+        at = 0
+        for code, nd in zip(codes, ndims, strict=True):
+            shape = dims[at:at + nd]
+            at += nd
+            dt, itemsize = _BY_CODE[code]
+            specs.append((dt, shape, math.prod(shape) * itemsize))
+    else:
+        pos = end
     body: Any = None
     if flags & _KINDS:
         try:
