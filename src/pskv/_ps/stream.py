@@ -6,12 +6,15 @@ on (:class:`StreamListener`).
 
 ZeroMQ hands every message to its I/O threads, which costs several thread wake-ups per
 message (about 100 us a round trip on a small VM); a Unix socket read and written by the
-application threads themselves costs about 15 us. Arrays are written straight from their
-buffers (``sendmsg``) and read straight into buffers the caller chooses (``recv_into``), so
-big arrays are neither copied in user space nor faulted into fresh pages.
+application threads themselves costs about 15 us. A small message is written as one
+buffer with one ``send`` and read with one ``recv`` into the connection's read buffer, where
+it is parsed in place (several small messages often come in one ``recv``); big arrays are
+written straight from their buffers (``sendmsg``) and read straight into buffers the caller
+chooses (``recv_into``), so they are neither copied in user space nor faulted into fresh
+pages.
 
-Framing: ``b"PSKV"``, the header length (u32, little-endian), the JSON header of
-:mod:`.message`, then each array's bytes. Invariants: a reader checks the magic, the header
+Framing: ``b"PSKV"``, the header length (u32, little-endian), the header of
+:mod:`.message` (binary or JSON), then each array's bytes. Invariants: a reader checks the magic, the header
 and every length before it reads data, and gives up (ProtocolError, the connection is
 closed) at the first inconsistency. Sockets are non-blocking: reads are incremental (a
 peer that stops half-way through a message stalls nobody but itself, and is dropped after
