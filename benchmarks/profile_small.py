@@ -12,6 +12,8 @@ less sensitive to a noisy machine than wall time.
 
     python benchmarks/profile_small.py                       # S=1 and S=2, timings only
     python benchmarks/profile_small.py --servers 1 --profile # plus cProfile top-20 per side
+    python benchmarks/profile_small.py --shape 1024 --iters 500         # a 4 KB key
+    python benchmarks/profile_small.py --shape 1000 --keys 1000 --iters 10 --rounds 3
 
 Not a benchmark of record (nothing is written to results/); compare builds by running them
 alternately (A/B/A/B) and comparing medians.
@@ -50,19 +52,21 @@ def _env(role: str, port: int, servers: int) -> dict[str, str]:
     return env
 
 
-def worker(iters: int, rounds: int, prof: str | None) -> None:
+def worker(iters: int, rounds: int, prof: str | None, shape: tuple[int, ...] = SHAPE,
+           nkeys: int = 1) -> None:
     """The worker process: time the loop, print one JSON line of results."""
     import numpy as np
 
     import pskv as mx
 
     kv = mx.kv.create("dist_sync")
-    val = mx.nd.ones(SHAPE)
-    out = mx.nd.zeros(SHAPE)
-    kv.init(3, mx.nd.zeros(SHAPE))
-    for _ in range(max(200, iters // 5)):          # warm up: caches, buffers, branch paths
-        kv.push(3, val)
-        kv.pull(3, out=out)
+    key: Any = 3 if nkeys == 1 else list(range(3, 3 + nkeys))
+    val: Any = mx.nd.ones(shape) if nkeys == 1 else [mx.nd.ones(shape)] * nkeys
+    out: Any = mx.nd.zeros(shape) if nkeys == 1 else [mx.nd.zeros(shape) for _ in range(nkeys)]
+    kv.init(key, mx.nd.zeros(shape) if nkeys == 1 else [mx.nd.zeros(shape)] * nkeys)
+    for _ in range(max(20, iters // 5)):           # warm up: caches, buffers, branch paths
+        kv.push(key, val)
+        kv.pull(key, out=out)
     profiler = cProfile.Profile() if prof else None
     per_round: list[float] = []
     print("mark", flush=True)                    # the parent reads the servers' CPU time
@@ -73,8 +77,8 @@ def worker(iters: int, rounds: int, prof: str | None) -> None:
             profiler.enable()
         t0 = time.perf_counter()
         for _ in range(iters):
-            kv.push(3, val)
-            kv.pull(3, out=out)
+            kv.push(key, val)
+            kv.pull(key, out=out)
         dt = time.perf_counter() - t0
         if profiler is not None:
             profiler.disable()
@@ -82,8 +86,9 @@ def worker(iters: int, rounds: int, prof: str | None) -> None:
     cpu = (time.process_time() - cpu0) / (iters * rounds) * 1e6
     print("mark", flush=True)
     sys.stdin.readline()
-    if not np.array_equal(out.asnumpy(), np.ones(SHAPE, np.float32)):
-        raise SystemExit(f"wrong value pulled: {out.asnumpy()!r}")
+    last = out if nkeys == 1 else out[-1]
+    if not np.array_equal(last.asnumpy(), np.ones(shape, np.float32)):
+        raise SystemExit(f"wrong value pulled: {last.asnumpy()!r}")
     kv.close()
     if profiler is not None and prof:
         profiler.dump_stats(prof)
@@ -100,7 +105,8 @@ def _cpu_s(pid: int) -> float:
 
 
 def run(servers: int, iters: int, rounds: int, profile_dir: Path | None,
-        timeout: float) -> tuple[list[float], float, float]:
+        timeout: float, shape: tuple[int, ...] = SHAPE,
+        nkeys: int = 1) -> tuple[list[float], float, float]:
     """One cluster: each round's us/iteration, and the CPU us/iteration of the worker and
     of the servers together."""
     port = _free_port()
@@ -116,9 +122,9 @@ def run(servers: int, iters: int, rounds: int, profile_dir: Path | None,
             procs.append(subprocess.Popen(pre + ["-m", "pskv.server"],
                                           env=_env("server", port, servers),
                                           start_new_session=True))
-        argv = [py, __file__, "worker", str(iters), str(rounds)]
-        if profile_dir is not None:
-            argv.append(str(profile_dir / "worker.prof"))
+        argv = [py, __file__, "worker", str(iters), str(rounds),
+                str(profile_dir / "worker.prof") if profile_dir is not None else "",
+                ",".join(map(str, shape)), str(nkeys)]
         w = subprocess.Popen(argv, env=_env("worker", port, servers), stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, start_new_session=True)
         procs.append(w)
@@ -153,12 +159,16 @@ def top(path: Path, n: int, sort: str = "tottime") -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] == "worker":
-        worker(int(args[1]), int(args[2]), args[3] if len(args) > 3 else None)
+        worker(int(args[1]), int(args[2]), args[3] or None,
+               tuple(int(d) for d in args[4].split(",")), int(args[5]))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--servers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--shape", type=int, nargs="+", default=list(SHAPE),
+                    help="each key's shape (float32)")
+    ap.add_argument("--keys", type=int, default=1, help="keys per push and pull (one list call)")
     ap.add_argument("--profile", action="store_true", help="cProfile worker and servers")
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--sort", default="tottime", help="pstats sort key (tottime, cumulative)")
@@ -171,11 +181,12 @@ def main(argv: list[str] | None = None) -> int:
             pdir = (opts.keep / f"S{s}" if opts.keep else Path(tmp)) if opts.profile else None
             if pdir is not None:
                 pdir.mkdir(parents=True, exist_ok=True)
-            us, wcpu, scpu = run(s, opts.iters, opts.rounds, pdir, opts.timeout)
+            us, wcpu, scpu = run(s, opts.iters, opts.rounds, pdir, opts.timeout,
+                                 tuple(opts.shape), opts.keys)
             med = statistics.median(us)
             summary[f"S={s}"] = {"us": round(med, 1), "worker_cpu": round(wcpu, 1),
                                  "server_cpu": round(scpu, 1)}
-            print(f"S={s}: median {med:.1f} us/iteration (push+pull of {SHAPE}); CPU "
+            print(f"S={s}: median {med:.1f} us/iteration (push+pull of {opts.keys} x {tuple(opts.shape)}); CPU "
                   f"us/iteration: worker {wcpu:.1f}, servers {scpu:.1f}; rounds: "
                   + " ".join(f"{u:.1f}" for u in us), flush=True)
             if pdir is not None:

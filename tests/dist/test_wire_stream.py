@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 
 import numpy as np
 
@@ -119,6 +120,24 @@ def test_a_big_reply_lands_in_the_callers_array() -> None:
                 break
         assert got[0][1][0] is out
         np.testing.assert_array_equal(out, big)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_message_of_many_arrays_crossing_read_buffers() -> None:
+    a, b, _ = pair()
+    try:
+        arrays = [np.full(1000 + i % 7, i, np.float32) for i in range(300)]   # ~1.2 MB
+        sender = threading.Thread(target=a.send, args=(
+            Command.PUSH, -1, list(range(0, 600, 2)), {"kinds": "d" * 300}, arrays))
+        sender.start()                   # more than a socket buffer may hold: read meanwhile
+        got = drain(b, 1)
+        sender.join(10)
+        meta, back = got[0]
+        assert meta.keys == tuple(range(0, 600, 2)) and len(back) == 300
+        for want, arr in zip(arrays, back, strict=True):
+            np.testing.assert_array_equal(arr, want)
     finally:
         a.close()
         b.close()

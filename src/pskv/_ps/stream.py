@@ -244,7 +244,13 @@ class StreamConn:
                                     f"cannot be held: {err}") from None
             self._arrays.append(arr)
             if nbytes:
-                self._target, self._pos = memoryview(arr).cast("B"), 0  # type: ignore[arg-type]
+                target = memoryview(arr).cast("B")  # type: ignore[arg-type]
+                start = self._rstart
+                if self._rend - start >= nbytes:  # all buffered: copy it, go on to the next
+                    target[:] = self._rview[start:start + nbytes]
+                    self._rstart = start + nbytes
+                    continue
+                self._target, self._pos = target, 0
                 return False
         return True
 
@@ -310,7 +316,7 @@ class StreamConn:
         if need >= READ_BUFFER:
             self._pos = pos + k
         else:
-            self._rend = k
+            self._rstart, self._rend = 0, k
         return True
 
     def read_available(self, alloc_for: Callable[[Meta], Alloc | None] | None = None,

@@ -288,7 +288,7 @@ class Engine:
             entry.sparse_parts.clear()
             return RowSparseNDArray(data, rows, entry.stored.shape)
         assert entry.merge is not None
-        return NDArray(entry.merge)
+        return entry.stored._new(entry.merge)      # the stored value's context
 
     def _close_round(self, key: Key, entry: _Entry) -> None:
         try:
