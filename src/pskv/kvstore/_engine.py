@@ -224,7 +224,8 @@ class Engine:
                 f"push to key {name!r} got {value.size} values, but its part on {where} has "
                 f"shape {stored.shape}. Push arrays of the shape the key was initialized "
                 "with.", key=name, shape=value.shape)
-        if not np.can_cast(value.dtype, stored.dtype, "same_kind"):
+        if value.dtype != stored.dtype and \
+                not np.can_cast(value.dtype, stored.dtype, "same_kind"):
             raise ShapeMismatchError(f"push to key {name!r}: dtype {value.dtype} cannot "
                                      f"be cast to {stored.dtype}", key=name)
 
@@ -300,11 +301,17 @@ class Engine:
                 key=entry.name))
             return
         entry.round += 1
-        self._maybe_snapshot(key, entry)
+        if self.snapshot_every:
+            self._maybe_snapshot(key, entry)
         entry.pushers.clear()
+        # taken before anything is released or pushed again (no new list when empty)
         waiting, entry.waiting = entry.waiting, []
-        deferred, entry.deferred = entry.deferred, []
-        pulls, entry.pulls = entry.pulls, []
+        deferred: list[tuple[int, list[np.ndarray], str, Ticket | None]] = []
+        if entry.deferred:
+            deferred, entry.deferred = entry.deferred, []
+        pulls: list[tuple[int, Ticket]] = []
+        if entry.pulls:
+            pulls, entry.pulls = entry.pulls, []
         for ticket in waiting:
             self.release(ticket)
         for worker, arrays, kind, dticket in deferred:  # they open the next round
