@@ -1,6 +1,7 @@
 """Stream framing carries both header forms (binary for the hot path, JSON for control)."""
 from __future__ import annotations
 
+import select
 import socket
 import threading
 
@@ -138,6 +139,23 @@ def test_a_message_of_many_arrays_crossing_read_buffers() -> None:
         assert meta.keys == tuple(range(0, 600, 2)) and len(back) == 300
         for want, arr in zip(arrays, back, strict=True):
             np.testing.assert_array_equal(arr, want)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_message_arriving_after_a_drained_read_is_read_by_the_next_poll() -> None:
+    a, b, _ = pair()
+    try:
+        for ts in range(1, 50):
+            a.send(Command.ACK, ts)
+            assert select.select([b.fileno()], [], [], 5.0)[0]    # as every caller does
+            got: list = []
+            while not got:                    # poll is level-triggered: it says so again
+                got = b.receive(None, 1)
+                if not got:
+                    assert select.select([b.fileno()], [], [], 5.0)[0]
+            assert [m.ts for m, _ in got] == [ts]
     finally:
         a.close()
         b.close()

@@ -10,8 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pskv._ps.message import (ALLOWED_DTYPES, BINARY_TAG, DTYPE_CODES, MAX_HEADER, Command,
-                              Meta, decode, encode, parse_header)
+from pskv._ps.message import (
+    ALLOWED_DTYPES,
+    BINARY_TAG,
+    DTYPE_CODES,
+    MAX_HEADER,
+    Command,
+    Meta,
+    decode,
+    encode,
+    parse_header,
+)
 from pskv.errors import ProtocolError
 
 FIXED = struct.Struct("<BBBxqII")
@@ -45,7 +54,7 @@ def test_every_command_round_trips_binary(cmd: Command) -> None:
 def test_every_dtype_and_rank_round_trips(name: str) -> None:
     for shape in [(), (0,), (3,), (2, 0, 4), (1,) * 32]:
         a = np.ones(shape, name)
-        meta, got = decode(raw(encode(Command.DATA, 3, arrays=[a])))
+        _, got = decode(raw(encode(Command.DATA, 3, arrays=[a])))
         assert got[0].dtype == np.dtype(name) and got[0].shape == shape
 
 

@@ -107,6 +107,12 @@ class StreamConn:
         self._rview = memoryview(self._rbuf)
         self._rstart = self._rend = 0
         self._prefix = memoryview(bytearray(_PREFIX.size))
+        # the last recv got less than it asked for: the socket was empty then, so the next
+        # read that finds nothing buffered returns at once instead of asking the kernel
+        # again (one system call and one exception less per message). Callers poll before
+        # reading again (poll is level-triggered), so nothing that arrives is missed; only
+        # that one read is skipped. Never for TLS: it may hold bytes poll does not see.
+        self._drained = False
         self._reset()
 
     def _reset(self) -> None:
@@ -301,11 +307,16 @@ class StreamConn:
             if self._rstart == self._rend:
                 self._rstart = self._rend = 0
             return True
+        if self._drained:
+            self._drained = False
+            return False
         try:
             if need >= READ_BUFFER:          # a big array's rest: straight into place
                 k = self.sock.recv_into(target[pos:], need)
+                self._drained = k < need and not self.tls
             else:
                 k = self.sock.recv_into(self._rview, READ_BUFFER)
+                self._drained = k < READ_BUFFER and not self.tls
         except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return False
         except OSError as err:
@@ -348,6 +359,9 @@ class StreamConn:
                         self._rstart = self._rend = 0
                     continue
                 if not held:                 # nothing buffered: one recv, as much as fits
+                    if self._drained:        # the last recv emptied the socket: see above
+                        self._drained = False
+                        break
                     try:
                         k = self.sock.recv_into(self._rview, READ_BUFFER)
                     except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
@@ -359,6 +373,7 @@ class StreamConn:
                         raise NodeFailedError(f"{self.peer} closed the connection")
                     self._rstart, self._rend = 0, k
                     self._since = time.monotonic()
+                    self._drained = k < READ_BUFFER and not self.tls
                     continue
             if not self._fill():
                 break
