@@ -292,13 +292,13 @@ def _parse_binary(head: memoryview, nframes: int | None) \
     if end > size:
         raise ProtocolError(f"malformed header: {nkeys} keys and {n} arrays do not fit in "
                             f"{size} bytes")
-    keys = struct.unpack_from(f"<{nkeys}q", head, pos) if nkeys else ()
+    fields = struct.unpack_from(f"<{nkeys}q{2 * n}B", head, pos)   # keys, codes, ndims
+    keys = fields[:nkeys]
+    pos = end
     specs: list[tuple[np.dtype[Any], tuple[int, ...], int]] = []
     if n:
-        pos += 8 * nkeys
-        codes = bytes(head[pos:pos + n])
-        ndims = bytes(head[pos + n:end])
-        pos = end
+        codes = fields[nkeys:nkeys + n]
+        ndims = fields[nkeys + n:]
         if max(codes) >= len(_BY_CODE):
             i = next(i for i, code in enumerate(codes) if code >= len(_BY_CODE))
             raise ProtocolError(f"array {i}: dtype code {codes[i]} is not allowed")
@@ -319,8 +319,6 @@ def _parse_binary(head: memoryview, nframes: int | None) \
             at += nd
             dt, itemsize = _BY_CODE[code]
             specs.append((dt, shape, math.prod(shape) * itemsize))
-    else:
-        pos = end
     body: Any = None
     if flags & _KINDS:
         try:
