@@ -12,7 +12,8 @@ from pskv._ps.config import (ENV_BIGARRAY_BOUND, ENV_HEARTBEAT_INTERVAL,
                              ENV_NUM_WORKER, ENV_REQUEST_TIMEOUT, ENV_ROLE, ENV_ROOT_PORT,
                              ENV_ROOT_URI, ENV_ROUND_TIMEOUT, ENV_SECRET, ENV_TRANSPORT,
                              ClusterConfig, Role)
-from pskv._ps.message import ALLOWED_DTYPES, MAX_HEADER, Command, Meta, decode, encode
+from pskv._ps.message import (ALLOWED_DTYPES, BINARY_TAG, MAX_HEADER, Command, Meta, decode,
+                              encode)
 from pskv._ps.partition import Segment, covers, place, ps_key
 from pskv.errors import ConfigError, KVStoreError, ProtocolError
 
@@ -44,8 +45,10 @@ def test_non_contiguous_arrays_are_sent_contiguous() -> None:
 
 def test_minimal_message() -> None:
     frames = frames_bytes(encode(Command.ACK))
-    assert json.loads(frames[0]) == {"c": int(Command.ACK), "t": 0}
+    assert frames[0][0] == BINARY_TAG           # no body: the binary header
     assert decode(frames) == (Meta(Command.ACK), [])
+    frames = frames_bytes(encode(Command.BARRIER, body={"group": "all"}))
+    assert json.loads(frames[0]) == {"c": int(Command.BARRIER), "t": 0, "b": {"group": "all"}}
 
 
 def header(**fields: object) -> bytes:

@@ -6,12 +6,15 @@ on (:class:`StreamListener`).
 
 ZeroMQ hands every message to its I/O threads, which costs several thread wake-ups per
 message (about 100 us a round trip on a small VM); a Unix socket read and written by the
-application threads themselves costs about 15 us. Arrays are written straight from their
-buffers (``sendmsg``) and read straight into buffers the caller chooses (``recv_into``), so
-big arrays are neither copied in user space nor faulted into fresh pages.
+application threads themselves costs about 15 us. A small message is written as one
+buffer with one ``send`` and read with one ``recv`` into the connection's read buffer, where
+it is parsed in place (several small messages often come in one ``recv``); big arrays are
+written straight from their buffers (``sendmsg``) and read straight into buffers the caller
+chooses (``recv_into``), so they are neither copied in user space nor faulted into fresh
+pages.
 
-Framing: ``b"PSKV"``, the header length (u32, little-endian), the JSON header of
-:mod:`.message`, then each array's bytes. Invariants: a reader checks the magic, the header
+Framing: ``b"PSKV"``, the header length (u32, little-endian), the header of
+:mod:`.message` (binary or JSON), then each array's bytes. Invariants: a reader checks the magic, the header
 and every length before it reads data, and gives up (ProtocolError, the connection is
 closed) at the first inconsistency. Sockets are non-blocking: reads are incremental (a
 peer that stops half-way through a message stalls nobody but itself, and is dropped after
@@ -44,6 +47,13 @@ _IOV_MAX = 512
 SOCKET_BUFFER = 4 << 20
 #: receive buffers of at least this size are reused between messages
 REUSE_MIN = 1 << 16
+#: messages of at most this many arrays and bytes of arrays are copied into one buffer and
+#: written with one ``send`` (cheaper than a scatter list for small ones)
+_JOIN_ARRAYS = 9
+_JOIN_BYTES = 1 << 14
+#: bytes one ``recv`` asks for: small messages (often several) arrive in one system call
+#: and are parsed out of this buffer; a bigger rest of an array is read straight into place
+READ_BUFFER = 1 << 16
 
 #: ``alloc(index, dtype, shape)``: where array ``index`` of a message should land (None:
 #: in the connection's own reused buffer)
@@ -92,11 +102,22 @@ class StreamConn:
             except OSError:  # pragma: no cover - capped by the system, keep its default
                 pass
         self._bufs: dict[int, np.ndarray] = {}
+        # bytes received but not parsed yet: _rbuf[_rstart:_rend]
+        self._rbuf = bytearray(READ_BUFFER)
+        self._rview = memoryview(self._rbuf)
+        self._rstart = self._rend = 0
+        self._prefix = memoryview(bytearray(_PREFIX.size))
+        # the last recv got less than it asked for: the socket was empty then, so the next
+        # read that finds nothing buffered returns at once instead of asking the kernel
+        # again (one system call and one exception less per message). Callers poll before
+        # reading again (poll is level-triggered), so nothing that arrives is missed; only
+        # that one read is skipped. Never for TLS: it may hold bytes poll does not see.
+        self._drained = False
         self._reset()
 
     def _reset(self) -> None:
         self._phase = 0                     # 0 prefix, 1 header, 2 arrays
-        self._target: memoryview = memoryview(bytearray(_PREFIX.size))
+        self._target: memoryview = self._prefix
         self._pos = 0
         self._meta: Meta | None = None
         self._specs: list[tuple[np.dtype[Any], tuple[int, ...], int]] = []
@@ -133,8 +154,10 @@ class StreamConn:
         return cls(sock, timeout, peer)
 
     def buffered(self) -> int:
-        """Bytes TLS has decrypted but not handed out yet (poll does not see them)."""
-        return self.sock.pending() if self.tls else 0  # type: ignore[attr-defined]
+        """Bytes received but not handed out yet (poll does not see them): in this
+        connection's read buffer, and decrypted by TLS."""
+        held = self._rend - self._rstart
+        return held + (self.sock.pending() if self.tls else 0)  # type: ignore[attr-defined]
 
     def fileno(self) -> int:
         """The socket's file descriptor (for poll)."""
@@ -157,8 +180,23 @@ class StreamConn:
         """Write one whole message; wait for room at most ``timeout`` at a time."""
         frames = encode(cmd, ts, keys, body, arrays)
         header = frames[0]
-        bufs = [memoryview(_PREFIX.pack(_MAGIC, len(header))), memoryview(header)]
-        bufs += [memoryview(a).cast("B") for a in frames[1:] if a.nbytes]
+        prefix = _PREFIX.pack(_MAGIC, len(header))
+        bufs: list[memoryview]
+        if len(frames) <= _JOIN_ARRAYS and sum(a.nbytes for a in frames[1:]) <= _JOIN_BYTES:
+            # a small message: one copy into one buffer, one send (the usual case: whole)
+            data = b"".join([prefix, header, *frames[1:]])
+            try:
+                sent = self.sock.send(data)
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                sent = 0
+            except OSError as err:
+                raise NodeFailedError(f"the connection to {self.peer} broke: {err}") from err
+            if sent == len(data):
+                return
+            bufs = [memoryview(data)[sent:]]
+        else:
+            bufs = [memoryview(prefix), memoryview(header)]
+            bufs += [memoryview(a).cast("B") for a in frames[1:] if a.nbytes]
         try:
             while bufs:
                 try:
@@ -212,7 +250,13 @@ class StreamConn:
                                     f"cannot be held: {err}") from None
             self._arrays.append(arr)
             if nbytes:
-                self._target, self._pos = memoryview(arr).cast("B"), 0  # type: ignore[arg-type]
+                target = memoryview(arr).cast("B")  # type: ignore[arg-type]
+                start = self._rstart
+                if self._rend - start >= nbytes:  # all buffered: copy it, go on to the next
+                    target[:] = self._rview[start:start + nbytes]
+                    self._rstart = start + nbytes
+                    continue
+                self._target, self._pos = target, 0
                 return False
         return True
 
@@ -220,29 +264,79 @@ class StreamConn:
         """The target is full: move to the next part; True when a message is complete."""
         if self._phase == 0:
             magic, hlen = _PREFIX.unpack(self._target)
-            limit = MAX_HEADER if self.max_bytes is None else min(MAX_HEADER, self.max_bytes)
-            if magic != _MAGIC or not 0 < hlen <= limit:
-                raise ProtocolError(f"{self.peer} sent bytes that are not a pskv message")
+            self._check_prefix(magic, hlen)
+            start = self._rstart
+            if self._rend - start >= hlen:   # the whole header is buffered: parse it there
+                self._rstart = start + hlen
+                return self._header(self._rview[start:start + hlen], alloc_for)
             self._phase, self._target, self._pos = 1, memoryview(bytearray(hlen)), 0
             return False
         if self._phase == 1:
-            self._meta, self._specs = parse_header(self._target)
-            if self.max_bytes is not None and \
-                    sum(n for _, _, n in self._specs) > self.max_bytes:
-                raise ProtocolError(f"{self.peer} sent a message of over the {self.max_bytes} "
-                                    "bytes it may send (before admission: 64 KiB)")
-            self._alloc = (alloc_for(self._meta) if alloc_for is not None else None) or \
-                self.reuse
-            self._phase = 2
-            return self._next_array()
+            return self._header(self._target, alloc_for)
         return self._next_array()
+
+    def _check_prefix(self, magic: bytes, hlen: int) -> None:
+        limit = MAX_HEADER if self.max_bytes is None else min(MAX_HEADER, self.max_bytes)
+        if magic != _MAGIC or not 0 < hlen <= limit:
+            raise ProtocolError(f"{self.peer} sent bytes that are not a pskv message")
+
+    def _header(self, raw: memoryview, alloc_for: Callable[[Meta], Alloc | None] | None) \
+            -> bool:
+        """Check a message's header; True when the message is complete (no array bytes)."""
+        self._meta, self._specs = parse_header(raw)
+        if self.max_bytes is not None and \
+                sum(n for _, _, n in self._specs) > self.max_bytes:
+            raise ProtocolError(f"{self.peer} sent a message of over the {self.max_bytes} "
+                                "bytes it may send (before admission: 64 KiB)")
+        self._alloc = (alloc_for(self._meta) if alloc_for is not None else None) or \
+            self.reuse
+        self._phase = 2
+        return self._next_array()
+
+    def _fill(self) -> bool:
+        """Move buffered bytes into the target, or receive more; False when nothing more
+        can be had without waiting."""
+        target, pos = self._target, self._pos
+        need = target.nbytes - pos
+        start, avail = self._rstart, self._rend - self._rstart
+        if avail:
+            n = need if need < avail else avail
+            target[pos:pos + n] = self._rview[start:start + n]
+            self._pos = pos + n
+            self._rstart = start + n
+            if self._rstart == self._rend:
+                self._rstart = self._rend = 0
+            return True
+        if self._drained:
+            self._drained = False
+            return False
+        try:
+            if need >= READ_BUFFER:          # a big array's rest: straight into place
+                k = self.sock.recv_into(target[pos:], need)
+                self._drained = k < need and not self.tls
+            else:
+                k = self.sock.recv_into(self._rview, READ_BUFFER)
+                self._drained = k < READ_BUFFER and not self.tls
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return False
+        except OSError as err:
+            raise NodeFailedError(f"the connection to {self.peer} broke: {err}") from err
+        if k == 0:
+            raise NodeFailedError(f"{self.peer} closed the connection")
+        self._since = time.monotonic()
+        if need >= READ_BUFFER:
+            self._pos = pos + k
+        else:
+            self._rstart, self._rend = 0, k
+        return True
 
     def read_available(self, alloc_for: Callable[[Meta], Alloc | None] | None = None,
                        limit: int = 64) -> list[tuple[Meta, list[np.ndarray]]]:
         """Read what has arrived, without waiting; return the messages it completed.
 
         Arrays land in the buffers ``alloc_for(meta)`` gives (when it gives an Alloc), else
-        in buffers reused between messages (:meth:`reuse`).
+        in buffers reused between messages (:meth:`reuse`). Messages beyond ``limit``
+        stay buffered for the next call (:meth:`buffered` counts them).
         """
         done: list[tuple[Meta, list[np.ndarray]]] = []
         if not self._handshaken:
@@ -255,24 +349,81 @@ class StreamConn:
                                     f"{err}") from None
             self._handshaken = True
         while len(done) < limit:
-            view = self._target[self._pos:]
-            try:
-                k = self.sock.recv_into(view, view.nbytes)
-            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            if self._phase == 0 and self._pos == 0:
+                held = self._rend - self._rstart
+                if held >= _PREFIX.size:
+                    # the common case: read the message in place (all of it, when it is
+                    # all there; else the state machine below goes on with its rest)
+                    self._buffered_message(alloc_for, done)
+                    if self._rstart == self._rend:
+                        self._rstart = self._rend = 0
+                    continue
+                if not held:                 # nothing buffered: one recv, as much as fits
+                    if self._drained:        # the last recv emptied the socket: see above
+                        self._drained = False
+                        break
+                    try:
+                        k = self.sock.recv_into(self._rview, READ_BUFFER)
+                    except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                        break
+                    except OSError as err:
+                        raise NodeFailedError(f"the connection to {self.peer} broke: "
+                                              f"{err}") from err
+                    if k == 0:
+                        raise NodeFailedError(f"{self.peer} closed the connection")
+                    self._rstart, self._rend = 0, k
+                    self._since = time.monotonic()
+                    self._drained = k < READ_BUFFER and not self.tls
+                    continue
+            if not self._fill():
                 break
-            except OSError as err:
-                raise NodeFailedError(f"the connection to {self.peer} broke: {err}") from err
-            if k == 0:
-                raise NodeFailedError(f"{self.peer} closed the connection")
-            self._pos += k
-            self._since = time.monotonic()
-            if self._pos < self._target.nbytes:
-                continue
-            if self._advance(alloc_for):
+            if self._pos == self._target.nbytes and self._advance(alloc_for):
                 assert self._meta is not None
                 done.append((self._meta, self._arrays))
                 self._reset()
         return done
+
+    def _buffered_message(self, alloc_for: Callable[[Meta], Alloc | None] | None,
+                          done: list[tuple[Meta, list[np.ndarray]]]) -> None:
+        """Parse a message that starts in the read buffer: append it to ``done`` when it is
+        all there, else leave the state machine to read its rest."""
+        start, end = self._rstart, self._rend
+        magic, hlen = _PREFIX.unpack_from(self._rbuf, start)
+        self._check_prefix(magic, hlen)
+        start += _PREFIX.size
+        if end - start < hlen:
+            self._rstart = start
+            self._phase, self._target, self._pos = 1, memoryview(bytearray(hlen)), 0
+            self._since = time.monotonic()
+            return
+        meta, specs = parse_header(self._rview[start:start + hlen])
+        start += hlen
+        total = 0
+        for spec in specs:
+            total += spec[2]
+        if self.max_bytes is not None and total > self.max_bytes:
+            raise ProtocolError(f"{self.peer} sent a message of over the {self.max_bytes} "
+                                "bytes it may send (before admission: 64 KiB)")
+        alloc = alloc_for(meta) if alloc_for is not None else None
+        if end - start < total:              # the arrays are still on their way
+            self._rstart = start
+            self._meta, self._specs, self._alloc = meta, specs, alloc or self.reuse
+            self._phase = 2
+            self._since = time.monotonic()
+            self._next_array()               # False: an array has bytes (total > 0)
+            return
+        arrays: list[np.ndarray] = []
+        view = self._rview
+        for i, (dt, shape, nbytes) in enumerate(specs):
+            arr = alloc(i, dt, shape) if alloc is not None else None
+            if arr is None:
+                arr = np.empty(shape, dt)
+            if nbytes:
+                memoryview(arr).cast("B")[:] = view[start:start + nbytes]  # type: ignore[arg-type]
+                start += nbytes
+            arrays.append(arr)
+        self._rstart = start
+        done.append((meta, arrays))
 
     receive = read_available
 

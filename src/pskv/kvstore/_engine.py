@@ -229,7 +229,8 @@ class Engine:
                 f"push to key {name!r} got {value.size} values, but its part on {where} has "
                 f"shape {stored.shape}. Push arrays of the shape the key was initialized "
                 "with.", key=name, shape=value.shape)
-        if not np.can_cast(value.dtype, stored.dtype, "same_kind"):
+        if value.dtype != stored.dtype and \
+                not np.can_cast(value.dtype, stored.dtype, "same_kind"):
             raise ShapeMismatchError(f"push to key {name!r}: dtype {value.dtype} cannot "
                                      f"be cast to {stored.dtype}", key=name)
 
@@ -315,7 +316,7 @@ class Engine:
             entry.sparse_parts.clear()
             return RowSparseNDArray(data, rows, entry.stored.shape)
         assert entry.merge is not None
-        return NDArray(entry.merge)
+        return entry.stored._new(entry.merge)      # the stored value's context
 
     def _close_round(self, key: Key, entry: _Entry) -> None:
         try:
@@ -330,11 +331,17 @@ class Engine:
         for worker in entry.pushers:
             entry.applied[worker] = entry.applied.get(worker, 0) + 1
         self._replicate(key, entry)       # the backup has it before anyone is answered
-        self._maybe_snapshot(key, entry)
+        if self.snapshot_every:
+            self._maybe_snapshot(key, entry)
         entry.pushers.clear()
+        # taken before anything is released or pushed again (no new list when empty)
         waiting, entry.waiting = entry.waiting, []
-        deferred, entry.deferred = entry.deferred, []
-        pulls, entry.pulls = entry.pulls, []
+        deferred: list[tuple[int, list[np.ndarray], str, Ticket | None]] = []
+        if entry.deferred:
+            deferred, entry.deferred = entry.deferred, []
+        pulls: list[tuple[int, Ticket]] = []
+        if entry.pulls:
+            pulls, entry.pulls = entry.pulls, []
         for ticket in waiting:
             self.release(ticket)
         for worker, arrays, kind, dticket in deferred:  # they open the next round

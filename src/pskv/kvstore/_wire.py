@@ -72,7 +72,7 @@ def parts(info: KeyRecord, data: np.ndarray) -> list[np.ndarray]:
 def assemble(info: KeyRecord, got: list[np.ndarray], out: np.ndarray) -> None:
     """Copy each segment's reply into ``out`` (unless it was read there in place)."""
     if len(got) == 1:
-        if not np.may_share_memory(got[0], out):
+        if got[0] is not out and not np.may_share_memory(got[0], out):
             np.copyto(out, got[0].reshape(info.shape), casting="same_kind")
         return
     dst = out if info.sparse else out.reshape(-1)

@@ -1,0 +1,161 @@
+"""Stream framing carries both header forms (binary for the hot path, JSON for control)."""
+from __future__ import annotations
+
+import select
+import socket
+import threading
+
+import numpy as np
+
+from pskv._ps.message import Command, Meta
+from pskv._ps.stream import StreamConn
+
+
+def test_stream_carries_binary_and_json_headers() -> None:
+    s1, s2 = socket.socketpair()
+    a, b = StreamConn(s1, 5.0, "a"), StreamConn(s2, 5.0, "b")
+    try:
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        a.send(Command.PUSHPULL, 3, [6], {"kinds": "d"}, [x])
+        a.send(Command.BARRIER, 4, body={"group": "all"})
+        a.send(Command.ACK, 5)
+        got: list = []
+        for _ in range(100):
+            got += b.receive()
+            if len(got) == 3:
+                break
+        assert [m for m, _ in got] == [Meta(Command.PUSHPULL, 3, (6,), {"kinds": "d"}),
+                                       Meta(Command.BARRIER, 4, (), {"group": "all"}),
+                                       Meta(Command.ACK, 5)]
+        np.testing.assert_array_equal(got[0][1][0], x)
+    finally:
+        a.close()
+        b.close()
+
+
+def pair() -> tuple[StreamConn, StreamConn, socket.socket]:
+    s1, s2 = socket.socketpair()
+    return StreamConn(s1, 5.0, "a"), StreamConn(s2, 5.0, "b"), s1
+
+
+def drain(conn: StreamConn, want: int, limit: int = 64) -> list:
+    got: list = []
+    for _ in range(10_000):
+        got += [(m, [a.copy() for a in arrays]) for m, arrays in conn.receive(None, limit)]
+        if len(got) >= want:
+            break
+    return got
+
+
+def test_many_small_messages_in_one_read_come_out_one_by_one() -> None:
+    a, b, _ = pair()
+    try:
+        for i in range(300):
+            a.send(Command.PUSH, -i - 1, [2 * i], {"kinds": "d"}, [np.full(3, i, np.float32)])
+        got = []
+        for _ in range(10_000):
+            one = b.receive(None, 1)
+            assert len(one) <= 1
+            got += [(m, arrays[0].copy()) for m, arrays in one]
+            if len(got) == 300:
+                break
+        assert [m.ts for m, _ in got] == [-i - 1 for i in range(300)]
+        assert all((arr == i).all() for i, (_, arr) in enumerate(got))
+        assert b.buffered() == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_bytes_trickling_in_any_split_make_the_same_messages() -> None:
+    rng = np.random.default_rng(5)
+    big = rng.standard_normal(100_000).astype(np.float32)      # 400 KB: read into place
+    small = np.arange(6, dtype=np.int64).reshape(2, 3)
+    # capture the exact bytes of three messages, then feed them in uneven pieces
+    r1, r2 = socket.socketpair()
+    tap = StreamConn(r1, 5.0, "tap")
+    tap.send(Command.DATA, 1, arrays=[small])
+    tap.send(Command.DATA, 2, arrays=[big, small])
+    tap.send(Command.COMMAND, 3, body={"op": "save"})
+    r2.setblocking(False)
+    wire = b""
+    while True:
+        try:
+            chunk = r2.recv(1 << 20)
+        except BlockingIOError:
+            break
+        wire += chunk
+    tap.close()
+    r2.close()
+    s3, s4 = socket.socketpair()
+    b = StreamConn(s4, 5.0, "b")
+    got: list = []
+    pos = 0
+    try:
+        while pos < len(wire):
+            n = int(rng.integers(1, 70_000))
+            s3.sendall(wire[pos:pos + n])
+            pos += n
+            got += [(m, [x.copy() for x in arrays]) for m, arrays in b.receive(None, 1)]
+        got += drain(b, 3 - len(got))
+        assert [m for m, _ in got] == [Meta(Command.DATA, 1), Meta(Command.DATA, 2),
+                                       Meta(Command.COMMAND, 3, (), {"op": "save"})]
+        np.testing.assert_array_equal(got[0][1][0], small)
+        np.testing.assert_array_equal(got[1][1][0], big)
+        np.testing.assert_array_equal(got[1][1][1], small)
+    finally:
+        s3.close()
+        b.close()
+
+
+def test_a_big_reply_lands_in_the_callers_array() -> None:
+    a, b, _ = pair()
+    try:
+        big = np.arange(50_000, dtype=np.float32)
+        out = np.zeros_like(big)
+        a.send(Command.DATA, 7, arrays=[big])
+        got: list = []
+        for _ in range(10_000):
+            got += b.receive(lambda meta: (lambda i, dt, shape: out), 1)
+            if got:
+                break
+        assert got[0][1][0] is out
+        np.testing.assert_array_equal(out, big)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_message_of_many_arrays_crossing_read_buffers() -> None:
+    a, b, _ = pair()
+    try:
+        arrays = [np.full(1000 + i % 7, i, np.float32) for i in range(300)]   # ~1.2 MB
+        sender = threading.Thread(target=a.send, args=(
+            Command.PUSH, -1, list(range(0, 600, 2)), {"kinds": "d" * 300}, arrays))
+        sender.start()                   # more than a socket buffer may hold: read meanwhile
+        got = drain(b, 1)
+        sender.join(10)
+        meta, back = got[0]
+        assert meta.keys == tuple(range(0, 600, 2)) and len(back) == 300
+        for want, arr in zip(arrays, back, strict=True):
+            np.testing.assert_array_equal(arr, want)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_message_arriving_after_a_drained_read_is_read_by_the_next_poll() -> None:
+    a, b, _ = pair()
+    try:
+        for ts in range(1, 50):
+            a.send(Command.ACK, ts)
+            assert select.select([b.fileno()], [], [], 5.0)[0]    # as every caller does
+            got: list = []
+            while not got:                    # poll is level-triggered: it says so again
+                got = b.receive(None, 1)
+                if not got:
+                    assert select.select([b.fileno()], [], [], 5.0)[0]
+            assert [m.ts for m, _ in got] == [ts]
+    finally:
+        a.close()
+        b.close()
