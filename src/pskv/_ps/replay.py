@@ -30,8 +30,10 @@ def backup_of(shard: int, host: int, num_servers: int) -> int:
     return (shard + 1) % num_servers if host == shard else shard
 
 
-#: buffers of each shape and dtype kept for reuse once their push is forgotten
-POOL_DEPTH = 4
+#: buffers of each shape and dtype kept for reuse once their push is forgotten (a model
+#: repeats shapes: ResNet-50 pushes dozens of keys of the same shape each step); the pool
+#: never holds more than the log held at its fullest
+POOL_DEPTH = 64
 
 
 class PushLog:

@@ -46,6 +46,9 @@ from .zeromq import ZmqContext
 __all__ = ["KVWorker"]
 
 log = logging.getLogger(__name__)
+#: seconds between reads of the links a request makes on its way out (a failed push's
+#: ERROR waits that long at most; a broken link is noticed by the idle hook meanwhile)
+READ_EVERY = 0.002
 
 
 class KVWorker:
@@ -67,6 +70,7 @@ class KVWorker:
         self._mutex = threading.Lock()       # _done, _into, _dirty, _deferred_error, _lost,
         self._cond = threading.Condition(self._mutex)   # and the resilient state below
         self._receiving = False              # a thread holds the receiver role
+        self._last_read = 0.0                # when the links were last read
         self._send_locks: list[threading.Lock] = []
         # ZeroMQ sockets are not thread-safe: with ZeroMQ links, sends and the receiver's
         # poll-and-read take turns under one lock (the receiver polls in short slices)
@@ -149,7 +153,8 @@ class KVWorker:
         if into is not None:
             with self._mutex:
                 self._into[ts] = into
-        self.poll_links()         # keep the servers' replies from piling up
+        if time.monotonic() - self._last_read > READ_EVERY:
+            self.poll_links()     # keep the servers' replies from piling up
         if not self.resilient:
             self._send(server, cmd, ts, keys, body, arrays)
             return ts
@@ -357,6 +362,7 @@ class KVWorker:
 
     def _receive(self, timeout_ms: int) -> None:
         """Read and file what arrives within ``timeout_ms`` (only the receiver calls it)."""
+        self._last_read = time.monotonic()
         if self._zmq:
             with self._io:
                 self._read(min(timeout_ms, 10))

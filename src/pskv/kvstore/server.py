@@ -292,25 +292,19 @@ class KVServer:
         self._forward("r_init", {"keys": list(keys), "entries": specs}, arrays)
         self._send(conn, Command.ACK, ts)
 
-    def _split_push(self, keys: tuple[int, ...], body: Any,
+    def _split_push(self, keys: tuple[int, ...], body: dict[str, Any],
                     arrays: list[np.ndarray]) -> list[tuple[int, str, list[np.ndarray]]]:
-        kinds = body.get("kinds") if isinstance(body, dict) else None
-        if not isinstance(kinds, str) or len(kinds) != len(keys):
-            raise ProtocolError("a push needs one kind letter per key")
-        if len(set(keys)) != len(keys):
-            raise ProtocolError("a push names a key twice")
+        """Each key's kind and arrays, every key checked against what it holds. The
+        message's form (one kind letter per distinct key, arrays to match) was checked by
+        ``validate.request`` before any handler ran."""
         items, pos = [], 0
-        for k, kind in zip(keys, kinds):
+        for k, kind in zip(keys, body["kinds"], strict=True):
             n = 2 if kind == "r" else 1
-            if kind not in "dcr" or pos + n > len(arrays):
-                raise ProtocolError("push arrays do not match their kinds")
             self.engine.entry(k, "push", self._where())
             part = arrays[pos:pos + n]
             self.engine.check_push(k, kind, part, self._where())
             items.append((k, kind, part))
             pos += n
-        if pos != len(arrays):
-            raise ProtocolError("push carries more arrays than keys")
         return items
 
     def _on_push(self, conn: Connection, worker: int, ts: int, keys: tuple[int, ...], body: Any,
