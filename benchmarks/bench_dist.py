@@ -54,14 +54,16 @@ DENSE = {1024: "4 KB", 65536: "256 KB", 1048576: "4 MB", 16777216: "64 MB"}
 ISSUE_PSLITE = {"small": 850.0, "dense_1024": 5.0, "dense_65536": 230.0,
                 "dense_1048576": 510.0, "dense_16777216": 225.0, "list": 6900.0}
 
-#: the issue's targets: figure -> (goal as a factor of MXNet's, description)
+#: the targets: figure -> (goal as a factor of MXNet's, description); the small-message
+#: ones (small key, 4 KB, 1000 keys) are the engine/seam issue's, the rest the first speed
+#: issue's
 TARGETS: dict[str, tuple[float, str]] = {
-    "small": (0.5, "small-key push+pull latency <= 0.5 x MXNet's"),
+    "small": (0.4, "small-key push+pull latency <= 0.4 x MXNet's"),
     "dense_1024": (2.0, "4 KB keys: MB/s per worker >= 2 x MXNet's"),
     "dense_65536": (1.5, "256 KB keys: MB/s per worker >= 1.5 x MXNet's"),
     "dense_1048576": (2.0, "4 MB keys: MB/s per worker >= 2 x MXNet's"),
     "dense_16777216": (2.0, "64 MB keys: MB/s per worker >= 2 x MXNet's"),
-    "list": (3.0, "1000 keys x 1000 floats, one list call: keys/s >= 3 x MXNet's"),
+    "list": (4.0, "1000 keys x 1000 floats, one list call: keys/s >= 4 x MXNet's"),
 }
 
 
