@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         out, workload, steps = args.worker
         worker(out, workload, int(steps), args.quick)
         return 0
-    steps, rounds, repeats = (2, 1, 3) if args.quick else (10, 3, 10)
+    steps, rounds, repeats = (2, 1, 3) if args.quick else (30, 3, 10)
     rows, data = [], {"machine": _common.machine_info(), "commit": _common.commit_info(),
                       "command": _common.command_line(), "time": _common.timestamp(),
                       "results": {}}
