@@ -109,6 +109,32 @@ def snapshot_pause(workload: str, quick: bool, repeats: int) -> dict[str, float]
             "pause_ms_per_100mb": pause * 1e3 * 100 * MB / shard_bytes}
 
 
+def render(data: dict[str, Any], header: list[str], rows: list[list[str]]) -> str:
+    """The results as markdown: how they were taken, the table, what the cost is made of."""
+    c, m = data["commit"], data["machine"]
+    commit = f"{c['commit']}{' (result files modified)' if c.get('dirty') else ''}"
+    return (f"# bench_durability\n\n- command: `{data['command']}`\n- commit: {commit}; run at "
+            f"{data['time']}\n- machine: {m['cpu_model']}, {m['cpu_count']} CPUs, "
+            f"{m['mem_total_gib']} GiB, {m['platform']}, Python {m['python']}, NumPy "
+            f"{m['numpy']}; load average at start {m['loadavg_at_start']}\n- jobs: a scheduler, "
+            "2 servers and 2 workers on this host, dist_sync, SGD with momentum on the servers; "
+            "replicas 0 and 1 alternate, 3 rounds, the median of each\n\n"
+            + _common.md_table(header, rows) + "\n\n" + COST_NOTE)
+
+
+#: what replication's cost is made of on this machine (py-spy of workers and servers)
+COST_NOTE = """\
+Where the replication cost goes (a py-spy profile of a worker and a server running the
+ResNet-50 job with `PSKV_REPLICAS=1`): the job is CPU-bound on 2 cores shared by 4 processes,
+so extra work is lost throughput. Replication adds, per step, the worker's copy of every
+push it may have to send again (about 15% of a worker's samples; the copies go into reused
+buffers, which halved it), each server's send of every applied round to its backup (a
+second server-to-server stream of the shard's size), and the backup applying the same
+update to its copy (the optimizer runs twice). The pause of a checkpoint is the in-memory
+copy of the shard (values and momentum); the write happens on a thread.
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a smoke run")
@@ -140,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     header = ["workload", "steps/s, replicas 0", "steps/s, replicas 1", "cost",
               "<= 25%", "shard MB", "snapshot pause ms", "ms per 100 MB", "< 50 ms"]
     print(_common.text_table(header, rows))
-    markdown = (f"# bench_durability\n\n`{data['command']}` at {data['time']}, commit "
-                f"{data['commit']}, {data['machine']}\n\n" + _common.md_table(header, rows))
+    markdown = render(data, header, rows)
     if not args.quick:
         _common.write_results("bench_durability", data, markdown)
     return 0
