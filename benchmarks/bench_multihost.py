@@ -123,6 +123,21 @@ def tcp_stream(bed: testbed.HostBed, senders: list[testbed.BedHost],
                 _killpg(p)
 
 
+def cpu_times() -> list[int]:
+    """This machine's CPU time so far, in ticks: user, nice, system, idle, iowait, irq,
+    softirq (the first line of /proc/stat; network namespaces share the kernel)."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:8]]
+
+
+def cpu_shares(before: list[int], after: list[int]) -> dict[str, float]:
+    """How the machine's CPU time between two `cpu_times` went (fractions of all cores)."""
+    d = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(d) or 1
+    return {"busy": 1 - (d[3] + d[4]) / total, "user": (d[0] + d[1]) / total,
+            "system": d[2] / total, "softirq": (d[5] + d[6]) / total}
+
+
 def _killpg(p: subprocess.Popen[Any]) -> None:
     import signal
     try:
@@ -224,8 +239,10 @@ def markdown(data: dict[str, Any]) -> str:
            f"{NUM_WORKERS} workers) on one bridge, `tc tbf` on both ends of every veth; pskv "
            "over its TCP path (`PSKV_TRANSPORT=tcp`), ps-lite over ZeroMQ/TCP on eth0; "
            f"{data['rounds']} rounds, libraries alternating; figures are worker 0's medians",
-           "- line-rate fraction: (4 x MB/s per worker) / (two streams into one host, MB/s): "
-           "the share of the time the server's link is busy (pushes in, then pulls out)", ""]
+           "- line-rate fraction: (4 x MB/s per worker) / (two streams into one host, MB/s): 1.0 "
+           "when the server's link carries the pushes in, then the pulls out, at line rate; "
+           "up to 2.0 where one worker's pull overlaps the other's push (the link is full "
+           "duplex)", ""]
     for rate, rep in data["rates"].items():
         ref = rep["reference"]
         out += [f"## {rate}", "",
@@ -238,6 +255,11 @@ def markdown(data: dict[str, Any]) -> str:
             out.append(f"| {LABELS[r['figure']]} | {_f(r['pskv'], digits)} | "
                        f"{_f(r['mxnet'], digits)} | {_f(r['ratio'], 2)} | "
                        f"{_f(r.get('line_pskv'), 2)} | {_f(r.get('line_mxnet'), 2)} |")
+        for lib, sh in sorted(rep.get("cpu", {}).items()):
+            out.append("")
+            out.append(f"CPU during the {lib} jobs (both cores, every workload): "
+                       f"{sh['busy']:.0%} busy ({sh['user']:.0%} user, {sh['system']:.0%} "
+                       f"system, {sh['softirq']:.0%} interrupts)")
         out += ["", "| target | value | verdict |", "|---|---|---|"]
         out += [f"| {t['target']} | {_f(t['value'], 2)} | {t['verdict']} |"
                 for t in rep["targets"]]
@@ -270,6 +292,7 @@ def run_rate(rate: str, args: argparse.Namespace, config: dict[str, Any],
         log.info("%s: TCP %.0f MB/s one stream, %.0f MB/s two into one", rate,
                  ref["one_stream_mb_s"], ref["two_into_one_mb_s"])
         runs: dict[str, list[list[dict[str, Any]]]] = {}
+        cpu: dict[str, list[dict[str, float]]] = {}
         order = list(libs)
         for rnd in range(args.rounds):
             for lib in order:
@@ -278,9 +301,10 @@ def run_rate(rate: str, args: argparse.Namespace, config: dict[str, Any],
                 job = BedJob(bed, places, name, python, args.servers, config, tmp, tag,
                              "normal", transport)
                 log.info("job %s ...", tag)
-                t0 = time.monotonic()
+                t0, c0 = time.monotonic(), cpu_times()
                 try:
                     runs.setdefault(lib, []).append(job.run(args.timeout))
+                    cpu.setdefault(lib, []).append(cpu_shares(c0, cpu_times()))
                 except (_common.WorkerError, OSError, ValueError) as err:
                     log.error("job %s failed: %s", tag, err)
                     data["errors"][tag] = str(err)
@@ -288,7 +312,10 @@ def run_rate(rate: str, args: argparse.Namespace, config: dict[str, Any],
                 log.info("job %s done in %.1f s", tag, time.monotonic() - t0)
             order = order[1:] + order[:1]
         figs = {lib: bd.figures(r) for lib, r in runs.items()}
-        return {"reference": ref, "figures": figs, **rate_report(rate, figs, ref)}
+        shares = {lib: {k: statistics.median(c[k] for c in v) for k in v[0]}
+                  for lib, v in cpu.items()}
+        return {"reference": ref, "figures": figs, "cpu": shares,
+                **rate_report(rate, figs, ref)}
     finally:
         left = bed.down()
         if left:
