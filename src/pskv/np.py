@@ -10,7 +10,8 @@ from typing import Any
 import numpy as _onp
 
 from .context import Context
-from .nd.ndarray import NDArray, _creation_dtype, _ctx, _dtype, _shape
+from .nd.creation import _creation_dtype
+from .nd.ndarray import NDArray, _ctx, _dtype, _shape
 
 __all__ = ["array", "empty", "full", "ndarray", "ones", "zeros"]
 

@@ -17,8 +17,8 @@ import numpy as np
 from .context import Context, current_context
 from .errors import UnsupportedError, ValueTypeError
 from .nd.ndarray import NDArray
-from .nd.ndarray import array as nd_array
-from .nd.ndarray import zeros as nd_zeros
+from .nd.creation import array as nd_array
+from .nd.creation import zeros as nd_zeros
 from .nd.sparse import row_sparse_array
 
 __all__ = ["almost_equal", "assert_almost_equal", "assert_exception", "default_context",

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from . import random, sparse
-from .ndarray import NDArray, arange, array, empty, full, ones, waitall, zeros
+from .creation import arange, array, empty, full, ones, waitall, zeros
+from .ndarray import NDArray
 from .ops import (abs, add_n, clip, concat, dot, max, maximum, mean, min, minimum, norm,
                   ones_like, sqrt, square, stack, sum, zeros_like)
 from .random import normal as random_normal

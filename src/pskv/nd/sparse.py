@@ -12,7 +12,7 @@ import numpy as np
 from ..context import Context
 from ..errors import ShapeMismatchError, UnsupportedError, ValueTypeError
 from .ndarray import STORAGE_TYPES, NDArray, _ctx, _dtype, _operand, _shape
-from .ndarray import zeros as dense_zeros
+from .creation import zeros as dense_zeros
 
 __all__ = ["RowSparseNDArray", "row_sparse_array", "zeros"]
 

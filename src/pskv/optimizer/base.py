@@ -16,7 +16,8 @@ import numpy as np
 
 from .. import lr_scheduler as _lrs
 from ..errors import ConfigError, LearningRateError, UnknownArgumentError, UnsupportedError
-from ..nd.ndarray import NDArray, zeros
+from ..nd.creation import zeros
+from ..nd.ndarray import NDArray
 
 __all__ = ["LearningRateError", "Optimizer", "UnknownArgumentError", "create", "from_spec",
            "register"]
