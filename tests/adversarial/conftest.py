@@ -133,3 +133,10 @@ def assert_unharmed(cluster: Any, res: dict[int, Any], value: Any,
         np.testing.assert_array_equal(got, value)
     codes = cluster.join(timeout)
     assert all(c == 0 for c in codes.values()), codes
+
+
+def push_and_pull(kv: Any, key: int = 1, shape: tuple[int, ...] = (3,)) -> Any:
+    """A worker's closing round after an attack: push ones to ``key``, pull the sum."""
+    import pskv as mx
+    kv.push(key, mx.nd.ones(shape))
+    return kv.pull(key).asnumpy()

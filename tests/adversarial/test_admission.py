@@ -13,7 +13,8 @@ import pskv as mx
 from pskv._ps.auth import prove
 from pskv._ps.message import Command, encode
 
-from .conftest import Stranger, admitted_body, assert_unharmed, hello_body, next_reply
+from .conftest import (Stranger, admitted_body, assert_unharmed, hello_body, next_reply,
+                       push_and_pull)
 
 
 @pytest.mark.timeout(60)
@@ -87,8 +88,7 @@ def test_secret_holder_cannot_claim_another_workers_rank(transport: str,
             go.set()
         else:
             go.wait(20)
-        kv.push(1, mx.nd.ones((3,)))
-        return kv.pull(1).asnumpy()
+        return push_and_pull(kv)
 
     res = cluster.run(fn)
     assert_unharmed(cluster, res, np.full(3, 2.0), 15)

@@ -20,7 +20,7 @@ import pskv as mx
 from pskv._ps.limits import LOG_BURST
 from pskv._ps.message import Command, encode
 
-from .conftest import PY, Stranger, assert_unharmed, connect_stream, frame
+from .conftest import PY, Stranger, assert_unharmed, connect_stream, frame, push_and_pull
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -102,8 +102,7 @@ def test_idle_and_surplus_connections_are_closed(thread_cluster: Any) -> None:
             go.set()
         else:
             go.wait(20)
-        kv.push(1, mx.nd.ones((3,)))
-        return kv.pull(1).asnumpy()
+        return push_and_pull(kv)
 
     res = cluster.run(fn, timeout=40)
     assert_unharmed(cluster, res, np.full(3, 2.0), 15)
@@ -214,8 +213,7 @@ def test_stream_message_over_the_admission_cap_is_refused_unread(thread_cluster:
             go.set()
         else:
             go.wait(20)
-        kv.push(1, mx.nd.ones((3,)))
-        return kv.pull(1).asnumpy()
+        return push_and_pull(kv)
 
     res = cluster.run(fn)
     assert_unharmed(cluster, res, np.full(3, 2.0), 15)

@@ -17,7 +17,7 @@ import pskv as mx
 from pskv._ps.message import Command, encode
 
 from .conftest import (Stranger, admitted_body, assert_unharmed, frame, hello_body,
-                       stream_exchange)
+                       push_and_pull, stream_exchange)
 
 
 def test_stranger_without_secret_is_refused(thread_cluster: Any,
@@ -58,8 +58,7 @@ def test_stranger_without_secret_is_refused(thread_cluster: Any,
             finally:
                 s.close()
         kv.barrier()
-        kv.push(1, mx.nd.ones((3,)))
-        return kv.pull(1).asnumpy()
+        return push_and_pull(kv)
 
     res = cluster.run(fn)
     assert_unharmed(cluster, res, np.full(3, 2.0), 10)
@@ -157,8 +156,7 @@ def test_malformed_requests_from_an_admitted_worker(thread_cluster: Any) -> None
             assert len(errors) == len(bad), errors
             assert all("(reported by server 0)" in str(e) for e in errors)
         kv.barrier()
-        kv.push(1, mx.nd.ones((3,)))
-        return kv.pull(1).asnumpy()
+        return push_and_pull(kv)
 
     res = cluster.run(fn)
     assert_unharmed(cluster, res, np.full(3, 2.0), 10)
@@ -191,8 +189,7 @@ def test_garbage_on_the_stream_sockets(endpoint: str, thread_cluster: Any) -> No
             go.set()
         else:
             go.wait(20)
-        kv.push(1, mx.nd.ones((3,)))
-        return kv.pull(1).asnumpy()
+        return push_and_pull(kv)
 
     res = cluster.run(fn)
     assert_unharmed(cluster, res, np.full(3, 2.0), 10)
