@@ -407,6 +407,17 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 # ---- main --------------------------------------------------------------------------------
+def results_name(args: argparse.Namespace) -> str:
+    """``--name``, else ``bench_dist`` for a full run and ``bench_dist-partial`` otherwise."""
+    if args.name:
+        return str(args.name)
+    full = parse_args([])
+    same = all(getattr(args, k) == getattr(full, k) for k in
+               ("quick", "servers", "only", "sizes", "server_handler", "transport", "no_mxnet",
+                "profile"))
+    return "bench_dist" if same and (args.rounds or 3) >= 3 else "bench_dist-partial"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smoke run: few iterations (<2 min)")
@@ -435,7 +446,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "and each pskv server's whole run")
     p.add_argument("--out", type=Path, default=_common.RESULTS_DIR,
                    help="results folder (default benchmarks/results)")
-    p.add_argument("--name", default="bench_dist", help="results file name (no suffix)")
+    p.add_argument("--name", default=None,
+                   help="results file name (no suffix); default bench_dist for a full run, "
+                        "bench_dist-partial for any other (--quick, --only, --sizes, "
+                        "--servers, ...), so a partial run never replaces the full results")
     p.add_argument("--no-write", action="store_true", help="print only; write no files")
     return p.parse_args(argv)
 
@@ -538,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     if data["errors"]:
         print("\nerrors:", ", ".join(data["errors"]))
     if not args.no_write:
-        j, m = _common.write_results(args.name, data, markdown(data), args.out)
+        j, m = _common.write_results(results_name(args), data, markdown(data), args.out)
         print(f"\nwrote {j} and {m}")
     return 1 if data["errors"] else 0
 

@@ -1,5 +1,5 @@
-"""bench_multihost's arithmetic: line-rate fractions, ratios and verdicts (no bed, no
-processes; the benchmark itself runs in benchmarks/, never in the tests)."""
+"""bench_multihost's arithmetic (line-rate fractions, ratios, verdicts) and where bench_dist
+writes a partial run: no bed, no processes; the benchmarks run in benchmarks/, never here."""
 from __future__ import annotations
 
 import sys
@@ -61,3 +61,18 @@ def test_missing_mxnet_reads_not_available(bm: Any) -> None:
                     "loadavg_at_start": [0, 0, 0]}, "servers": 1, "rounds": 1,
         "rates": {"10gbit": {"reference": ref, **rep}}})
     assert "| small key (2,3): us per push+pull | 150 | n/a | n/a |" in text
+
+
+def test_bench_dist_partial_runs_never_replace_the_full_results() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import bench_dist
+        name = bench_dist.results_name
+        parse = bench_dist.parse_args
+        assert name(parse([])) == "bench_dist"
+        for argv in (["--quick"], ["--only", "dense"], ["--servers", "2"], ["--rounds", "1"],
+                     ["--sizes", "1024"], ["--transport", "auto"], ["--no-mxnet"]):
+            assert name(parse(argv)) == "bench_dist-partial", argv
+        assert name(parse(["--only", "dense", "--name", "mine"])) == "mine"
+    finally:
+        sys.path.remove(str(BENCH))
