@@ -41,6 +41,7 @@ __all__ = [
     "NumpyKVModel",
     "UPDATERS",
     "check_kvstore_semantics",
+    "launch_reports",
     "numpy_updater",
 ]
 
@@ -499,6 +500,25 @@ def check_kvstore_semantics(mx: Any, store_type: str = "local",
             raise AssertionError(f"check {name!r} failed on {getattr(mx, '__name__', mx)} "
                                  f"{store_type!r}: {err}") from err
     return names
+
+
+def launch_reports(output: str) -> list[tuple[str, dict[str, Any]]]:
+    """The JSON objects a launched job printed, with the label of the process that printed
+    each: a line ``[worker 1] {"rank": 1, ...}`` of pskv-launch's output gives
+    ``("worker 1", {"rank": 1, ...})``; other lines are skipped.
+
+    Examples
+    --------
+    >>> launch_reports('[worker 0] {"ok": true}\\n[server 0] ready\\n')
+    [('worker 0', {'ok': True})]
+    """
+    import json
+    out = []
+    for line in output.splitlines():
+        label, sep, rest = line.partition("] ")
+        if sep and label.startswith("[") and rest.startswith("{"):
+            out.append((label[1:], json.loads(rest)))
+    return out
 
 
 def __getattr__(name: str) -> Any:

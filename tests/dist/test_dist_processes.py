@@ -5,7 +5,6 @@ fails the test if any is left running, and kills every group at teardown.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from pskv._ps.config import ENV_BIGARRAY_BOUND
+from pskv.testing import launch_reports
 
 pytestmark = pytest.mark.dist
 
@@ -27,13 +27,7 @@ FAST = {"PSKV_HEARTBEAT_INTERVAL": "0.2", "PSKV_HEARTBEAT_TIMEOUT": "2",
 
 def worker_reports(text: str) -> dict[int, dict[str, Any]]:
     """``[worker i] {json}`` lines of the launcher's output, by the rank they report."""
-    out = {}
-    for line in text.splitlines():
-        label, _, rest = line.partition("] ")
-        if label.startswith("[worker") and rest.startswith("{"):
-            report = json.loads(rest)
-            out[report["rank"]] = report
-    return out
+    return {r["rank"]: r for label, r in launch_reports(text) if label.startswith("worker")}
 
 
 def launcher() -> list[str]:

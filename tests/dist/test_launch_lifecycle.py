@@ -9,7 +9,6 @@ import io
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path

@@ -5,7 +5,6 @@ Every test checks that no process the job started is left once the launcher retu
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import queue
@@ -23,6 +22,7 @@ from pskv._ps.config import (ENV_NUM_SERVER, ENV_NUM_WORKER, ENV_ROLE, ENV_ROOT_
                              ENV_ROOT_URI, ENV_SECRET, Role)
 from pskv.errors import ConfigError
 from pskv.launch import LaunchResult, launch
+from pskv.testing import launch_reports
 
 pytestmark = pytest.mark.dist
 
@@ -67,12 +67,7 @@ def assert_all_gone(pids: list[int], within: float = 5.0) -> None:
 
 def reports(text: str) -> dict[str, dict]:
     """`[label] {json}` lines -> {label: report}."""
-    out = {}
-    for line in text.splitlines():
-        label, _, rest = line.partition("] ")
-        if label.startswith("[") and rest.startswith("{"):
-            out[label[1:]] = json.loads(rest)
-    return out
+    return dict(launch_reports(text))
 
 
 def run(command: list[str], workers: int = 2, servers: int = 1, **kw) -> tuple[

@@ -7,7 +7,6 @@ are ``localhost`` and this machine's host name, with real processes on this mach
 from __future__ import annotations
 
 import io
-import json
 import socket
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from pskv.launch.kubernetes import ENV_USE_KUBERNETES
 from pskv.launch.local import local_processes
 from pskv.launch.spec import LaunchSpec, ProcessSpec
 from pskv.launch.supervise import run_processes
+from pskv.testing import launch_reports
 
 pytestmark = pytest.mark.dist
 
@@ -52,6 +52,5 @@ def test_a_named_root_uri_runs_a_sync_job(name: str, use_kubernetes: bool) -> No
     out, err = io.StringIO(), io.StringIO()
     result = run_processes(procs, timeout=120, grace_period=2, stdout=out, stderr=err)
     assert result.returncode == 0, out.getvalue() + err.getvalue()
-    rows = [json.loads(line.partition("] ")[2]) for line in out.getvalue().splitlines()
-            if line.startswith("[worker ") and "{" in line]
+    rows = [r for label, r in launch_reports(out.getvalue()) if label.startswith("worker ")]
     assert len(rows) == 2 and all(r["ok"] for r in rows), out.getvalue()

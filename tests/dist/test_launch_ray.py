@@ -6,7 +6,6 @@ daemons included: they inherit the launcher's environment).
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from pskv.testing import launch_reports
 
 pytestmark = pytest.mark.dist
 
@@ -76,11 +77,7 @@ def test_sync_job_on_a_local_ray() -> None:
                               "MXNET_KVSTORE_BIGARRAY_BOUND:100", sys.executable,
                               str(SCRIPTS / "sync_sum.py"))
     assert rc == 0, out + err
-    rows = {}
-    for line in out.splitlines():
-        if line.startswith("[worker ") and "{" in line:
-            label, _, payload = line.partition("] ")
-            rows[label + "]"] = json.loads(payload)
+    rows = {f"[{label}]": r for label, r in launch_reports(out) if label.startswith("worker ")}
     assert set(rows) == {"[worker 0]", "[worker 1]"}, out + err
     for label, row in rows.items():
         assert row["ok"] and label == f"[worker {row['rank']}]"

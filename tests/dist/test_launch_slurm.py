@@ -10,7 +10,6 @@ The job runs as ``salloc -N1 -n5 --overcommit python -m pskv.launch --launcher s
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import shutil
@@ -29,6 +28,7 @@ from pskv._ps.config import Role
 from pskv.launch._net import free_port
 from pskv.launch.spec import ProcessSpec
 from pskv.launch.supervise import run_processes
+from pskv.testing import launch_reports
 
 pytestmark = pytest.mark.dist
 
@@ -169,11 +169,7 @@ def test_sync_job_under_salloc(slurm: SlurmBed) -> None:
                           "MXNET_KVSTORE_BIGARRAY_BOUND:100", sys.executable,
                           str(SCRIPTS / "sync_sum.py"))
     assert rc == 0, out + err
-    rows = {}
-    for line in out.splitlines():
-        if line.startswith("[worker ") and "{" in line:
-            label, _, payload = line.partition("] ")
-            rows[label + "]"] = json.loads(payload)
+    rows = {f"[{label}]": r for label, r in launch_reports(out) if label.startswith("worker ")}
     assert set(rows) == {"[worker 0]", "[worker 1]"}, out + err
     for label, row in rows.items():
         assert row["ok"] and row["num_workers"] == 2

@@ -7,12 +7,13 @@ Each job is bounded by the launcher's ``--timeout`` and by the test's own wait; 
 """
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import time
 
 import pytest
+
+from pskv.testing import launch_reports
 
 from .conftest import PY, SCRIPTS, SRC
 
@@ -32,12 +33,7 @@ JOB_S = 120
 
 def reports(output: str) -> list[dict]:
     """The JSON lines the workers printed (``[worker 1] {...}`` or ``[workers] {...}``)."""
-    out = []
-    for line in output.splitlines():
-        _, sep, rest = line.partition("] ")
-        if sep and rest.startswith("{"):
-            out.append(json.loads(rest))
-    return out
+    return [r for _label, r in launch_reports(output)]
 
 
 def check_rounds(output: str, workers: int, rounds: int) -> dict[int, str]:
