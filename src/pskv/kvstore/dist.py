@@ -17,7 +17,7 @@ import contextlib
 import logging
 import os
 import threading
-from typing import Any, Iterator, overload
+from typing import Any, Callable, Iterator, overload
 
 import numpy as np
 import zmq
@@ -436,19 +436,10 @@ class DistKVStore(KVStoreBase):
         parallel; the call returns once every shard is on disk. ``path`` must be a
         directory every server can write (a shared file system across hosts).
         """
-        with self._lock:
-            self._begin()
-            self._kv.flush()
-            self._collective("save_checkpoint")
-            error = None
-            if self.rank == 0:
-                where = checkpoint_path(path)
-                try:
-                    self._to_all(Command.COMMAND, {"op": "checkpoint", "path": where})
-                    write_manifest(where, self._po.num_servers, None, self._type)
-                except (KVStoreError, OSError) as err:
-                    error = f"{type(err).__name__}: {err}"
-            self._finish_collective("save_checkpoint (written)", error)
+        def write(where: str) -> None:
+            self._to_all(Command.COMMAND, {"op": "checkpoint", "path": where})
+            write_manifest(where, self._po.num_servers, None, self._type)
+        self._by_rank0("save_checkpoint", "written", path, write)
 
     def load_checkpoint(self, path: str) -> None:
         """Set every key from the checkpoint in ``path``, written by any number of servers
@@ -458,23 +449,30 @@ class DistKVStore(KVStoreBase):
         the same shapes and dtypes; call ``set_optimizer`` before loading, not after (a
         saved optimizer replaces it). Raises CheckpointError on every worker otherwise.
         """
+        def restore(where: str) -> None:
+            reader = Reader(where)
+            try:
+                check_keys(reader, list(self._store), where)
+            finally:
+                reader.close()
+            self._to_all(Command.COMMAND, {"op": "restore", "path": where})
+        self._by_rank0("load_checkpoint", "loaded", path, restore)
+
+    def _by_rank0(self, call: str, done: str, path: str, action: Callable[[str], None]) -> None:
+        """A collective call that worker 0 carries out on the checkpoint directory ``path``
+        (after every worker's pushes are applied); its error is raised on every worker."""
         with self._lock:
             self._begin()
             self._kv.flush()
-            self._collective("load_checkpoint")
+            self._collective(call)
             error = None
             if self.rank == 0:
                 where = checkpoint_path(path)
                 try:
-                    reader = Reader(where)
-                    try:
-                        check_keys(reader, list(self._store), where)
-                    finally:
-                        reader.close()
-                    self._to_all(Command.COMMAND, {"op": "restore", "path": where})
-                except KVStoreError as err:
+                    action(where)
+                except (KVStoreError, OSError) as err:
                     error = f"{type(err).__name__}: {err}"
-            self._finish_collective("load_checkpoint (loaded)", error)
+            self._finish_collective(f"{call} ({done})", error)
 
     def _finish_collective(self, call: str, error: str | None) -> None:
         """The closing barrier of a call rank 0 carried out; raise its error everywhere."""
