@@ -15,19 +15,15 @@ import numpy as np
 
 from ..errors import ProtocolError
 from .message import Command, Meta, short
+from .ops import Op, ReplOp, parse
 
-__all__ = ["REPLICATION_OPS", "ROLES", "admit_reply", "request"]
+__all__ = ["ROLES", "admit_reply", "request"]
 
 #: the roles a HELLO may name
 ROLES = ("server", "worker")
 _MAX_STR = 4096
 _MAX_RANK = 1 << 20
 _STORE_MODES = ("sync", "async")
-_COMMAND_OPS = ("optimizer", "compression", "save", "load", "checkpoint", "restore",
-                "applied", "initial")
-#: what a primary sends the backup of its shard (PSKV_REPLICAS=1; kvstore/_replica.py)
-REPLICATION_OPS = ("r_state", "r_round", "r_init", "r_optimizer", "r_compression", "r_load",
-                   "r_restore", "r_noop")
 
 
 def _fail(meta: Meta, field: str, want: str, got: Any) -> ProtocolError:
@@ -143,54 +139,76 @@ def _pairs(meta: Meta, body: dict[str, Any], field: str) -> None:
         raise _fail(meta, field, "a list of [int, int] pairs", value)
 
 
-def _replication(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
-    """A primary's change of a shard its backup keeps (only servers are admitted there)."""
-    op = body["op"]
-    _int(meta, body, "shard", 0, _MAX_RANK)
-    if op == "r_round":
-        _int(meta, body, "key", -(1 << 63), 1 << 63)
-        _int(meta, body, "round", 0, 1 << 62)
-        _str(meta, body, "kind", ("d", "r"))
-        _pairs(meta, body, "applied")
-        if len(arrays) != (2 if body["kind"] == "r" else 1):
-            raise ProtocolError("a replicated round carries its merged value's arrays")
-    elif op in ("r_init", "r_state"):
-        entries = body.get("entries")
-        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries) \
-                or len(arrays) < len(entries):
-            raise _fail(meta, "entries", "a list of objects, one array each", entries)
-        if op == "r_init":
-            keys = body.get("keys")
-            if not isinstance(keys, list) or len(keys) != len(entries) or \
-                    len(arrays) != len(keys):
-                raise _fail(meta, "keys", "one key per entry and array", keys)
-    elif op == "r_optimizer" and not isinstance(body.get("spec"), dict | None):
-        raise _fail(meta, "spec", "an object or null", body.get("spec"))
-    elif op == "r_compression" and not isinstance(body.get("params"), dict | None):
-        raise _fail(meta, "params", "an object or null", body.get("params"))
-    elif op == "r_load" and (len(arrays) != 1 or arrays[0].dtype != np.uint8):
-        raise ProtocolError("r_load needs one array of state bytes")
-    elif op == "r_restore":
-        _str(meta, body, "path")
+def _state_bytes(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    if len(arrays) != 1 or arrays[0].dtype != np.uint8 or arrays[0].ndim != 1:
+        raise ProtocolError(f"{body['op']} needs one 1-d array of state bytes")
+
+
+def _spec(field: str, nullable: bool) -> Callable[[Meta, dict[str, Any], list[np.ndarray]], None]:
+    def check(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        if not isinstance(body.get(field), dict | None if nullable else dict):
+            raise _fail(meta, field, "an object or null" if nullable else "an object",
+                        body.get(field))
+    return check
+
+
+def _path(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    _str(meta, body, "path")
+
+
+def _dump(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    if not isinstance(body.get("dump", False), bool):
+        raise _fail(meta, "dump", "a bool", body.get("dump"))
+
+
+def _nothing(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """No field beyond the op."""
+
+
+def _r_round(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    _int(meta, body, "key", -(1 << 63), 1 << 63)
+    _int(meta, body, "round", 0, 1 << 62)
+    _str(meta, body, "kind", ("d", "r"))
+    _pairs(meta, body, "applied")
+    if len(arrays) != (2 if body["kind"] == "r" else 1):
+        raise ProtocolError("a replicated round carries its merged value's arrays")
+
+
+def _r_entries(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    entries = body.get("entries")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries) \
+            or len(arrays) < len(entries):
+        raise _fail(meta, "entries", "a list of objects, one array each", entries)
+
+
+def _r_init(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    _r_entries(meta, body, arrays)
+    keys = body.get("keys")
+    if not isinstance(keys, list) or len(keys) != len(body["entries"]) or \
+            len(arrays) != len(keys):
+        raise _fail(meta, "keys", "one key per entry and array", keys)
+
+
+#: what each op's body must carry, beyond its name (and, for replication, its shard)
+_OPS: dict[Op | ReplOp, Callable[[Meta, dict[str, Any], list[np.ndarray]], None]] = {
+    Op.OPTIMIZER: _spec("spec", nullable=False), Op.COMPRESSION: _spec("params", True),
+    Op.SAVE: _dump, Op.LOAD: _state_bytes, Op.CHECKPOINT: _path, Op.RESTORE: _path,
+    Op.APPLIED: _nothing, Op.INITIAL: _nothing,
+    ReplOp.STATE: _r_entries, ReplOp.ROUND: _r_round, ReplOp.INIT: _r_init,
+    ReplOp.OPTIMIZER: _spec("spec", nullable=True), ReplOp.COMPRESSION: _spec("params", True),
+    ReplOp.LOAD: _state_bytes, ReplOp.RESTORE: _path, ReplOp.NOOP: _nothing,
+}
 
 
 def _command(meta: Meta, arrays: list[np.ndarray]) -> None:
     body = _body(meta)
-    if body.get("op") in REPLICATION_OPS:
-        _replication(meta, body, arrays)
-        return
-    _str(meta, body, "op", _COMMAND_OPS)
-    op = body["op"]
-    if op == "optimizer" and not isinstance(body.get("spec"), dict):
-        raise _fail(meta, "spec", "an object", body.get("spec"))
-    if op == "compression" and not isinstance(body.get("params"), dict | None):
-        raise _fail(meta, "params", "an object or null", body.get("params"))
-    if op == "save" and not isinstance(body.get("dump", False), bool):
-        raise _fail(meta, "dump", "a bool", body.get("dump"))
-    if op in ("checkpoint", "restore"):
-        _str(meta, body, "path")
-    if op == "load" and (len(arrays) != 1 or arrays[0].dtype != np.uint8 or arrays[0].ndim != 1):
-        raise ProtocolError("load needs one array of state bytes")
+    op = parse(body)
+    if op is None:
+        raise _fail(meta, "op", f"one of {tuple(o.value for o in _OPS)}", body.get("op"))
+    if isinstance(op, ReplOp):
+        # a primary's change of a shard its backup keeps (only servers are admitted there)
+        _int(meta, body, "shard", 0, _MAX_RANK)
+    _OPS[op](meta, body, arrays)
 
 
 _CHECKS: dict[Command, Callable[[Meta, list[np.ndarray]], None]] = {

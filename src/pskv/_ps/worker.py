@@ -37,6 +37,7 @@ from ..errors import ClusterTimeoutError, KVStoreError, NodeFailedError, Protoco
 from .auth import prove
 from .config import ClusterConfig
 from .message import Command, Meta, error_from_body
+from .ops import Op, command, parse
 from .postoffice import Postoffice
 from .replay import PushLog, backup_of
 from .tls import client_context
@@ -89,7 +90,7 @@ class KVWorker:
         #: ts -> (shard, cmd, keys, body, arrays) of requests not answered yet
         self._sent: dict[int, tuple[int, Command, Sequence[int], Any,
                                     Sequence[np.ndarray]]] = {}
-        self._setup: dict[str, Any] = {}           # settings a restarted server gets again
+        self._setup: dict[Op, Any] = {}           # settings a restarted server gets again
         self._down: set[int] = set()               # servers whose link broke (resilient)
         self._route = threading.RLock()            # shard routing and re-sending
         self._recovering = False
@@ -199,8 +200,8 @@ class KVWorker:
         if cmd in (Command.PUSH, Command.PUSHPULL):
             kinds = body.get("kinds", "") if isinstance(body, dict) else ""
             self._log.record(shard, keys, kinds, arrays)
-        if cmd == Command.COMMAND and isinstance(body, dict) and body.get("op") == "compression":
-            self._setup["compression"] = body
+        if cmd == Command.COMMAND and parse(body) is Op.COMPRESSION:
+            self._setup[Op.COMPRESSION] = body
         if self.cfg.replicas and cmd in (Command.PULL, Command.PUSHPULL, Command.FLUSH):
             self._acks[ts] = (shard, self._log.counts(shard, None if cmd == Command.FLUSH
                                                       else keys))
@@ -290,7 +291,7 @@ class KVWorker:
                         "checkpoint (kv.load_checkpoint).")
                 self._host[shard] = backup
                 ts = next(self._ts)
-                self._send(backup, Command.COMMAND, ts, body={"op": "applied", "shard": shard})
+                self._send(backup, Command.COMMAND, ts, body=command(Op.APPLIED, shard=shard))
                 meta = self._await(ts, f"server {backup} to take over shard {shard}")
                 self._resend(shard, meta.body)
                 log.warning("worker %d: server %d died; shard %d now on server %d",
@@ -340,10 +341,10 @@ class KVWorker:
                 meta = self._await(ts, what, self.cfg.connect_timeout)
             if self.cfg.replicas:
                 return                          # a backup now: its shard stays where it is
-            for setup in list(self._setup.values()):
+            for op, setup in list(self._setup.items()):
                 ts = next(self._ts)
                 self._send(server, Command.COMMAND, ts, body=setup)
-                self._await(ts, f"server {server} to take {setup.get('op')}")
+                self._await(ts, f"server {server} to take {op.value}")
             self._resend(server, meta.body)
 
     # ---- replies ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import logging
 import socket
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import zmq
@@ -32,27 +32,22 @@ from ..nd.sparse import RowSparseNDArray
 from .._ps.auth import Verifier, prove
 from .._ps.config import ClusterConfig
 from .._ps.message import Command, Meta, error_from_body, short
+from .._ps.ops import BACKUP_ENDPOINT, ReplOp, change, parse
 from .._ps.postoffice import Postoffice
 from .._ps.replay import backup_of
 from .._ps.tls import client_context, server_context
 from .._ps.transport import Connection, connect
-from .._ps.validate import REPLICATION_OPS
 from .._ps.zeromq import ZmqContext
 from .._types import Key
 from ._engine import Engine
-from ._snapshot import ShardCopy
+from ._snapshot import Reader, ShardCopy
 
-__all__ = ["Backups", "PURPOSE", "REPLICATION_OPS", "Replicator", "apply_change",
+__all__ = ["Backups", "PURPOSE", "Replicator", "apply_change",
            "backup_endpoints", "backup_of", "encode_copy", "install_copy"]
 
 log = logging.getLogger(__name__)
 #: what a proof on the replication link is made for (auth.py): worthless anywhere else
 PURPOSE = "backup"
-
-
-#: changes the primary makes before it replicates them (so a copy taken at that moment
-#: has them: sent again they would apply twice); the others go to the backup first
-APPLIED_FIRST = ("r_noop", "r_init", "r_round")
 
 
 class Replicator:
@@ -88,7 +83,7 @@ class Replicator:
             self._call(Command.HELLO, {**hello, **prove(self._po.server_key, PURPOSE,
                                                         challenge.body, "server", self.me)}, ())
         body, arrays = encode_copy(self.engine.snapshot(), self.engine.sync)
-        self._call(Command.COMMAND, {**body, "op": "r_state", "shard": self.shard}, arrays)
+        self._call(Command.COMMAND, change(ReplOp.STATE, self.shard, **body), arrays)
         log.info("server %d: server %d is the backup of shard %d (%d keys copied)", self.me,
                  self.backup, self.shard, len(body["entries"]))
 
@@ -99,24 +94,24 @@ class Replicator:
             self._conn.close()
             self._conn = None
 
-    def send(self, op: str, body: dict[str, Any], arrays: list[np.ndarray] | tuple[()] = (),
+    def send(self, op: ReplOp, body: dict[str, Any], arrays: list[np.ndarray] | tuple[()] = (),
              wait: bool = True) -> None:
         """One change of the shard. ``wait``: return once the backup has applied it and
         every change before it (or is found dead); else :meth:`drain` waits for it."""
         if (self._conn is None and self.endpoints is None) or \
-                (op == "r_noop" and self._conn is not None):
+                (op is ReplOp.NOOP and self._conn is not None):
             return
         try:
             if self._conn is None:
                 assert self.endpoints is not None
                 self._connect(self.endpoints)
-                if op in APPLIED_FIRST:
+                if op.applied_first:
                     return      # the whole copy just sent has it already
             self._ts += 1
             self._outstanding.add(self._ts)
             assert self._conn is not None
-            self._conn.send(Command.COMMAND, self._ts, (),
-                            {**body, "op": op, "shard": self.shard}, arrays)
+            self._conn.send(Command.COMMAND, self._ts, (), change(op, self.shard, **body),
+                            arrays)
             if wait:
                 self._wait()
         except KVStoreError as err:
@@ -178,11 +173,11 @@ class Replicator:
         """The engine's ``replicate`` hook: one applied round (or async push) of ``key``."""
         counters = {"key": key, "round": rnd, "applied": [[w, n] for w, n in applied.items()]}
         if isinstance(merged, RowSparseNDArray):
-            self.send("r_round", {**counters, "kind": "r"},
+            self.send(ReplOp.ROUND, {**counters, "kind": "r"},
                       [np.ascontiguousarray(merged._indices), np.ascontiguousarray(merged._data)],
                       wait=False)
         else:       # acknowledged before any answer: KVServer._send drains first
-            self.send("r_round", {**counters, "kind": "d"}, [np.ascontiguousarray(merged._data)],
+            self.send(ReplOp.ROUND, {**counters, "kind": "d"}, [np.ascontiguousarray(merged._data)],
                       wait=False)
 
 
@@ -247,7 +242,7 @@ class Backups:
             self._listeners[0].close()
             raise
         #: where primaries reach this server's backups (announced with its endpoints)
-        self.endpoints = {"r_" + ("uds" if lis.endpoint.startswith("/") else "tcp"):
+        self.endpoints = {BACKUP_ENDPOINT + ("uds" if lis.endpoint.startswith("/") else "tcp"):
                           lis.endpoint for lis in self._listeners}
         self._verifier = Verifier(PURPOSE, "", self._key_for)
         self.loop = ServeLoop("backups", self, self._verifier, cfg.request_timeout, None,
@@ -300,22 +295,22 @@ class Backups:
     def handle(self, conn: Connection, peer: Any, meta: Meta, arrays: list[np.ndarray]) -> None:
         """One change of a shard this server backs up."""
         body = meta.body if isinstance(meta.body, dict) else {}
-        op, shard = body.get("op"), body.get("shard")
-        if meta.cmd != Command.COMMAND or op not in REPLICATION_OPS or \
+        op, shard = parse(body), body.get("shard")
+        if meta.cmd != Command.COMMAND or not isinstance(op, ReplOp) or \
                 not isinstance(shard, int) or isinstance(shard, bool):
             raise ProtocolError(f"backups take replication commands, not {meta.cmd.name} "
-                                f"{short(op)}")
-        if op == "r_noop":
+                                f"{short(body.get('op'))}")
+        if op is ReplOp.NOOP:
             self.loop.send(conn, Command.ACK, meta.ts)
             return
         with self.lock:
-            if op == "r_round" and shard in self.engines:
+            if op is ReplOp.ROUND and shard in self.engines:
                 # the round is safe once it is here: acknowledge, then apply (still under
                 # the lock, so a takeover sees it applied) while the primary answers
                 self.loop.send(conn, Command.ACK, meta.ts)
                 apply_change(self.engines[shard], op, body, arrays)
                 return
-            if op == "r_state":
+            if op is ReplOp.STATE:
                 engine = self.engines[shard] = self._make()
                 install_copy(engine, body, arrays)
             else:
@@ -333,40 +328,51 @@ class Backups:
         """A primary went away (it died, or it closed)."""
 
 
-def apply_change(engine: Engine, op: Any, body: dict[str, Any], arrays: list[np.ndarray]) \
-        -> None:
-    """Apply one replicated change (not ``r_state``) to a backup copy."""
-    if op == "r_round":
-        key = body["key"]
-        if body.get("kind") == "r" and len(arrays) != 2 or body.get("kind") != "r" and \
-                len(arrays) != 1:
-            raise ProtocolError("a replicated round needs its merged value's arrays")
-        applied = {int(w): int(n) for w, n in body.get("applied", [])}
-        entry_shape = engine.entry(key, "replicate").shape
-        merged: NDArray = RowSparseNDArray(arrays[1], arrays[0].astype(np.int64), entry_shape) \
-            if body.get("kind") == "r" else NDArray(arrays[0])
-        engine.replay(key, merged, int(body["round"]), applied)
-    elif op == "r_init":
-        for k, spec, arr in zip(body["keys"], body["entries"], arrays, strict=True):
-            place = spec.get("place")
-            engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
-                        place=None if not isinstance(place, list) else
-                        (int(place[0]), int(place[1]), tuple(place[2])))
-    elif op == "r_optimizer":
-        engine.set_optimizer_spec(body.get("spec"))
-    elif op == "r_compression":
-        engine.set_compression(body.get("params"))
-    elif op == "r_load":
-        engine.states_updater("load").set_states(arrays[0].tobytes())
-    elif op == "r_restore":
-        from ._snapshot import Reader
-        reader = Reader(str(body.get("path")))
-        try:
-            engine.restore(reader)
-        finally:
-            reader.close()
-    else:
-        raise KVStoreError(f"unknown replication command {op!r}")
+def _round(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    key = body["key"]
+    if body.get("kind") == "r" and len(arrays) != 2 or body.get("kind") != "r" and \
+            len(arrays) != 1:
+        raise ProtocolError("a replicated round needs its merged value's arrays")
+    applied = {int(w): int(n) for w, n in body.get("applied", [])}
+    entry_shape = engine.entry(key, "replicate").shape
+    merged: NDArray = RowSparseNDArray(arrays[1], arrays[0].astype(np.int64), entry_shape) \
+        if body.get("kind") == "r" else NDArray(arrays[0])
+    engine.replay(key, merged, int(body["round"]), applied)
+
+
+def _init(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    for k, spec, arr in zip(body["keys"], body["entries"], arrays, strict=True):
+        place = spec.get("place")
+        engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
+                    place=None if not isinstance(place, list) else
+                    (int(place[0]), int(place[1]), tuple(place[2])))
+
+
+def _restore(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    reader = Reader(str(body.get("path")))
+    try:
+        engine.restore(reader)
+    finally:
+        reader.close()
+
+
+#: how a backup applies each change to its copy (``ReplOp.STATE`` makes the copy)
+_CHANGES: dict[ReplOp, Callable[[Engine, dict[str, Any], list[np.ndarray]], None]] = {
+    ReplOp.ROUND: _round, ReplOp.INIT: _init, ReplOp.RESTORE: _restore,
+    ReplOp.OPTIMIZER: lambda engine, body, arrays: engine.set_optimizer_spec(body.get("spec")),
+    ReplOp.COMPRESSION: lambda engine, body, arrays: engine.set_compression(body.get("params")),
+    ReplOp.LOAD: lambda engine, body, arrays: engine.states_updater("load").set_states(
+        arrays[0].tobytes()),
+}
+
+
+def apply_change(engine: Engine, op: ReplOp, body: dict[str, Any],
+                 arrays: list[np.ndarray]) -> None:
+    """Apply one replicated change (not ``ReplOp.STATE``) to a backup copy."""
+    apply = _CHANGES.get(op)
+    if apply is None:
+        raise KVStoreError(f"{op.value} is not a change of a backup copy")
+    apply(engine, body, arrays)
 
 
 def _advertise(cfg: ClusterConfig) -> str:
@@ -382,6 +388,7 @@ def _advertise(cfg: ClusterConfig) -> str:
 
 def backup_endpoints(endpoints: dict[str, str]) -> dict[str, str]:
     """A server's announced endpoints -> those of its backups' listeners."""
-    got = {k[2:]: v for k, v in endpoints.items() if k.startswith("r_")}
+    got = {k[len(BACKUP_ENDPOINT):]: v for k, v in endpoints.items()
+           if k.startswith(BACKUP_ENDPOINT)}
     got["host"] = endpoints.get("host", "")
     return got

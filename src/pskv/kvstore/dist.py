@@ -27,6 +27,7 @@ from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._ps.config import ClusterConfig
 from .._ps.message import Command
+from .._ps.ops import Op, command
 from .._ps.partition import place, ps_key
 from .._ps.postoffice import Postoffice
 from .._ps.zeromq import ZmqContext
@@ -263,7 +264,7 @@ class DistKVStore(KVStoreBase):
         if not self._initial_sent:
             self._initial_sent = True
             if self.rank == 0 and self._cfg.checkpoint_every:
-                self._to_all(Command.COMMAND, {"op": "initial"})
+                self._to_all(Command.COMMAND, command(Op.INITIAL))
 
     def _push_validated(self, keys: list[Key], groups: list[list[Any]]) -> None:
         self._first_push()
@@ -385,7 +386,7 @@ class DistKVStore(KVStoreBase):
         check_optimizer_spec(optimizer, spec)    # refused here, alike on every worker
         with self._lock:
             self._begin()
-            self._to_all(Command.COMMAND, {"op": "optimizer", "spec": spec})
+            self._to_all(Command.COMMAND, command(Op.OPTIMIZER, spec=spec))
 
     def set_updater(self, updater: Updater) -> None:
         """Not available in dist stores: the update runs on the servers. Use set_optimizer."""
@@ -406,15 +407,15 @@ class DistKVStore(KVStoreBase):
                     "set_gradient_compression must be called before the first init.",
                     store_type=self._type)
             gc = compression.create(compression_params)
-            self._to_all(Command.COMMAND, {"op": "compression",
-                                           "params": None if gc is None else gc.params})
+            self._to_all(Command.COMMAND, command(Op.COMPRESSION,
+                                                  params=None if gc is None else gc.params))
             self._path.gc = gc
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Gather every server's optimizer states into ``fname`` (NumPy arrays + JSON)."""
         with self._lock:
             self._begin()
-            replies = self._to_all(Command.COMMAND, {"op": "save", "dump": dump_optimizer})
+            replies = self._to_all(Command.COMMAND, command(Op.SAVE, dump=dump_optimizer))
             write_states(fname, [arrays[0] for _, arrays in replies])
 
     def load_optimizer_states(self, fname: str) -> None:
@@ -422,7 +423,7 @@ class DistKVStore(KVStoreBase):
         with self._lock:
             self._begin()
             blobs = read_states(fname, self._po.num_servers)
-            tss = [self._kv.request(s, Command.COMMAND, body={"op": "load"}, arrays=[b])
+            tss = [self._kv.request(s, Command.COMMAND, body=command(Op.LOAD), arrays=[b])
                    for s, b in enumerate(blobs)]
             self._wait_all(tss, "the servers to load states")
 
@@ -437,7 +438,7 @@ class DistKVStore(KVStoreBase):
         directory every server can write (a shared file system across hosts).
         """
         def write(where: str) -> None:
-            self._to_all(Command.COMMAND, {"op": "checkpoint", "path": where})
+            self._to_all(Command.COMMAND, command(Op.CHECKPOINT, path=where))
             write_manifest(where, self._po.num_servers, None, self._type)
         self._by_rank0("save_checkpoint", "written", path, write)
 
@@ -455,7 +456,7 @@ class DistKVStore(KVStoreBase):
                 check_keys(reader, list(self._store), where)
             finally:
                 reader.close()
-            self._to_all(Command.COMMAND, {"op": "restore", "path": where})
+            self._to_all(Command.COMMAND, command(Op.RESTORE, path=where))
         self._by_rank0("load_checkpoint", "loaded", path, restore)
 
     def _by_rank0(self, call: str, done: str, path: str, action: Callable[[str], None]) -> None:

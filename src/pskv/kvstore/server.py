@@ -24,6 +24,7 @@ from ..errors import CheckpointError, ClusterError, KeyAlreadyInitializedError, 
 from .._ps.auth import Verifier
 from .._ps.config import ClusterConfig
 from .._ps.message import Command, Meta
+from .._ps.ops import Op, ReplOp, parse
 from .._ps.postoffice import Postoffice
 from .._ps.serve import ServeLoop
 from .._ps.stream import StreamListener, ipc_path
@@ -194,7 +195,7 @@ class KVServer:
         if backup != shard or shard in self._restarted:   # else the dead primary: not yet
             repl.endpoints = backup_endpoints(self.po.servers[backup])
 
-    def _forward(self, op: str, body: dict[str, Any],
+    def _forward(self, op: ReplOp, body: dict[str, Any],
                  arrays: list[np.ndarray] | tuple[()] = ()) -> None:
         """Replicate a change of the shard being handled to its backup (before answering)."""
         repl = self._repl.get(self._shard)
@@ -210,7 +211,7 @@ class KVServer:
                 if repl.backup == rank:
                     repl.endpoints = backup_endpoints(self.po.servers[rank])
                     repl.close()
-                    repl.send("r_noop", {})       # connect now: the whole shard, then this
+                    repl.send(ReplOp.NOOP, {})       # connect now: the whole shard, then this
 
     def tick(self) -> None:
         """Fail sync rounds that waited too long."""
@@ -289,7 +290,7 @@ class KVServer:
             self.engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
                              place=None if not isinstance(place, list) or len(place) != 3
                              else (int(place[0]), int(place[1]), tuple(place[2])))
-        self._forward("r_init", {"keys": list(keys), "entries": specs}, arrays)
+        self._forward(ReplOp.INIT, {"keys": list(keys), "entries": specs}, arrays)
         self._send(conn, Command.ACK, ts)
 
     def _split_push(self, keys: tuple[int, ...], body: dict[str, Any],
@@ -352,37 +353,68 @@ class KVServer:
 
     def _on_command(self, conn: Connection, worker: int, ts: int, keys: tuple[int, ...],
                     body: Any, arrays: list[np.ndarray]) -> None:
-        op = body.get("op") if isinstance(body, dict) else None
-        reply: list[np.ndarray] = []
-        if op in ("optimizer", "compression", "load", "restore"):
-            self._forward("r_" + str(op), body, arrays)     # the backup first: then here
-        if op == "applied":     # a worker that switched to this backup: what it holds
-            self._send(conn, Command.ACK, ts, {"applied": self.engine.applied_by(worker)})
-            return
-        if op == "initial":     # worker 0's first push: the inits are done
-            self.snapshots.initial(self.engine, self._shard)
-        elif op == "optimizer":
-            self.engine.set_optimizer_spec(body.get("spec"))
-        elif op == "compression":
-            self.engine.set_compression(body.get("params"))
-        elif op == "save":
-            states = self.engine.states_updater("save", self._where()).get_states(
-                bool(body.get("dump", False)))
-            reply = [np.frombuffer(states, dtype=np.uint8)]
-        elif op == "load":
-            if len(arrays) != 1:
-                raise ProtocolError("load needs one array of state bytes")
-            self.engine.states_updater("load", self._where()).set_states(arrays[0].tobytes())
-        elif op == "checkpoint":
-            # the pause: one copy of the shard; a thread writes it, then we answer
-            self.snapshots.write(self.engine.snapshot(), str(body.get("path")),
-                                 reply=(conn, ts), index=self._shard)
-            return
-        elif op == "restore":
-            self.snapshots.restore(self.engine, str(body.get("path")))
-        else:
-            raise ProtocolError(f"unknown command {op!r}")
-        self._send(conn, Command.DATA if reply else Command.ACK, ts, arrays=reply)
+        op = parse(body)
+        handler = self._commands.get(op) if isinstance(op, Op) else None
+        if handler is None:   # replication ops go to the backups' listener, never here
+            raise ProtocolError(f"unknown command {body.get('op')!r} on a server's worker "
+                                "port (replication ops go to the backups' listener)")
+        if op.replicated is not None:
+            self._forward(op.replicated, body, arrays)     # the backup first: then here
+        reply = handler(self, conn, worker, ts, body, arrays)
+        if reply is not None:
+            self._send(conn, Command.DATA if reply else Command.ACK, ts, arrays=reply)
+
+    # each COMMAND op: its reply's arrays ([]: an ACK), or None when it answers by itself
+    def _cmd_applied(self, conn: Connection, worker: int, ts: int, body: dict[str, Any],
+                     arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+        """A worker that switched to this backup: what of its pushes this server holds."""
+        self._send(conn, Command.ACK, ts, {"applied": self.engine.applied_by(worker)})
+        return None
+
+    def _cmd_initial(self, conn: Connection, worker: int, ts: int, body: dict[str, Any],
+                     arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+        """Worker 0's first push: the inits are done (the round-0 checkpoint)."""
+        self.snapshots.initial(self.engine, self._shard)
+        return []
+
+    def _cmd_optimizer(self, conn: Connection, worker: int, ts: int, body: dict[str, Any],
+                       arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+        self.engine.set_optimizer_spec(body.get("spec"))
+        return []
+
+    def _cmd_compression(self, conn: Connection, worker: int, ts: int, body: dict[str, Any],
+                         arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+        self.engine.set_compression(body.get("params"))
+        return []
+
+    def _cmd_save(self, conn: Connection, worker: int, ts: int, body: dict[str, Any],
+                  arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+        states = self.engine.states_updater("save", self._where()).get_states(
+            bool(body.get("dump", False)))
+        return [np.frombuffer(states, dtype=np.uint8)]
+
+    def _cmd_load(self, conn: Connection, worker: int, ts: int, body: dict[str, Any],
+                  arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+        self.engine.states_updater("load", self._where()).set_states(arrays[0].tobytes())
+        return []
+
+    def _cmd_checkpoint(self, conn: Connection, worker: int, ts: int, body: dict[str, Any],
+                        arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+        # the pause: one copy of the shard; a thread writes it, then answers
+        self.snapshots.write(self.engine.snapshot(), str(body.get("path")),
+                             reply=(conn, ts), index=self._shard)
+        return None
+
+    def _cmd_restore(self, conn: Connection, worker: int, ts: int, body: dict[str, Any],
+                     arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+        self.snapshots.restore(self.engine, str(body.get("path")))
+        return []
+
+    _commands: dict[Op, Callable[..., list[np.ndarray] | None]] = {
+        Op.APPLIED: _cmd_applied, Op.INITIAL: _cmd_initial, Op.OPTIMIZER: _cmd_optimizer,
+        Op.COMPRESSION: _cmd_compression, Op.SAVE: _cmd_save, Op.LOAD: _cmd_load,
+        Op.CHECKPOINT: _cmd_checkpoint, Op.RESTORE: _cmd_restore,
+    }
 
     _handlers: dict[Command, Callable[..., None]] = {
         Command.INIT: _on_init, Command.PUSH: _on_push, Command.PULL: _on_pull,
