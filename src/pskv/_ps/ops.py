@@ -70,8 +70,9 @@ def command(op: Op, **fields: Any) -> dict[str, Any]:
     return {"op": op.value, **fields}
 
 
-def change(op: ReplOp, shard: int, **fields: Any) -> dict[str, Any]:
-    """The body of a replication change ``op`` of ``shard``."""
+def change(op: ReplOp, shard: int, fields: dict[str, Any]) -> dict[str, Any]:
+    """The body of a replication change ``op`` of ``shard`` carrying ``fields`` (a
+    forwarded worker command's body: its own ``op`` is replaced)."""
     return {**fields, "op": op.value, "shard": shard}
 
 

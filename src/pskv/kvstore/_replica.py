@@ -83,7 +83,7 @@ class Replicator:
             self._call(Command.HELLO, {**hello, **prove(self._po.server_key, PURPOSE,
                                                         challenge.body, "server", self.me)}, ())
         body, arrays = encode_copy(self.engine.snapshot(), self.engine.sync)
-        self._call(Command.COMMAND, change(ReplOp.STATE, self.shard, **body), arrays)
+        self._call(Command.COMMAND, change(ReplOp.STATE, self.shard, body), arrays)
         log.info("server %d: server %d is the backup of shard %d (%d keys copied)", self.me,
                  self.backup, self.shard, len(body["entries"]))
 
@@ -110,7 +110,7 @@ class Replicator:
             self._ts += 1
             self._outstanding.add(self._ts)
             assert self._conn is not None
-            self._conn.send(Command.COMMAND, self._ts, (), change(op, self.shard, **body),
+            self._conn.send(Command.COMMAND, self._ts, (), change(op, self.shard, body),
                             arrays)
             if wait:
                 self._wait()

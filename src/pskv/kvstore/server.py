@@ -354,13 +354,12 @@ class KVServer:
     def _on_command(self, conn: Connection, worker: int, ts: int, keys: tuple[int, ...],
                     body: Any, arrays: list[np.ndarray]) -> None:
         op = parse(body)
-        handler = self._commands.get(op) if isinstance(op, Op) else None
-        if handler is None:   # replication ops go to the backups' listener, never here
+        if not isinstance(op, Op):   # replication ops go to the backups' listener, never here
             raise ProtocolError(f"unknown command {body.get('op')!r} on a server's worker "
                                 "port (replication ops go to the backups' listener)")
         if op.replicated is not None:
             self._forward(op.replicated, body, arrays)     # the backup first: then here
-        reply = handler(self, conn, worker, ts, body, arrays)
+        reply = self._commands[op](self, conn, worker, ts, body, arrays)
         if reply is not None:
             self._send(conn, Command.DATA if reply else Command.ACK, ts, arrays=reply)
 
