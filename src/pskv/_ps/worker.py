@@ -13,12 +13,12 @@ and files every reply under its ts, and the others wait on a condition for their
 is held while a thread waits for the network except the receiver role itself.
 
 Servers that die and come back (``pskv-launch --max-restarts``, ``PSKV_REPLICAS=1``; see
-docs/durability.md): the worker is then *resilient*. It keeps its recent pushes
-(:class:`.replay.PushLog`) and its unanswered requests; a broken link marks the server
-down instead of failing the call. Only the receiver reconnects (:meth:`_recover`): to the
-backup of each shard the dead server served, or to the restarted server, and sends it
-what it lacks, under the routing lock, so no request of another thread slips between the
-switch and the re-sent pushes.
+docs/durability.md): the worker is then *resilient*, and every request goes out through
+its :class:`.failover.Failover` (which keeps it, routes it to the server serving its shard,
+and sends it again after a failover), every reply comes back through it, and a broken link
+marks the server down there instead of failing the call. Only the receiver recovers
+(``Failover.recover``), with the receiver role held; this class is the failover's
+:class:`.failover.Links`.
 """
 from __future__ import annotations
 
@@ -36,10 +36,9 @@ import zmq
 from ..errors import ClusterTimeoutError, KVStoreError, NodeFailedError, ProtocolError
 from .auth import prove
 from .config import ClusterConfig
+from .failover import Event, Failover, ServerLost, ServerRejoined, applied_counts
 from .message import Command, Meta, error_from_body
-from .ops import Op, command, parse
 from .postoffice import Postoffice
-from .replay import PushLog, backup_of
 from .tls import client_context
 from .transport import Alloc, Connection, connect
 from .zeromq import ZmqContext
@@ -78,22 +77,13 @@ class KVWorker:
         self._io = threading.Lock()
         self._zmq = False
         self._lost: set[int] = set()               # servers whose connection broke
-        #: servers may die and come back: keep what a restarted one or a backup needs
-        self.resilient = cfg.max_restarts > 0 or cfg.replicas > 0
-        self._log = PushLog(max(3 * cfg.checkpoint_every + 2 if cfg.max_restarts else 0,
-                                64 if cfg.replicas else 0))
-        #: ts -> (shard, ps_key -> pushes sent before it): with replicas, a reply to a pull
-        #: or flush means those pushes are applied and backed up: no longer kept
-        self._acks: dict[int, tuple[int, dict[int, int]]] = {}
-        #: shard -> the server that serves it (its backup once its primary died)
-        self._host = list(range(len(po.servers)))
-        #: ts -> (shard, cmd, keys, body, arrays) of requests not answered yet
-        self._sent: dict[int, tuple[int, Command, Sequence[int], Any,
-                                    Sequence[np.ndarray]]] = {}
-        self._setup: dict[Op, Any] = {}           # settings a restarted server gets again
-        self._down: set[int] = set()               # servers whose link broke (resilient)
-        self._route = threading.RLock()            # shard routing and re-sending
-        self._recovering = False
+        #: servers may die and come back: failover keeps what a restarted one or a backup
+        #: needs, and routes each request to the server serving its shard
+        self.failover: Failover | None = None
+        if cfg.max_restarts > 0 or cfg.replicas > 0:
+            keep = max(3 * cfg.checkpoint_every + 2 if cfg.max_restarts else 0,
+                       64 if cfg.replicas else 0)
+            self.failover = Failover(self, po.rank, len(po.servers), keep, cfg.replicas > 0)
         try:
             for rank, ep in enumerate(po.servers):
                 self._conns.append(self._connect(rank, ep))
@@ -110,10 +100,10 @@ class KVWorker:
                     tss[s] = 0
             for s, ts in enumerate(tss):
                 meta = self.wait(ts, timeout=cfg.connect_timeout)[0] if ts else replies[s][0]
-                if po.rejoin:
+                if po.rejoin and self.failover is not None:
                     # a restarted worker: the pushes its first run made are applied; the
                     # same pushes made again as it catches up are dropped (durability.md)
-                    self._log.applied_before(s, _applied(meta.body))
+                    self.failover.pushes.applied_before(s, applied_counts(meta.body))
         except BaseException:
             self.close()
             raise
@@ -146,7 +136,8 @@ class KVWorker:
         ``into``: where the reply's arrays should land, one per array (None: anywhere);
         honoured where the transport reads into place and shape and dtype match.
         """
-        if cmd == Command.PUSHPULL and self._log.skipping:
+        fo = self.failover
+        if cmd == Command.PUSHPULL and fo is not None and fo.pushes.skipping:
             # a restarted worker catching up: push what is new, then pull
             self.push(server, Command.PUSH, keys, body, arrays)
             cmd, body, arrays = Command.PULL, None, ()
@@ -156,19 +147,10 @@ class KVWorker:
                 self._into[ts] = into
         if time.monotonic() - self._last_read > READ_EVERY:
             self.poll_links()     # keep the servers' replies from piling up
-        if not self.resilient:
+        if fo is None:
             self._send(server, cmd, ts, keys, body, arrays)
-            return ts
-        with self._route:
-            with self._mutex:
-                self._keep(server, cmd, ts, keys, body, arrays)
-            host = self._host[server]
-            if host in self._down:
-                return ts         # sent again once a backup or a restart serves the shard
-            try:
-                self._send(host, cmd, ts, keys, self._tagged(server, body), arrays)
-            except NodeFailedError as err:
-                self._mark_down(host, err)
+        else:
+            fo.send(server, cmd, ts, keys, body, arrays)
         return ts
 
     def push(self, server: int, cmd: Command, keys: Sequence[int], body: Any,
@@ -177,9 +159,9 @@ class KVWorker:
 
         Its ts is negative, so an ERROR for it is told apart from a reply someone awaits.
         """
-        if self._log.skipping:
-            with self._mutex:
-                keys, body, arrays = self._log.drop_applied(server, keys, body, arrays)
+        fo = self.failover
+        if fo is not None and fo.pushes.skipping:
+            keys, body, arrays = fo.skip_applied(server, keys, body, arrays)
             if not keys:
                 return 0
         ts = self.request(server, cmd, keys, body, arrays, negative=True)
@@ -193,43 +175,21 @@ class KVWorker:
             conn.close()
         self._conns.clear()
 
-    # ---- what a server that died and came back needs (docs/durability.md) -----------------
-    def _keep(self, shard: int, cmd: Command, ts: int, keys: Sequence[int], body: Any,
-              arrays: Sequence[np.ndarray]) -> None:
-        """Remember what the server of ``shard`` would need again (under the mutex)."""
-        if cmd in (Command.PUSH, Command.PUSHPULL):
-            kinds = body.get("kinds", "") if isinstance(body, dict) else ""
-            self._log.record(shard, keys, kinds, arrays)
-        if cmd == Command.COMMAND and parse(body) is Op.COMPRESSION:
-            self._setup[Op.COMPRESSION] = body
-        if self.cfg.replicas and cmd in (Command.PULL, Command.PUSHPULL, Command.FLUSH):
-            self._acks[ts] = (shard, self._log.counts(shard, None if cmd == Command.FLUSH
-                                                      else keys))
-        if ts > 0 and cmd != Command.HELLO:
-            # a PUSHPULL's push is in the log: sent again, it is a PULL
-            self._sent[ts] = (shard, Command.PULL, keys, None, ()) \
-                if cmd == Command.PUSHPULL else (shard, cmd, keys, body, arrays)
+    # ---- the failover's Links (docs/durability.md) ---------------------------------------
+    def next_ts(self) -> int:
+        """A fresh positive request id."""
+        return next(self._ts)
 
-    def _tagged(self, shard: int, body: Any) -> Any:
-        """``body`` naming ``shard`` when another server serves it."""
-        if self._host[shard] == shard:
-            return body
-        return {**(body if isinstance(body, dict) else {}), "shard": shard}
+    def send(self, server: int, cmd: Command, ts: int, keys: Sequence[int] = (),
+             body: Any = None, arrays: Sequence[np.ndarray] = ()) -> None:
+        """Write one message to ``server`` as it is (no routing)."""
+        self._send(server, cmd, ts, keys, body, arrays)
 
-    def _mark_down(self, server: int, err: KVStoreError, switch: bool = True) -> None:
-        """The link to ``server`` broke: raise ``err`` unless resilient; else the receiver
-        switches its shards to their backups (PSKV_REPLICAS=1) or waits for its restart."""
-        if not self.resilient:
-            raise err
-        with self._mutex:
-            first = server not in self._down
-            self._down.add(server)
-        if first and self.cfg.replicas and switch:
-            self.po.lost.put(server)
-
-    def _drop_conn(self, server: int) -> None:
+    def drop(self, server: int) -> None:
         """Stop polling and close the link to ``server`` (only the receiver calls it)."""
         conn = self._conns[server]
+        if conn.pollable() not in self._server_of:
+            return
         try:
             self._poller.unregister(conn.pollable())
         except KeyError:
@@ -240,22 +200,25 @@ class KVWorker:
         with contextlib.nullcontext() if self._zmq else self._send_locks[server]:
             conn.close()
 
-    def _recover(self) -> None:
-        """Switch to backups of dead servers and reconnect to restarted ones (the receiver
-        calls it, with the receiver role held)."""
-        if self._recovering:
-            return
-        self._recovering = True
-        try:
-            while not self.po.lost.empty() or not self.po.rejoined.empty():
-                if not self.po.lost.empty():
-                    self._failover(self.po.lost.get())
-                else:
-                    self._rejoin(self.po.rejoined.get())
-        finally:
-            self._recovering = False
+    def connect(self, server: int) -> None:
+        """A new link to the restarted ``server``."""
+        self._conns[server] = self._connect(server, self.po.servers[server])
+        with self._mutex:
+            self._lost.discard(server)
 
-    def _await(self, ts: int, what: str, timeout: float | None = None) -> Meta:
+    def hello(self, server: int) -> Meta:
+        """Prove this worker's rank again on the new link to ``server``."""
+        what = f"server {server}'s answer to HELLO after its restart"
+        ts = next(self._ts)
+        self._send(server, Command.HELLO, ts, body=self._hello())
+        meta = self.await_reply(ts, what, self.cfg.connect_timeout)
+        if meta.cmd == Command.CHALLENGE:
+            ts = next(self._ts)
+            self._send(server, Command.HELLO, ts, body=self._proof(meta.body))
+            meta = self.await_reply(ts, what, self.cfg.connect_timeout)
+        return meta
+
+    def await_reply(self, ts: int, what: str, timeout: float | None = None) -> Meta:
         """Wait for the reply to ``ts`` while holding the receiver role."""
         limit = self.cfg.request_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
@@ -273,79 +236,18 @@ class KVWorker:
                                           f"{what}. Raise PSKV_REQUEST_TIMEOUT if it is slow.")
             self._receive(int(min(left, 0.2) * 1000) + 1)
 
-    def _failover(self, server: int) -> None:
-        """``server`` died: each shard it served goes to its backup, which is told what
-        of this worker's pushes it lacks, and gets the unanswered requests again."""
-        with self._route:
-            self._mark_down(server, NodeFailedError(f"server {server} died"), switch=False)
-            if self._conns[server].pollable() in self._server_of:
-                self._drop_conn(server)
-            for shard, host in enumerate(self._host):
-                if host != server:
-                    continue
-                backup = backup_of(shard, host, len(self._host))
-                if backup in self._down:
-                    raise NodeFailedError(
-                        f"server {server} died and the backup of its shard {shard}, server "
-                        f"{backup}, is down too: that shard is lost. Restart the job from a "
-                        "checkpoint (kv.load_checkpoint).")
-                self._host[shard] = backup
-                ts = next(self._ts)
-                self._send(backup, Command.COMMAND, ts, body=command(Op.APPLIED, shard=shard))
-                meta = self._await(ts, f"server {backup} to take over shard {shard}")
-                self._resend(shard, meta.body)
-                log.warning("worker %d: server %d died; shard %d now on server %d",
-                            self.po.rank, server, shard, backup)
+    def _membership_event(self) -> Event | None:
+        """The scheduler's next word about a server: lost first, then rejoined."""
+        if not self.po.lost.empty():
+            return ServerLost(self.po.lost.get())
+        if not self.po.rejoined.empty():
+            return ServerRejoined(self.po.rejoined.get())
+        return None
 
-    def _resend(self, shard: int, body: Any) -> None:
-        """Send the server of ``shard`` this worker's pushes it has not applied (``body``:
-        its ``applied`` counts), then the requests not answered yet (routing lock held)."""
-        host = self._host[shard]
-        tag = {} if host == shard else {"shard": shard}
-        with self._mutex:
-            pushes = self._log.since(shard, _applied(body))
-            again = sorted(ts for ts, sent in self._sent.items() if sent[0] == shard)
-            requests = [(ts, self._sent[ts]) for ts in again]
-        for pk, kind, arrays in pushes:
-            self._send(host, Command.PUSH, -next(self._ts), [pk], {"kinds": kind, **tag},
-                       arrays)
-        for ts, (_s, cmd, keys, body_, arrays_) in requests:
-            if cmd == Command.INIT and isinstance(body_, dict):
-                body_ = {**body_, "again": True}     # its keys may be there already
-            self._send(host, cmd, ts, keys, self._tagged(shard, body_), arrays_)
-        log.warning("worker %d: sent %d pushes and %d requests for shard %d again to server "
-                    "%d", self.po.rank, len(pushes), len(requests), shard, host)
-
-    def _rejoin(self, server: int) -> None:
-        """``server`` was restarted (the scheduler said where it is now): reconnect, prove
-        this worker's rank again, and send it what it lacks (without replicas: mode and
-        compression, later pushes, unanswered requests; with replicas it is a backup now)."""
-        with self._route:
-            if self.cfg.replicas and self._host[server] == server:
-                self._failover(server)          # it died unseen: its backup serves its shard
-            self._mark_down(server, NodeFailedError(f"server {server} was restarted"),
-                            switch=False)
-            if self._conns[server].pollable() in self._server_of:
-                self._drop_conn(server)
-            self._conns[server] = self._connect(server, self.po.servers[server])
-            with self._mutex:
-                self._down.discard(server)
-                self._lost.discard(server)
-            what = f"server {server}'s answer to HELLO after its restart"
-            ts = next(self._ts)
-            self._send(server, Command.HELLO, ts, body=self._hello())
-            meta = self._await(ts, what, self.cfg.connect_timeout)
-            if meta.cmd == Command.CHALLENGE:
-                ts = next(self._ts)
-                self._send(server, Command.HELLO, ts, body=self._proof(meta.body))
-                meta = self._await(ts, what, self.cfg.connect_timeout)
-            if self.cfg.replicas:
-                return                          # a backup now: its shard stays where it is
-            for op, setup in list(self._setup.items()):
-                ts = next(self._ts)
-                self._send(server, Command.COMMAND, ts, body=setup)
-                self._await(ts, f"server {server} to take {op.value}")
-            self._resend(server, meta.body)
+    def _recover(self) -> None:
+        """Act on servers lost and rejoined (the receiver calls it, role held)."""
+        if self.failover is not None:
+            self.failover.recover(self._membership_event)
 
     # ---- replies ---------------------------------------------------------------------------
     def _alloc_for(self, meta: Meta) -> Alloc | None:
@@ -375,8 +277,8 @@ class KVWorker:
             server = self._server_of.get(what)
             if server is None:
                 continue
-            if server in self._down:             # resilient: a link that broke
-                self._drop_conn(server)
+            if self.failover is not None and self.failover.is_down(server):
+                self.drop(server)                # resilient: a link that broke
                 continue
             conn = self._conns[server]
             while True:         # one message at a time: its buffers may be reused
@@ -390,11 +292,11 @@ class KVWorker:
                         self._lost.add(server)
                     if first:                        # the others hear it from the scheduler
                         self.po.report_lost("server", server)
-                    if not self.resilient:
+                    if self.failover is None:
                         self.po.check()  # a cluster already failed: that is the cause
                         raise NodeFailedError(f"server {server} is gone: {err}") from None
-                    self._mark_down(server, err)
-                    self._drop_conn(server)
+                    self.failover.link_broke(server)
+                    self.drop(server)
                     break
                 if not got:
                     break
@@ -404,11 +306,8 @@ class KVWorker:
                     result = error_from_body(meta.body, f"server {server}")
                 with self._mutex:
                     self._into.pop(meta.ts, None)
-                    if self.resilient:
-                        self._sent.pop(meta.ts, None)
-                        acked = self._acks.pop(meta.ts, None)
-                        if acked is not None and meta.cmd != Command.ERROR:
-                            self._log.forget(*acked)
+                    if self.failover is not None:
+                        self.failover.answered(meta.ts, meta.cmd != Command.ERROR)
                     if meta.ts < 0:              # only a failed push is answered
                         if isinstance(result, Exception) and self._deferred_error is None:
                             self._deferred_error = result
@@ -425,8 +324,7 @@ class KVWorker:
                 return
             self._receiving = True
         try:
-            if self.resilient:
-                self._recover()
+            self._recover()
             self._receive(0)
         finally:
             with self._mutex:
@@ -468,8 +366,7 @@ class KVWorker:
                     continue
                 self._receiving = True
             try:
-                if self.resilient:
-                    self._recover()
+                self._recover()
                 self._receive(int(min(left, 0.2) * 1000) + 1)
             finally:
                 with self._mutex:
@@ -506,12 +403,3 @@ class KVWorker:
                           "worker has not pushed the same keys?)")
         self.raise_deferred()
 
-
-def _applied(body: Any) -> dict[int, int]:
-    """A server's ``applied`` counts (ps_key -> pushes of this worker it applied)."""
-    pairs = body.get("applied", []) if isinstance(body, dict) else []
-    out: dict[int, int] = {}
-    for pair in pairs if isinstance(pairs, list) else []:
-        if isinstance(pair, list) and len(pair) == 2 and all(type(x) is int for x in pair):
-            out[pair[0]] = pair[1]
-    return out

@@ -1,0 +1,290 @@
+"""Failover and re-send: what a worker does when a server dies and comes back.
+
+With ``pskv-launch --max-restarts`` or ``PSKV_REPLICAS=1`` a worker is *resilient*
+(docs/durability.md). :class:`Failover` is its durability wing, hung off the worker's links
+at two points as ps-lite's ``Resender`` hangs off the Van: every request on its way out
+(:meth:`Failover.send`: kept, routed to the server serving its shard, or held while that
+shard has none) and every reply on its way in (:meth:`Failover.answered`: no longer kept).
+Between the two it owns all the state failover needs: the recent pushes
+(:class:`.replay.PushLog`), the unanswered requests, the settings a restarted server gets
+again, which server serves each shard, and which are down.
+
+:meth:`Failover.recover` acts on :class:`ServerLost` and :class:`ServerRejoined` events: a
+lost server's shards go to their backups (``PSKV_REPLICAS=1``), each told this worker's
+pushes it lacks; a restarted server is reconnected to and sent what it lacks. It talks to
+the network only through :class:`Links`, which the worker implements (and the unit tests
+fake): the component has no socket, no thread and no clock of its own; every wait is the
+links' and is bounded there.
+
+Locks: ``route`` (re-entrant) is held from a request's routing to its send, and over a
+whole recovery, so no request slips between a switch and the pushes sent again; the
+component's own ``_lock`` guards its tables and is never held while calling the links.
+A worker that holds its own mutex may call :meth:`answered` (that lock comes second).
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from ..errors import KVStoreError, NodeFailedError
+from .message import Command, Meta
+from .ops import Op, command, parse
+from .replay import PushLog, backup_of
+
+__all__ = ["Failover", "Links", "ServerLost", "ServerRejoined", "applied_counts"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLost:
+    """The link to server ``rank`` broke, or the scheduler reported it dead."""
+
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServerRejoined:
+    """Server ``rank`` was restarted; the membership says where it is now."""
+
+    rank: int
+
+
+Event = ServerLost | ServerRejoined
+
+
+class Links(Protocol):
+    """What :class:`Failover` needs of a worker's connections to the servers."""
+
+    def next_ts(self) -> int:
+        """A fresh positive request id."""
+
+    def send(self, server: int, cmd: Command, ts: int, keys: Sequence[int] = (),
+             body: Any = None, arrays: Sequence[np.ndarray] = ()) -> None:
+        """Write one message to ``server``; NodeFailedError if its link is broken."""
+
+    def await_reply(self, ts: int, what: str, timeout: float | None = None) -> Meta:
+        """The reply to ``ts`` (bounded; raises what the server answered or a timeout)."""
+
+    def drop(self, server: int) -> None:
+        """Stop reading the link to ``server`` and close it (nothing if already closed)."""
+
+    def connect(self, server: int) -> None:
+        """A new link to the restarted ``server``, where the membership says it is now."""
+
+    def hello(self, server: int) -> Meta:
+        """Prove this worker's rank on the new link to ``server``: the server's final
+        answer to HELLO (its ``applied`` counts)."""
+
+
+def applied_counts(body: Any) -> dict[int, int]:
+    """A server's ``applied`` counts (ps_key -> pushes of this worker it applied).
+
+    Examples
+    --------
+    >>> applied_counts({"applied": [[7, 2], [9, "x"]]}), applied_counts(None)
+    ({7: 2}, {})
+    """
+    pairs = body.get("applied", []) if isinstance(body, dict) else []
+    out: dict[int, int] = {}
+    for pair in pairs if isinstance(pairs, list) else []:
+        if isinstance(pair, list) and len(pair) == 2 and all(type(x) is int for x in pair):
+            out[pair[0]] = pair[1]
+    return out
+
+
+class Failover:
+    """A resilient worker's failover and re-send state (see the module docstring).
+
+    Parameters
+    ----------
+    links : Links
+    rank : int
+        This worker's rank (for log lines).
+    num_servers : int
+    keep : int
+        Pushes kept per server and key (:class:`.replay.PushLog`).
+    replicas : bool
+        Whether shards have backups (``PSKV_REPLICAS=1``): a lost server's shards move to
+        them, and replies to pulls and flushes let kept pushes go.
+    """
+
+    def __init__(self, links: Links, rank: int, num_servers: int, keep: int,
+                 replicas: bool) -> None:
+        self.links = links
+        self.rank = rank
+        self.replicas = replicas
+        self.pushes = PushLog(keep)
+        self.route = threading.RLock()
+        self._lock = threading.Lock()
+        #: shard -> the server that serves it (its backup once its primary died)
+        self.host = list(range(num_servers))
+        self._down: set[int] = set()
+        #: ts -> (shard, cmd, keys, body, arrays) of requests not answered yet
+        self._sent: dict[int, tuple[int, Command, Sequence[int], Any,
+                                    Sequence[np.ndarray]]] = {}
+        #: ts -> (shard, ps_key -> pushes sent before it): with replicas, a reply to a pull
+        #: or flush means those pushes are applied and backed up: no longer kept
+        self._acks: dict[int, tuple[int, dict[int, int]]] = {}
+        self._setup: dict[Op, Any] = {}       # settings a restarted server gets again
+        self._pending: collections.deque[Event] = collections.deque()
+        self._recovering = False
+
+    # ---- message out -----------------------------------------------------------------------
+    def send(self, shard: int, cmd: Command, ts: int, keys: Sequence[int], body: Any,
+             arrays: Sequence[np.ndarray]) -> None:
+        """Keep what the server of ``shard`` would need again, and send it there unless
+        that server is down (then it goes once a backup or a restart serves the shard)."""
+        with self.route:
+            with self._lock:
+                self._keep(shard, cmd, ts, keys, body, arrays)
+                host = self.host[shard]
+                if host in self._down:
+                    return
+            try:
+                self.links.send(host, cmd, ts, keys, self._tagged(shard, body), arrays)
+            except NodeFailedError:
+                self.link_broke(host)
+
+    def _keep(self, shard: int, cmd: Command, ts: int, keys: Sequence[int], body: Any,
+              arrays: Sequence[np.ndarray]) -> None:
+        if cmd in (Command.PUSH, Command.PUSHPULL):
+            kinds = body.get("kinds", "") if isinstance(body, dict) else ""
+            self.pushes.record(shard, keys, kinds, arrays)
+        if cmd == Command.COMMAND and parse(body) is Op.COMPRESSION:
+            self._setup[Op.COMPRESSION] = body
+        if self.replicas and cmd in (Command.PULL, Command.PUSHPULL, Command.FLUSH):
+            self._acks[ts] = (shard, self.pushes.counts(shard, None if cmd == Command.FLUSH
+                                                         else keys))
+        if ts > 0 and cmd != Command.HELLO:
+            # a PUSHPULL's push is in the log: sent again, it is a PULL
+            self._sent[ts] = (shard, Command.PULL, keys, None, ()) \
+                if cmd == Command.PUSHPULL else (shard, cmd, keys, body, arrays)
+
+    def _tagged(self, shard: int, body: Any) -> Any:
+        """``body`` naming ``shard`` when another server serves it."""
+        if self.host[shard] == shard:
+            return body
+        return {**(body if isinstance(body, dict) else {}), "shard": shard}
+
+    def skip_applied(self, server: int, keys: Sequence[int], body: Any,
+                     arrays: Sequence[np.ndarray]) -> tuple[list[int], Any, list[np.ndarray]]:
+        """A restarted worker catching up: the push without what ``server`` applied."""
+        with self._lock:
+            return self.pushes.drop_applied(server, keys, body, arrays)
+
+    # ---- message in ------------------------------------------------------------------------
+    def answered(self, ts: int, ok: bool) -> None:
+        """The reply to ``ts`` came (``ok``: not an ERROR): no longer sent again."""
+        with self._lock:
+            self._sent.pop(ts, None)
+            acked = self._acks.pop(ts, None)
+            if acked is not None and ok:
+                self.pushes.forget(*acked)
+
+    def is_down(self, server: int) -> bool:
+        """Whether the link to ``server`` broke and it serves nothing until recovered."""
+        return server in self._down
+
+    def link_broke(self, server: int) -> None:
+        """The link to ``server`` broke: it is down; with replicas its shards move to
+        their backups at the next :meth:`recover`."""
+        with self._lock:
+            first = server not in self._down
+            self._down.add(server)
+            if first and self.replicas:
+                self._pending.append(ServerLost(server))
+
+    # ---- recovery --------------------------------------------------------------------------
+    def recover(self, next_event: Callable[[], Event | None]) -> None:
+        """Act on this component's own events, then on those ``next_event`` gives (the
+        membership's), until none is left. Re-entrant calls return at once."""
+        if self._recovering:
+            return
+        self._recovering = True
+        try:
+            while True:
+                with self._lock:
+                    event = self._pending.popleft() if self._pending else None
+                event = event or next_event()
+                if event is None:
+                    return
+                if isinstance(event, ServerLost):
+                    self._failover(event.rank)
+                else:
+                    self._rejoin(event.rank)
+        finally:
+            self._recovering = False
+
+    def _failover(self, server: int) -> None:
+        """``server`` died: each shard it served goes to its backup, which is told what
+        of this worker's pushes it lacks, and gets the unanswered requests again."""
+        with self.route:
+            with self._lock:
+                self._down.add(server)
+            self.links.drop(server)
+            for shard, host in enumerate(self.host):
+                if host != server:
+                    continue
+                backup = backup_of(shard, host, len(self.host))
+                if backup in self._down:
+                    raise NodeFailedError(
+                        f"server {server} died and the backup of its shard {shard}, server "
+                        f"{backup}, is down too: that shard is lost. Restart the job from a "
+                        "checkpoint (kv.load_checkpoint).")
+                self.host[shard] = backup
+                ts = self.links.next_ts()
+                self.links.send(backup, Command.COMMAND, ts, body=command(Op.APPLIED,
+                                                                          shard=shard))
+                meta = self.links.await_reply(ts, f"server {backup} to take over shard "
+                                                  f"{shard}")
+                self._resend(shard, meta.body)
+                log.warning("worker %d: server %d died; shard %d now on server %d",
+                            self.rank, server, shard, backup)
+
+    def _resend(self, shard: int, body: Any) -> None:
+        """Send the server of ``shard`` this worker's pushes it has not applied (``body``:
+        its ``applied`` counts), then the requests not answered yet (route lock held)."""
+        host = self.host[shard]
+        tag = {} if host == shard else {"shard": shard}
+        with self._lock:
+            pushes = self.pushes.since(shard, applied_counts(body))
+            again = sorted(ts for ts, sent in self._sent.items() if sent[0] == shard)
+            requests = [(ts, self._sent[ts]) for ts in again]
+        for pk, kind, arrays in pushes:
+            self.links.send(host, Command.PUSH, -self.links.next_ts(), [pk],
+                            {"kinds": kind, **tag}, arrays)
+        for ts, (_s, cmd, keys, body_, arrays_) in requests:
+            if cmd == Command.INIT and isinstance(body_, dict):
+                body_ = {**body_, "again": True}     # its keys may be there already
+            self.links.send(host, cmd, ts, keys, self._tagged(shard, body_), arrays_)
+        log.warning("worker %d: sent %d pushes and %d requests for shard %d again to server "
+                    "%d", self.rank, len(pushes), len(requests), shard, host)
+
+    def _rejoin(self, server: int) -> None:
+        """``server`` was restarted: reconnect, prove this worker's rank again, and send it
+        what it lacks (without replicas: compression, later pushes, unanswered requests;
+        with replicas it is a backup now and its shard stays where it is)."""
+        with self.route:
+            if self.replicas and self.host[server] == server:
+                self._failover(server)          # it died unseen: its backup serves its shard
+            with self._lock:
+                self._down.add(server)
+            self.links.drop(server)
+            self.links.connect(server)
+            with self._lock:
+                self._down.discard(server)
+            meta = self.links.hello(server)
+            if self.replicas:
+                return
+            for op, setup in list(self._setup.items()):
+                ts = self.links.next_ts()
+                self.links.send(server, Command.COMMAND, ts, body=setup)
+                self.links.await_reply(ts, f"server {server} to take {op.value}")
+            self._resend(server, meta.body)
+
