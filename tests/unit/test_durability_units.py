@@ -122,11 +122,17 @@ def test_engine_counts_each_workers_applied_pushes() -> None:
     assert asyn.applied_by(1) == [[5, 3]] and asyn.applied_by(0) == [[5, 0]]
 
 
-def test_engine_replicate_hook_runs_before_answers() -> None:
+def test_engine_round_observer_runs_before_answers() -> None:
     seen: list[Any] = []
     engine = Engine(num_workers=1, on_done=lambda t: seen.append("answer"))
-    engine.replicate = lambda key, merged, rnd, applied: seen.append(
-        (key, merged.asnumpy().tolist(), rnd, dict(applied)))
+
+    class Observer:
+        wants_merged = True
+
+        def round_applied(self, key: Any, merged: Any, rnd: int,
+                          applied: dict[int, int]) -> None:
+            seen.append((key, merged.asnumpy().tolist(), rnd, dict(applied)))
+    engine.observer = Observer()
     engine.init(1, np.zeros(2, np.float32))
     ticket = Ticket(None, 1, None, (1,))
     engine.hold(ticket)
@@ -221,3 +227,40 @@ def test_push_log_reuses_buffers_of_forgotten_pushes_without_mixing_them_up() ->
     assert [float(a[0]) for a in kept] == [2.0, 3.0]
     assert kept[1] is first                # push 3 went into push 1's buffer
     assert kept[0] is second               # push 2's copy untouched
+
+
+def test_periodic_copies_write_one_copy_once_every_key_reached_the_round() -> None:
+    from pskv.kvstore._durable import PeriodicCopies
+    written: list[tuple[int, list[Any]]] = []
+    engine = Engine(num_workers=1)
+    engine.init(1, np.zeros(2, np.float32))
+    engine.init(2, np.zeros(2, np.float32))
+    engine.observer = PeriodicCopies(engine, 2, lambda rnd, copy: written.append(
+        (rnd, [m["id"] for m in copy.entries])))
+    for _ in range(2):
+        engine.push(1, 0, [np.ones(2, np.float32)], "d")
+    assert written == []                      # key 2 has not reached round 2
+    for _ in range(2):
+        engine.push(2, 0, [np.ones(2, np.float32)], "d")
+    assert written == [(2, [1, 2])]
+
+
+def test_a_shard_sends_a_round_to_its_backup_before_its_periodic_copy() -> None:
+    from pskv.kvstore._shards import Shard
+    order: list[str] = []
+
+    class Repl:
+        def round(self, key: Any, merged: Any, rnd: int, applied: dict[int, int]) -> None:
+            order.append(f"backup {key}:{rnd}:{merged.asnumpy().tolist()}")
+
+    class Periodic:
+        wants_merged = False
+
+        def round_applied(self, key: Any, merged: Any, rnd: int,
+                          applied: dict[int, int]) -> None:
+            order.append(f"copy {key}:{rnd}")
+    engine = Engine(num_workers=1)
+    engine.init(3, np.zeros(1, np.float32))
+    engine.observer = Shard(0, engine, replicator=Repl(), periodic=Periodic())  # type: ignore[arg-type]
+    engine.push(3, 0, [np.full(1, 5, np.float32)], "d")
+    assert order == ["backup 3:1:[5.0]", "copy 3:1"]

@@ -18,10 +18,10 @@ import numpy as np
 from ..errors import CheckpointError, KVStoreError
 from .._ps.config import ClusterConfig
 from .._ps.message import Command
-from ._engine import Engine
+from ._engine import Engine, EntryCopy
 from ._snapshot import Reader, ShardCopy, latest, prune, round_dir, write_manifest, write_shard
 
-__all__ = ["Snapshots", "checkpoint_path", "load_shard"]
+__all__ = ["PeriodicCopies", "Snapshots", "checkpoint_path", "load_shard"]
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +53,14 @@ class Snapshots:
         self._jobs: list[_Job] = []
         self.index, self.num_shards = 0, 1
 
-    def start(self, engine: Engine, index: int, num_shards: int) -> None:
-        """``engine`` serves shard ``index`` of ``num_shards``; periodic checkpoints of it
-        if configured."""
+    def start(self, engine: Engine, index: int, num_shards: int) -> PeriodicCopies | None:
+        """``engine`` serves shard ``index`` of ``num_shards``: the observer of its rounds
+        that takes the periodic checkpoints, if configured."""
         self.index, self.num_shards = index, num_shards
-        if self.cfg.checkpoint_every and self.cfg.checkpoint_dir:
-            engine.snapshot_every = self.cfg.checkpoint_every
-            engine.on_snapshot = lambda rnd, copy: self._periodic(rnd, copy, index)
+        if not (self.cfg.checkpoint_every and self.cfg.checkpoint_dir):
+            return None
+        return PeriodicCopies(engine, self.cfg.checkpoint_every,
+                              lambda rnd, copy: self._periodic(rnd, copy, index))
 
     def initial(self, engine: Engine, index: int) -> None:
         """With periodic checkpoints, before any round: the initial values as the
@@ -147,6 +148,32 @@ class Snapshots:
             assert job.thread is not None
             job.thread.join(timeout)
         self._jobs.clear()
+
+
+class PeriodicCopies:
+    """A :class:`._engine.RoundObserver` that copies a shard every ``every`` rounds: each
+    key as its round closes, so all keys are at the same round in one copy, handed to
+    ``write(round, copy)`` once the last key got there. A key that skipped a round (a
+    restarted worker's catching up) gives that round's copy up."""
+
+    wants_merged = False
+
+    def __init__(self, engine: Engine, every: int,
+                 write: Callable[[int, ShardCopy], None]) -> None:
+        self.engine, self.every, self._write = engine, every, write
+        self._pending: dict[int, dict[Any, EntryCopy]] = {}
+
+    def round_applied(self, key: Any, merged: Any, rnd: int, applied: dict[int, int]) -> None:
+        """Copy ``key`` if ``rnd`` is a checkpoint round; write once every key is in."""
+        if rnd % self.every:
+            return
+        pending = self._pending.setdefault(rnd, {})
+        pending[key] = self.engine.copy_entry(key)
+        if len(pending) == len(self.engine):
+            del self._pending[rnd]
+            for older in [r for r in self._pending if r < rnd]:
+                del self._pending[older]
+            self._write(rnd, self.engine.shard_copy(list(pending.values())))
 
 
 def load_shard(engine: Engine, root: str, index: int, num_shards: int) -> int | None:

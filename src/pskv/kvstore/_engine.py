@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Protocol
 
 import numpy as np
 
@@ -29,10 +29,28 @@ from .._types import Key, Updater
 from ._reduce import sum_rows
 from ._snapshot import Reader, ShardCopy
 
-__all__ = ["Engine", "PushKind", "Ticket"]
+__all__ = ["Engine", "EntryCopy", "PushKind", "RoundObserver", "Ticket"]
 
 #: how a pushed value travels: dense, compressed (packed words), row_sparse (rows, data)
 PushKind = Literal["d", "c", "r"]
+
+
+#: one key's copy: its metadata (name, id, shape, placement, round, counts), value, state
+EntryCopy = tuple[dict[str, Any], np.ndarray, Any]
+
+
+class RoundObserver(Protocol):
+    """What an engine tells of each applied round (sync) or applied push (async) of a key,
+    before anyone waiting for it is answered: a server's shard hangs its backup link and
+    its periodic checkpoints here (``kvstore/_shards.py``)."""
+
+    @property
+    def wants_merged(self) -> bool:
+        """Whether :meth:`round_applied` needs the round's merged value (else None)."""
+
+    def round_applied(self, key: Key, merged: NDArray | None, rnd: int,
+                      applied: dict[int, int]) -> None:
+        """Round ``rnd`` of ``key`` is applied; ``applied``: worker -> pushes applied."""
 
 
 class Ticket:
@@ -113,14 +131,9 @@ class Engine:
         self._opt_spec: Any = None
         self.gc: Any = None
         self._gc_params: Any = None
-        #: periodic snapshots: every this many rounds of a key (0: none), and
-        #: ``on_snapshot(round, copy)`` once every key has reached that round
-        self.snapshot_every = 0
-        self.on_snapshot: Callable[[int, ShardCopy], None] | None = None
-        self._pending: dict[int, dict[Key, tuple[dict[str, Any], np.ndarray, Any]]] = {}
-        #: ``replicate(key, merged, round, applied)`` after each applied round or async
-        #: push, before any request waiting for it is answered (primary-backup)
-        self.replicate: Callable[[Key, NDArray, int, dict[int, int]], None] | None = None
+        #: told of each applied round or async push, before any request waiting for it
+        #: is answered (a server's shard: its backup and its periodic checkpoints)
+        self.observer: RoundObserver | None = None
 
     # ---- keys ------------------------------------------------------------------------
     def __contains__(self, key: object) -> bool:
@@ -246,8 +259,7 @@ class Engine:
             self.finish(key)
             entry.round += 1              # in dist_async a round is one applied push
             entry.applied[worker] = entry.applied.get(worker, 0) + 1
-            self._replicate(key, entry)
-            self._maybe_snapshot(key, entry)
+            self._applied(key, entry)
             return
         if worker in entry.pushers:       # its next round: wait (distinct workers per round)
             entry.deferred.append((worker, [np.array(a) for a in arrays], kind, ticket))
@@ -290,13 +302,14 @@ class Engine:
         entry = self._entries[key]
         merged = self._merged(entry)
         self.apply(key, merged)
-        if self.replicate is not None:
+        if self.observer is not None and self.observer.wants_merged:
             entry.last = merged
 
-    def _replicate(self, key: Key, entry: _Entry) -> None:
-        if self.replicate is not None and entry.last is not None:
+    def _applied(self, key: Key, entry: _Entry) -> None:
+        """Tell the observer that a round of ``key`` was applied."""
+        if self.observer is not None:
             merged, entry.last = entry.last, None
-            self.replicate(key, merged, entry.round, entry.applied)
+            self.observer.round_applied(key, merged, entry.round, entry.applied)
 
     def set_counters(self, key: Key, rnd: int, applied: dict[int, int]) -> None:
         """Set ``key``'s round and per-worker push counts (a backup's copy of a shard)."""
@@ -330,9 +343,7 @@ class Engine:
         entry.round += 1
         for worker in entry.pushers:
             entry.applied[worker] = entry.applied.get(worker, 0) + 1
-        self._replicate(key, entry)       # the backup has it before anyone is answered
-        if self.snapshot_every:
-            self._maybe_snapshot(key, entry)
+        self._applied(key, entry)         # the backup has it before anyone is answered
         entry.pushers.clear()
         # taken before anything is released or pushed again (no new list when empty)
         waiting, entry.waiting = entry.waiting, []
@@ -355,7 +366,12 @@ class Engine:
                 self.release(ticket)
 
     # ---- snapshots (kvstore._snapshot writes and reads them) ---------------------------------
-    def _copy_entry(self, key: Key, entry: _Entry) -> tuple[dict[str, Any], np.ndarray, Any]:
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def copy_entry(self, key: Key) -> EntryCopy:
+        """A copy of one key: its metadata, its value, its optimizer state."""
+        entry = self._entries[key]
         data = entry.stored._data
         start, stop, full = entry.place or (0, _units(data.shape, entry.sparse), data.shape)
         meta = {"key": entry.name, "id": key, "shape": list(full), "dtype": data.dtype.name,
@@ -366,7 +382,9 @@ class Engine:
         state = _copy_state(states.get(entry.name)) if isinstance(states, dict) else None
         return meta, np.array(data, copy=True), state
 
-    def _shard(self, copies: list[tuple[dict[str, Any], np.ndarray, Any]]) -> ShardCopy:
+    def shard_copy(self, copies: list[EntryCopy]) -> ShardCopy:
+        """A shard made of key copies (:meth:`copy_entry`), with the optimizer and the
+        compression settings."""
         upd = self.updater
         spec = None
         if upd is not None and hasattr(upd, "optimizer"):
@@ -382,20 +400,7 @@ class Engine:
     def snapshot(self) -> ShardCopy:
         """A copy of the whole shard (values, optimizer states, rounds, placement): the
         only pause a checkpoint causes; write it with ``_snapshot.write_shard``."""
-        return self._shard([self._copy_entry(k, e) for k, e in self._entries.items()])
-
-    def _maybe_snapshot(self, key: Key, entry: _Entry) -> None:
-        every = self.snapshot_every
-        if not every or entry.round % every or self.on_snapshot is None:
-            return
-        # each key is copied as its round closes: all keys at the same round, one copy
-        pending = self._pending.setdefault(entry.round, {})
-        pending[key] = self._copy_entry(key, entry)
-        if len(pending) == len(self._entries):
-            del self._pending[entry.round]
-            for older in [r for r in self._pending if r < entry.round]:
-                del self._pending[older]         # a key skipped that round: give it up
-            self.on_snapshot(entry.round, self._shard(list(pending.values())))
+        return self.shard_copy([self.copy_entry(k) for k in self._entries])
 
     @property
     def untouched(self) -> bool:

@@ -33,7 +33,8 @@ from .._ps.transport import Connection
 from .._ps.zeromq import ZmqContext
 from ._engine import Engine, Ticket
 from ._durable import Snapshots, load_shard
-from ._replica import Backups, Replicator, backup_endpoints, backup_of
+from ._replica import Backups
+from ._shards import Shard, Shards
 
 __all__ = ["KVServer"]
 
@@ -95,14 +96,10 @@ class KVServer:
                               max_message_bytes=cfg.max_message_bytes)
         self._open: dict[Any, int] = {}           # per worker: pushes not yet applied
         self._flushes: dict[Any, list[int]] = {}  # per worker: FLUSH requests waiting
-        self.engine = self._new_engine()
-        #: the shards this server serves (its own; one whose primary died, as its backup)
-        self.served: dict[int, Engine] = {}
-        self._own = self.engine
-        self._repl: dict[int, Replicator] = {}
-        self._restarted: set[int] = set()   # servers restarted since this one started
-        self._shard = -1
         self.snapshots = Snapshots(cfg, self._send, self._error)
+        #: the shards this server serves (its own; one whose primary died, as its backup)
+        self.shards = Shards(cfg, self._zctx, self.po, self.snapshots, self.backups,
+                             self._new_engine())
 
     def _new_engine(self) -> Engine:
         """An engine whose answers go to this server's peers."""
@@ -149,7 +146,8 @@ class KVServer:
         rank = int(meta.body["rank"])
         self._rank_of[conn] = rank
         # what of this worker's pushes is applied here: a restarted worker skips those
-        self._send(conn, Command.ACK, meta.ts, {"applied": self.engine.applied_by(rank)})
+        self._send(conn, Command.ACK, meta.ts,
+                   {"applied": self.shards.get(None).engine.applied_by(rank)})
         return rank
 
     def handle(self, conn: Connection, worker: Any, meta: Meta,
@@ -158,65 +156,13 @@ class KVServer:
         handler = self._handlers.get(meta.cmd)
         if handler is None:
             raise ProtocolError(f"server does not take {meta.cmd.name}")
-        shard = meta.body.get("shard") if isinstance(meta.body, dict) else None
-        engine = self.engine if shard is None else self._engine_of(shard)
-        self.engine, self._shard = engine, self.po.rank if shard is None else shard
-        try:
-            handler(self, conn, worker, meta.ts, meta.keys, meta.body, arrays)
-        finally:
-            self.engine, self._shard = self.served.get(self.po.rank, self._own), self.po.rank
-
-    def _engine_of(self, shard: int) -> Engine:
-        """The engine of ``shard``: served here, or taken over from its dead primary."""
-        engine = self.served.get(shard)
-        if engine is None and self.backups is not None:
-            engine = self.backups.take(shard)
-            if engine is not None:
-                log.warning("server %d: serves shard %d now, as its backup (its server died)",
-                            self.po.rank, shard)
-                engine.num_workers = self.po.num_workers
-                self._serve(shard, engine)
-        if engine is None:
-            raise ProtocolError(f"server {self.po.rank} holds no shard {shard} (with "
-                                "PSKV_REPLICAS=1 a server serves its own shard and, once its "
-                                "primary died, the one it backs up)")
-        return engine
-
-    def _serve(self, shard: int, engine: Engine) -> None:
-        """Serve ``shard`` with ``engine``, replicating it to its backup if there is one."""
-        self.served[shard] = engine
-        self.snapshots.start(engine, shard, self.po.num_servers)
-        if self.backups is None:
-            return
-        backup = backup_of(shard, self.po.rank, self.po.num_servers)
-        repl = Replicator(self.cfg, self._zctx, self.po, shard, backup, engine)
-        self._repl[shard] = repl
-        engine.replicate = repl.round
-        if backup != shard or shard in self._restarted:   # else the dead primary: not yet
-            repl.endpoints = backup_endpoints(self.po.servers[backup])
-
-    def _forward(self, op: ReplOp, body: dict[str, Any],
-                 arrays: list[np.ndarray] | tuple[()] = ()) -> None:
-        """Replicate a change of the shard being handled to its backup (before answering)."""
-        repl = self._repl.get(self._shard)
-        if repl is not None:
-            repl.send(op, body, list(arrays))
-
-    def _rejoined(self) -> None:
-        """A restarted server is the new backup of the shards served here that it backs."""
-        while not self.po.rejoined.empty():
-            rank = self.po.rejoined.get()
-            self._restarted.add(rank)
-            for repl in self._repl.values():
-                if repl.backup == rank:
-                    repl.endpoints = backup_endpoints(self.po.servers[rank])
-                    repl.close()
-                    repl.send(ReplOp.NOOP, {})       # connect now: the whole shard, then this
+        index = meta.body.get("shard") if isinstance(meta.body, dict) else None
+        handler(self, self.shards.get(index), conn, worker, meta.ts, meta.keys, meta.body,
+                arrays)
 
     def tick(self) -> None:
         """Fail sync rounds that waited too long."""
-        for engine in self.served.values():
-            engine.check_rounds(self.cfg.round_timeout)
+        self.shards.each_engine(lambda engine: engine.check_rounds(self.cfg.round_timeout))
 
     def dropped(self, conn: Connection) -> None:
         """A worker's connection is gone: tell the scheduler (a worker that closed said
@@ -228,13 +174,11 @@ class KVServer:
     # ---- replies -------------------------------------------------------------------------
     def _send(self, conn: Any, cmd: Command, ts: int, body: Any = None,
               arrays: list[np.ndarray] | tuple[()] = ()) -> None:
-        for repl in self._repl.values():    # the backups have every change answered
-            repl.drain()
+        self.shards.drain()                 # the backups have every change answered
         self.loop.send(conn, cmd, ts, body, arrays)
 
     def _error(self, conn: Any, ts: int, err: BaseException) -> None:
-        for repl in self._repl.values():
-            repl.drain()
+        self.shards.drain()
         self.loop.error(conn, ts, err)
 
     def _answer(self, ticket: Ticket, engine: Engine) -> None:
@@ -255,7 +199,8 @@ class KVServer:
             for ts in self._flushes.pop(conn, ()):
                 self._send(conn, Command.ACK, ts)
 
-    def _on_flush(self, conn: Connection, worker: int, ts: int, keys: tuple[int, ...], body: Any,
+    def _on_flush(self, shard: Shard, conn: Connection,
+                  worker: int, ts: int, keys: tuple[int, ...], body: Any,
                   arrays: list[np.ndarray]) -> None:
         if self._open.get(conn, 0) <= 0:
             self._send(conn, Command.ACK, ts)
@@ -266,7 +211,8 @@ class KVServer:
     def _where(self) -> str:
         return f"server {self.po.rank}"
 
-    def _on_init(self, conn: Connection, worker: int, ts: int, keys: tuple[int, ...], body: Any,
+    def _on_init(self, shard: Shard, conn: Connection,
+                 worker: int, ts: int, keys: tuple[int, ...], body: Any,
                  arrays: list[np.ndarray]) -> None:
         specs = body.get("entries") if isinstance(body, dict) else None
         if not isinstance(specs, list) or len(specs) != len(keys) or len(arrays) != len(keys) \
@@ -274,11 +220,11 @@ class KVServer:
             raise ProtocolError("INIT needs one entry spec and one array per key")
         if body.get("again"):
             # sent again after a failover: the backup may have it already (docs/durability.md)
-            kept = [i for i, k in enumerate(keys) if k not in self.engine]
+            kept = [i for i, k in enumerate(keys) if k not in shard.engine]
             keys = tuple(keys[i] for i in kept)
             specs, arrays = [specs[i] for i in kept], [arrays[i] for i in kept]
         for k, spec, arr in zip(keys, specs, arrays):
-            if k in self.engine:
+            if k in shard.engine:
                 raise KeyAlreadyInitializedError(
                     f"key {spec.get('key')!r} is initialized twice. Each key takes one init.",
                     key=spec.get("key"))
@@ -287,13 +233,13 @@ class KVServer:
                                          f"{arr.shape} != declared {spec.get('shape')}")
         for k, spec, arr in zip(keys, specs, arrays):
             place = spec.get("place")
-            self.engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
+            shard.engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
                              place=None if not isinstance(place, list) or len(place) != 3
                              else (int(place[0]), int(place[1]), tuple(place[2])))
-        self._forward(ReplOp.INIT, {"keys": list(keys), "entries": specs}, arrays)
+        shard.forward(ReplOp.INIT, {"keys": list(keys), "entries": specs}, arrays)
         self._send(conn, Command.ACK, ts)
 
-    def _split_push(self, keys: tuple[int, ...], body: dict[str, Any],
+    def _split_push(self, shard: Shard, keys: tuple[int, ...], body: dict[str, Any],
                     arrays: list[np.ndarray]) -> list[tuple[int, str, list[np.ndarray]]]:
         """Each key's kind and arrays, every key checked against what it holds. The
         message's form (one kind letter per distinct key, arrays to match) was checked by
@@ -301,112 +247,125 @@ class KVServer:
         items, pos = [], 0
         for k, kind in zip(keys, body["kinds"], strict=True):
             n = 2 if kind == "r" else 1
-            self.engine.entry(k, "push", self._where())
+            shard.engine.entry(k, "push", self._where())
             part = arrays[pos:pos + n]
-            self.engine.check_push(k, kind, part, self._where())
+            shard.engine.check_push(k, kind, part, self._where())
             items.append((k, kind, part))
             pos += n
         return items
 
-    def _on_push(self, conn: Connection, worker: int, ts: int, keys: tuple[int, ...], body: Any,
-                 arrays: list[np.ndarray], cmd: Command = Command.PUSH) -> None:
-        items = self._split_push(keys, body, arrays)     # validate all before any change
+    def _on_push(self, shard: Shard, conn: Connection,
+                 worker: int, ts: int, keys: tuple[int, ...], body: Any, arrays: list[np.ndarray],
+                 cmd: Command = Command.PUSH) -> None:
+        items = self._split_push(shard, keys, body, arrays)     # validate all before any change
         ticket = Ticket(conn, ts, cmd, keys)
         if cmd == Command.PUSH:
             self._open[conn] = self._open.get(conn, 0) + 1
-        self.engine.hold(ticket)                         # until every key is queued
-        sync = self.engine.sync
+        shard.engine.hold(ticket)                         # until every key is queued
+        sync = shard.engine.sync
         try:
             for k, kind, part in items:
-                self.engine.push(k, worker, part, kind, ticket if sync else None)
+                shard.engine.push(k, worker, part, kind, ticket if sync else None)
         except Exception as err:  # an update failed (dist_async): answered, flush not held
             ticket.remaining = -1
             self._answer_error(ticket, err if isinstance(err, KVStoreError) else
                                ClusterError(f"{type(err).__name__}: {err}"))
             return
-        self.engine.release(ticket)
+        shard.engine.release(ticket)
 
-    def _on_pushpull(self, conn: Connection, worker: int, ts: int, keys: tuple[int, ...],
-                     body: Any, arrays: list[np.ndarray]) -> None:
-        self._on_push(conn, worker, ts, keys, body, arrays, Command.PUSHPULL)
+    def _on_pushpull(self, shard: Shard, conn: Connection,
+                     worker: int, ts: int, keys: tuple[int, ...], body: Any,
+                     arrays: list[np.ndarray]) -> None:
+        self._on_push(shard, conn, worker, ts, keys, body, arrays, Command.PUSHPULL)
 
-    def _on_pull(self, conn: Connection, worker: int, ts: int, keys: tuple[int, ...], body: Any,
-                 arrays: list[np.ndarray], rows: list[np.ndarray] | None = None) -> None:
+    def _on_pull(self, shard: Shard, conn: Connection,
+                 worker: int, ts: int, keys: tuple[int, ...], body: Any, arrays: list[np.ndarray],
+                 rows: list[np.ndarray] | None = None) -> None:
         for k in keys:
-            self.engine.entry(k, "pull", self._where())
+            shard.engine.entry(k, "pull", self._where())
         ticket = Ticket(conn, ts, Command.PULL, keys, rows)
-        self.engine.hold(ticket)
+        shard.engine.hold(ticket)
         for k in keys:
-            self.engine.pull(k, worker, ticket)   # after this worker's push of it
-        self.engine.release(ticket)
+            shard.engine.pull(k, worker, ticket)   # after this worker's push of it
+        shard.engine.release(ticket)
 
-    def _on_rsp_pull(self, conn: Connection, worker: int, ts: int, keys: tuple[int, ...],
-                     body: Any, arrays: list[np.ndarray]) -> None:
+    def _on_rsp_pull(self, shard: Shard, conn: Connection,
+                     worker: int, ts: int, keys: tuple[int, ...], body: Any,
+                     arrays: list[np.ndarray]) -> None:
         if len(arrays) != len(keys):
             raise ProtocolError("row_sparse pull needs one row-id array per key")
         for k, rows in zip(keys, arrays):
-            n = self.engine.entry(k, "row_sparse_pull", self._where()).shape[0]
+            n = shard.engine.entry(k, "row_sparse_pull", self._where()).shape[0]
             if rows.dtype.kind not in "iu" or (rows.size and (rows.min() < 0 or rows.max() >= n)):
                 raise ShapeMismatchError(f"row_sparse_pull: row ids out of [0, {n})", key=k)
-        self._on_pull(conn, worker, ts, keys, body, arrays,
+        self._on_pull(shard, conn, worker, ts, keys, body, arrays,
                       rows=[r.astype(np.int64) for r in arrays])
 
-    def _on_command(self, conn: Connection, worker: int, ts: int, keys: tuple[int, ...],
-                    body: Any, arrays: list[np.ndarray]) -> None:
+    def _on_command(self, shard: Shard, conn: Connection,
+                    worker: int, ts: int, keys: tuple[int, ...], body: Any,
+                    arrays: list[np.ndarray]) -> None:
         op = parse(body)
         if not isinstance(op, Op):   # replication ops go to the backups' listener, never here
             raise ProtocolError(f"unknown command {body.get('op')!r} on a server's worker "
                                 "port (replication ops go to the backups' listener)")
         if op.replicated is not None:
-            self._forward(op.replicated, body, arrays)     # the backup first: then here
-        reply = self._commands[op](self, conn, worker, ts, body, arrays)
+            shard.forward(op.replicated, body, arrays)     # the backup first: then here
+        reply = self._commands[op](self, shard, conn, worker, ts, body, arrays)
         if reply is not None:
             self._send(conn, Command.DATA if reply else Command.ACK, ts, arrays=reply)
 
     # each COMMAND op: its reply's arrays ([]: an ACK), or None when it answers by itself
-    def _cmd_applied(self, conn: Connection, worker: int, ts: int, body: dict[str, Any],
+    def _cmd_applied(self, shard: Shard, conn: Connection,
+                     worker: int, ts: int, body: dict[str, Any],
                      arrays: list[np.ndarray]) -> list[np.ndarray] | None:
         """A worker that switched to this backup: what of its pushes this server holds."""
-        self._send(conn, Command.ACK, ts, {"applied": self.engine.applied_by(worker)})
+        self._send(conn, Command.ACK, ts, {"applied": shard.engine.applied_by(worker)})
         return None
 
-    def _cmd_initial(self, conn: Connection, worker: int, ts: int, body: dict[str, Any],
+    def _cmd_initial(self, shard: Shard, conn: Connection,
+                     worker: int, ts: int, body: dict[str, Any],
                      arrays: list[np.ndarray]) -> list[np.ndarray] | None:
         """Worker 0's first push: the inits are done (the round-0 checkpoint)."""
-        self.snapshots.initial(self.engine, self._shard)
+        self.snapshots.initial(shard.engine, shard.index)
         return []
 
-    def _cmd_optimizer(self, conn: Connection, worker: int, ts: int, body: dict[str, Any],
+    def _cmd_optimizer(self, shard: Shard, conn: Connection,
+                       worker: int, ts: int, body: dict[str, Any],
                        arrays: list[np.ndarray]) -> list[np.ndarray] | None:
-        self.engine.set_optimizer_spec(body.get("spec"))
+        shard.engine.set_optimizer_spec(body.get("spec"))
         return []
 
-    def _cmd_compression(self, conn: Connection, worker: int, ts: int, body: dict[str, Any],
+    def _cmd_compression(self, shard: Shard, conn: Connection,
+                         worker: int, ts: int, body: dict[str, Any],
                          arrays: list[np.ndarray]) -> list[np.ndarray] | None:
-        self.engine.set_compression(body.get("params"))
+        shard.engine.set_compression(body.get("params"))
         return []
 
-    def _cmd_save(self, conn: Connection, worker: int, ts: int, body: dict[str, Any],
+    def _cmd_save(self, shard: Shard, conn: Connection,
+                  worker: int, ts: int, body: dict[str, Any],
                   arrays: list[np.ndarray]) -> list[np.ndarray] | None:
-        states = self.engine.states_updater("save", self._where()).get_states(
+        states = shard.engine.states_updater("save", self._where()).get_states(
             bool(body.get("dump", False)))
         return [np.frombuffer(states, dtype=np.uint8)]
 
-    def _cmd_load(self, conn: Connection, worker: int, ts: int, body: dict[str, Any],
+    def _cmd_load(self, shard: Shard, conn: Connection,
+                  worker: int, ts: int, body: dict[str, Any],
                   arrays: list[np.ndarray]) -> list[np.ndarray] | None:
-        self.engine.states_updater("load", self._where()).set_states(arrays[0].tobytes())
+        shard.engine.states_updater("load", self._where()).set_states(arrays[0].tobytes())
         return []
 
-    def _cmd_checkpoint(self, conn: Connection, worker: int, ts: int, body: dict[str, Any],
+    def _cmd_checkpoint(self, shard: Shard, conn: Connection,
+                        worker: int, ts: int, body: dict[str, Any],
                         arrays: list[np.ndarray]) -> list[np.ndarray] | None:
         # the pause: one copy of the shard; a thread writes it, then answers
-        self.snapshots.write(self.engine.snapshot(), str(body.get("path")),
-                             reply=(conn, ts), index=self._shard)
+        self.snapshots.write(shard.engine.snapshot(), str(body.get("path")),
+                             reply=(conn, ts), index=shard.index)
         return None
 
-    def _cmd_restore(self, conn: Connection, worker: int, ts: int, body: dict[str, Any],
+    def _cmd_restore(self, shard: Shard, conn: Connection,
+                     worker: int, ts: int, body: dict[str, Any],
                      arrays: list[np.ndarray]) -> list[np.ndarray] | None:
-        self.snapshots.restore(self.engine, str(body.get("path")))
+        self.snapshots.restore(shard.engine, str(body.get("path")))
         return []
 
     _commands: dict[Op, Callable[..., list[np.ndarray] | None]] = {
@@ -428,15 +387,15 @@ class KVServer:
             if self.cfg.restart and self.cfg.rank is not None and not self.cfg.replicas:
                 self._reload(self.cfg.rank)
             self.po.start()
-            self.engine.num_workers = self.po.num_workers    # as admitted
-            self.engine.sync = self.po.mode != "async"      # as every worker agreed
+            own = self.shards.own
+            own.num_workers = self.po.num_workers    # as admitted
+            own.sync = self.po.mode != "async"      # as every worker agreed
             self._verifier.job = self.po.job
             self.loop.name = f"server {self.po.rank}"
-            self._own = self.engine
             if self.backups is not None:
                 self.backups.start(self.po)
             if not (self.cfg.restart and self.cfg.replicas):
-                self._serve(self.po.rank, self.engine)
+                self.shards.serve(self.po.rank, own)
             # else: its backup took its shard over; it rejoins as a backup
             failed_seen = False
             lost_at: float | None = None
@@ -445,11 +404,12 @@ class KVServer:
                 nonlocal failed_seen, lost_at
                 self.snapshots.reap()
                 if self.backups is not None:
-                    self._rejoined()
+                    while not self.po.rejoined.empty():
+                        self.shards.rejoined(self.po.rejoined.get())
                 if self.po.failure is not None and not failed_seen:
                     failed_seen = True
-                    for engine in self.served.values():
-                        engine.fail_all(NodeFailedError(self.po.failure))
+                    err = NodeFailedError(self.po.failure)
+                    self.shards.each_engine(lambda engine: engine.fail_all(err))
                 if self.po.scheduler_lost.is_set():
                     # a server on another host (ssh launcher) has no launcher to stop it:
                     # without the scheduler no SHUTDOWN can come, so it exits by itself,
@@ -474,7 +434,7 @@ class KVServer:
         """Restarted by pskv-launch --max-restarts: this rank's shard from the newest
         checkpoint, before rejoining (the workers then send what it does not include)."""
         root = self.cfg.checkpoint_dir
-        rnd = None if root is None else load_shard(self.engine, root, rank,
+        rnd = None if root is None else load_shard(self.shards.own, root, rank,
                                                    self.cfg.num_servers)
         if rnd is None:
             raise CheckpointError(
@@ -482,13 +442,13 @@ class KVServer:
                 f"checkpoint in PSKV_CHECKPOINT_DIR={root!r}. Set PSKV_CHECKPOINT_DIR and "
                 "PSKV_CHECKPOINT_EVERY so that a restarted server can rejoin.")
         log.warning("server %d: restarted; reloaded %d keys from the checkpoint of round %d",
-                    rank, len(self.engine.stored), rnd)
+                    rank, len(self.shards.own), rnd)
 
     def _close(self) -> None:
         if hasattr(self, "snapshots"):
             self.snapshots.close()
-        for repl in getattr(self, "_repl", {}).values():
-            repl.close()
+        if hasattr(self, "shards"):
+            self.shards.close()
         if getattr(self, "backups", None) is not None:
             assert self.backups is not None
             self.backups.close()

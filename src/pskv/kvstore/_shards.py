@@ -1,0 +1,153 @@
+"""The shards one server serves: which engine serves which shard, backups, takeover, rejoin.
+
+A server serves its own shard (what it was placed) and, with ``PSKV_REPLICAS=1``, once a
+primary died, the shard it kept the backup of (docs/durability.md). :class:`Shards` is that
+table, the server's durability wing: it takes a shard over from the backups
+(:meth:`Shards.get`), starts serving a shard with its backup link and periodic checkpoints
+(:meth:`Shards.serve`), and makes a restarted server the new backup of the shards it backs
+(:meth:`Shards.rejoined`). Each served :class:`Shard` is its engine's one
+:class:`._engine.RoundObserver`: an applied round goes to the backup first, then to the
+periodic checkpoint. The request handlers of ``KVServer`` receive the :class:`Shard` a
+request is for, never a swapped attribute.
+
+Invariant: only the server's loop thread calls into this module (the backups' thread
+touches only ``Backups``' own copies, under its lock).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import ProtocolError
+from .._ps.config import ClusterConfig
+from .._ps.ops import ReplOp
+from .._ps.postoffice import Postoffice
+from .._ps.replay import backup_of
+from .._ps.zeromq import ZmqContext
+from .._types import Key
+from ..nd.ndarray import NDArray
+from ._durable import PeriodicCopies, Snapshots
+from ._engine import Engine
+from ._replica import Backups, Replicator, backup_endpoints
+
+__all__ = ["Shard", "Shards"]
+
+log = logging.getLogger(__name__)
+
+
+class Shard:
+    """One shard served here: its index, its engine, its backup link and periodic copies."""
+
+    def __init__(self, index: int, engine: Engine, replicator: Replicator | None = None,
+                 periodic: PeriodicCopies | None = None) -> None:
+        self.index, self.engine = index, engine
+        self.replicator, self.periodic = replicator, periodic
+
+    @property
+    def wants_merged(self) -> bool:
+        """The backup needs each round's merged value."""
+        return self.replicator is not None
+
+    def round_applied(self, key: Key, merged: NDArray | None, rnd: int,
+                      applied: dict[int, int]) -> None:
+        """The engine applied round ``rnd`` of ``key``: to the backup, then the checkpoint."""
+        if self.replicator is not None and merged is not None:
+            self.replicator.round(key, merged, rnd, applied)
+        if self.periodic is not None:
+            self.periodic.round_applied(key, merged, rnd, applied)
+
+    def forward(self, op: ReplOp, body: dict[str, Any],
+                arrays: list[np.ndarray] | tuple[()] = ()) -> None:
+        """Replicate a change of this shard to its backup (before anyone is answered)."""
+        if self.replicator is not None:
+            self.replicator.send(op, body, list(arrays))
+
+
+class Shards:
+    """The shards a server serves (see the module docstring).
+
+    Parameters
+    ----------
+    cfg : ClusterConfig
+    zctx : ZmqContext
+    po : Postoffice
+        The server's membership (its rank, the servers' endpoints).
+    snapshots : Snapshots
+        The server's checkpoint writers.
+    backups : Backups or None
+        The copies this server keeps of other shards (``PSKV_REPLICAS=1``).
+    own : Engine
+        The engine of this server's own shard.
+    """
+
+    def __init__(self, cfg: ClusterConfig, zctx: ZmqContext, po: Postoffice,
+                 snapshots: Snapshots, backups: Backups | None, own: Engine) -> None:
+        self.cfg, self._zctx, self.po = cfg, zctx, po
+        self.snapshots, self.backups = snapshots, backups
+        self.own = own
+        #: shard index -> the shard served here
+        self.served: dict[int, Shard] = {}
+        self._restarted: set[int] = set()   # servers restarted since this one started
+
+    def get(self, index: int | None) -> Shard:
+        """The shard a request names (None: this server's own), taken over from the
+        backups if its primary died."""
+        if index is None:
+            rank = self.po.rank
+            return self.served.get(rank) or Shard(rank, self.own)
+        shard = self.served.get(index)
+        if shard is None and self.backups is not None:
+            engine = self.backups.take(index)
+            if engine is not None:
+                log.warning("server %d: serves shard %d now, as its backup (its server died)",
+                            self.po.rank, index)
+                engine.num_workers = self.po.num_workers
+                shard = self.serve(index, engine)
+        if shard is None:
+            raise ProtocolError(f"server {self.po.rank} holds no shard {index} (with "
+                                "PSKV_REPLICAS=1 a server serves its own shard and, once its "
+                                "primary died, the one it backs up)")
+        return shard
+
+    def serve(self, index: int, engine: Engine) -> Shard:
+        """Serve shard ``index`` with ``engine``, replicating it to its backup if any."""
+        shard = Shard(index, engine,
+                      periodic=self.snapshots.start(engine, index, self.po.num_servers))
+        self.served[index] = shard
+        if self.backups is not None:
+            backup = backup_of(index, self.po.rank, self.po.num_servers)
+            shard.replicator = Replicator(self.cfg, self._zctx, self.po, index, backup, engine)
+            if backup != index or index in self._restarted:   # else the dead primary: not yet
+                shard.replicator.endpoints = backup_endpoints(self.po.servers[backup])
+        engine.observer = shard
+        return shard
+
+    def rejoined(self, rank: int) -> None:
+        """Server ``rank`` was restarted: the new backup of the shards served here that it
+        backs (it gets the whole shard at once, then every change)."""
+        self._restarted.add(rank)
+        for shard in self.served.values():
+            repl = shard.replicator
+            if repl is not None and repl.backup == rank:
+                repl.endpoints = backup_endpoints(self.po.servers[rank])
+                repl.close()
+                repl.send(ReplOp.NOOP, {})       # connect now: the whole shard, then this
+
+    def drain(self) -> None:
+        """Wait until every backup has every change sent (before answering anyone)."""
+        for shard in self.served.values():
+            if shard.replicator is not None:
+                shard.replicator.drain()
+
+    def each_engine(self, action: Callable[[Engine], None]) -> None:
+        """Run ``action`` on the engine of every shard served here."""
+        for shard in self.served.values():
+            action(shard.engine)
+
+    def close(self) -> None:
+        """Close the backup links."""
+        for shard in self.served.values():
+            if shard.replicator is not None:
+                shard.replicator.close()
