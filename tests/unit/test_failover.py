@@ -8,7 +8,8 @@ from typing import Any, Sequence
 import numpy as np
 import pytest
 
-from pskv._ps.failover import Failover, ServerLost, ServerRejoined, applied_counts
+from pskv._ps.failover import Failover, applied_counts
+from pskv._ps.membership import ServerLost, ServerRejoined
 from pskv._ps.message import Command, Meta
 from pskv._ps.ops import Op, command, parse
 from pskv.errors import NodeFailedError

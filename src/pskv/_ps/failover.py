@@ -9,7 +9,7 @@ Between the two it owns all the state failover needs: the recent pushes
 (:class:`.replay.PushLog`), the unanswered requests, the settings a restarted server gets
 again, which server serves each shard, and which are down.
 
-:meth:`Failover.recover` acts on :class:`ServerLost` and :class:`ServerRejoined` events: a
+:meth:`Failover.recover` acts on the membership's events (:mod:`.membership`): a
 lost server's shards go to their backups (``PSKV_REPLICAS=1``), each told this worker's
 pushes it lacks; a restarted server is reconnected to and sent what it lacks. It talks to
 the network only through :class:`Links`, which the worker implements (and the unit tests
@@ -26,36 +26,19 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from ..errors import KVStoreError, NodeFailedError
+from .membership import Event, ServerLost
 from .message import Command, Meta
 from .ops import Op, command, parse
 from .replay import PushLog, backup_of
 
-__all__ = ["Failover", "Links", "ServerLost", "ServerRejoined", "applied_counts"]
+__all__ = ["Failover", "Links", "applied_counts"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ServerLost:
-    """The link to server ``rank`` broke, or the scheduler reported it dead."""
-
-    rank: int
-
-
-@dataclass(frozen=True, slots=True)
-class ServerRejoined:
-    """Server ``rank`` was restarted; the membership says where it is now."""
-
-    rank: int
-
-
-Event = ServerLost | ServerRejoined
 
 
 class Links(Protocol):

@@ -1,12 +1,17 @@
 """Postoffice: a node's link to the scheduler (admission, barriers, heartbeats, failures).
 
 One control thread owns the DEALER socket to the scheduler; other threads talk to it through
-a queue and an inproc wake-up socket. Invariants: after ``start()`` returns the node is
-admitted and knows its rank and the server table; ``failure`` is set (and stays set) as
-soon as the scheduler reports a dead peer or stops answering; every wait is bounded.
+a queue and an inproc wake-up socket. What it learns it publishes, and nobody else writes:
+an immutable :class:`.membership.Membership` (replaced when a server moves), one queue of
+typed events (:meth:`Postoffice.next_event`), ``failure`` and the ``shutdown`` /
+``scheduler_lost`` flags. Everything it needs is given at construction. Invariants: after
+``start()`` returns the node is admitted and ``membership`` holds its rank and the server
+table; ``failure`` is set (and stays set) as soon as the scheduler reports a dead peer or
+stops answering; every wait is bounded.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -14,7 +19,7 @@ import queue
 import socket
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import zmq
 
@@ -22,6 +27,7 @@ from ..errors import ClusterError, ClusterTimeoutError, NodeFailedError, Protoco
 from . import validate
 from .auth import prove
 from .config import ClusterConfig
+from .membership import Event, Membership, ServerLost, ServerRejoined, frozen_servers
 from .message import Command, decode, error_from_body, short
 from .zeromq import ZmqContext, recv_message, send_message
 
@@ -39,17 +45,24 @@ class Postoffice:
     zctx : ZmqContext
         Where sockets come from (one per node: no process-wide state).
     endpoints : dict, optional
-        A server's data endpoints, announced to the workers through the scheduler.
+        A server's data endpoints, announced to the workers through the scheduler (with
+        this host's name added as ``host``).
     mode : {'sync', 'async'}, optional
         A worker's store mode: the scheduler refuses a job whose workers disagree.
+    idle_hook : callable, optional
+        Called by the control thread about every half heartbeat interval (a worker's
+        store sends a push it held too long); it must not block, and may run before
+        ``start`` returns.
     """
 
     def __init__(self, cfg: ClusterConfig, zctx: ZmqContext,
-                 endpoints: dict[str, str] | None = None, mode: str | None = None) -> None:
+                 endpoints: dict[str, str] | None = None, mode: str | None = None,
+                 idle_hook: Callable[[], None] | None = None) -> None:
         self.cfg = cfg
         self.role = cfg.role.value
         self._zctx = zctx
-        self._endpoints = endpoints or {}
+        self.host = socket.gethostname()
+        self._endpoints = {**endpoints, "host": self.host} if endpoints else {}
         self._ident = f"{self.role}-{os.getpid()}-{id(self):x}".encode()
         self._sock = zctx.socket(zmq.DEALER, identity=self._ident)
         self._wake_addr = f"inproc://pskv-po-{id(self):x}"
@@ -68,29 +81,70 @@ class Postoffice:
         self.failure: str | None = None
         #: set once the scheduler stopped answering heartbeats: no SHUTDOWN can come any more
         self.scheduler_lost = threading.Event()
-        self.rank = -1
-        self.num_workers = cfg.num_workers
-        self.num_servers = cfg.num_servers
-        self.servers: list[dict[str, str]] = []
-        self.mode = mode
-        #: this job's id and, for a worker, the key it proves its rank to servers with;
-        #: for a server, every worker's key (all from the scheduler's ADMIT)
-        self.job = ""
-        self.key = b""
-        self.worker_keys: list[bytes] = []
-        #: for a server: the key servers prove themselves to each other with (replication)
-        self.server_key = b""
-        self.host = socket.gethostname()
-        #: ranks of servers restarted since the KVWorker last looked (their new endpoints
-        #: are in ``servers``); appended by the control thread
-        self.rejoined: queue.SimpleQueue[int] = queue.SimpleQueue()
-        #: ranks of dead servers whose backups took over (PSKV_REPLICAS=1)
-        self.lost: queue.SimpleQueue[int] = queue.SimpleQueue()
-        #: whether this node is a restarted one that took a dead node's rank
-        self.rejoin = False
-        #: called by the control thread about every half heartbeat interval (a worker's
-        #: store sends a push it held too long); it must not block
-        self.idle_hook: Callable[[], None] | None = None
+        #: what this node knows of its cluster: replaced (never changed) by the control
+        #: thread; the properties below read it
+        self.membership = Membership(num_workers=cfg.num_workers,
+                                     num_servers=cfg.num_servers, mode=mode)
+        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._idle_hook = idle_hook
+
+    # ---- the membership, read-only ---------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This node's rank in its role (-1 before admission)."""
+        return self.membership.rank
+
+    @property
+    def num_workers(self) -> int:
+        """Workers of the job (as admitted)."""
+        return self.membership.num_workers
+
+    @property
+    def num_servers(self) -> int:
+        """Servers of the job (as admitted)."""
+        return self.membership.num_servers
+
+    @property
+    def servers(self) -> tuple[Mapping[str, str], ...]:
+        """Each server's endpoints, by rank."""
+        return self.membership.servers
+
+    @property
+    def mode(self) -> str | None:
+        """The store mode every worker agreed on."""
+        return self.membership.mode
+
+    @property
+    def job(self) -> str:
+        """This job's id."""
+        return self.membership.job
+
+    @property
+    def key(self) -> bytes:
+        """A worker's key to prove its rank to servers."""
+        return self.membership.key
+
+    @property
+    def worker_keys(self) -> tuple[bytes, ...]:
+        """A server's table of every worker's key."""
+        return self.membership.worker_keys
+
+    @property
+    def server_key(self) -> bytes:
+        """A server's key for replication links between servers."""
+        return self.membership.server_key
+
+    @property
+    def rejoin(self) -> bool:
+        """Whether this node is a restarted one that took a dead node's rank."""
+        return self.membership.rejoin
+
+    def next_event(self) -> Event | None:
+        """The next change other components act on (a lost or restarted server), or None."""
+        try:
+            return self._events.get_nowait()
+        except queue.Empty:
+            return None
 
     # ---- admission ------------------------------------------------------------------------
     def start(self) -> None:
@@ -137,16 +191,13 @@ class Postoffice:
             if meta.cmd == Command.ADMIT:
                 break
         got = validate.admit_reply(meta.body)
-        self.rank = got["rank"]
-        self.servers = list(got["servers"])
-        self.num_workers = got["num_workers"]
-        self.num_servers = got["num_servers"]
-        self.job = got["job"]
-        self.mode = got.get("mode", self.mode)
-        self.key = str(got.get("key", "")).encode()
-        self.worker_keys = [k.encode() for k in got.get("worker_keys", [])]
-        self.server_key = str(got.get("server_key", "")).encode()
-        self.rejoin = bool(got.get("rejoin", False))
+        self.membership = Membership(
+            rank=got["rank"], num_workers=got["num_workers"], num_servers=got["num_servers"],
+            servers=frozen_servers(got["servers"]), job=got["job"],
+            mode=got.get("mode", self.membership.mode), key=str(got.get("key", "")).encode(),
+            worker_keys=tuple(k.encode() for k in got.get("worker_keys", [])),
+            server_key=str(got.get("server_key", "")).encode(),
+            rejoin=bool(got.get("rejoin", False)))
         self._thread = threading.Thread(target=self._loop, name=f"pskv-{self.role}-control",
                                         daemon=True)
         self._thread.start()
@@ -224,9 +275,9 @@ class Postoffice:
             self._flush_outbox()
             if self._stop.is_set():
                 return
-            if self.idle_hook is not None:
+            if self._idle_hook is not None:
                 try:
-                    self.idle_hook()
+                    self._idle_hook()
                 except Exception:  # pragma: no cover - the hook reports its own errors
                     log.exception("%s: the idle hook failed", self.role)
             if self._sock in events:
@@ -265,7 +316,7 @@ class Postoffice:
                 and isinstance(body.get("rank"), int):
             log.warning("%s %d: %s; its backup takes over", self.role, self.rank,
                         body.get("msg"))
-            self.lost.put(body["rank"])
+            self._events.put(ServerLost(body["rank"]))
         elif cmd == Command.NODE_FAILED:
             msg = body.get("msg") if isinstance(body, dict) else "a node failed"
             self._set_failure(f"{msg}; this {self.role} cannot go on")
@@ -279,8 +330,11 @@ class Postoffice:
                     and isinstance(endpoints, dict) \
                     and all(isinstance(v, str) for v in endpoints.values()):
                 log.warning("%s %d: server %d was restarted", self.role, self.rank, body["rank"])
-                self.servers[body["rank"]] = {str(k): v for k, v in endpoints.items()}
-                self.rejoined.put(body["rank"])
+                servers = list(self.membership.servers)
+                servers[body["rank"]] = {str(k): v for k, v in endpoints.items()}
+                self.membership = dataclasses.replace(self.membership,
+                                                      servers=frozen_servers(servers))
+                self._events.put(ServerRejoined(body["rank"]))
         elif cmd == Command.ERROR:
             with self._cond:
                 self._replies[ts] = error_from_body(body, "the scheduler")

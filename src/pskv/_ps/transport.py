@@ -10,7 +10,7 @@ message until its HELLO proves it holds the cluster secret.
 from __future__ import annotations
 
 import ssl
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -53,7 +53,7 @@ class Connection(Protocol):
         """Close the connection (idempotent)."""
 
 
-def connect(cfg: ClusterConfig, endpoints: dict[str, str], same_host: bool, peer: str,
+def connect(cfg: ClusterConfig, endpoints: Mapping[str, str], same_host: bool, peer: str,
             zmq_context: ZmqContext, tls: ssl.SSLContext | None = None) -> Connection:
     """Connect to a server announcing ``endpoints``, over the transport ``cfg`` asks for.
 

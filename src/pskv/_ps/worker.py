@@ -28,7 +28,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import zmq
@@ -36,7 +36,7 @@ import zmq
 from ..errors import ClusterTimeoutError, KVStoreError, NodeFailedError, ProtocolError
 from .auth import prove
 from .config import ClusterConfig
-from .failover import Event, Failover, ServerLost, ServerRejoined, applied_counts
+from .failover import Failover, applied_counts
 from .message import Command, Meta, error_from_body
 from .postoffice import Postoffice
 from .tls import client_context
@@ -115,7 +115,7 @@ class KVWorker:
         return {**self._hello(), **prove(self.po.key, "server", challenge, "worker",
                                          self.po.rank)}
 
-    def _connect(self, rank: int, ep: dict[str, str]) -> Connection:
+    def _connect(self, rank: int, ep: Mapping[str, str]) -> Connection:
         conn = connect(self.cfg, ep, ep.get("host") == socket.gethostname(), f"server {rank}",
                        self._zctx, self._tls)
         self._zmq = self._zmq or not isinstance(conn.pollable(), int)
@@ -236,18 +236,10 @@ class KVWorker:
                                           f"{what}. Raise PSKV_REQUEST_TIMEOUT if it is slow.")
             self._receive(int(min(left, 0.2) * 1000) + 1)
 
-    def _membership_event(self) -> Event | None:
-        """The scheduler's next word about a server: lost first, then rejoined."""
-        if not self.po.lost.empty():
-            return ServerLost(self.po.lost.get())
-        if not self.po.rejoined.empty():
-            return ServerRejoined(self.po.rejoined.get())
-        return None
-
     def _recover(self) -> None:
         """Act on servers lost and rejoined (the receiver calls it, role held)."""
         if self.failover is not None:
-            self.failover.recover(self._membership_event)
+            self.failover.recover(self.po.next_event)
 
     # ---- replies ---------------------------------------------------------------------------
     def _alloc_for(self, meta: Meta) -> Alloc | None:

@@ -21,7 +21,7 @@ import logging
 import socket
 import time
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import zmq
@@ -386,7 +386,7 @@ def _advertise(cfg: ClusterConfig) -> str:
             return "127.0.0.1"
 
 
-def backup_endpoints(endpoints: dict[str, str]) -> dict[str, str]:
+def backup_endpoints(endpoints: Mapping[str, str]) -> dict[str, str]:
     """A server's announced endpoints -> those of its backups' listeners."""
     got = {k[len(BACKUP_ENDPOINT):]: v for k, v in endpoints.items()
            if k.startswith(BACKUP_ENDPOINT)}

@@ -71,12 +71,17 @@ class DistKVStore(KVStoreBase):
         self._sync = "async" not in name
         self._zctx = ZmqContext(zmq_context)
         po: Postoffice | None = None
+        # held until the store is built: the control thread's idle hook (_send_overdue)
+        # finds it taken and does nothing before then
+        self._lock.acquire()
         try:
             # the scheduler refuses a job whose workers created different store types
-            po = self._po = Postoffice(cfg, self._zctx, mode="sync" if self._sync else "async")
+            po = self._po = Postoffice(cfg, self._zctx, mode="sync" if self._sync else "async",
+                                       idle_hook=self._send_overdue)
             self._po.start()
             self._kv = KVWorker(cfg, self._zctx, self._po)
         except BaseException:
+            self._lock.release()
             if po is not None:
                 po.close()          # its control thread first: then its sockets
             self._zctx.close()
@@ -86,7 +91,7 @@ class DistKVStore(KVStoreBase):
         self._by_pskey: dict[int, Key] = {}
         self._held = HeldPush(cfg.coalesce_bytes if self._sync else 0)
         self._initial_sent = False
-        self._po.idle_hook = self._send_overdue
+        self._lock.release()
         # a strong reference: a store dropped without close() must still say goodbye at
         # exit, or the scheduler takes the silent worker for dead and exits 1
         self._atexit = self.close

@@ -23,6 +23,7 @@ from ..errors import CheckpointError, ClusterError, KeyAlreadyInitializedError, 
     ShapeMismatchError
 from .._ps.auth import Verifier
 from .._ps.config import ClusterConfig
+from .._ps.membership import ServerRejoined
 from .._ps.message import Command, Meta
 from .._ps.ops import Op, ReplOp, parse
 from .._ps.postoffice import Postoffice
@@ -83,8 +84,7 @@ class KVServer:
             self.backups = Backups(cfg, self._new_engine, self._zctx) if cfg.replicas else None
             if self.backups is not None:
                 endpoints.update(self.backups.endpoints)
-            self.po = Postoffice(cfg, self._zctx, endpoints={**endpoints, "host": ""})
-            self.po._endpoints["host"] = self.po.host
+            self.po = Postoffice(cfg, self._zctx, endpoints=endpoints)
         except BaseException:
             self._close()
             raise
@@ -404,8 +404,10 @@ class KVServer:
                 nonlocal failed_seen, lost_at
                 self.snapshots.reap()
                 if self.backups is not None:
-                    while not self.po.rejoined.empty():
-                        self.shards.rejoined(self.po.rejoined.get())
+                    while (event := self.po.next_event()) is not None:
+                        if isinstance(event, ServerRejoined):
+                            self.shards.rejoined(event.rank)
+                        # a ServerLost: its shard is taken over when a worker asks for it
                 if self.po.failure is not None and not failed_seen:
                     failed_seen = True
                     err = NodeFailedError(self.po.failure)

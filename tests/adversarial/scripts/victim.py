@@ -26,7 +26,7 @@ def main(mode: str) -> int:
     kv.init("w", mx.nd.zeros((8,)))
     kv.push("w", mx.nd.ones((8,)))
     kv.pull("w")                                   # one good round first
-    say(rank=rank, event="ready", servers=kv._po.servers)
+    say(rank=rank, event="ready", servers=[dict(s) for s in kv._po.servers])
     try:
         if mode == "worker-dies" and rank == 1:
             time.sleep(40)

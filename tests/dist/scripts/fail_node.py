@@ -29,10 +29,10 @@ def main(mode: str) -> int:
     kv.pull("w")                                   # one good round first
     try:
         if mode == "worker-dies" and rank == 1:
-            say(rank=rank, event="ready", servers=kv._po.servers)
+            say(rank=rank, event="ready", servers=[dict(s) for s in kv._po.servers])
             time.sleep(30)
             return 0
-        say(rank=rank, event="ready", servers=kv._po.servers)
+        say(rank=rank, event="ready", servers=[dict(s) for s in kv._po.servers])
         end = time.monotonic() + 30
         while time.monotonic() < end:
             kv.push("w", mx.nd.ones((64,)))

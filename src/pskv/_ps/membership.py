@@ -1,0 +1,76 @@
+"""What a node knows of its cluster: an immutable membership, and the events that change it.
+
+The Postoffice (the scheduler link) publishes a :class:`Membership` at admission and
+replaces it, never mutates it, when the scheduler says a server moved (a restart);
+readers on any thread take the current one and see a consistent whole. Changes other
+components act on arrive as typed events on the Postoffice's one queue:
+:class:`ServerLost` (a dead server whose backup takes its shards over) and
+:class:`ServerRejoined` (a restarted server, at the endpoints of the new membership).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+__all__ = ["Event", "Membership", "ServerLost", "ServerRejoined", "frozen_servers"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLost:
+    """Server ``rank`` died (its link broke, or the scheduler reported it): its shards go
+    to their backups (``PSKV_REPLICAS=1``)."""
+
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServerRejoined:
+    """Server ``rank`` was restarted; the membership holds its new endpoints."""
+
+    rank: int
+
+
+Event = ServerLost | ServerRejoined
+
+
+def frozen_servers(servers: Sequence[Mapping[str, str]]) -> tuple[Mapping[str, str], ...]:
+    """Each server's endpoints as a read-only mapping, in rank order."""
+    return tuple(MappingProxyType(dict(s)) for s in servers)
+
+
+@dataclass(frozen=True)
+class Membership:
+    """A node's view of its cluster, from the scheduler's ADMIT.
+
+    Attributes
+    ----------
+    rank : int
+        This node's rank in its role (-1 before admission).
+    num_workers, num_servers : int
+    servers : tuple of mappings
+        Each server's endpoints (``tcp``, ``uds``, ``zmq``, backups' ``r_*``, ``host``).
+    job : str
+        This job's id (bound into every proof).
+    mode : str or None
+        The store mode every worker agreed on (``sync`` / ``async``).
+    key : bytes
+        A worker's key to prove its rank to servers.
+    worker_keys : tuple of bytes
+        A server's table of every worker's key.
+    server_key : bytes
+        A server's key for the replication links between servers.
+    rejoin : bool
+        Whether this node is a restarted one that took a dead node's rank.
+    """
+
+    rank: int = -1
+    num_workers: int = 0
+    num_servers: int = 0
+    servers: tuple[Mapping[str, str], ...] = ()
+    job: str = ""
+    mode: str | None = None
+    key: bytes = field(default=b"", repr=False)
+    worker_keys: tuple[bytes, ...] = field(default=(), repr=False)
+    server_key: bytes = field(default=b"", repr=False)
+    rejoin: bool = False
