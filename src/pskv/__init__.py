@@ -9,11 +9,13 @@
 """
 from __future__ import annotations
 
+from . import base, ndarray
 from . import kvstore as kv
 from . import lr_scheduler, nd, np, optimizer, test_utils
 from .context import Context, cpu, cpu_pinned, current_context, gpu, num_gpus
 from .errors import (CheckpointError, ClusterError, ClusterTimeoutError, ConfigError, KeyAlreadyInitializedError,
-                     KeyNotInitializedError, KeyTypeError, KVStoreError, NodeFailedError,
+                     KeyNotInitializedError, KeyTypeError, KVStoreError, MXNetError,
+                     NodeFailedError,
                      ProtocolError, ShapeMismatchError, StoreClosedError, UnsupportedError,
                      ValueTypeError)
 from .kvstore import KVStore, KVStoreBase, create
@@ -35,12 +37,14 @@ __all__ = [
     "KeyAlreadyInitializedError",
     "KeyNotInitializedError",
     "KeyTypeError",
+    "MXNetError",
     "NodeFailedError",
     "ProtocolError",
     "ShapeMismatchError",
     "StoreClosedError",
     "UnsupportedError",
     "ValueTypeError",
+    "base",
     "cpu",
     "cpu_pinned",
     "create",
@@ -50,6 +54,7 @@ __all__ = [
     "kvstore",
     "lr_scheduler",
     "nd",
+    "ndarray",
     "np",
     "num_gpus",
     "optimizer",

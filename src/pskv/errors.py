@@ -16,12 +16,14 @@ __all__ = [
     "CheckpointError",
     "ClusterError",
     "ClusterTimeoutError",
+    "CommandError",
     "ConfigError",
     "KVStoreError",
     "KeyAlreadyInitializedError",
     "KeyNotInitializedError",
     "KeyTypeError",
     "LearningRateError",
+    "MXNetError",
     "NodeFailedError",
     "OptimizerStateError",
     "ProtocolError",
@@ -77,6 +79,14 @@ class KVStoreError(Exception):
 
 
 _KINDS[KVStoreError.kind] = KVStoreError
+
+#: MXNet's name (``mxnet.base.MXNetError``, also ``mx.MXNetError``): the same class as
+#: :class:`KVStoreError`, so ``except mx.MXNetError`` written for MXNet catches every error
+#: pskv raises where MXNet raises its MXNetError (a duplicate init, a wrong-shape push, ...).
+#: An alias, not a class of its own: pskv raises one tree, and a second base would let
+#: ``except MXNetError`` miss the errors raised under their KVStoreError names.
+#: docs/differences.md says why.
+MXNetError = KVStoreError
 
 
 class KeyNotInitializedError(KVStoreError, KeyError):
@@ -151,6 +161,14 @@ class OptimizerStateError(ConfigError):
 class CheckpointError(ConfigError):
     """A checkpoint cannot be written or read: not a checkpoint, incomplete, damaged, or of
     another model (other keys or shapes).
+
+    .. versionadded:: 0.3
+    """
+
+
+class CommandError(ConfigError):
+    """A process of a launched job could not be started (``pskv-launch``; its
+    ``__cause__`` says why, and the launcher exits with 127 or 126 as a shell would).
 
     .. versionadded:: 0.3
     """

@@ -2,7 +2,8 @@
 
 Everything that starts a scheduler or a server goes through :func:`run_node`; the one place
 a ``dist_*`` store turns its process into a scheduler or server (MXNet's launchers start the
-user's script in those roles too) is :func:`serve_unless_worker`.
+user's script in those roles too) is :func:`serve_unless_worker`. Both are defined in the
+store layer (``pskv.kvstore._roles``, which ``create`` imports) and re-exported here.
 """
 from __future__ import annotations
 
@@ -13,32 +14,10 @@ import threading
 from types import FrameType
 
 from ._ps.config import ClusterConfig, Role
-from .errors import ConfigError, KVStoreError
+from .errors import KVStoreError
+from .kvstore._roles import run_node, serve_unless_worker
 
 __all__ = ["main", "run_node", "serve_unless_worker"]
-
-
-def run_node(cfg: ClusterConfig, stop: threading.Event | None = None) -> int:
-    """Run a scheduler or a server per ``cfg.role`` until the job ends; return its status."""
-    if cfg.role == Role.SCHEDULER:
-        from ._ps.scheduler import Scheduler
-        return Scheduler(cfg, stop).run()
-    if cfg.role == Role.SERVER:
-        from .kvstore.server import KVServer
-        return KVServer(cfg, stop).run()
-    raise ConfigError(f"run_node() runs a scheduler or a server, not a {cfg.role.value}. "
-                      "Workers create a store with pskv.kv.create('dist_sync').")
-
-
-def serve_unless_worker(cfg: ClusterConfig) -> None:
-    """In a process started as a scheduler or server, run that role, then exit the process.
-
-    Called by ``create('dist_*')``: as in MXNet, a script started with
-    ``DMLC_ROLE=server`` serves inside ``create`` and exits (SystemExit with the node's
-    status) when the job ends. A worker returns at once.
-    """
-    if cfg.role != Role.WORKER:
-        raise SystemExit(run_node(cfg))
 
 
 def _exit_on_signal(signum: int, frame: FrameType | None) -> None:

@@ -41,7 +41,8 @@ def _imports(name: str) -> set[str]:
                 found.add(target if target in MODULES else base)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
-    return {m for m in found if m in MODULES and m != name and m != "pskv"}
+    # ``import pskv`` / ``from .. import create`` is an edge to the package itself (layer 4)
+    return {m for m in found if m in MODULES and m != name}
 
 
 GRAPH = {name: _imports(name) for name in MODULES}
@@ -90,19 +91,63 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-@pytest.mark.parametrize("layer,forbidden", [
-    ("pskv.errors", ("pskv.",)),
-    ("pskv._types", ("pskv.",)),
-    ("pskv._ps", ("pskv.kvstore", "pskv.nd", "pskv.optimizer", "pskv.compression",
-                  "pskv.server", "pskv.testing", "pskv._cluster")),
-    ("pskv.kvstore", ("pskv.testing", "pskv._cluster", "pskv.launch", "pskv.torch")),
-])
-def test_layers_import_only_below(layer: str, forbidden: tuple[str, ...]) -> None:
-    for name, deps in GRAPH.items():
-        if name == layer or name.startswith(layer + "."):
-            bad = sorted(d for d in deps if d.startswith(forbidden)
-                         and not d.startswith(layer) and d not in ("pskv.errors", "pskv._types"))
-            assert not bad, f"{name} imports {bad}"
+#: docs/architecture.md's layers: module prefix -> layer (the longest prefix wins)
+LAYERS = {
+    "pskv.errors": 0, "pskv._types": 0,
+    "pskv.context": 1, "pskv.nd": 1, "pskv.np": 1, "pskv.ndarray": 1, "pskv.base": 1,
+    "pskv.compression": 1, "pskv._compression_params": 1, "pskv.optimizer": 1,
+    "pskv.lr_scheduler": 1, "pskv.test_utils": 1,
+    "pskv._ps": 2,
+    "pskv.kvstore": 3,
+    "pskv": 4,   # the entry points: server, _cluster, testing, torch, launch, examples, tour
+}
+#: layer -> the layers below it it may import (its own is always allowed); ``_ps`` is
+#: layer 0 only: no store, no NDArray, no optimizer
+MAY_IMPORT = {0: set(), 1: {0}, 2: {0}, 3: {0, 1, 2}, 4: {0, 1, 2, 3}}
+
+
+def layer_of(module: str) -> int:
+    """The layer of ``module``: that of the longest LAYERS prefix it has."""
+    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
+    return LAYERS[best]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every (importer, imported) edge of ``graph`` that goes to a layer it may not import."""
+    bad = []
+    for name, deps in sorted(graph.items()):
+        mine = layer_of(name)
+        for dep in sorted(deps):
+            theirs = layer_of(dep)
+            if theirs != mine and theirs not in MAY_IMPORT[mine]:
+                bad.append((name, dep))
+    return bad
+
+
+def test_layers_import_only_below() -> None:
+    bad = upward_imports(GRAPH)
+    assert not bad, "imports against docs/architecture.md's layers: " + ", ".join(
+        f"{a} imports {b} (layer {layer_of(a)} -> {layer_of(b)})" for a, b in bad)
+
+
+def test_the_layer_check_finds_upward_imports() -> None:
+    """What slipped through a per-layer deny list once: a store importing an entry point."""
+    assert upward_imports({"pskv.kvstore._create": {"pskv.server"}}) == [
+        ("pskv.kvstore._create", "pskv.server")]
+    assert upward_imports({"pskv._ps.worker": {"pskv.nd.ndarray"}}) == [
+        ("pskv._ps.worker", "pskv.nd.ndarray")]
+    assert upward_imports({"pskv.kvstore.local": {"pskv"}}) == [("pskv.kvstore.local", "pskv")]
+    assert upward_imports({"pskv.nd.ops": {"pskv.errors"},
+                           "pskv.server": {"pskv.kvstore._roles"}}) == []
+
+
+def test_every_module_has_a_layer() -> None:
+    """A new top-level module is placed in LAYERS (and in docs/architecture.md's table)."""
+    top = {".".join(m.split(".")[:2]) for m in MODULES if m != "pskv"}
+    entry = {"pskv.server", "pskv._cluster", "pskv.testing", "pskv.torch", "pskv.launch",
+             "pskv.examples", "pskv.tour"}
+    unplaced = sorted(t for t in top if t not in LAYERS and t not in entry)
+    assert not unplaced, f"place these in LAYERS and docs/architecture.md: {unplaced}"
 
 
 def test_engine_has_no_sockets_and_no_threads() -> None:

@@ -43,8 +43,9 @@ def snapshot(kv: LocalKVStore) -> dict[str, Any]:
         rows = getattr(stored, "_indices", None)
         values[k] = (stored._dense().copy(), stored.dtype,
                      None if rows is None else rows.copy())
-    return {"values": values, "updater": kv._updater, "kind": kv._kind,
-            "ikey": dict(kv._ikey), "gc": kv._devices.gc, "residual": {
+    return {"values": values, "updater": kv._engine.updater, "kind": kv._keys.kind,
+            "ikey": {k: r.ikey for k, r in kv._keys.records.items()},
+            "gc": kv._devices.gc, "residual": {
                 k: v.copy() for k, v in kv._devices._residual.items()}}
 
 
@@ -325,7 +326,7 @@ class TestValueKinds:
         kv = mx.kv.create()
         expect_error(kv, lambda: kv.init([1, 2], [mx.nd.ones(SHAPE), None]), ValueTypeError,
                      TypeError, "key 2", "None")
-        assert kv._store == {} and kv._kind is None
+        assert kv._store == {} and kv._keys.kind is None
 
     def test_empty_value_list(self, kv: LocalKVStore) -> None:
         expect_error(kv, lambda: kv.push(3, []), ValueTypeError, TypeError, "key 3",
@@ -349,7 +350,7 @@ class TestKeyKinds:
         kv = mx.kv.create()
         expect_error(kv, lambda: kv.init([3, "a"], [mx.nd.ones(SHAPE)] * 2), KeyTypeError,
                      TypeError, "mix int and str", "one kind of key")
-        assert kv._store == {} and kv._kind is None
+        assert kv._store == {} and kv._keys.kind is None
 
     def test_str_key_in_int_store(self, kv: LocalKVStore) -> None:
         err = expect_error(kv, lambda: kv.init("a", mx.nd.ones(SHAPE)), KeyTypeError,

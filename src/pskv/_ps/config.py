@@ -19,10 +19,10 @@ __all__ = [
     "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_CHECKPOINT_DIR", "ENV_CHECKPOINT_EVERY",
     "ENV_CHECKPOINT_KEEP", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
-    "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
+    "ENV_REDUCE_THREADS", "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_MESSAGE_BYTES", "ENV_MAX_UNADMITTED",
     "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "ENV_WORKER_ID",
-    "Role", "loopback_address",
+    "Role", "loopback_address", "reduce_threads",
 ]
 
 ENV_ROLE = "DMLC_ROLE"
@@ -66,6 +66,8 @@ ENV_REPLICAS = "PSKV_REPLICAS"
 #: the level of pskv's loggers in every process of a job (pskv-launch --log-level)
 ENV_LOG_LEVEL = "PSKV_LOG_LEVEL"
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: threads a store's Reducer sums and copies big arrays with (local and dist stores)
+ENV_REDUCE_THREADS = "PSKV_REDUCE_THREADS"
 
 
 def log_level(environ: Mapping[str, str] | None = None) -> str | None:
@@ -83,6 +85,19 @@ def log_level(environ: Mapping[str, str] | None = None) -> str | None:
         raise ConfigError(f"{ENV_LOG_LEVEL}={raw!r} is not a log level. Set it to one of "
                           f"{', '.join(n.lower() for n in LOG_LEVELS)}.")
     return raw.upper()
+
+
+def reduce_threads(environ: Mapping[str, str] | None = None) -> int | None:
+    """PSKV_REDUCE_THREADS as a thread count, or None when unset or 0 (the default size).
+
+    Examples
+    --------
+    >>> reduce_threads({'PSKV_REDUCE_THREADS': '2'}), reduce_threads({})
+    (2, None)
+    """
+    env = os.environ if environ is None else environ
+    return _int(env, ENV_REDUCE_THREADS, 0, "Set it to the number of threads a store sums "
+                "big arrays with (1: no pool), or unset it.") or None
 
 
 class Role(str, enum.Enum):

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import SparsePullIgnoredWarning
+from . import _teststore  # noqa: F401  registers 'teststore', as MXNet 1.9.1's kvstore does
 from ._create import create
 from .base import KVStoreBase
 from .local import LocalKVStore

@@ -1,9 +1,12 @@
-"""What every worker of a dist store checks locally, so that all of them refuse alike.
+"""The optimizer checks every store's ``set_optimizer`` runs before it changes anything.
 
-An optimizer is checked completely on the worker before its spec is sent: each keyword
-argument against the type its class declares, then one trial update on a small array, so a
-spec the servers could not run is refused at once, on every worker, with the same
-ConfigError (instead of a server failing at the first push and the workers waiting).
+An optimizer is checked completely before it is installed: each hyperparameter against the
+type its class declares, then (for one that can be written as a spec) one trial update on a
+small array of a copy rebuilt from the spec. So a dist store refuses a spec the servers
+could not run at once, on every worker, with the same ConfigError (instead of a server
+failing at the first push and the workers waiting), and a local store refuses it in
+``set_optimizer`` too, not at the first push (:func:`pskv.kvstore.base.check_optimizer`
+is the one entry point).
 """
 from __future__ import annotations
 
@@ -17,7 +20,12 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["check_optimizer_spec"]
+__all__ = ["check_optimizer_spec", "check_optimizer_values"]
+
+#: constructor argument -> attribute, for the arguments every Optimizer takes
+_BASE_ATTRS = {"rescale_grad": "rescale_grad", "wd": "wd", "clip_gradient": "clip_gradient",
+               "learning_rate": "lr", "begin_num_update": "begin_num_update",
+               "multi_precision": "multi_precision"}
 
 
 def _declared(cls: type) -> dict[str, str]:
@@ -48,6 +56,27 @@ def _bad(value: Any, annotation: str) -> str | None:
     return None
 
 
+def _refuse(name: str, arg: str, value: Any, why: str, want: str) -> ConfigError:
+    return ConfigError(f"set_optimizer: {name}({arg}={value!r}): {why} ({want} "
+                       f"expected). Pass a {want.replace(' | None', '')}.")
+
+
+def check_optimizer_values(optimizer: Any) -> None:
+    """Raise ConfigError if a hyperparameter ``optimizer`` holds is not of its declared type.
+
+    For optimizers that cannot be written as a spec (an unregistered class, a custom
+    ``lr_scheduler``): their values are read from the attributes, no trial update is run.
+    """
+    declared = _declared(type(optimizer))
+    attrs = {**_BASE_ATTRS, **getattr(type(optimizer), "_spec_args", {})}
+    for arg, attr in sorted(attrs.items()):
+        if arg in declared and hasattr(optimizer, attr):
+            value = getattr(optimizer, attr)
+            why = _bad(value, declared[arg])
+            if why is not None:
+                raise _refuse(type(optimizer).__name__, arg, value, why, declared[arg])
+
+
 def check_optimizer_spec(optimizer: Any, spec: dict[str, Any]) -> None:
     """Raise ConfigError if the servers could not run ``spec`` (``optimizer.to_spec()``)."""
     from .. import optimizer as opt_mod
@@ -56,15 +85,14 @@ def check_optimizer_spec(optimizer: Any, spec: dict[str, Any]) -> None:
     try:
         json.dumps(spec, allow_nan=False)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"set_optimizer: {name} cannot be sent to the servers: {err}. Give "
-                          "it plain numbers, strings and lists.") from None
+        raise ConfigError(f"set_optimizer: {name} cannot be written as a JSON spec (what a "
+                          f"dist store sends to its servers): {err}. Give it plain finite "
+                          "numbers, strings and lists.") from None
     declared = _declared(type(optimizer))
     for arg, value in sorted(spec.get("kwargs", {}).items()):
         why = _bad(value, declared.get(arg, ""))
         if why is not None:
-            want = declared[arg]
-            raise ConfigError(f"set_optimizer: {name}({arg}={value!r}): {why} ({want} "
-                              f"expected). Pass a {want.replace(' | None', '')}.")
+            raise _refuse(name, arg, value, why, declared[arg])
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -72,5 +100,5 @@ def check_optimizer_spec(optimizer: Any, spec: dict[str, Any]) -> None:
             trial(0, array(np.ones(2, np.float32)), array(np.ones(2, np.float32)))
     except Exception as err:  # whatever the servers would hit at the first push
         raise ConfigError(f"set_optimizer: {name} fails on a trial update "
-                          f"({type(err).__name__}: {err}); the servers could not run it. "
+                          f"({type(err).__name__}: {err}); no store could run it. "
                           "Check its arguments.") from None

@@ -43,7 +43,9 @@ def create(name: str = "local") -> KVStoreBase:
 
         Any other name must be that of a class registered with
         :meth:`KVStoreBase.register` (the class name, lower-cased); a registered name takes
-        precedence over the built-in ones.
+        precedence over the built-in ones. ``'teststore'`` is registered when pskv is
+        imported, as in MXNet 1.9.1: a store that keeps nothing, for testing custom-store
+        code (``broadcast`` copies, ``pushpull`` sums the values given).
 
     Returns
     -------
@@ -74,8 +76,8 @@ def create(name: str = "local") -> KVStoreBase:
         return LocalKVStore(lname)
     if lname in DIST_TYPES:
         # the dist store needs pyzmq and the cluster variables: imported when asked for
-        from ..server import serve_unless_worker
         from .._ps.config import ClusterConfig
+        from ._roles import serve_unless_worker
         from .dist import DistKVStore
         cfg = ClusterConfig.from_env()
         serve_unless_worker(cfg)

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
+from .._ps.config import reduce_threads
 from .._types import Key
 from ._args import as_numpy
 
@@ -38,10 +39,13 @@ class Reducer:
     Parameters
     ----------
     threads : int, optional
-        Pool size; default ``min(os.cpu_count(), 8)``. 1 disables the pool.
+        Pool size; default ``PSKV_REDUCE_THREADS`` (read here, through the config module),
+        else ``min(os.cpu_count(), 8)``. 1 disables the pool.
     """
 
     def __init__(self, threads: int | None = None) -> None:
+        if threads is None:
+            threads = reduce_threads()
         self.threads = max(1, threads if threads is not None else min(os.cpu_count() or 1, 8))
         self._pool: ThreadPoolExecutor | None = None
 

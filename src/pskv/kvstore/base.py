@@ -164,14 +164,43 @@ class KVStoreBase:
         return 1
 
 
-def check_optimizer(optimizer: Any) -> Any:
-    """``optimizer`` if it is a pskv Optimizer, else ValueTypeError (for set_optimizer)."""
+def check_optimizer(optimizer: Any, *, need_spec: bool = False) -> dict[str, Any] | None:
+    """The one check every store's ``set_optimizer`` runs before it changes anything.
+
+    ``optimizer`` must be a pskv Optimizer (else ValueTypeError) whose hyperparameters are
+    of their declared types and which can run an update (else ConfigError): the local
+    store refuses ``SGD(learning_rate='abc')`` here, as the dist store does, not at the
+    first push.
+
+    Parameters
+    ----------
+    optimizer : Optimizer
+    need_spec : bool, default False
+        True where the optimizer must travel as a spec (a dist store): one that cannot be
+        written as a spec raises ConfigError. Otherwise such an optimizer (an unregistered
+        class, a custom ``lr_scheduler``) has its attributes checked and ``None`` is
+        returned.
+
+    Returns
+    -------
+    dict or None
+        ``optimizer.to_spec()``, or None where it cannot be written as one.
+    """
     from ..optimizer import Optimizer
+    from ._agree import check_optimizer_spec, check_optimizer_values
     if not isinstance(optimizer, Optimizer):
         raise ValueTypeError(
             f"set_optimizer() takes a pskv.optimizer.Optimizer, got "
             f"{type(optimizer).__name__}. Create one with mx.optimizer.create('sgd', ...).")
-    return optimizer
+    try:
+        spec = optimizer.to_spec()
+    except ConfigError:
+        if need_spec:
+            raise
+        check_optimizer_values(optimizer)
+        return None
+    check_optimizer_spec(optimizer, spec)
+    return spec
 
 
 def check_capability(capability: str) -> bool:

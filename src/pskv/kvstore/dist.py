@@ -15,7 +15,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import threading
 from typing import Any, Callable, Iterator, overload
 
@@ -33,7 +32,6 @@ from .._ps.postoffice import Postoffice
 from .._ps.zeromq import ZmqContext
 from .._ps.worker import KVWorker
 from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
-from ._agree import check_optimizer_spec
 from ._args import as_numpy, normalize, row_ids_by_key
 from ._durable import checkpoint_path
 from ._datapath import DataPath
@@ -62,7 +60,7 @@ class DistKVStore(KVStoreBase):
         self._keys = KeyTable(name)
         #: key -> its record (shape, dtype, placement); the tests read the placement here
         self._store: dict[Key, KeyRecord] = self._keys.records
-        self._reducer = Reducer(int(os.environ.get("PSKV_REDUCE_THREADS", "0")) or None)
+        self._reducer = Reducer()     # PSKV_REDUCE_THREADS, read by the config module
         # held while a call checks its arguments and sends, never while it waits for a
         # reply or a barrier (_unlocked): other threads may push and pull meanwhile
         self._lock = threading.Lock()
@@ -386,9 +384,7 @@ class DistKVStore(KVStoreBase):
         Every worker may call it (MXNet scripts do); the servers install it once and treat
         identical repeats as no-ops.
         """
-        check_optimizer(optimizer)
-        spec = optimizer.to_spec()
-        check_optimizer_spec(optimizer, spec)    # refused here, alike on every worker
+        spec = check_optimizer(optimizer, need_spec=True)   # refused here, alike on every worker
         with self._lock:
             self._begin()
             self._to_all(Command.COMMAND, command(Op.OPTIMIZER, spec=spec))

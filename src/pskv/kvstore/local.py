@@ -10,7 +10,6 @@ call that raises changes nothing; ``_lock`` serializes calls.
 """
 from __future__ import annotations
 
-import builtins
 import os
 import threading
 from typing import Any, overload
@@ -55,7 +54,7 @@ class LocalKVStore(KVStoreBase):
         self._engine = Engine(num_workers=1)
         #: key -> stored NDArray (the engine's; the fast paths read it directly)
         self._store: dict[Key, NDArray] = self._engine.stored
-        self._reducer = Reducer(int(os.environ.get("PSKV_REDUCE_THREADS", "0")) or None)
+        self._reducer = Reducer()     # PSKV_REDUCE_THREADS, read by the config module
         self._devices = DeviceMerge(self._reducer)
         self._lock = threading.RLock()
 
@@ -64,22 +63,6 @@ class LocalKVStore(KVStoreBase):
     def type(self) -> str:
         """The store type, as given to ``create`` and lower-cased."""
         return self._type
-
-    @property
-    def _updater(self) -> Updater | None:
-        return self._engine.updater
-
-    @property
-    def _kind(self) -> builtins.type | None:
-        return self._keys.kind
-
-    @property
-    def _ikey(self) -> dict[Key, int]:
-        return {k: r.ikey for k, r in self._keys.records.items()}
-
-    @property
-    def _closed(self) -> bool:
-        return self._keys.closed
 
     # ---- init ------------------------------------------------------------------------
     def init(self, key: KeyArg, value: ValueArg) -> None:
@@ -380,6 +363,14 @@ class LocalKVStore(KVStoreBase):
     def set_optimizer(self, optimizer: Any) -> None:
         """Update stored values with ``optimizer`` on every push (``update_on_kvstore``).
 
+        Raises
+        ------
+        ValueTypeError
+            If ``optimizer`` is not a pskv Optimizer.
+        ConfigError
+            If a hyperparameter is not of its type or the optimizer cannot run an update
+            (``SGD(learning_rate='abc')``), as in every store type; nothing changes.
+
         Examples
         --------
         >>> import pskv as mx
@@ -392,7 +383,8 @@ class LocalKVStore(KVStoreBase):
                [-0.01, -0.01]], dtype=float32)
         """
         from .. import optimizer as opt
-        self.set_updater(opt.get_updater(check_optimizer(optimizer)))
+        check_optimizer(optimizer)      # the dist store's check: a bad one changes nothing
+        self.set_updater(opt.get_updater(optimizer))
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Save the optimizer states (and the optimizer, if ``dump_optimizer``) to ``fname``.

@@ -22,7 +22,7 @@ from types import FrameType
 from typing import IO, Callable, Sequence, TextIO
 
 from .._ps.config import ENV_MAX_RESTARTS, ENV_RESTART, Role
-from ..errors import ConfigError
+from ..errors import CommandError, ConfigError  # CommandError: re-exported here too
 from .spec import ProcessSpec
 
 __all__ = ["CommandError", "EXIT_TIMEOUT", "LaunchResult", "ProcessResult", "exit_status", "run_processes"]
@@ -63,10 +63,6 @@ def _die_with_launcher() -> Callable[[], None] | None:
             os.kill(os.getpid(), DEATH_SIGNAL)
 
     return preexec
-
-
-class CommandError(ConfigError):
-    """A process of the job could not be started (its ``__cause__`` says why: 127/126)."""
 
 
 @dataclass(frozen=True, slots=True)

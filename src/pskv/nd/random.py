@@ -1,9 +1,14 @@
 """``pskv.nd.random``: random arrays and ``seed``, as ``mxnet.nd.random`` and ``mxnet.random``.
 
-Invariant: one private NumPy ``Generator`` per process, made on first use and replaced by
-:func:`seed`; MXNet's random state is process-wide too (``mx.random.seed``), so code that
-seeds it to make every worker draw the same data (as MXNet's dist tests do) runs unchanged.
-The streams are NumPy's, not MXNet's: the same seed gives different numbers than MXNet.
+Invariant: one private NumPy ``Generator`` per process, made on first use from
+:data:`DEFAULT_SEED` and replaced by :func:`seed`. MXNet's random state is process-wide too,
+and it starts from a fixed seed (``mx.random.seed(0)``'s stream) in every process, so
+unseeded draws are the same on every worker: programs rely on it to start workers equal
+(MXNet 1.9.1's ``dist_sync_kvstore.py`` checks sums against ``num_workers`` times a local
+draw). pskv does the same: every process, and every process started afresh (a
+``multiprocessing`` spawn), draws the stream of ``seed(DEFAULT_SEED)`` until it seeds. A
+forked child goes on from its parent's state, as MXNet's does. The streams are NumPy's, not
+MXNet's: the same seed gives other numbers than MXNet (docs/differences.md).
 """
 from __future__ import annotations
 
@@ -15,19 +20,26 @@ from ..context import Context
 from ..errors import ValueTypeError
 from .ndarray import NDArray, _ctx, _dtype, _shape
 
-__all__ = ["normal", "seed", "uniform"]
+__all__ = ["DEFAULT_SEED", "normal", "seed", "uniform"]
+
+#: the seed every process starts from (MXNet 1.9.1's default stream is ``seed(0)``'s too)
+DEFAULT_SEED = 0
 
 _STATE: dict[str, np.random.Generator] = {}
 
 
 def _rng() -> np.random.Generator:
     if "rng" not in _STATE:
-        _STATE["rng"] = np.random.default_rng()
+        # fixed, not from the OS: every worker draws the same until it seeds (as MXNet)
+        _STATE["rng"] = np.random.default_rng(DEFAULT_SEED)
     return _STATE["rng"]
 
 
 def seed(seed_state: int, ctx: Context | str = "all") -> None:
     """Seed the generator behind :func:`uniform` and :func:`normal`.
+
+    Until it is called, a process draws the stream of ``seed(DEFAULT_SEED)``, the same in
+    every process (as MXNet, whose default stream is ``seed(0)``'s).
 
     Parameters
     ----------
@@ -43,6 +55,7 @@ def seed(seed_state: int, ctx: Context | str = "all") -> None:
     >>> mx.random.seed(7); b = mx.nd.random.uniform(shape=(2,))
     >>> bool((a == b).asnumpy().all())
     True
+    >>> mx.random.seed(mx.random.DEFAULT_SEED)   # back to where every process starts
     """
     if isinstance(seed_state, bool) or not isinstance(seed_state, (int, np.integer)) \
             or seed_state < 0:
