@@ -7,7 +7,6 @@ buckets with the same keys.
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,11 +20,6 @@ __all__ = ["DEFAULT_BUCKET_CAP_MB", "Bucket", "assign_buckets", "bucket_cap_byte
 
 #: DDP's default bucket size (``bucket_cap_mb=25``)
 DEFAULT_BUCKET_CAP_MB = 25.0
-
-#: digests are kept below 2**20 so that sums of W of them and of their squares are exact
-#: in float64 for any realistic number of workers
-_DIGEST_BITS = 20
-
 
 @dataclass
 class Bucket:
@@ -101,39 +95,28 @@ def assign_buckets(params: list[torch.Tensor], cap_bytes: int | None) -> list[li
     return closed
 
 
-def _digest(name: str, p: torch.Tensor) -> int:
-    """A small number for name, shape and dtype: 1 to 2**20 - 1."""
-    text = f"{name}|{tuple(p.shape)}|{p.dtype}".encode()
-    return 1 + zlib.crc32(text) % (2**_DIGEST_BITS - 1)
-
-
-def check_same_layout(kv: Any, key: str, names: list[str], params: list[torch.Tensor],
+def check_same_layout(kv: Any, prefix: str, names: list[str], params: list[torch.Tensor],
                       what: str) -> None:
     """Raise ShapeMismatchError on every worker unless all have the same parameters.
 
-    A collective call (before any bucket key is initialized, so that a mismatch never
-    leaves keys of different shapes behind): ``key`` is initialized with one row per
-    parameter, every worker pushes its digests and their squares, and the round's sums
-    say whether all were equal (``W * sum(d*d) == sum(d)**2`` exactly when every ``d`` is
-    the same). The store must have no optimizer yet.
+    A collective call, before any bucket key is initialized: one init of a one-element key
+    per parameter, named ``prefix + 'layout/' + name + str(shape)``, of the parameter's
+    dtype. The dist store's init compares every worker's keys, shapes and dtypes and
+    raises on every worker at the first difference; this says which parameter it is. No
+    push is made, so a store's optimizer does not matter.
     """
     import torch as th
-    digests = th.tensor([_digest(n, p) for n, p in zip(names, params)], dtype=th.float64)
-    mine = th.stack([digests, digests * digests, th.ones_like(digests)])
+    keys = {f"{prefix}layout/{n}{tuple(p.shape)}": (n, p) for n, p in zip(names, params)}
     try:
-        kv.init(key, th.zeros_like(mine))
+        kv.init(list(keys), [th.zeros(1, dtype=p.dtype) for _, p in keys.values()])
     except ShapeMismatchError as err:
+        mine = keys.get(err.key)     # type: ignore[call-overload]
+        which = (f"parameter {mine[0]!r} (shape {tuple(mine[1].shape)}, {mine[1].dtype} on "
+                 f"this worker)" if mine is not None else
+                 f"a parameter that this worker does not have ({err.key!r})")
         raise ShapeMismatchError(
-            f"{what}: the workers have different numbers of parameters (this worker has "
-            f"{len(params)}). Build the same model on every worker, and pass the same "
-            "named_parameters() everywhere.", key=key) from err
-    total = mine.clone()
-    kv.pushpull(key, mine, out=total)
-    workers = total[2, 0].item() if len(params) else 1.0
-    for j, (name, p) in enumerate(zip(names, params)):
-        if workers * total[1, j].item() != total[0, j].item() ** 2:
-            raise ShapeMismatchError(
-                f"{what}: parameter #{j} ({name!r}, shape {tuple(p.shape)}, {p.dtype} on "
-                f"this worker) is not the same on every worker (name, shape or dtype). Build "
-                "the same model on every worker, and pass the same named_parameters() in "
-                "the same order everywhere.", key=name, shape=tuple(p.shape))
+            f"{what}: {which} is not the same on every worker (name, shape or dtype; "
+            f"the store says: {err}). Build the same model on every worker, and pass the "
+            "same named_parameters() everywhere.",
+            key=mine[0] if mine is not None else err.key,
+            shape=tuple(mine[1].shape) if mine is not None else None) from err

@@ -178,7 +178,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
     op : {'average', 'sum'}, default 'average'
         How the workers' gradients are combined.
     prefix : str, default 'opt/'
-        Put before each key's name (``bucket.0``, ``buffers.0``, ``layout``).
+        Put before each key's name (``bucket.0``, ``buffers.0``, ``layout/...``).
     bucket_cap_mb : float or None, default 25
         The size of a bucket in MB (2**20 bytes; DDP's ``bucket_cap_mb``). None: one key per
         parameter.
@@ -249,7 +249,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
     sync = Synchronizer(kv, names, params, prefix, update_on_kvstore, op, cap_bytes, overlap,
                         backward_passes_per_step)
     if kv.num_workers > 1:
-        check_same_layout(kv, prefix + "layout", names, params, "DistributedOptimizer")
+        check_same_layout(kv, prefix, names, params, "DistributedOptimizer")
     if update_on_kvstore:
         kv.set_optimizer(kv_optimizer)
     init_keys(kv, [b.key for b in sync.buckets], sync.initial_values(),
