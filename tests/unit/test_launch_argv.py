@@ -167,7 +167,8 @@ def test_cluster_env_per_role() -> None:
     assert env(Role.SERVER) == {
         "A": "all", "B": "server", **cluster("server"), ENV_SECRET: "s3"}
     assert env(Role.WORKER) == {
-        "A": "worker", "B": "all", **cluster("worker"), ENV_SECRET: "s3"}
+        "A": "worker", "B": "all", **cluster("worker"), ENV_SECRET: "s3",
+        "WORLD_SIZE": "2"}     # torchrun's variables, RANK only with a rank
     assert ENV_SECRET not in cluster_env(spec, Role.WORKER, root_uri="h", port=1, secret=None)
 
 
@@ -183,7 +184,8 @@ def test_local_processes() -> None:
     assert dict(procs[1].env) == {**cluster("server"), ENV_SERVER_ID: "0", ENV_SECRET: "s"}
     # the rank each worker is given is its label's, so [worker 1] is kv.rank 1
     assert dict(procs[3].env) == {"W": "1", **cluster("worker"), ENV_WORKER_ID: "1",
-                                  ENV_SECRET: "s"}
+                                  ENV_SECRET: "s", "WORLD_SIZE": "2", "RANK": "1",
+                                  "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
     assert all(p.stdin is None for p in procs)
 
 
@@ -269,7 +271,8 @@ def test_ssh_command_lines() -> None:
                            + " && exec py -m pskv.server")
     assert w0.argv == (*SSH, "-p", "2222", "n2",
                        head + env.format(role="worker", host="n2", extra="W='a b' ",
-                                         rank="DMLC_WORKER_ID=0")
+                                         rank="DMLC_WORKER_ID=0 WORLD_SIZE=2 RANK=0 "
+                                              "LOCAL_RANK=0 LOCAL_WORLD_SIZE=1")
                        + " && exec python train.py --name 'it'\"'\"'s me'")
     assert w1.argv[:len(SSH) + 3] == (*SSH, "-p", "22", "n1")
     assert SSH_OPTIONS == SSH[1:]
@@ -317,7 +320,7 @@ def test_mpi_command_lines() -> None:
     assert servers.argv == ("mpirun", "-n", "2", "--hostfile", "hosts", "-x", "OMP_NUM_THREADS",
                             "-x", "S", *names, "py", "-m", "pskv.server")
     assert workers.argv == ("mpirun", "-n", "4", "--hostfile", "hosts", "-x", "OMP_NUM_THREADS",
-                            *names, "python", "train.py")
+                            *names, "-x", "WORLD_SIZE", "python", "train.py")
     assert dict(servers.env) == {"OMP_NUM_THREADS": "2", "S": "1",
                                  **cluster("server", uri="10.0.0.1", workers=4, servers=2),
                                  ENV_SECRET: "sec"}

@@ -73,7 +73,8 @@ def build_processes(spec: LaunchSpec, *, environ: Mapping[str, str] | None = Non
     env = os.environ if environ is None else environ
     secret = get_secret(spec, env)
     if spec.launcher == "local":
-        return local_processes(spec, port=spec.port or free_port(), secret=secret)
+        return local_processes(spec, port=spec.port or free_port(), secret=secret,
+                               environ=env)
     if spec.launcher == "slurm":
         return build_slurm(spec, secret=secret, environ=env)
     if spec.launcher in ("kubernetes", "ray"):

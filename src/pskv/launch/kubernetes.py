@@ -138,7 +138,8 @@ def job_manifests(spec: LaunchSpec, *, name: str, namespace: str, secret: str,
     roles += [(Role.WORKER, i, f"{name}-worker-{i}", spec.command)
               for i in range(spec.num_workers)]
     for role, rank, pod_name, command in roles:
-        env = cluster_env(spec, role, root_uri=service, port=port, secret=None, rank=rank)
+        env = cluster_env(spec, role, root_uri=service, port=port, secret=None, rank=rank,
+                          local=(0, 1))         # a pod per worker: LOCAL_RANK 0 of 1
         env.pop(ENV_SECRET, None)  # from --env PSKV_SECRET:...: pods read it from the Secret
         env[ENV_USE_KUBERNETES] = "1"
         out.append(_pod(pod_name, namespace, name, role, rank, spec.image, command, env,

@@ -1,8 +1,10 @@
 """The local launcher: scheduler, servers and workers all on this machine, at 127.0.0.1."""
 from __future__ import annotations
 
+from typing import Mapping
+
 from .._ps.config import Role
-from .env import cluster_env
+from .env import cluster_env, local_ranks, omp_default
 from .spec import LaunchSpec, ProcessSpec
 
 __all__ = ["LOCAL_HOST", "local_processes"]
@@ -10,8 +12,12 @@ __all__ = ["LOCAL_HOST", "local_processes"]
 LOCAL_HOST = "127.0.0.1"
 
 
-def local_processes(spec: LaunchSpec, *, port: int, secret: str) -> list[ProcessSpec]:
+def local_processes(spec: LaunchSpec, *, port: int, secret: str,
+                    environ: Mapping[str, str] | None = None) -> list[ProcessSpec]:
     """Scheduler, servers and workers of `spec`, all on this machine at 127.0.0.1.
+
+    Workers get torchrun's variables (`pskv.launch.env.cluster_env`); with `environ` (the
+    launcher's environment) also ``OMP_NUM_THREADS=1`` where torchrun would set it.
 
     Examples
     --------
@@ -23,9 +29,13 @@ def local_processes(spec: LaunchSpec, *, port: int, secret: str) -> list[Process
     worker 0 ('python', 'train.py') worker
     worker 1 ('python', 'train.py') worker
     """
+    locals_ = local_ranks([LOCAL_HOST] * spec.num_workers)
+    omp = environ is not None and omp_default(spec, environ, locals_)
+
     def env(role: Role, rank: int | None = None) -> tuple[tuple[str, str], ...]:
+        local = locals_[rank] if role is Role.WORKER and rank is not None else None
         return tuple(cluster_env(spec, role, root_uri=LOCAL_HOST, port=port, secret=secret,
-                                 rank=rank).items())
+                                 rank=rank, local=local, omp=omp).items())
 
     procs = [ProcessSpec(Role.SCHEDULER, 0, spec.server_command, env(Role.SCHEDULER))]
     procs += [ProcessSpec(Role.SERVER, i, spec.server_command, env(Role.SERVER, i))

@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 from .._ps.config import Role
 from ..errors import ConfigError
 from ._net import free_port
-from .env import cluster_env
+from .env import cluster_env, local_ranks, omp_default
 from .hosts import Host, place
 from .spec import LaunchSpec, ProcessSpec
 
@@ -186,8 +186,10 @@ def scheduler_port(spec: LaunchSpec, first_node: str, environ: Mapping[str, str]
 
 
 def slurm_processes(spec: LaunchSpec, nodes: Sequence[str], *, port: int,
-                    secret: str) -> list[ProcessSpec]:
+                    secret: str, environ: Mapping[str, str] | None = None) -> list[ProcessSpec]:
     """The scheduler on ``nodes[0]``, servers then workers round-robin over `nodes`.
+
+    With `environ` (the launcher's), ``OMP_NUM_THREADS=1`` where torchrun would set it.
 
     Parameters
     ----------
@@ -217,9 +219,12 @@ def slurm_processes(spec: LaunchSpec, nodes: Sequence[str], *, port: int,
     sched_env = cluster_env(spec, Role.SCHEDULER, root_uri=root, port=port, secret=secret)
     procs = [ProcessSpec(Role.SCHEDULER, 0, srun_argv(root, spec.server_command, "scheduler"),
                          tuple(sched_env.items()), host=root)]
-    for role, rank, host in place(spec.num_servers or 0, spec.num_workers,
-                                  [Host(n) for n in nodes]):
-        env = cluster_env(spec, role, root_uri=root, port=port, secret=secret, rank=rank)
+    placed = place(spec.num_servers or 0, spec.num_workers, [Host(n) for n in nodes])
+    locals_ = local_ranks([h.name for role, _, h in placed if role is Role.WORKER])
+    omp = environ is not None and omp_default(spec, environ, locals_)
+    for role, rank, host in placed:
+        env = cluster_env(spec, role, root_uri=root, port=port, secret=secret, rank=rank,
+                          local=locals_[rank] if role is Role.WORKER else None, omp=omp)
         command = spec.server_command if role is Role.SERVER else spec.command
         label = f"{role.value} {rank}"
         procs.append(ProcessSpec(role, rank, srun_argv(host.name, command, label),
@@ -233,4 +238,4 @@ def build_slurm(spec: LaunchSpec, *, secret: str, environ: Mapping[str, str] | N
     env = os.environ if environ is None else environ
     nodes = expand_nodelist(allocation_nodelist(env), run=run)
     return slurm_processes(spec, nodes, port=scheduler_port(spec, nodes[0], env),
-                           secret=secret)
+                           secret=secret, environ=env)

@@ -17,7 +17,7 @@ import shlex
 from typing import Mapping, Sequence
 
 from .._ps.config import ENV_NODE_HOST, ENV_SECRET, Role
-from .env import cluster_env, forwarded_env, scheduler_here
+from .env import cluster_env, forwarded_env, local_ranks, omp_default, scheduler_here
 from .hosts import Host, place
 from .spec import LaunchSpec, ProcessSpec
 
@@ -76,10 +76,14 @@ def ssh_processes(spec: LaunchSpec, hosts: Sequence[Host], *, port: int, secret:
     procs = [scheduler_here(spec, port=port, secret=secret, root_uri=root_uri)]
     forwarded = forwarded_env(environ)
     stdin = (secret + "\n").encode()
-    for role, rank, host in place(spec.num_servers or 0, spec.num_workers, hosts):
+    placed = place(spec.num_servers or 0, spec.num_workers, hosts)
+    locals_ = local_ranks([h.name for role, _, h in placed if role is Role.WORKER])
+    omp = omp_default(spec, environ, locals_)
+    for role, rank, host in placed:
         env = dict(forwarded)
         env.update(cluster_env(spec, role, root_uri=root_uri, port=port, secret=None,
-                               rank=rank))
+                               rank=rank, local=locals_[rank] if role is Role.WORKER else None,
+                               omp=omp))
         env[ENV_NODE_HOST] = host.name
         command = spec.server_command if role is Role.SERVER else spec.command
         argv = ("ssh", *SSH_OPTIONS, "-p", str(host.port), host.name,

@@ -1,0 +1,279 @@
+"""DistributedOptimizer: a torch optimizer whose ``step()`` first combines every worker's
+gradients through the store (bucketed, overlapped with backward), and keeps buffers equal.
+
+Invariant: the keys (layout check, buckets, buffers) are initialized in the same order on
+every worker, and only after every argument was checked, so bad input raises on every
+worker before any collective call.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from ..errors import ConfigError, UnsupportedError, ValueTypeError
+from ._broadcast import import_torch, init_keys, named_tensors
+from ._buckets import DEFAULT_BUCKET_CAP_MB, bucket_cap_bytes, check_same_layout
+from ._sync import HOOK_ATTR, Synchronizer
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DistributedOptimizer"]
+
+#: what ``op`` may be: how the pushed gradients of the workers are combined
+_OPS = ("average", "sum")
+
+
+class _Buffers:
+    """Buffers (BatchNorm's running statistics) := rank 0's, one key per dtype.
+
+    Each round rank 0 pushes its values and every other worker zeros, so the round's sum
+    is rank 0's (exactly: x + 0 == x), which every worker pulls into its buffers.
+    """
+
+    def __init__(self, kv: Any, named: list[tuple[str, torch.Tensor]], prefix: str) -> None:
+        th = import_torch()
+        self.kv = kv
+        self.groups: list[tuple[str, list[torch.Tensor], torch.Tensor]] = []
+        by_dtype: dict[Any, list[torch.Tensor]] = {}
+        for _, t in named:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        for n, (dtype, tensors) in enumerate(by_dtype.items()):
+            flat = th.zeros(sum(t.numel() for t in tensors), dtype=dtype)
+            self.groups.append((f"{prefix}buffers.{n}", tensors, flat))
+
+    def init(self, what: str, prefix: str) -> None:
+        if self.groups:
+            init_keys(self.kv, [k for k, _, _ in self.groups], [f for _, _, f in self.groups],
+                      what, prefix)
+
+    def broadcast(self) -> None:
+        th = import_torch()
+        for key, tensors, flat in self.groups:
+            if self.kv.rank == 0:
+                th.cat([t.detach().reshape(-1) for t in tensors], out=flat)
+            else:
+                flat.zero_()
+            self.kv.pushpull(key, flat)
+            with th.no_grad():
+                offset = 0
+                for t in tensors:
+                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
+
+class _DistributedMixin:
+    """The methods a DistributedOptimizer puts in front of the wrapped optimizer's class."""
+
+    _pskv_sync: Synchronizer
+    _pskv_buffers: _Buffers | None
+
+    def synchronize(self) -> None:
+        """Combine the gradients of every worker now (``update_on_kvstore=True``: also
+        update the weights); a later ``step()`` inside :meth:`skip_synchronize` does not
+        again. For example, to clip the averaged gradients."""
+        self._pskv_sync.synchronize()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """A context in which ``step()`` does not synchronize (after :meth:`synchronize`)."""
+        self._pskv_sync.skip = True
+        try:
+            yield
+        finally:
+            self._pskv_sync.skip = False
+
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        """A context whose backward passes only accumulate into ``.grad`` (as DDP's
+        ``no_sync``): the next backward outside it sends the accumulated gradients."""
+        return self._pskv_sync.no_sync()
+
+    def close(self) -> None:
+        """Remove the gradient hooks and stop the communication thread. The parameters
+        may then be wrapped again (with a new ``prefix``)."""
+        self._pskv_sync.close()
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Wait for the gradients of all workers (sending what backward has not), then
+        step the wrapped optimizer (``update_on_kvstore=True``: the store's optimizer has
+        updated the weights, and the torch optimizer does not step); then make the buffers
+        rank 0's.
+
+        ``closure``, if given, is called once first (under ``torch.enable_grad()``) to
+        compute the loss and gradients; its result is returned.
+        """
+        sync = self._pskv_sync
+        loss = None
+        if closure is not None:
+            with import_torch().enable_grad():
+                loss = closure()
+        if not sync.skip:
+            sync.synchronize()
+        if not sync.update_on_kvstore:
+            super().step()  # type: ignore[misc]
+        if self._pskv_buffers is not None:
+            self._pskv_buffers.broadcast()
+        return loss
+
+
+def _check_args(optimizer: Any, update_on_kvstore: bool, kv_optimizer: Any, op: str,
+                backward_passes_per_step: Any) -> None:
+    th = import_torch()
+    if op not in _OPS:
+        raise ConfigError(f"op={op!r} is not one of {_OPS}.")
+    if update_on_kvstore and kv_optimizer is None:
+        raise ConfigError("update_on_kvstore=True needs kv_optimizer=, the pskv optimizer the "
+                          "store applies, e.g. mx.optimizer.SGD(learning_rate=0.1).")
+    if not update_on_kvstore and (kv_optimizer is not None or optimizer is None):
+        raise ConfigError("update_on_kvstore=False steps the torch optimizer: pass one, and "
+                          "no kv_optimizer (or set update_on_kvstore=True).")
+    if optimizer is not None and not isinstance(optimizer, th.optim.Optimizer):
+        raise ValueTypeError(f"optimizer must be a torch.optim.Optimizer or None, got "
+                             f"{type(optimizer).__name__}.")
+    if isinstance(backward_passes_per_step, bool) or not isinstance(
+            backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ConfigError(f"backward_passes_per_step={backward_passes_per_step!r} is not a "
+                          "positive int. Pass the number of backward passes per step() "
+                          "(1 unless you accumulate gradients).")
+
+
+def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
+        optimizer: torch.optim.Optimizer | None, named_parameters: Any, kv: Any,
+        update_on_kvstore: bool = False, kv_optimizer: Any = None, op: str = "average",
+        prefix: str = "opt/", bucket_cap_mb: float | None = DEFAULT_BUCKET_CAP_MB,
+        overlap: bool = True, backward_passes_per_step: int = 1,
+        named_buffers: Any = None, broadcast_buffers: bool = True) -> torch.optim.Optimizer:
+    """Wrap a torch optimizer so that ``step()`` first combines the gradients of all workers.
+
+    A collective call: every worker constructs it the same way (it checks that every
+    worker has the same parameters and initializes the bucket keys together). Use the
+    returned optimizer from then on; it is an instance of a subclass of ``optimizer``'s
+    class that shares its parameter groups and state, so ``zero_grad``, ``state_dict``,
+    ``load_state_dict`` and torch's LR schedulers work as before.
+
+    Gradients travel in buckets of about ``bucket_cap_mb`` megabytes (one store key each,
+    one dtype each, filled in the reverse of the parameter order as backward produces
+    them); with ``overlap`` a bucket is sent by a background thread as soon as backward has
+    produced its last gradient, and ``step()`` waits only for what is still in flight.
+
+    Parameters
+    ----------
+    optimizer : torch.optim.Optimizer or None
+        The optimizer that steps with the combined gradients. With
+        ``update_on_kvstore=True`` it is not stepped and may be None.
+    named_parameters : iterable of (str, torch.Tensor) or Mapping
+        ``model.named_parameters()``: the parameters to synchronize (those without
+        ``requires_grad`` are left out); the same names, shapes and dtypes on every worker.
+    kv : KVStore
+        A store with str keys (``local`` or ``dist_*``), without an optimizer when
+        ``update_on_kvstore=False``.
+    update_on_kvstore : bool, default False
+        False: push the gradients (divided by ``kv.num_workers`` for ``op='average'``),
+        pull their sum back into ``.grad``, then step ``optimizer``. True:
+        ``kv.set_optimizer(kv_optimizer)``; each bucket pushes the (divided) gradients and
+        the store's new weights are written into the parameters at ``step()``. The keys
+        start from rank 0's parameters, which every worker pulls at construction.
+    kv_optimizer : pskv.optimizer.Optimizer, optional
+        Required with ``update_on_kvstore=True``, e.g. ``mx.optimizer.SGD(learning_rate=0.1)``.
+    op : {'average', 'sum'}, default 'average'
+        How the workers' gradients are combined.
+    prefix : str, default 'opt/'
+        Put before each key's name (``bucket.0``, ``buffers.0``, ``layout/...``).
+    bucket_cap_mb : float or None, default 25
+        The size of a bucket in MB (2**20 bytes; DDP's ``bucket_cap_mb``). None: one key per
+        parameter.
+    overlap : bool, default True
+        Send each bucket during backward (autograd hooks). False: send every bucket in
+        ``step()``, one after another.
+    backward_passes_per_step : int, default 1
+        How many backward passes accumulate into ``.grad`` before the gradients are sent
+        (Horovod's argument); see also :meth:`no_sync`.
+    named_buffers : iterable of (str, torch.Tensor), optional
+        ``model.named_buffers()``: with ``broadcast_buffers``, made rank 0's at the end of
+        every ``step()`` (DDP broadcasts them before each forward; the next forward sees
+        the same values). Only with ``update_on_kvstore=False``.
+    broadcast_buffers : bool, default True
+        Whether to broadcast ``named_buffers``.
+
+    Returns
+    -------
+    torch.optim.Optimizer
+        With ``step(closure=None)``, ``synchronize()``, ``skip_synchronize()``,
+        ``no_sync()`` and ``close()``.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown ``op``, no parameters, a ``bucket_cap_mb`` that is not positive, a
+        ``backward_passes_per_step`` below 1, ``update_on_kvstore`` and ``kv_optimizer``
+        that do not fit together, or parameters that another DistributedOptimizer hooks.
+    UnsupportedError
+        For buffers to broadcast with ``update_on_kvstore=True``.
+    ValueTypeError
+        For parameters that are not CPU tensors, or repeated names.
+    ShapeMismatchError
+        If the workers' parameters differ (raised on every worker, naming the parameter);
+        from ``backward`` or ``step()``, if a parameter changed shape since.
+
+    Examples
+    --------
+    ::
+
+        opt = pskv.torch.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), kv,
+            named_buffers=model.named_buffers())
+        opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
+    """
+    th = import_torch()
+    _check_args(optimizer, update_on_kvstore, kv_optimizer, op, backward_passes_per_step)
+    cap_bytes = bucket_cap_bytes(bucket_cap_mb)
+    named = [(n, p) for n, p in named_tensors(named_parameters, "DistributedOptimizer") if p.requires_grad]
+    if not named:
+        raise ConfigError("DistributedOptimizer got no parameters that require grad. Pass "
+                          "model.named_parameters().")
+    for name, p in named:
+        owner = getattr(p, HOOK_ATTR, None)
+        if owner is not None:
+            raise ConfigError(
+                f"parameter {name!r} is synchronized already by a DistributedOptimizer "
+                f"(prefix={owner!r}); wrapping it again would send its gradient twice. "
+                "Wrap each optimizer once, or call close() on the first one.", key=name)
+    buffers = [] if named_buffers is None or not broadcast_buffers else \
+        named_tensors(named_buffers, "DistributedOptimizer named_buffers")
+    if buffers and update_on_kvstore:
+        raise UnsupportedError(
+            "broadcast_buffers with update_on_kvstore=True: the store's optimizer would "
+            "update the buffer keys too. Pass broadcast_buffers=False (each worker keeps its "
+            "own buffers, as MXNet does), or use update_on_kvstore=False.")
+    names, params = [n for n, _ in named], [p for _, p in named]
+    sync = Synchronizer(kv, names, params, prefix, update_on_kvstore, op, cap_bytes, overlap,
+                        backward_passes_per_step)
+    if kv.num_workers > 1:
+        check_same_layout(kv, prefix, names, params, "DistributedOptimizer")
+    if update_on_kvstore:
+        kv.set_optimizer(kv_optimizer)
+    init_keys(kv, [b.key for b in sync.buckets], sync.initial_values(),
+              "DistributedOptimizer", prefix)
+    bufs = _Buffers(kv, buffers, prefix) if buffers else None
+    if bufs is not None:
+        bufs.init("DistributedOptimizer", prefix)
+    if update_on_kvstore:           # every worker starts from rank 0's weights
+        for bucket in sync.buckets:
+            kv.pull(bucket.key, out=bucket.weights)
+        with th.no_grad():
+            for bucket in sync.buckets:
+                for j, i in enumerate(bucket.members):
+                    params[i].copy_(bucket.view(j, bucket.weights).view_as(params[i]))
+    sync.install_hooks()
+    base = type(optimizer) if optimizer is not None else th.optim.Optimizer
+    cls = type(base.__name__, (_DistributedMixin, base), {"__module__": base.__module__})
+    if optimizer is None:
+        wrapped = cls(params, {})
+    else:
+        wrapped = object.__new__(cls)
+        # share param_groups, state and hooks; not a step an LR scheduler put on the instance
+        wrapped.__dict__.update((k, v) for k, v in optimizer.__dict__.items() if k != "step")
+    wrapped._pskv_sync = sync
+    wrapped._pskv_buffers = bufs
+    return wrapped  # type: ignore[no-any-return]
+

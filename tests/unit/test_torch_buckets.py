@@ -1,0 +1,246 @@
+"""pskv.torch's buckets, hooks, accumulation and bad input on a local store (issue #16)."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed: pip install 'pskv[torch]' (or torch alone)")
+
+import pskv as mx  # noqa: E402
+import pskv.torch as pt  # noqa: E402
+from pskv.errors import ConfigError, KVStoreError, ShapeMismatchError, UnsupportedError  # noqa: E402,E501
+from pskv.torch._buckets import assign_buckets, bucket_cap_bytes  # noqa: E402
+
+
+@pytest.fixture
+def kv() -> Iterator[Any]:
+    with mx.kv.create("local") as store:
+        yield store
+
+
+def mlp(seed: int = 0, depth: int = 6, dtype: Any = None) -> Any:
+    """Many small tensors (2 per layer), the last layer in float64 when asked."""
+    torch.manual_seed(seed)
+    layers: list[Any] = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(8, 8), torch.nn.Tanh()]
+    layers.append(torch.nn.Linear(8, 3))
+    if dtype is not None:
+        layers[-1] = layers[-1].to(dtype)
+        layers.insert(len(layers) - 1, _Cast(dtype))
+    return torch.nn.Sequential(*layers)
+
+
+class _Cast(torch.nn.Module):
+    def __init__(self, dtype: Any) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: Any) -> Any:
+        return x.to(self.dtype)
+
+
+def data(steps: int = 4, n: int = 16) -> list[tuple[Any, Any]]:
+    g = torch.Generator().manual_seed(7)
+    return [(torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g))
+            for _ in range(steps)]
+
+
+def loss_of(model: Any, x: Any, y: Any) -> Any:
+    return torch.nn.functional.cross_entropy(model(x).float(), y)
+
+
+def train(model: Any, opt: Any, passes: int = 1) -> list[Any]:
+    for x, y in data():
+        opt.zero_grad()
+        for part in range(passes):          # accumulate over `passes` backward passes
+            rows = slice(part * len(x) // passes, (part + 1) * len(x) // passes)
+            (loss_of(model, x[rows], y[rows]) / passes).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+# ---- the layout ---------------------------------------------------------------------------
+def test_buckets_follow_backward_order_and_never_mix_dtypes() -> None:
+    f32, f64 = torch.zeros(100), torch.zeros(100, dtype=torch.float64)
+    params = [f32, f64, f32, f32, f64]
+    assert assign_buckets(params, 10**9) == [[4, 1], [3, 2, 0]]
+    assert assign_buckets(params, 800) == [[4], [3, 2], [1], [0]]     # full at 800 bytes
+    assert assign_buckets(params, 1) == [[4], [3], [2], [1], [0]]
+    # a big tensor closes the bucket it joins (as DDP's compute_bucket_assignment_by_size)
+    assert assign_buckets([f32, torch.zeros(10**4), f32], 800) == [[2, 1], [0]]
+    assert sorted(i for b in assign_buckets(params, 500) for i in b) == list(range(5))
+
+
+@pytest.mark.parametrize("bad", [0, -1, -0.5, "25", True, float("nan")])
+def test_bucket_cap_must_be_positive(kv: Any, bad: Any) -> None:
+    with pytest.raises(ConfigError, match="bucket_cap_mb=.* is not a positive number"):
+        bucket_cap_bytes(bad)
+    model = mlp()
+    with pytest.raises(ConfigError, match="bucket_cap_mb"):
+        pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                model.named_parameters(), kv, bucket_cap_mb=bad)
+    with pytest.raises(KeyError):      # nothing was initialized
+        kv.pull("opt/bucket.0")
+
+
+# ---- the same weights, every way --------------------------------------------------------
+@pytest.mark.parametrize("update_on_kvstore", [False, True], ids=["torch-step", "kv-step"])
+@pytest.mark.parametrize("dtype", [None, torch.float64], ids=["f32", "mixed"])
+def test_bucketed_overlapped_equals_unbucketed_and_plain_torch(update_on_kvstore: bool,
+                                                               dtype: Any) -> None:
+    ref = mlp(dtype=dtype)
+    want = train(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9))
+    results = []
+    for cap, overlap in ((None, False), (None, True), (0.0002, True), (25, True), (25, False)):
+        model = mlp(dtype=dtype)
+        with mx.kv.create("local") as kv:
+            if update_on_kvstore:
+                opt = pt.DistributedOptimizer(
+                    None, model.named_parameters(), kv, update_on_kvstore=True,
+                    kv_optimizer=mx.optimizer.SGD(learning_rate=0.1, momentum=0.9),
+                    bucket_cap_mb=cap, overlap=overlap)
+            else:
+                opt = pt.DistributedOptimizer(
+                    torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                    model.named_parameters(), kv, bucket_cap_mb=cap, overlap=overlap)
+            if cap == 0.0002:
+                assert len(opt._pskv_sync.buckets) > 3      # several buckets, really
+            results.append(train(model, opt))
+            opt.close()
+    for got in results:
+        for a, b in zip(got, results[0]):
+            assert torch.equal(a, b)                      # every layout: the same numbers
+        for a, b in zip(got, want):
+            if update_on_kvstore:                         # MXNet's SGD in NumPy
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            else:
+                assert torch.equal(a, b)
+
+
+def test_buckets_are_sent_during_backward(kv: Any) -> None:
+    model = mlp()
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), kv, bucket_cap_mb=0.0005)
+    sync = opt._pskv_sync
+    sent_when_first_layer_done: list[int] = []
+    model[0].bias.register_post_accumulate_grad_hook(
+        lambda p: sent_when_first_layer_done.append(sync.next_send))
+    x, y = data()[0]
+    loss_of(model, x, y).backward()
+    assert 0 < sent_when_first_layer_done[0] <= len(sync.buckets)   # the later layers' went
+    assert sync.next_send == len(sync.buckets)          # all sent before step() is called
+    opt.step()
+    assert sync.next_send == 0
+
+
+# ---- accumulation ---------------------------------------------------------------------------
+@pytest.mark.parametrize("update_on_kvstore", [False, True], ids=["torch-step", "kv-step"])
+def test_backward_passes_per_step_and_no_sync_accumulate(update_on_kvstore: bool) -> None:
+    ref = mlp()
+    want = train(ref, torch.optim.SGD(ref.parameters(), lr=0.1), passes=2)
+
+    def make(model: Any, kv: Any, **kw: Any) -> Any:
+        if update_on_kvstore:
+            return pt.DistributedOptimizer(None, model.named_parameters(), kv,
+                                           update_on_kvstore=True, bucket_cap_mb=0.001,
+                                           kv_optimizer=mx.optimizer.SGD(learning_rate=0.1),
+                                           **kw)
+        return pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       model.named_parameters(), kv, bucket_cap_mb=0.001, **kw)
+
+    model = mlp()
+    with mx.kv.create("local") as kv:
+        got = train(model, make(model, kv, backward_passes_per_step=2), passes=2)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+    model = mlp()
+    with mx.kv.create("local") as kv:
+        opt = make(model, kv)
+        for x, y in data():
+            opt.zero_grad()
+            with opt.no_sync():
+                (loss_of(model, x[:8], y[:8]) / 2).backward()
+            assert opt._pskv_sync.next_send == 0           # nothing sent inside no_sync
+            (loss_of(model, x[8:], y[8:]) / 2).backward()
+            opt.step()
+    for a, b in zip(model.parameters(), want):
+        torch.testing.assert_close(a.detach(), b, rtol=1e-5, atol=1e-6)
+
+
+def test_more_backward_passes_than_declared_raise(kv: Any) -> None:
+    model = mlp()
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), kv)
+    x, y = data()[0]
+    loss_of(model, x, y).backward()
+    with pytest.raises(ConfigError, match="more than backward_passes_per_step=1 times"):
+        loss_of(model, x, y).backward()
+    opt.zero_grad()
+    opt._pskv_sync.reset()
+    loss_of(model, x, y).backward()      # after a reset, training goes on
+    opt.step()
+    with pytest.raises(ConfigError, match="backward_passes_per_step=0"):
+        pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                model.named_parameters(), kv, prefix="b/",
+                                backward_passes_per_step=0)
+
+
+# ---- bad input ------------------------------------------------------------------------------
+def test_wrapping_twice_raises_and_close_unhooks(kv: Any) -> None:
+    model = mlp()
+    first = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                    model.named_parameters(), kv)
+    with pytest.raises(ConfigError, match=r"parameter '0.weight' is synchronized already .*"
+                                          r"prefix='opt/'.*call close\(\)") as info:
+        pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                model.named_parameters(), kv, prefix="second/")
+    assert isinstance(info.value, KVStoreError) and info.value.key == "0.weight"
+    with pytest.raises(KeyError):
+        kv.pull("second/bucket.0")          # the failed call initialized nothing
+    first.close()
+    again = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                    model.named_parameters(), kv, prefix="second/")
+    train(model, again)
+
+
+def test_a_parameter_that_changes_shape_raises(kv: Any) -> None:
+    model = mlp()
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), kv)
+    with torch.no_grad():
+        model[0].weight.data = torch.zeros(8, 9)       # the model was changed in place
+    model[0].in_features = 9
+    x, y = data()[0]
+    with pytest.raises(ShapeMismatchError, match=r"'0.weight' has shape \(8, 9\) now, but "
+                                                 r"had \(8, 8\).*new DistributedOptimizer"):
+        loss_of(model, torch.cat([x, x[:, :1]], 1), y).backward()
+        opt.step()
+
+
+def test_buffers_with_update_on_kvstore_raise(kv: Any) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    with pytest.raises(UnsupportedError, match="broadcast_buffers=False"):
+        pt.DistributedOptimizer(None, model.named_parameters(), kv, update_on_kvstore=True,
+                                kv_optimizer=mx.optimizer.SGD(learning_rate=0.1),
+                                named_buffers=model.named_buffers())
+    opt = pt.DistributedOptimizer(None, model.named_parameters(), kv, update_on_kvstore=True,
+                                  kv_optimizer=mx.optimizer.SGD(learning_rate=0.1),
+                                  named_buffers=model.named_buffers(), broadcast_buffers=False)
+    assert opt._pskv_buffers is None
+
+
+def test_buffers_one_key_per_dtype(kv: Any) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), kv,
+                                  named_buffers=model.named_buffers())
+    model(torch.randn(4, 2)).sum().backward()
+    opt.step()
+    bn = model[1]
+    assert torch.equal(kv.pull("opt/buffers.0"),
+                       torch.cat([bn.running_mean, bn.running_var]))
+    assert kv.pull("opt/buffers.1").tolist() == [1]        # num_batches_tracked, int64
