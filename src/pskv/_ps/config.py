@@ -5,6 +5,7 @@ build it directly.
 """
 from __future__ import annotations
 
+import difflib
 import enum
 import ipaddress
 import logging
@@ -22,8 +23,11 @@ __all__ = [
     "ENV_REDUCE_THREADS", "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_MESSAGE_BYTES", "ENV_MAX_UNADMITTED",
     "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "ENV_WORKER_ID",
-    "Role", "loopback_address", "reduce_threads",
+    "ENV_MXNET_PYTHON", "ENV_MXNET_SRC", "ENV_PREFIX", "KNOWN_ENV",
+    "Role", "loopback_address", "reduce_threads", "unknown_env", "warn_unknown_env",
 ]
+
+log = logging.getLogger(__name__)
 
 ENV_ROLE = "DMLC_ROLE"
 ENV_ROOT_URI = "DMLC_PS_ROOT_URI"
@@ -68,6 +72,45 @@ ENV_LOG_LEVEL = "PSKV_LOG_LEVEL"
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: threads a store's Reducer sums and copies big arrays with (local and dist stores)
 ENV_REDUCE_THREADS = "PSKV_REDUCE_THREADS"
+#: the test suite's (docs/env.md, "Tests"): an MXNet 1.9.1 python and source checkout
+ENV_MXNET_PYTHON = "PSKV_MXNET_PYTHON"
+ENV_MXNET_SRC = "PSKV_MXNET_SRC"
+ENV_PREFIX = "PSKV_"
+#: every PSKV_* variable pskv reads: the ENV_* constants above, so the list is kept once
+KNOWN_ENV: frozenset[str] = frozenset(
+    value for name, value in list(globals().items())
+    if name.startswith("ENV_") and isinstance(value, str) and value.startswith(ENV_PREFIX)
+    and value != ENV_PREFIX)
+#: the unknown names already warned about in this process (once each, as warnings' registry)
+_WARNED: set[str] = set()
+
+
+def unknown_env(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """The ``PSKV_*`` names in `environ` that pskv does not read, with the nearest known one.
+
+    Examples
+    --------
+    >>> unknown_env({'PSKV_CHEKPOINT_DIR': '/c', 'PSKV_SECRET': 's', 'HOME': '/root'})
+    [('PSKV_CHEKPOINT_DIR', 'PSKV_CHECKPOINT_DIR')]
+    """
+    out = []
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in KNOWN_ENV:
+            near = difflib.get_close_matches(name, sorted(KNOWN_ENV), n=1)
+            out.append((name, near[0] if near else None))
+    return out
+
+
+def warn_unknown_env(environ: Mapping[str, str] | None = None, who: str = "pskv") -> None:
+    """Log one warning per unknown ``PSKV_*`` name (once per process), naming the nearest
+    known one: a misspelt setting is otherwise ignored without a word."""
+    for name, near in unknown_env(os.environ if environ is None else environ):
+        if name in _WARNED:
+            continue
+        _WARNED.add(name)
+        hint = f"Did you mean {near}? " if near else ""
+        log.warning("%s: %s is set, but pskv reads no such variable, so it is ignored. "
+                    "%s(docs/env.md lists them.)", who, name, hint)
 
 
 def log_level(environ: Mapping[str, str] | None = None) -> str | None:
@@ -267,6 +310,7 @@ class ClusterConfig:
         if level is not None:
             # the one place every node reads its settings, workers included
             logging.getLogger("pskv").setLevel(level)
+        warn_unknown_env(env, f"{the_role.value}")
         rank_var = {Role.WORKER: ENV_WORKER_ID, Role.SERVER: ENV_SERVER_ID}.get(the_role)
         rank = None
         if rank_var is not None and env.get(rank_var):

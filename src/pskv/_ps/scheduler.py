@@ -7,6 +7,7 @@ within ``connect_timeout``.
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
@@ -21,9 +22,10 @@ from typing import Any
 import numpy as np
 import zmq
 
-from ..errors import ClusterError, ClusterTimeoutError, KVStoreError, ProtocolError
+from ..errors import (ClusterError, ClusterTimeoutError, ConfigError, KVStoreError,
+                      ProtocolError)
 from .auth import Verifier, new_key
-from .config import ENV_SERVER_ID, ENV_WORKER_ID, ClusterConfig
+from .config import ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_ID, ClusterConfig
 from .limits import CONTROL_BYTES
 from .message import Command, Meta, error_body
 from .serve import ServeLoop
@@ -79,8 +81,16 @@ class Scheduler:
         try:
             self._sock.bind(cfg.root_address if cfg.transport == "inproc" else
                             f"tcp://{_bracket(bind_host)}:{cfg.root_port}")
-        except BaseException:
+        except BaseException as err:
             self._zctx.close()
+            if isinstance(err, zmq.ZMQError) and err.errno == errno.EADDRINUSE:
+                # said here: else this job's workers meet whoever holds the port (another
+                # job's scheduler) and blame PSKV_SECRET
+                raise ConfigError(
+                    f"port {cfg.root_port} on {bind_host} is in use: the scheduler cannot "
+                    f"listen there (another program or pskv job holds it). Pick another with "
+                    f"{ENV_ROOT_PORT} / pskv-launch --port, or leave --port out to take a "
+                    "free one.") from err
             raise
         #: this job's id: every proof of admission binds it (auth.py)
         self.job = new_key()

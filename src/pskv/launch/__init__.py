@@ -24,11 +24,13 @@ from .env import get_secret, parse_env_pair
 from .hosts import is_host_list, parse_host_list, read_hostfile
 from .local import local_processes
 from .mpi import mpi_processes
-from .spec import DEFAULT_SERVER_COMMAND, LAUNCHERS, LauncherName, LaunchSpec, ProcessSpec
+from ._k8s_options import pod_options
+from .spec import (DEFAULT_SERVER_COMMAND, INHERITING, LAUNCHERS, LauncherName, LaunchSpec,
+                   ProcessSpec, check_restarts)
 from .slurm import build_slurm
 from .ssh import ssh_processes
 from .supervise import CommandError, LaunchResult, ProcessResult, run_processes
-from .._ps.config import LOG_LEVELS, log_level
+from .._ps.config import LOG_LEVELS, log_level, warn_unknown_env
 
 __all__ = ["LaunchResult", "LaunchSpec", "ProcessResult", "build_processes", "launch",
            "launch_spec", "main", "parse_args"]
@@ -96,6 +98,11 @@ def build_processes(spec: LaunchSpec, *, environ: Mapping[str, str] | None = Non
 def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
                 stderr: TextIO | None = None) -> LaunchResult:
     """Run the job `spec` describes until it ends; see `launch`."""
+    # before anything starts: a typo in a PSKV_* name, and restarts with nothing to reload
+    inherited = os.environ if spec.launcher in INHERITING else {}
+    warn_unknown_env({**inherited, **dict(spec.env), **dict(spec.env_server),
+                      **dict(spec.env_worker)}, "pskv-launch")
+    check_restarts(spec, os.environ)
     if spec.launcher == "kubernetes":
         from .kubernetes import run_kubernetes
         return run_kubernetes(spec, stdout=stdout, stderr=stderr)
@@ -127,7 +134,8 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
            image: str | None = None, namespace: str | None = None,
            job_name: str | None = None, dry_run: bool = False,
            stdout: TextIO | None = None, stderr: TextIO | None = None,
-           max_restarts: int = 0) -> LaunchResult:
+           max_restarts: int = 0,
+           kubernetes_values: Mapping[str, object] | None = None) -> LaunchResult:
     """Launch a distributed job and wait for it, as ``pskv-launch`` does.
 
     Runs one scheduler, `num_servers` servers (``python -m pskv.server``) and `num_workers`
@@ -179,7 +187,10 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
         Where the prefixed output goes.
     max_restarts : int
         Start a worker or server that died again, with its rank, up to this many times
-        each (``--max-restarts``; docs/durability.md).
+        each (``--max-restarts``; docs/durability.md). Needs periodic checkpoints or
+        ``PSKV_REPLICAS=1`` in `env`.
+    kubernetes_values : mapping, optional
+        kubernetes: pod settings in the format of ``--values`` (docs/kubernetes.md).
 
     Returns
     -------
@@ -204,7 +215,9 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
         env_worker=tuple((env_worker or {}).items()), timeout=timeout, port=port,
         host_ip=host_ip, secret=secret, grace_period=grace_period,
         shutdown_timeout=shutdown_timeout, hosts=hosts, log_level=log_level, log_dir=log_dir,
-        max_restarts=max_restarts, image=image, namespace=namespace, job_name=job_name, dry_run=dry_run,
+        max_restarts=max_restarts, image=image, namespace=namespace, job_name=job_name,
+        dry_run=dry_run, pods=None if kubernetes_values is None
+        else pod_options(values=kubernetes_values),
         server_command=DEFAULT_SERVER_COMMAND if server_command is None
         else tuple(server_command))
     return launch_spec(spec, stdout=stdout, stderr=stderr)
@@ -279,6 +292,36 @@ def _parser() -> _Parser:
                      help="prefix of the job's object names (default: pskv-<random>)")
     k8s.add_argument("--dry-run", action="store_true",
                      help="print the manifests as YAML instead of creating them")
+    k8s.add_argument("--values", type=str, metavar="FILE",
+                     help="a YAML or JSON file of pod settings (resources, nodeSelector, "
+                     "tolerations, volumes, ...; docs/kubernetes.md); the flags below win")
+    k8s.add_argument("--restart-policy", choices=("Never", "OnFailure"),
+                     help="the servers' and workers' restartPolicy (default: OnFailure with "
+                     "--max-restarts, else Never; the scheduler's is always Never)")
+    k8s.add_argument("--service-account", type=str, metavar="NAME",
+                     help="the pods' service account")
+    k8s.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
+                     help="a Secret with the registry's credentials (repeatable)")
+    for flag, what in (("--label", "a label of every object, or of ROLE's pods"),
+                       ("--annotation", "an annotation of every object, or of ROLE's pods"),
+                       ("--node-selector", "a node label the pods (or ROLE's) must have")):
+        k8s.add_argument(flag, action="append", default=[], metavar="[ROLE:]KEY=VALUE",
+                         help=f"{what} (repeatable; ROLE: scheduler, server or worker)")
+    for flag in ("--requests", "--limits"):
+        k8s.add_argument(flag, action="append", default=[],
+                         metavar="[ROLE:]NAME=QTY[,NAME=QTY]",
+                         help=f"resource {flag[2:]} of every pod or ROLE's, e.g. "
+                         "worker:cpu=4,memory=16Gi (repeatable)")
+    k8s.add_argument("--toleration", action="append", default=[],
+                     metavar="[ROLE:]KEY[=VALUE][:EFFECT]",
+                     help="tolerate a taint: KEY=VALUE (Equal) or KEY alone (Exists), for "
+                     "one EFFECT or all (repeatable)")
+    k8s.add_argument("--claim", action="append", default=[],
+                     metavar="[ROLE:]CLAIM:PATH[:ro]",
+                     help="mount an existing PersistentVolumeClaim at PATH (repeatable)")
+    k8s.add_argument("--checkpoint-claim", type=str, metavar="CLAIM",
+                     help="mount this PersistentVolumeClaim on the servers at "
+                     "PSKV_CHECKPOINT_DIR (default /var/lib/pskv/checkpoints)")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="the worker command and its arguments")
     return p
@@ -333,7 +376,14 @@ def parse_args(argv: Sequence[str] | None = None,
         env_worker=tuple(parse_env_pair(e, "--env-worker", env) for e in args.env_worker),
         timeout=args.timeout, port=args.port, host_ip=args.host_ip,
         server_command=server_command, image=args.image, namespace=args.namespace,
-        job_name=args.job_name, dry_run=args.dry_run, max_restarts=args.max_restarts)
+        job_name=args.job_name, dry_run=args.dry_run, max_restarts=args.max_restarts,
+        pods=pod_options(args.values, restart_policy=args.restart_policy,
+                         service_account=args.service_account,
+                         image_pull_secrets=args.image_pull_secret, labels=args.label,
+                         annotations=args.annotation, requests=args.requests,
+                         limits=args.limits, node_selectors=args.node_selector,
+                         tolerations=args.toleration, claims=args.claim,
+                         checkpoint_claim=args.checkpoint_claim))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

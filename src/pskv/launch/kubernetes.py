@@ -7,13 +7,14 @@ the namespace (``--namespace``, else ``default``), with names prefixed by the jo
 * a Secret ``NAME-secret`` holding the job secret (pods read it as ``PSKV_SECRET``);
 * a headless Service ``NAME-scheduler`` that resolves to the scheduler pod, published before
   the pod is ready, so ``DMLC_PS_ROOT_URI=NAME-scheduler`` works from the first moment;
-* the pods ``NAME-scheduler``, ``NAME-server-I``, ``NAME-worker-I`` (restartPolicy Never),
-  each with the cluster variables, ``DMLC_WORKER_ID``/``DMLC_SERVER_ID``,
-  ``DMLC_USE_KUBERNETES=1`` as Kubeflow's MXJob sets it, and (servers and workers)
-  ``DMLC_NODE_HOST`` from the pod's IP, the address a server announces.
+* the pods ``NAME-scheduler``, ``NAME-server-I``, ``NAME-worker-I``, each with the cluster
+  variables, ``DMLC_WORKER_ID``/``DMLC_SERVER_ID``, ``DMLC_USE_KUBERNETES=1`` as Kubeflow's
+  MXJob sets it, (servers and workers) ``DMLC_NODE_HOST`` from the pod's IP, the address a
+  server announces, and what `PodOptions` adds (resources, volumes, ...; _k8s_manifest.py).
 
 Then it follows the pods (bounded by ``--timeout``) until every worker has succeeded or one
-pod failed, prints each pod's log with the usual prefix, and deletes what it created.
+pod failed (with ``--max-restarts N``: failed again after its N-th restart by the kubelet),
+prints each pod's log with the usual prefix, and deletes what it created.
 ``--dry-run`` prints the manifests as YAML instead (``kubectl apply -f -`` takes them).
 
 Uses the official client (``pip install 'pskv[kubernetes]'``), configured from the pod's
@@ -27,10 +28,13 @@ import sys
 import time
 from typing import Any, Callable, Mapping, TextIO
 
-from .._ps.config import ENV_NODE_HOST, ENV_SECRET, Role
+from .._ps.config import Role
 from ..errors import ConfigError
-from .env import cluster_env, get_secret
-from .spec import DEFAULT_SERVER_COMMAND, LaunchSpec
+from ._k8s_manifest import (DEFAULT_PORT, ENV_USE_KUBERNETES, LABEL_JOB, LABEL_RANK,
+                            LABEL_ROLE, POD_COMMAND_SERVER, Manifest, job_manifests,
+                            restart_policy, to_yaml)
+from .env import get_secret
+from .spec import LaunchSpec
 from .supervise import EXIT_TIMEOUT, LaunchResult, ProcessResult, exit_status
 
 __all__ = ["DEFAULT_PORT", "ENV_USE_KUBERNETES", "KubernetesJob", "POD_COMMAND_SERVER",
@@ -38,123 +42,7 @@ __all__ = ["DEFAULT_PORT", "ENV_USE_KUBERNETES", "KubernetesJob", "POD_COMMAND_S
 
 logger = logging.getLogger(__name__)
 
-#: the scheduler's port inside its pod (Kubeflow's MXJob default port)
-DEFAULT_PORT = 9091
-#: ps-lite's switch: the scheduler binds 0.0.0.0 (Kubeflow's MXJob sets it to 1)
-ENV_USE_KUBERNETES = "DMLC_USE_KUBERNETES"
-#: the scheduler and servers in the image: the launcher's own sys.executable is no path there
-POD_COMMAND_SERVER: tuple[str, ...] = ("python", "-m", "pskv.server")
-LABEL_JOB = "pskv.io/job"
-LABEL_ROLE = "pskv.io/role"
-LABEL_RANK = "pskv.io/rank"
 _INSTALL = "Install the client with pip install 'pskv[kubernetes]'."
-
-Manifest = dict[str, Any]
-
-
-def _env_list(env: Mapping[str, str]) -> list[dict[str, Any]]:
-    return [{"name": k, "value": v} for k, v in env.items()]
-
-
-def _pod(name: str, namespace: str, job: str, role: Role, rank: int | None, image: str,
-         command: tuple[str, ...], env: Mapping[str, str], secret_name: str,
-         port: int) -> Manifest:
-    labels = {"app.kubernetes.io/name": "pskv", LABEL_JOB: job, LABEL_ROLE: role.value}
-    if rank is not None:
-        labels[LABEL_RANK] = str(rank)
-    env_list = _env_list(env)
-    env_list.append({"name": ENV_SECRET, "valueFrom": {
-        "secretKeyRef": {"name": secret_name, "key": "secret"}}})
-    if role is not Role.SCHEDULER:
-        # announce the pod's own IP; the scheduler binds 0.0.0.0 (DMLC_USE_KUBERNETES)
-        env_list.append({"name": ENV_NODE_HOST, "valueFrom": {
-            "fieldRef": {"fieldPath": "status.podIP"}}})
-    container: dict[str, Any] = {"name": "pskv", "image": image, "command": list(command),
-                                 "env": env_list}
-    if role is Role.SCHEDULER:
-        container["ports"] = [{"name": "scheduler", "containerPort": port,
-                               "protocol": "TCP"}]
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels},
-            "spec": {"restartPolicy": "Never", "enableServiceLinks": False,
-                     "containers": [container]}}
-
-
-def job_manifests(spec: LaunchSpec, *, name: str, namespace: str, secret: str,
-                  port: int | None = None) -> list[Manifest]:
-    """The Secret, the scheduler's headless Service and every pod of the job, as API dicts.
-
-    Parameters
-    ----------
-    spec : LaunchSpec
-        Its `image`, command, counts and ``--env`` settings.
-    name : str
-        The job name: every object's name starts with it, and ``pskv.io/job`` is it.
-    namespace : str
-    secret : str
-        The job secret (``stringData`` of the Secret; pods read it from there).
-    port : int, optional
-        The scheduler's port: ``spec.port``, else DEFAULT_PORT.
-
-    Returns
-    -------
-    list of dict
-        Secret, Service, scheduler pod, server pods, worker pods.
-
-    Examples
-    --------
-    >>> spec = LaunchSpec(('python', 't.py'), 2, 1, launcher='kubernetes', image='img')
-    >>> for m in job_manifests(spec, name='j', namespace='ns', secret='s'):
-    ...     print(m['kind'], m['metadata']['name'])
-    Secret j-secret
-    Service j-scheduler
-    Pod j-scheduler
-    Pod j-server-0
-    Pod j-worker-0
-    Pod j-worker-1
-    """
-    if not spec.image:
-        raise ConfigError("--launcher kubernetes needs --image IMAGE.")
-    port = port or spec.port or DEFAULT_PORT
-    secret_name, service = f"{name}-secret", f"{name}-scheduler"
-    labels = {"app.kubernetes.io/name": "pskv", LABEL_JOB: name}
-    out: list[Manifest] = [
-        {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-         "metadata": {"name": secret_name, "namespace": namespace, "labels": labels},
-         "stringData": {"secret": secret}},
-        {"apiVersion": "v1", "kind": "Service",
-         "metadata": {"name": service, "namespace": namespace, "labels": labels},
-         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                  "selector": {LABEL_JOB: name, LABEL_ROLE: Role.SCHEDULER.value},
-                  "ports": [{"name": "scheduler", "port": port, "targetPort": port,
-                             "protocol": "TCP"}]}},
-    ]
-    server_command = (POD_COMMAND_SERVER if spec.server_command == DEFAULT_SERVER_COMMAND
-                      else spec.server_command)
-    roles: list[tuple[Role, int | None, str, tuple[str, ...]]] = [
-        (Role.SCHEDULER, None, service, server_command)]
-    roles += [(Role.SERVER, i, f"{name}-server-{i}", server_command)
-              for i in range(spec.num_servers or 0)]
-    roles += [(Role.WORKER, i, f"{name}-worker-{i}", spec.command)
-              for i in range(spec.num_workers)]
-    for role, rank, pod_name, command in roles:
-        env = cluster_env(spec, role, root_uri=service, port=port, secret=None, rank=rank,
-                          local=(0, 1))         # a pod per worker: LOCAL_RANK 0 of 1
-        env.pop(ENV_SECRET, None)  # from --env PSKV_SECRET:...: pods read it from the Secret
-        env[ENV_USE_KUBERNETES] = "1"
-        out.append(_pod(pod_name, namespace, name, role, rank, spec.image, command, env,
-                        secret_name, port))
-    return out
-
-
-def to_yaml(manifests: list[Manifest]) -> str:
-    """The manifests as one YAML stream (``---`` between documents), for kubectl apply."""
-    try:
-        import yaml  # type: ignore[import-untyped,unused-ignore]
-    except ImportError:
-        raise ConfigError(f"--dry-run prints YAML and needs PyYAML. {_INSTALL}") from None
-    text: str = yaml.safe_dump_all(manifests, sort_keys=False, default_flow_style=False)
-    return text
 
 
 def _label(pod: Any) -> tuple[Role, int | None, str]:
@@ -167,12 +55,29 @@ def _label(pod: Any) -> tuple[Role, int | None, str]:
 
 
 def _exit_code(pod: Any) -> int | None:
-    """The container's exit code once it terminated, else None."""
+    """The container's exit code once it terminated (or, waiting for its restart, the
+    last run's), else None."""
     for status in pod.status.container_statuses or []:
         terminated = status.state.terminated if status.state is not None else None
+        if terminated is None and status.last_state is not None \
+                and status.state is not None and status.state.waiting is not None:
+            terminated = status.last_state.terminated
         if terminated is not None:
             return int(terminated.exit_code)
     return None
+
+
+def _restarts(pod: Any) -> int:
+    return sum(int(s.restart_count or 0) for s in pod.status.container_statuses or [])
+
+
+def _gave_up(pod: Any, max_restarts: int) -> bool:
+    """With restartPolicy OnFailure: the run after the last allowed restart failed too
+    (the kubelet would restart it again; the job's --max-restarts says no)."""
+    if _restarts(pod) > max_restarts:
+        return True
+    code = _exit_code(pod)
+    return _restarts(pod) == max_restarts and code is not None and code != 0
 
 
 class KubernetesJob:
@@ -185,8 +90,11 @@ class KubernetesJob:
     def __init__(self, core: Any, manifests: list[Manifest], namespace: str, name: str,
                  *, poll_interval: float = 2.0,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, max_restarts: int = 0) -> None:
         self.core, self.manifests, self.namespace, self.name = core, manifests, namespace, name
+        #: restartPolicy OnFailure: how many restarts of each pod's container are allowed
+        self.max_restarts = max_restarts
+        self._seen: dict[str, int] = {}  # pod name -> restarts logged
         self.poll_interval, self.clock, self.sleep = poll_interval, clock, sleep
         self.created: list[tuple[str, str]] = []  # (kind, name), in creation order
 
@@ -215,6 +123,10 @@ class KubernetesJob:
             for pod in pods:
                 if pod.status.phase == "Failed":
                     return "failed", pod, pods
+                if self.max_restarts and pod.status.phase != "Succeeded":
+                    if _gave_up(pod, self.max_restarts):
+                        return "failed", pod, pods
+                    self._log_restart(pod)
             if len(pods) < want:
                 gone = sorted({m["metadata"]["name"] for m in self.manifests
                                if m["kind"] == "Pod"} - {p.metadata.name for p in pods})
@@ -227,6 +139,13 @@ class KubernetesJob:
             if deadline is not None and self.clock() >= deadline:
                 return "timeout", None, pods
             self.sleep(self.poll_interval)
+
+    def _log_restart(self, pod: Any) -> None:
+        count = _restarts(pod)
+        if count > self._seen.get(pod.metadata.name, 0):
+            self._seen[pod.metadata.name] = count
+            logger.warning("%s (pod %s) failed; Kubernetes restarted it (%d of %d)",
+                           _label(pod)[2], pod.metadata.name, count, self.max_restarts)
 
     def print_logs(self, pods: list[Any], stdout: TextIO) -> None:
         """Each pod's log, every line prefixed ``[worker 1] `` (scheduler first)."""
@@ -319,7 +238,9 @@ def run_kubernetes(spec: LaunchSpec, *, core: Any = None, stdout: TextIO | None 
         out.flush()
         return LaunchResult(0, ())
     job = KubernetesJob(_core_api() if core is None else core, manifests, namespace, name,
-                        poll_interval=poll_interval)
+                        poll_interval=poll_interval,
+                        max_restarts=spec.max_restarts
+                        if restart_policy(spec) == "OnFailure" else 0)
     logger.info("creating job %s in namespace %s: %d pods", name, namespace,
                 len(manifests) - 2)
     pods: list[Any] = []
@@ -329,10 +250,13 @@ def run_kubernetes(spec: LaunchSpec, *, core: Any = None, stdout: TextIO | None 
         if reason == "failed" and failed is not None:
             role, rank, label = _label(failed)
             code = _exit_code(failed)
-            logger.error("%s (pod %s on %s) failed with status %s; stopping the others",
+            restarts = _restarts(failed)
+            logger.error("%s (pod %s on %s) failed with status %s%s; stopping the others",
                          label, failed.metadata.name,
                          failed.spec.node_name if failed.spec is not None else "?",
-                         "unknown" if code is None else exit_status(code))
+                         "unknown" if code is None else exit_status(code),
+                         f" after {restarts} restart{'s'[:restarts != 1]} (--max-restarts "
+                         f"{spec.max_restarts})" if restarts else "")
         elif reason == "timeout":
             logger.error("timed out after %.3g s; deleting job %s", spec.timeout or 0, name)
         job.print_logs(pods, out)

@@ -13,18 +13,24 @@ import sys
 from dataclasses import dataclass, field
 from typing import Iterable, Literal, Mapping
 
-from .._ps.config import (ENV_NUM_SERVER, ENV_NUM_WORKER, ENV_ROLE, ENV_ROOT_PORT,
-                          ENV_ROOT_URI, ENV_SERVER_ID, ENV_WORKER_ID, LOG_LEVELS, Role)
+from .._ps.config import (ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_EVERY, ENV_NUM_SERVER,
+                          ENV_NUM_WORKER, ENV_REPLICAS, ENV_ROLE, ENV_ROOT_PORT, ENV_ROOT_URI,
+                          ENV_SERVER_ID, ENV_WORKER_ID, LOG_LEVELS, Role)
 from ..errors import ConfigError
+from ._k8s_options import PodOptions
 
 __all__ = ["DEFAULT_SERVER_COMMAND", "ENV_NAME", "EnvPairs", "K8S_NAME_MAX", "LAUNCHERS",
            "LaunchSpec", "LauncherName", "MANAGED", "ProcessSpec", "RESERVED_ENV",
-           "check_env_name"]
+           "RESTARTING", "check_env_name", "check_restarts"]
 
 LauncherName = Literal["local", "ssh", "mpi", "slurm", "kubernetes", "ray"]
 LAUNCHERS: tuple[str, ...] = ("local", "ssh", "mpi", "slurm", "kubernetes", "ray")
-#: launchers that restart a dead process themselves (--max-restarts)
-RESTARTING: tuple[str, ...] = ("local", "ssh", "slurm")
+#: launchers that restart a dead process (--max-restarts): themselves, or (kubernetes)
+#: through the pods' restartPolicy OnFailure
+RESTARTING: tuple[str, ...] = ("local", "ssh", "slurm", "kubernetes")
+#: launchers whose processes inherit the launcher's environment (local, slurm's
+#: --export=ALL) or its PSKV_* variables (ssh)
+INHERITING: tuple[str, ...] = ("local", "ssh", "mpi", "slurm")
 #: launchers that take the hosts from a cluster manager, not from -H
 MANAGED: tuple[str, ...] = ("slurm", "kubernetes", "ray")
 
@@ -53,6 +59,47 @@ def check_env_name(name: str, flag: str) -> None:
     if name in RESERVED_ENV:
         raise ConfigError(f"{flag} {name}: the launcher sets {name} itself. Use -n, -s and "
                           "--port to change the cluster, not --env.")
+
+
+def _is_on(value: str | None) -> bool:
+    return value is not None and value.strip() not in ("", "0")
+
+
+def check_restarts(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
+    """Refuse ``--max-restarts`` when a restarted server could not get its shard back.
+
+    A restarted server reloads its shard from the newest periodic checkpoint
+    (``PSKV_CHECKPOINT_DIR`` and ``PSKV_CHECKPOINT_EVERY``) or rejoins as the backup of a
+    server that took its shard over (``PSKV_REPLICAS=1``). Without either the job would be
+    accepted and fail only when a server dies, maybe hours later; this says so at launch.
+    The servers' settings are `spec`'s ``--env``/``--env-server`` over `environ`, which
+    only the launchers whose processes inherit it pass (not kubernetes or ray).
+
+    Examples
+    --------
+    >>> check_restarts(LaunchSpec(('t',), 1, max_restarts=1,
+    ...                           env=(('PSKV_REPLICAS', '1'),)), {})
+    """
+    if not spec.max_restarts:
+        return
+    env = dict(environ) if spec.launcher in INHERITING else {}
+    env.update(spec.env)
+    env.update(spec.env_server)
+    claim = spec.pods is not None and spec.pods.checkpoint_claim
+    if (_is_on(env.get(ENV_CHECKPOINT_DIR)) or claim) and _is_on(env.get(ENV_CHECKPOINT_EVERY)):
+        return
+    if _is_on(env.get(ENV_REPLICAS)):
+        return
+    where = ("--checkpoint-claim CLAIM --env PSKV_CHECKPOINT_EVERY:10 (a claim every server "
+             "can write)" if spec.launcher == "kubernetes" else
+             "--env PSKV_CHECKPOINT_DIR:DIR --env PSKV_CHECKPOINT_EVERY:10 (a directory "
+             "every server can write)")
+    raise ConfigError(
+        f"--max-restarts {spec.max_restarts} would restart a dead server with nothing to "
+        f"reload its shard from: neither periodic checkpoints ({ENV_CHECKPOINT_DIR} and "
+        f"{ENV_CHECKPOINT_EVERY}) nor backups ({ENV_REPLICAS}=1) are set, so the job would "
+        f"fail only when a server dies. Add {where}, or --env {ENV_REPLICAS}:1 with -s 2 or "
+        "more; or drop --max-restarts (docs/durability.md).")
 
 
 def _pairs(env: Mapping[str, str] | Iterable[tuple[str, str]], flag: str) -> EnvPairs:
@@ -118,6 +165,11 @@ class LaunchSpec:
     max_restarts : int
         How many times each worker or server that dies is started again, with its rank
         (``--max-restarts``; docs/durability.md); 0: the first failure ends the job.
+        kubernetes: the kubelet restarts the container (restartPolicy OnFailure).
+    pods : PodOptions, optional
+        kubernetes: resources, node selectors, tolerations, volumes, the service account,
+        image pull secrets, labels and annotations of the job's objects, and the pods'
+        restart policy (``--values`` and its flags; docs/kubernetes.md).
 
     Examples
     --------
@@ -149,6 +201,7 @@ class LaunchSpec:
     job_name: str | None = None
     dry_run: bool = False
     max_restarts: int = 0
+    pods: PodOptions | None = None
 
     def __post_init__(self) -> None:
         # frozen: normalise through object.__setattr__, as attrs converters do
@@ -193,10 +246,10 @@ class LaunchSpec:
                               "manager, not from -H. Drop -H.")
         if self.max_restarts and self.launcher not in RESTARTING:
             raise ConfigError(
-                f"--max-restarts works with the launchers that start each process themselves "
-                f"({', '.join(RESTARTING)}), not --launcher {self.launcher} (mpirun, "
-                "Kubernetes and Ray start the processes; use their own restart policies). "
-                "Drop --max-restarts, or use one of those launchers.")
+                f"--max-restarts works with the launchers that restart a process with its "
+                f"rank ({', '.join(RESTARTING)}), not --launcher {self.launcher} (mpirun and "
+                "Ray start the processes and know nothing of pskv's ranks). Drop "
+                "--max-restarts, or use one of those launchers.")
         self._check_managed()
         setattr_(self, "env", _pairs(self.env, "--env"))
         setattr_(self, "env_server", _pairs(self.env_server, "--env-server"))
@@ -230,7 +283,8 @@ class LaunchSpec:
     def _check_managed(self) -> None:
         """The kubernetes-only options go with --launcher kubernetes, and are well formed."""
         k8s = {"--image": self.image, "--namespace": self.namespace,
-               "--job-name": self.job_name, "--dry-run": self.dry_run or None}
+               "--job-name": self.job_name, "--dry-run": self.dry_run or None,
+               "--values and the pod flags (--requests, --restart-policy, ...)": self.pods}
         if self.launcher != "kubernetes":
             given = [flag for flag, value in k8s.items() if value is not None]
             if given:
@@ -240,6 +294,18 @@ class LaunchSpec:
         if not self.image:
             raise ConfigError("--launcher kubernetes needs the container image every pod "
                               "runs. Pass --image IMAGE (one with pskv and your script).")
+        policy = self.pods.restart_policy if self.pods is not None else None
+        if policy == "Never" and self.max_restarts:
+            raise ConfigError(f"--restart-policy Never and --max-restarts {self.max_restarts} "
+                              "contradict each other: the kubelet restarts a pod's container "
+                              "only with OnFailure. Drop --restart-policy (--max-restarts "
+                              "sets OnFailure), or drop --max-restarts.")
+        if policy == "OnFailure" and not self.max_restarts:
+            raise ConfigError("--restart-policy OnFailure without --max-restarts: a "
+                              "restarted server or worker rejoins only when the scheduler "
+                              "waits for it, and it waits only with --max-restarts N. Pass "
+                              "--max-restarts N (it sets OnFailure), or drop "
+                              "--restart-policy.")
         for flag, value in (("--namespace", self.namespace), ("--job-name", self.job_name)):
             if value is not None and (len(value) > K8S_NAME_MAX
                                       or not _K8S_NAME.match(value)):
