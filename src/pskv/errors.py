@@ -28,6 +28,8 @@ __all__ = [
     "ShapeMismatchError",
     "SparsePullIgnoredWarning",
     "StoreClosedError",
+    "TableIdError",
+    "TableSpecError",
     "UnknownArgumentError",
     "UnsupportedError",
     "ValueTypeError",
@@ -111,6 +113,13 @@ class ValueTypeError(KVStoreError, TypeError):
     """
 
 
+class TableIdError(ValueTypeError):
+    """IDs given to a dynamic table are not integers (a float, bool or object array).
+
+    .. versionadded:: 0.4
+    """
+
+
 class ShapeMismatchError(KVStoreError, ValueError):
     """A shape, dtype, storage type or list length does not match.
 
@@ -153,6 +162,14 @@ class CheckpointError(ConfigError):
     another model (other keys or shapes).
 
     .. versionadded:: 0.3
+    """
+
+
+class TableSpecError(ConfigError):
+    """A dynamic table's spec (:class:`pskv.table.TableSpec`) or one of its policies has a
+    nonsense parameter: a dimension below 1, a capacity of 0, a probability outside [0, 1].
+
+    .. versionadded:: 0.4
     """
 
 

@@ -96,6 +96,8 @@ def test_the_cycle_finder_finds_cycles() -> None:
     ("pskv._ps", ("pskv.kvstore", "pskv.nd", "pskv.optimizer", "pskv.compression",
                   "pskv.server", "pskv.testing", "pskv._cluster")),
     ("pskv.kvstore", ("pskv.testing", "pskv._cluster", "pskv.launch", "pskv.torch")),
+    ("pskv.table", ("pskv.kvstore", "pskv._ps", "pskv.server", "pskv.testing", "pskv._cluster",
+                    "pskv.launch", "pskv.torch", "pskv.examples")),
 ])
 def test_layers_import_only_below(layer: str, forbidden: tuple[str, ...]) -> None:
     for name, deps in GRAPH.items():
