@@ -30,6 +30,8 @@ __all__ = [
     "ShapeMismatchError",
     "SparsePullIgnoredWarning",
     "StoreClosedError",
+    "TableIdError",
+    "TableSpecError",
     "UnknownArgumentError",
     "UnsupportedError",
     "ValueTypeError",
@@ -121,6 +123,13 @@ class ValueTypeError(KVStoreError, TypeError):
     """
 
 
+class TableIdError(ValueTypeError):
+    """IDs given to a dynamic table are not integers (a float, bool or object array).
+
+    .. versionadded:: 0.4
+    """
+
+
 class ShapeMismatchError(KVStoreError, ValueError):
     """A shape, dtype, storage type or list length does not match.
 
@@ -171,6 +180,14 @@ class CommandError(ConfigError):
     ``__cause__`` says why, and the launcher exits with 127 or 126 as a shell would).
 
     .. versionadded:: 0.3
+    """
+
+
+class TableSpecError(ConfigError):
+    """A dynamic table's spec (:class:`pskv.table.TableSpec`) or one of its policies has a
+    nonsense parameter: a dimension below 1, a capacity of 0, a probability outside [0, 1].
+
+    .. versionadded:: 0.4
     """
 
 

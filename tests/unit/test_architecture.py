@@ -96,7 +96,7 @@ LAYERS = {
     "pskv.errors": 0, "pskv._types": 0,
     "pskv.context": 1, "pskv.nd": 1, "pskv.np": 1, "pskv.ndarray": 1, "pskv.base": 1,
     "pskv.compression": 1, "pskv._compression_params": 1, "pskv.optimizer": 1,
-    "pskv.lr_scheduler": 1, "pskv.test_utils": 1,
+    "pskv.lr_scheduler": 1, "pskv.test_utils": 1, "pskv.table": 1,
     "pskv._ps": 2,
     "pskv.kvstore": 3,
     "pskv": 4,   # the entry points: server, _cluster, testing, torch, launch, examples, tour

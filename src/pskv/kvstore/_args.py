@@ -10,9 +10,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import KeyTypeError, ShapeMismatchError, ValueTypeError
+from ..errors import KeyTypeError, ShapeMismatchError, UnsupportedError, ValueTypeError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
+from ..table import TableSpec
 
 __all__ = ["as_numpy", "check_key", "dtype_hint", "is_array", "normalize", "tensor_maker"]
 
@@ -84,6 +85,11 @@ def check_key(key: Any) -> int | str:
 
 
 def _check_value(key: Any, value: Any, what: str) -> None:
+    if isinstance(value, TableSpec):
+        raise UnsupportedError(
+            f"key {key!r}: a TableSpec declares a table key, one per init call, and only the "
+            "local store holds tables for now (dist_sync and dist_async support is coming, "
+            "issue #15). Use kv.init(key, spec) on a 'local' store.", key=key)
     if not is_array(value):
         got = "None" if value is None else f"a {type(value).__name__}"
         raise ValueTypeError(

@@ -19,18 +19,20 @@ import numpy as np
 from ..errors import ConfigError, SparsePullIgnoredWarning, ValueTypeError, UnsupportedError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
+from ..table import TableSpec
 from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
 from ._args import as_numpy, dense_data, normalize, row_ids_by_key
 from ._engine import Engine
 from ._keys import KeyTable
 from ._snapshot import Reader, check_keys, write_manifest, write_shard
+from ._tables import TableMethods, Tables
 from ._reduce import PARALLEL_MIN, DeviceMerge, Reducer
 from .base import KVStoreBase, check_capability, check_optimizer
 
 __all__ = ["LocalKVStore", "SparsePullIgnoredWarning"]
 
 
-class LocalKVStore(KVStoreBase):
+class LocalKVStore(TableMethods, KVStoreBase):
     """A single-process key-value store: ``local``, ``device`` and MXNet's aliases.
 
     Push sums the values given for a key (one per device), then applies the updater
@@ -57,6 +59,7 @@ class LocalKVStore(KVStoreBase):
         self._reducer = Reducer()     # PSKV_REDUCE_THREADS, read by the config module
         self._devices = DeviceMerge(self._reducer)
         self._lock = threading.RLock()
+        self._tables = Tables(name)          # table keys (docs/embeddings.md)
 
     # ---- properties ----------------------------------------------------------------
     @property
@@ -92,6 +95,9 @@ class LocalKVStore(KVStoreBase):
         """
         with self._lock:
             self._keys.check_open()
+            if isinstance(value, TableSpec):
+                return self._tables.init(key, value, self._keys)
+            self._tables.taken(key)
             keys, groups = normalize(key, value)
             self._keys.validate_init(keys, groups)
             for k, vals in zip(keys, groups):
@@ -132,6 +138,8 @@ class LocalKVStore(KVStoreBase):
             if self._fast_push(key, value):
                 return
             self._keys.check_open()
+            if self._tables.owns(key):
+                return self._tables.push(key, value, self._engine.updater)
             keys, groups = normalize(key, value)
             self._keys.validate_push(keys, groups, self._devices.gc is not None)
             self._push_validated(keys, groups)
@@ -217,6 +225,8 @@ class LocalKVStore(KVStoreBase):
                     self._reducer.copy_into(data, stored._data)    # the one-key fast path
                     return None
             self._keys.check_open()
+            if self._tables.owns(key):
+                self._tables.refuse(key, "pull")
             if out is None:
                 return self._pull_new(key)
             keys, groups = normalize(key, out, "out")
@@ -268,6 +278,8 @@ class LocalKVStore(KVStoreBase):
         """
         with self._lock:
             self._keys.check_open()
+            if self._tables.owns(key):
+                self._tables.refuse(key, "pushpull")
             keys, groups = normalize(key, value)
             okeys, ogroups = normalize(key, value if out is None else out, "out")
             self._keys.validate_push(keys, groups, self._devices.gc is not None)
@@ -289,6 +301,7 @@ class LocalKVStore(KVStoreBase):
         """
         with self._lock:
             self._keys.check_open()
+            self._tables.taken(key)
             keys, groups = normalize(key, value)
             okeys, ogroups = normalize(key, out, "out")
             self._keys.validate_broadcast(key, keys, groups, okeys, ogroups)
@@ -322,6 +335,8 @@ class LocalKVStore(KVStoreBase):
         """
         with self._lock:
             self._keys.check_open()
+            if self._tables.owns(key):
+                return self._tables.row_sparse_pull(key, out, row_ids)
             self._keys.need_rows(key, out, row_ids)
             keys, groups = normalize(key, out, "out")
             rows = row_ids_by_key(key, keys, groups, row_ids)
@@ -437,6 +452,7 @@ class LocalKVStore(KVStoreBase):
         """
         with self._lock:
             self._keys.check_open()
+            self._tables.refuse_checkpoint("save a checkpoint of")
             copy = self._engine.snapshot()
             write_shard(copy, path, 0)
             write_manifest(path, 1, None, self._type)
@@ -456,6 +472,7 @@ class LocalKVStore(KVStoreBase):
         """
         with self._lock:
             self._keys.check_open()
+            self._tables.refuse_checkpoint("load a checkpoint into")
             reader = Reader(path)
             try:
                 check_keys(reader, list(self._engine.stored), path)

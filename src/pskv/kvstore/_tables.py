@@ -1,0 +1,214 @@
+"""The table keys of a local store: ``kv.init(key, TableSpec(...))`` and what follows.
+
+A table key (docs/embeddings.md) holds a :class:`pskv.table.DynamicTable` instead of an
+array; ``Tables`` routes a store's calls on such keys to it, and :class:`TableMethods` adds
+the table-only calls (``lookup``, ``table_stats``) to the store. The store's lock is held
+by the caller. Invariant: a key is either a table key or an array key, never both.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import (KeyAlreadyInitializedError, KeyNotInitializedError, ShapeMismatchError,
+                      UnsupportedError, ValueTypeError)
+from ..nd.sparse import RowSparseNDArray
+from ..table import DynamicTable, TableSpec
+from .._types import Key
+from ._args import as_numpy, check_key
+from ._keys import KeyTable
+
+__all__ = ["TableMethods", "Tables"]
+
+
+class Tables:
+    """key -> DynamicTable, for one store."""
+
+    def __init__(self, store_type: str) -> None:
+        self.store_type = store_type
+        self.tables: dict[Key, DynamicTable] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.tables)
+
+    def owns(self, key: Any) -> bool:
+        """Whether ``key`` (or a key of the list ``key``) is a table key."""
+        if not self.tables:
+            return False
+        if isinstance(key, (list, tuple)):
+            return any(self.owns(k) for k in key)
+        try:
+            return key in self.tables
+        except TypeError:
+            return False
+
+    def get(self, key: Any, action: str) -> DynamicTable:
+        """The table of ``key``, or KeyNotInitializedError / UnsupportedError for lists."""
+        if isinstance(key, (list, tuple)):
+            raise UnsupportedError(
+                f"cannot {action} keys {list(key)!r} in one call: table keys go one per "
+                "call. Call it for each table key.", key=list(key), store_type=self.store_type)
+        table = self.tables.get(key)
+        if table is None:
+            raise KeyNotInitializedError(
+                f"cannot {action} key {key!r}: it is not a table key of this "
+                f"{self.store_type!r} store. Call kv.init({key!r}, TableSpec(...)) first.",
+                key=key, store_type=self.store_type)
+        return table
+
+    def init(self, key: Any, spec: TableSpec, keys: KeyTable) -> None:
+        """Declare table ``key`` (one per call)."""
+        k = check_key(key)
+        keys.check_kind([k])
+        if k in self.tables or k in keys.records:
+            raise KeyAlreadyInitializedError(
+                f"key {k!r} is initialized twice. Each key takes one init (a TableSpec or an "
+                "array).", key=k, store_type=self.store_type)
+        self.tables[k] = DynamicTable(spec, name=k)
+        if keys.kind is None:
+            keys.kind = type(k)
+
+    def taken(self, key: Any) -> None:
+        """Raise KeyAlreadyInitializedError if ``key`` (or one of a list) is a table key."""
+        if self.owns(key):
+            raise KeyAlreadyInitializedError(
+                f"key {key!r} is a table key already; it cannot also hold an array. Use "
+                "another key.", key=key, store_type=self.store_type)
+
+    def push(self, key: Any, value: Any, updater: Any) -> None:
+        """One push of ``value`` (``(ids, grads)``, a RowSparseNDArray whose indices are
+        IDs, or a list of them, one per device) through the store's optimizer; then a
+        bounded sweep."""
+        table = self.get(key, "push to table")
+        ids, grads = _pairs(key, value)
+        opt = None
+        if updater is not None:
+            opt = getattr(updater, "optimizer", None)
+            if opt is None or not hasattr(updater, "states"):
+                raise UnsupportedError(
+                    f"table key {key!r} cannot be updated by a custom updater "
+                    "(set_updater); tables run the optimizer given to kv.set_optimizer, or "
+                    "assign without one.", key=key, store_type=self.store_type)
+        table.push(ids, grads, optimizer=opt, key=key)
+        table.sweep(table.spec.sweep_rows)
+
+    def row_sparse_pull(self, key: Any, out: Any, row_ids: Any) -> None:
+        """Training lookup of ``row_ids`` into row_sparse ``out`` (a list: one each)."""
+        table = self.get(key, "row_sparse_pull from table")
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        rows = row_ids if isinstance(row_ids, (list, tuple)) else [row_ids] * len(outs)
+        if len(rows) != len(outs) or not outs:
+            raise ShapeMismatchError(
+                f"row_sparse_pull of table {key!r} got {len(rows)} row_ids for {len(outs)} "
+                "outs. Pass one row_ids per out, or one for all.", key=key)
+        for o in outs:
+            if not isinstance(o, RowSparseNDArray) or o.shape[1:] != (table.spec.dim,):
+                raise ValueTypeError(
+                    f"row_sparse_pull of table {key!r} needs row_sparse outs of shape "
+                    f"(any, {table.spec.dim}), got {type(o).__name__} "
+                    f"{getattr(o, 'shape', '')}. Use mx.nd.sparse.zeros('row_sparse', "
+                    f"(1, {table.spec.dim})).", key=key)
+        ids = [np.unique(table._check_ids(as_numpy(r), "row_sparse_pull")) for r in rows]
+        for o, r in zip(outs, ids):
+            values, _found = table.lookup(r, train=True)
+            o._data = values.astype(o.dtype, copy=False)
+            o._indices = r
+            o._full_shape = (max(o.shape[0], 1), table.spec.dim)
+
+    def refuse(self, key: Any, action: str) -> None:
+        """Raise for an array call (pull, pushpull, broadcast) on a table key."""
+        raise UnsupportedError(
+            f"cannot {action} table key {key!r}: a table has no dense value. Use "
+            "kv.row_sparse_pull(key, out, row_ids=ids) or kv.lookup(key, ids).",
+            key=key, store_type=self.store_type)
+
+    def refuse_checkpoint(self, action: str) -> None:
+        """Raise if any table key would be left out of a checkpoint."""
+        if self.tables:
+            raise UnsupportedError(
+                f"cannot {action} a store with table keys {sorted(self.tables, key=str)!r} "
+                "yet: checkpoints of tables come with their server integration. Save them "
+                "with DynamicTable.state() meanwhile.", store_type=self.store_type)
+
+
+def _pairs(key: Any, value: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, grads)`` of a table push value, device values concatenated."""
+    parts = value if isinstance(value, list) else [value]
+    ids, grads = [], []
+    for v in parts:
+        if isinstance(v, RowSparseNDArray):
+            ids.append(v._indices)
+            grads.append(v._data)
+        elif isinstance(v, tuple) and len(v) == 2:
+            ids.append(as_numpy(v[0]))
+            grads.append(as_numpy(v[1]))
+        else:
+            raise ValueTypeError(
+                f"push to table key {key!r} got a {type(v).__name__}; push (ids, grads) or a "
+                "RowSparseNDArray whose indices are the IDs (or a list of them).", key=key)
+    if len(parts) == 1:
+        return np.asarray(ids[0]), np.asarray(grads[0])
+    try:
+        return np.concatenate([np.ravel(i) for i in ids]), np.concatenate(grads)
+    except ValueError as err:
+        raise ShapeMismatchError(f"push to table key {key!r}: the device values do not fit "
+                                 f"together ({err}).", key=key) from err
+
+
+class TableMethods:
+    """The table-only calls of a store that holds table keys (mixed into LocalKVStore)."""
+
+    _tables: Tables
+    _lock: Any
+    _keys: KeyTable
+
+    def lookup(self, key: Key, ids: Any, train: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Read the rows of raw IDs from table key ``key``.
+
+        Parameters
+        ----------
+        key : int or str
+            A key initialized with a :class:`pskv.table.TableSpec`.
+        ids : array_like of int
+            Any shape; any int64 values.
+        train : bool, default True
+            A training lookup may insert rows (per the table's admission) and marks them
+            used; ``train=False`` (evaluation) changes nothing.
+
+        Returns
+        -------
+        values : numpy.ndarray, shape ``ids.shape + (dim,)``
+        found : numpy.ndarray of bool, shape ``ids.shape``
+            True where a stored row was read, False where the unknown-ID value was.
+
+        Examples
+        --------
+        >>> import numpy as np, pskv as mx
+        >>> from pskv.table import TableSpec, Constant
+        >>> kv = mx.kv.create('local')
+        >>> kv.init('emb', TableSpec(dim=2, init=Constant(1.0)))
+        >>> kv.lookup('emb', np.array([5, 6]), train=False)[1].tolist()
+        [False, False]
+        """
+        with self._lock:
+            self._keys.check_open()
+            return self._tables.get(key, "lookup").lookup(ids, train=train)
+
+    def table_stats(self, key: Key) -> dict[str, int]:
+        """The counters of table key ``key``: rows, step, lookups, misses, inserts,
+        refusals, evictions (evicted_ttl, evicted_capacity), dropped_pushes, pushed_rows.
+
+        Examples
+        --------
+        >>> import numpy as np, pskv as mx
+        >>> from pskv.table import TableSpec
+        >>> kv = mx.kv.create('local')
+        >>> kv.init(0, TableSpec(dim=2))
+        >>> _ = kv.lookup(0, np.array([1, 2, 2]))
+        >>> s = kv.table_stats(0); s['rows'], s['lookups'], s['misses']
+        (2, 3, 3)
+        """
+        with self._lock:
+            self._keys.check_open()
+            return self._tables.get(key, "read the stats of").stats()

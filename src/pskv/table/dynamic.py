@@ -1,0 +1,449 @@
+"""DynamicTable: one embedding table keyed by raw int64 IDs, with no sockets and no threads.
+
+Its owner (a local store, later a server's engine) calls :meth:`DynamicTable.lookup`,
+:meth:`~DynamicTable.push`, :meth:`~DynamicTable.assign` and a bounded
+:meth:`~DynamicTable.sweep`; docs/embeddings.md is the specification (rules R1-R16).
+Invariants: a live row has exactly one slot and one index entry; ``_live[slot]`` marks
+them; slots ``>= _top`` were never used, freed slots wait in ``_free``; every method
+checks all of its input before it changes anything.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import ShapeMismatchError, TableIdError, UnsupportedError
+from ._hash import SALT_ADMIT, SALT_COUNT, SALT_INIT, salted, uniform01
+from ._index import IdIndex
+from ._rowopt import RowOptimizer, row_optimizer
+from .spec import (Capacity, Constant, CountAdmission, Normal, ProbabilityAdmission, ReadOnly,
+                   RowMeta, TableSpec, Uniform, now)
+
+__all__ = ["COUNTERS", "DynamicTable", "initial_values"]
+
+#: the counters :meth:`DynamicTable.stats` reports besides ``rows`` and ``step`` (R14)
+COUNTERS = ("lookups", "misses", "inserts", "refusals", "evicted_ttl", "evicted_capacity",
+            "dropped_pushes", "pushed_rows")
+
+
+def initial_values(spec: TableSpec, ids: np.ndarray) -> np.ndarray:
+    """The initial rows of ``ids`` (R2): a function of (seed, ID, column) only."""
+    n, d = ids.shape[0], spec.dim
+    init = spec.init
+    if isinstance(init, Constant):
+        return np.full((n, d), init.value, spec.dtype)
+    if not isinstance(init, (Uniform, Normal)):
+        return np.zeros((n, d), spec.dtype)
+    cols = 2 * d if isinstance(init, Normal) else d
+    base = salted(ids, spec.seed, SALT_INIT)
+    with np.errstate(over="ignore"):
+        ctr = np.arange(1, cols + 1, dtype=np.uint64) * np.uint64(0xD1B54A32D192ED03)
+    u = uniform01(salted((base[:, None] ^ ctr[None, :]).view(np.int64).ravel())).reshape(n, cols)
+    if isinstance(init, Uniform):
+        out = init.low + (init.high - init.low) * u
+    else:   # Box-Muller on two uniforms per element
+        r = np.sqrt(-2.0 * np.log1p(-u[:, :d]))
+        out = init.mean + init.std * r * np.cos(2.0 * np.pi * u[:, d:])
+    return out.astype(spec.dtype)
+
+
+class DynamicTable:
+    """A growing embedding table: rows keyed by int64 IDs, admission, eviction, counters.
+
+    Parameters
+    ----------
+    spec : TableSpec
+        What the table is.
+    name : str or int
+        The table's name in error messages (the store's key).
+    clock : callable, optional
+        Seconds for TTL in seconds (default ``time.monotonic``); tests pass a fake one.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pskv.table import DynamicTable, TableSpec, Constant
+    >>> t = DynamicTable(TableSpec(dim=2, init=Constant(0.5)), name='emb')
+    >>> values, found = t.lookup(np.array([7, -1, 7]))
+    >>> values.tolist(), found.tolist(), len(t)
+    ([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]], [True, True, True], 2)
+    >>> t.push(np.array([7, 7]), np.ones((2, 2), np.float32))     # no optimizer: assign
+    >>> t.lookup(np.array([7]), train=False)[0].tolist()
+    [[2.0, 2.0]]
+    """
+
+    def __init__(self, spec: TableSpec, name: Any = "table",
+                 clock: Callable[[], float] = now) -> None:
+        if not isinstance(spec, TableSpec):
+            raise UnsupportedError(f"table {name!r} needs a pskv.table.TableSpec, got "
+                                   f"{type(spec).__name__}.", key=name)
+        self.spec, self.name, self._clock = spec, name, clock
+        self.step = 0
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        cap = max(int(spec.reserve_rows), 64)
+        self._index = IdIndex(spec.reserve_rows)
+        self._values = np.empty((cap, spec.dim), spec.dtype)
+        self._ids = np.empty(cap, np.int64)
+        self._count = np.empty(cap, np.int64)
+        self._last_step = np.empty(cap, np.int64)
+        self._last_seconds = np.empty(cap, np.float64)
+        self._live = np.zeros(cap, bool)
+        self._top = 0
+        self._free = np.empty(0, np.int64)
+        self._cursor = 0
+        self._rowopt: RowOptimizer | None = None
+        self._states: list[np.ndarray] = []
+        self._t: np.ndarray | None = None
+        adm = spec.admission
+        self._sightings = np.zeros(adm.counters, np.int32) \
+            if isinstance(adm, CountAdmission) else None
+
+    # ---- sizes -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._index.size
+
+    def __repr__(self) -> str:
+        return f"<DynamicTable {self.name!r} rows={len(self)} dim={self.spec.dim}>"
+
+    @property
+    def capacity_rows(self) -> int:
+        """Rows allocated (their pages are committed as rows are used)."""
+        return int(self._values.shape[0])
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes of the arrays in use: rows, optimizer states, IDs, metadata, index."""
+        top = self._top
+        per = lambda a: int(a[:top].nbytes)  # noqa: E731
+        return {"values": per(self._values), "states": sum(per(s) for s in self._states)
+                + (per(self._t) if self._t is not None else 0), "ids": per(self._ids),
+                "meta": per(self._count) + per(self._last_step) + per(self._last_seconds)
+                + per(self._live), "index": self._index.nbytes,
+                "admission": 0 if self._sightings is None else int(self._sightings.nbytes)}
+
+    def ids(self) -> np.ndarray:
+        """The IDs that have a row, sorted."""
+        return np.sort(self._ids[np.flatnonzero(self._live[:self._top])])
+
+    # ---- checks ------------------------------------------------------------------------
+    def _check_ids(self, ids: Any, what: str) -> np.ndarray:
+        arr = np.asarray(ids)
+        if arr.dtype.kind not in "iu":
+            raise TableIdError(
+                f"{what} of table {self.name!r} got IDs of dtype {arr.dtype}; IDs are "
+                "integers. Pass an int64 array (float IDs lose precision above 2**53).",
+                key=self.name)
+        if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
+            raise TableIdError(f"{what} of table {self.name!r} got an unsigned ID above "
+                               "2**63-1. Pass int64 IDs.", key=self.name)
+        return arr.astype(np.int64, copy=False)
+
+    def _check_grads(self, ids: np.ndarray, grads: Any, what: str) -> np.ndarray:
+        try:
+            g = np.asarray(grads)
+        except ValueError as err:     # ragged nested lists
+            raise ShapeMismatchError(f"{what} of table {self.name!r}: the values are ragged "
+                                     f"({err}). Pass a ({ids.size}, {self.spec.dim}) array.",
+                                     key=self.name) from err
+        want = (ids.size, self.spec.dim)
+        if g.dtype.kind not in "iuf" or g.shape != want:
+            raise ShapeMismatchError(
+                f"{what} of table {self.name!r} got values of shape {g.shape} and dtype "
+                f"{g.dtype}, but {ids.size} IDs of a table of dim {self.spec.dim} need "
+                f"shape {want} of a real dtype. Pass one row of {self.spec.dim} numbers per "
+                "ID.", key=self.name, shape=g.shape)
+        return g
+
+    # ---- lookups -----------------------------------------------------------------------
+    def lookup(self, ids: Any, train: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Read the rows of ``ids`` (any shape): ``(values, found)``.
+
+        A training lookup may insert rows (``birth='pull'``, R3, R9) and marks the rows
+        used (R10); an eval lookup (``train=False``) changes nothing but counters (R5).
+        ``values`` has shape ``ids.shape + (dim,)``; ``found`` is True where a stored row
+        was read (R6), False where the unknown value was (R4).
+        """
+        arr = self._check_ids(ids, "lookup")
+        flat = arr.ravel()
+        slots = self._index.find(flat)
+        found = slots >= 0
+        nfound = int(np.count_nonzero(found))
+        self.counters["lookups"] += flat.size
+        self.counters["misses"] += flat.size - nfound
+        if train and nfound < flat.size and self.spec.birth == "pull":
+            miss = ~found
+            born = self._admit(np.unique(flat[miss]))
+            if born.size:
+                self._insert(born)
+                slots[miss] = self._index.find(flat[miss])
+                found = slots >= 0
+                nfound = int(np.count_nonzero(found))
+        if nfound == flat.size:
+            out = np.take(self._values, slots, axis=0)
+        else:
+            out = np.empty((flat.size, self.spec.dim), self.spec.dtype)
+            hit = np.flatnonzero(found)
+            out[hit] = self._values[slots[hit]]
+            lost = np.flatnonzero(~found)
+            out[lost] = self._unknown(flat[lost])
+        if train and nfound:
+            self._touch(slots[found] if nfound < flat.size else slots)
+        return out.reshape(arr.shape + (self.spec.dim,)), found.reshape(arr.shape)
+
+    def _unknown(self, ids: np.ndarray) -> np.ndarray:
+        if self.spec.unknown == "zeros":
+            return np.zeros((ids.size, self.spec.dim), self.spec.dtype)
+        return initial_values(self.spec, ids)
+
+    def _touch(self, slots: np.ndarray) -> None:
+        self._count[slots] += 1
+        self._last_step[slots] = self.step
+        self._last_seconds[slots] = self._clock()
+
+    # ---- admission and inserts -----------------------------------------------------------
+    def _admit(self, ids: np.ndarray) -> np.ndarray:
+        """The unknown, unique ``ids`` admission lets in now (R9); counts refusals."""
+        adm = self.spec.admission
+        if isinstance(adm, ReadOnly):
+            ok = np.zeros(ids.size, bool)
+        elif isinstance(adm, CountAdmission):
+            assert self._sightings is not None
+            cells = (salted(ids, SALT_COUNT) % np.uint64(adm.counters)).astype(np.int64)
+            np.add.at(self._sightings, cells, 1)
+            np.minimum(self._sightings, np.int32(2**31 - 2), out=self._sightings)
+            ok = self._sightings[cells] >= adm.min_count
+        elif isinstance(adm, ProbabilityAdmission):
+            words = (self.spec.seed, SALT_ADMIT, self.step) if adm.per_step else \
+                (self.spec.seed, SALT_ADMIT)
+            ok = uniform01(salted(ids, *words)) < adm.p
+        else:
+            return ids
+        self.counters["refusals"] += int(ids.size - np.count_nonzero(ok))
+        return ids[ok]
+
+    def _insert(self, ids: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
+        """Give each unique, absent ID a slot and its initial value (or ``values``)."""
+        n = ids.size
+        slots = self._alloc(n)
+        self._ids[slots] = ids
+        self._values[slots] = initial_values(self.spec, ids) if values is None else values
+        self._count[slots] = 0
+        self._last_step[slots] = self.step
+        self._last_seconds[slots] = self._clock()
+        self._live[slots] = True
+        for s in self._states:
+            s[slots] = 0
+        if self._t is not None:
+            self._t[slots] = 0
+        self._index.insert(ids, slots)
+        self.counters["inserts"] += n
+        return slots
+
+    def _alloc(self, n: int) -> np.ndarray:
+        reuse = self._free[-n:] if n else self._free[:0]
+        self._free = self._free[:self._free.size - reuse.size]
+        more = n - reuse.size
+        if self._top + more > self.capacity_rows:
+            self._grow(max(self._top + more, self.capacity_rows * 3 // 2))
+        fresh = np.arange(self._top, self._top + more, dtype=np.int64)
+        self._top += more
+        return np.concatenate([reuse, fresh]) if reuse.size else fresh
+
+    def _grow(self, cap: int) -> None:
+        def bigger(a: np.ndarray) -> np.ndarray:
+            b = np.empty((cap,) + a.shape[1:], a.dtype)
+            b[:self._top] = a[:self._top]
+            return b
+        self._values, self._ids, self._count = (bigger(a) for a in
+                                                (self._values, self._ids, self._count))
+        self._last_step, self._last_seconds = bigger(self._last_step), bigger(self._last_seconds)
+        live = np.zeros(cap, bool)
+        live[:self._top] = self._live[:self._top]
+        self._live = live
+        self._states = [bigger(s) for s in self._states]
+        if self._t is not None:
+            self._t = bigger(self._t)
+
+    # ---- pushes ------------------------------------------------------------------------
+    def _bind(self, opt: Any) -> RowOptimizer:
+        """The row optimizer for ``opt``; (re)creates zero states when the layout changes."""
+        rowopt = row_optimizer(opt, self.spec.state_layout, self.spec.dim, self.name)
+        if self._rowopt is None or self._rowopt.signature != rowopt.signature:
+            cap = self.capacity_rows
+            self._states = [np.zeros((cap, w), self.spec.dtype) for w in rowopt.widths]
+            self._t = np.zeros(cap, np.int64) if rowopt.per_row_step else None
+            self._rowopt = rowopt
+        return rowopt
+
+    def _combine(self, ids: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Unique sorted IDs and the gradients of each, summed or averaged (R7)."""
+        order = np.argsort(ids, kind="stable")
+        s = ids[order]
+        if s.size < 2 or bool(np.all(s[1:] != s[:-1])):
+            return s, np.asarray(g[order], dtype=self.spec.dtype)
+        starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
+        summed = np.add.reduceat(np.asarray(g[order], dtype=self.spec.dtype), starts, axis=0)
+        if self.spec.duplicates == "mean":
+            counts = np.diff(np.append(starts, s.size))
+            summed /= counts[:, None].astype(self.spec.dtype)
+        return s[starts], summed
+
+    def push(self, ids: Any, grads: Any, optimizer: Any = None, key: Any = None) -> None:
+        """Apply one push (one step, R11): gradients through ``optimizer``'s row update.
+
+        Parameters
+        ----------
+        ids : array_like of int
+            One ID per gradient row; repeats combine by ``duplicates`` (R7).
+        grads : array_like, shape ``(len(ids), dim)``
+        optimizer : pskv.optimizer.Optimizer, optional
+            The store's optimizer (R12); None: assign the (combined) values.
+        key : str or int, optional
+            The index the optimizer counts updates under (default: the table's name).
+        """
+        arr = self._check_ids(ids, "push")
+        if arr.ndim != 1:
+            arr = arr.ravel()
+        g = self._check_grads(arr, grads, "push")
+        key = self.name if key is None else key
+        rowopt = None
+        if optimizer is not None:
+            rowopt = row_optimizer(optimizer, self.spec.state_layout, self.spec.dim, self.name)
+            if rowopt.kind.startswith("adagrad") and optimizer._get_wd(key) != 0.0:
+                raise UnsupportedError(
+                    f"table {self.name!r}: sparse adagrad_update does not support wd (as in "
+                    "MXNet). Use wd=0 for table keys.", key=self.name)
+            rowopt = self._bind(optimizer)
+        uniq, summed = self._combine(arr, g)
+        slots = self._index.find(uniq)
+        absent = slots < 0
+        if absent.any():
+            if rowopt is None:                       # assign: every pushed ID gets its row
+                slots[absent] = self._insert(uniq[absent], summed[absent])
+                self._touch(slots)
+                self.counters["pushed_rows"] += uniq.size
+                self.step += 1
+                self._values[slots] = summed
+                return
+            if self.spec.birth == "push":
+                born = self._admit(uniq[absent])
+                if born.size:
+                    self._insert(born)
+                    slots[absent] = self._index.find(uniq[absent])
+            absent = slots < 0
+            self.counters["dropped_pushes"] += int(np.count_nonzero(absent))
+            keep = np.flatnonzero(~absent)
+            slots, summed = slots[keep], summed[keep]
+        self.counters["pushed_rows"] += slots.size
+        if slots.size:
+            if rowopt is None:
+                self._values[slots] = summed
+            else:
+                w = self._values[slots]
+                states = [s[slots] for s in self._states]
+                t = None
+                if self._t is not None:
+                    t = self._t[slots] + 1
+                rowopt.update(optimizer, key, w, states, summed, t)
+                self._values[slots] = w
+                for s, st in zip(self._states, states):
+                    s[slots] = st
+                if t is not None:
+                    self._t[slots] = t      # type: ignore[index]
+            self._touch(slots)
+        self.step += 1
+
+    def assign(self, ids: Any, values: Any) -> None:
+        """Set the rows of ``ids`` to ``values``, inserting absent ones whatever admission
+        says (R9's ``ReadOnly`` tables are filled this way); not a step."""
+        arr = self._check_ids(ids, "assign").ravel()
+        v = self._check_grads(arr, values, "assign")
+        uniq, first = np.unique(arr[::-1], return_index=True)    # the last value of an ID
+        rows = np.asarray(v[::-1][first], dtype=self.spec.dtype)
+        slots = self._index.find(uniq)
+        absent = slots < 0
+        if absent.any():
+            slots[absent] = self._insert(uniq[absent], rows[absent])
+        self._values[slots] = rows
+
+    # ---- eviction ----------------------------------------------------------------------
+    def sweep(self, max_rows: int | None = None) -> int:
+        """Evict per the spec's eviction policies, examining at most ``max_rows`` slots
+        (None: all) from a rotating cursor (R10). Returns the rows evicted."""
+        cap, ttl = self.spec.capacity, self.spec.ttl
+        if (cap is None and ttl is None) or self._top == 0:
+            return 0
+        top = self._top
+        if max_rows is None or max_rows >= top:
+            window = np.arange(top, dtype=np.int64)
+            self._cursor = 0
+        else:
+            start = self._cursor % top
+            window = (start + np.arange(max(int(max_rows), 0), dtype=np.int64)) % top
+            self._cursor = (start + int(max_rows)) % top
+        window = window[self._live[window]]
+        evicted = 0
+        if ttl is not None and window.size:
+            old = np.zeros(window.size, bool)
+            if ttl.steps is not None:
+                old |= self.step - self._last_step[window] > ttl.steps
+            if ttl.seconds is not None:
+                old |= self._clock() - self._last_seconds[window] > ttl.seconds
+            if old.any():
+                self._evict(window[old])
+                self.counters["evicted_ttl"] += int(np.count_nonzero(old))
+                evicted += int(np.count_nonzero(old))
+                window = window[~old]
+        if cap is not None and len(self) > cap.max_rows and window.size:
+            excess = min(len(self) - cap.max_rows, window.size)
+            score = self._scores(cap, window)
+            victims = window[np.argsort(score, kind="stable")[:excess]]
+            self._evict(victims)
+            self.counters["evicted_capacity"] += excess
+            evicted += excess
+        return evicted
+
+    def _scores(self, cap: Capacity, slots: np.ndarray) -> np.ndarray:
+        if cap.policy == "lru":
+            return self._last_step[slots].astype(np.float64) + \
+                1e-9 * np.argsort(np.argsort(self._last_seconds[slots]))
+        if cap.policy == "lfu":
+            return self._count[slots].astype(np.float64)
+        assert cap.score is not None
+        meta = RowMeta(self._ids[slots].copy(), self._count[slots].copy(),
+                       self._last_step[slots].copy(), self._last_seconds[slots].copy())
+        score = np.asarray(cap.score(meta), dtype=np.float64)
+        if score.shape != slots.shape:
+            raise ShapeMismatchError(
+                f"the eviction score of table {self.name!r} returned shape {score.shape} "
+                f"for {slots.size} rows. Return one number per row of the RowMeta.",
+                key=self.name, shape=score.shape)
+        return score
+
+    def _evict(self, slots: np.ndarray) -> None:
+        self._index.delete(self._ids[slots])
+        self._live[slots] = False
+        self._free = np.concatenate([self._free, slots])
+
+    # ---- counters ----------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        """The counters (R14): rows, step, lookups, misses, inserts, refusals, evictions
+        (``evicted_ttl`` + ``evicted_capacity``), dropped_pushes, pushed_rows."""
+        out = {"rows": len(self), "step": self.step, **self.counters}
+        out["evictions"] = out["evicted_ttl"] + out["evicted_capacity"]
+        return out
+
+    # ---- state (R16) -------------------------------------------------------------------
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The whole table as plain NumPy arrays and JSON-able metadata (a copy)."""
+        from ._state import snapshot
+        return snapshot(self)
+
+    @classmethod
+    def from_state(cls, spec: TableSpec, arrays: dict[str, np.ndarray],
+                   meta: dict[str, Any], name: Any = "table", clock: Callable[[], float] = now,
+                   shard: tuple[int, int] | None = None) -> DynamicTable:
+        """Rebuild a table from :meth:`state`; ``shard=(i, n)`` keeps the IDs that
+        :func:`~pskv.table.shard_of` gives to server ``i`` of ``n`` (R13)."""
+        from ._state import restore
+        return restore(cls, spec, arrays, meta, name, clock, shard)
