@@ -24,8 +24,11 @@ STEPS = 200
 
 
 def _job(out: Path, store_type: str, die: tuple[int, float] | list[tuple[int, float]] | None,
-         every: int = 5, extra: dict[str, str] | None = None, servers: int = 2) -> int:
+         every: int = 5, extra: dict[str, str] | None = None, servers: int = 2,
+         max_restarts: int | None = None) -> int:
     out.mkdir()
+    if max_restarts is None:     # pskv-launch refuses restarts with nothing to restart from
+        max_restarts = 1 if every or (extra or {}).get("PSKV_REPLICAS") == "1" else 0
     env = {"PSKV_HEARTBEAT_TIMEOUT": "20", "PSKV_CONNECT_TIMEOUT": "30",
            "DIE_MARK": str(out / "died"), **(extra or {})}
     if every:
@@ -38,7 +41,7 @@ def _job(out: Path, store_type: str, die: tuple[int, float] | list[tuple[int, fl
     env["TMPDIR"] = sockets
     try:
         result = launch([sys.executable, str(HERE / "train.py"), str(out), str(STEPS),
-                         store_type], 2, servers, env=env, max_restarts=1, timeout=200,
+                         store_type], 2, servers, env=env, max_restarts=max_restarts, timeout=200,
                         server_command=[sys.executable, str(HERE / "server.py")])
     finally:
         shutil.rmtree(sockets, ignore_errors=True)
@@ -107,6 +110,28 @@ def test_replicas_restarted_server_is_the_new_backup(tmp_path: Path) -> None:
     calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
     for k in calm:
         np.testing.assert_array_equal(killed[k], calm[k])
+
+
+def test_replicas_without_restarts_the_launcher_keeps_the_job(tmp_path: Path,
+                                                            caplog: pytest.LogCaptureFixture
+                                                            ) -> None:
+    """PSKV_REPLICAS=1 alone: the dead server is not restarted, its backup serves its shard,
+    and pskv-launch goes on (one WARNING) instead of ending the job with the server's
+    status; the weights are those of a run where nothing died."""
+    assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
+    with caplog.at_level("WARNING", logger="pskv.launch"):
+        assert _job(tmp_path / "killed", "dist_sync", (1, 1.0), every=0, max_restarts=0,
+                    extra={"PSKV_REPLICAS": "1"}) == 0
+    said = [r.getMessage() for r in caplog.records if "its backup serves its shard" in
+            r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("server 1"), said
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
+def test_without_replicas_a_dead_server_still_ends_the_job(tmp_path: Path) -> None:
+    assert _job(tmp_path / "killed", "dist_sync", (1, 1.0), every=0, max_restarts=0) != 0
 
 
 @pytest.mark.parametrize("seed", [6])

@@ -26,7 +26,7 @@ from .local import local_processes
 from .mpi import mpi_processes
 from ._k8s_options import pod_options
 from .spec import (DEFAULT_SERVER_COMMAND, INHERITING, LAUNCHERS, LauncherName, LaunchSpec,
-                   ProcessSpec, check_restarts)
+                   ProcessSpec, backed_up, check_restarts)
 from .slurm import build_slurm
 from .ssh import ssh_processes
 from .supervise import CommandError, LaunchResult, ProcessResult, run_processes
@@ -115,6 +115,7 @@ def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
                 "s"[:s != 1], spec.launcher)
     result = run_processes(procs, timeout=spec.timeout, grace_period=spec.grace_period,
                            log_dir=spec.log_dir, max_restarts=spec.max_restarts,
+                           backed_up=backed_up(spec, os.environ),
                            shutdown_timeout=spec.shutdown_timeout, stdout=stdout,
                            stderr=stderr)
     if result.reason == "ok" and result.killed:

@@ -21,7 +21,7 @@ from ._k8s_options import PodOptions
 
 __all__ = ["DEFAULT_SERVER_COMMAND", "ENV_NAME", "EnvPairs", "K8S_NAME_MAX", "LAUNCHERS",
            "LaunchSpec", "LauncherName", "MANAGED", "ProcessSpec", "RESERVED_ENV",
-           "RESTARTING", "check_env_name", "check_restarts"]
+           "RESTARTING", "backed_up", "check_env_name", "check_restarts", "servers_env"]
 
 LauncherName = Literal["local", "ssh", "mpi", "slurm", "kubernetes", "ray"]
 LAUNCHERS: tuple[str, ...] = ("local", "ssh", "mpi", "slurm", "kubernetes", "ray")
@@ -65,6 +65,29 @@ def _is_on(value: str | None) -> bool:
     return value is not None and value.strip() not in ("", "0")
 
 
+def servers_env(spec: LaunchSpec, environ: Mapping[str, str]) -> dict[str, str]:
+    """The settings the servers of `spec` get: ``--env``/``--env-server`` over `environ`,
+    which only the launchers whose processes inherit it pass (not kubernetes or ray)."""
+    env = dict(environ) if spec.launcher in INHERITING else {}
+    env.update(spec.env)
+    env.update(spec.env_server)
+    return env
+
+
+def backed_up(spec: LaunchSpec, environ: Mapping[str, str]) -> bool:
+    """Whether the servers of `spec` keep backups of each other's shards: ``PSKV_REPLICAS``
+    on, with two servers or more (docs/durability.md).
+
+    Examples
+    --------
+    >>> backed_up(LaunchSpec(('t',), 1, 2, env=(('PSKV_REPLICAS', '1'),)), {})
+    True
+    >>> backed_up(LaunchSpec(('t',), 1, 1, env=(('PSKV_REPLICAS', '1'),)), {})
+    False
+    """
+    return spec.num_servers >= 2 and _is_on(servers_env(spec, environ).get(ENV_REPLICAS))
+
+
 def check_restarts(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
     """Refuse ``--max-restarts`` when a restarted server could not get its shard back.
 
@@ -82,9 +105,7 @@ def check_restarts(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
     """
     if not spec.max_restarts:
         return
-    env = dict(environ) if spec.launcher in INHERITING else {}
-    env.update(spec.env)
-    env.update(spec.env_server)
+    env = servers_env(spec, environ)
     claim = spec.pods is not None and spec.pods.checkpoint_claim
     if (_is_on(env.get(ENV_CHECKPOINT_DIR)) or claim) and _is_on(env.get(ENV_CHECKPOINT_EVERY)):
         return

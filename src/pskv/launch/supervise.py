@@ -1,7 +1,8 @@
 """The supervisor that every launcher's processes run under.
 
 It starts each process in its own process group, prefixes its output, stops every process
-at the first failure, forwards signals, and reports how each process ended.
+at the first failure (but a server whose shard a backup took over), forwards signals, and
+reports how each process ended.
 
 Invariant: every child runs in its own session (so its process group id is its pid), and
 when `run_processes` returns, every child has been reaped and every child's process group
@@ -227,9 +228,11 @@ class _Supervisor:
 
     def __init__(self, procs: Sequence[ProcessSpec], *, timeout: float | None,
                  grace_period: float, shutdown_timeout: float, stdout: TextIO,
-                 stderr: TextIO, log_dir: str | None = None, max_restarts: int = 0) -> None:
+                 stderr: TextIO, log_dir: str | None = None, max_restarts: int = 0,
+                 backed_up: bool = False) -> None:
         self.procs = list(procs)
         self.max_restarts = max_restarts
+        self.backed_up = backed_up
         self.restarts: dict[str, int] = {}
         self.timeout = timeout
         self.grace_period = grace_period
@@ -316,6 +319,22 @@ class _Supervisor:
         self.children[self.children.index(child)] = self._spawn(ps)
         return True
 
+    def _taken_over(self, child: _Child, rc: int, survived: set[_Child]) -> bool:
+        """Whether the job goes on without the dead `child`: a server, with backups on
+        (PSKV_REPLICAS=1), while another server lives to serve its shard. The workers
+        decide the rest: a round whose shard both holders lost fails there, with a
+        NodeFailedError naming them, and that worker's exit ends the job."""
+        if not self.backed_up or child.spec.role is not Role.SERVER:
+            return False
+        servers = [c for c in self.children if c.spec.role is Role.SERVER]
+        if not any(c.running for c in servers if c is not child):
+            return False
+        logger.warning("%s (pid %d) exited with status %d; its backup serves its shard "
+                       "(PSKV_REPLICAS=1), so the job goes on with %d of %d servers",
+                       child.spec.where, child.popen.pid, exit_status(rc),
+                       len(servers) - len(survived) - 1, len(servers))
+        return True
+
     def _running(self) -> list[_Child]:
         return [c for c in self.children if c.running]
 
@@ -391,6 +410,7 @@ class _Supervisor:
         deadline = None if self.timeout is None else start + self.timeout
         shutdown_deadline: float | None = None
         after_workers: set[_Child] = set()
+        survived: set[_Child] = set()       # dead servers whose shards a backup took over
         while True:
             if self.signum is not None:
                 if self.signum == signal.SIGINT:
@@ -402,10 +422,13 @@ class _Supervisor:
             restarted = False
             for c in self.children:
                 rc = c.popen.poll()
-                if rc is None or rc == 0 or c in after_workers:
+                if rc is None or rc == 0 or c in after_workers or c in survived:
                     continue
                 if shutdown_deadline is None and self._restart(c, rc):
                     restarted = True
+                    continue
+                if self._taken_over(c, rc, survived):
+                    survived.add(c)
                     continue
                 if shutdown_deadline is not None:
                     # every worker exited 0, so the job succeeded: the workers' status is
@@ -425,7 +448,7 @@ class _Supervisor:
             running = self._running()
             if not running:
                 if any(c.popen.poll() not in (None, 0) and c not in after_workers
-                       for c in self.children):
+                       and c not in survived for c in self.children):
                     continue        # one failed since the loop above looked: report it
                 return "ok", None
             now = time.monotonic()
@@ -460,7 +483,7 @@ def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
                   grace_period: float = 5.0, shutdown_timeout: float = 2.0,
                   stdout: TextIO | None = None,
                   stderr: TextIO | None = None, log_dir: str | None = None,
-                  max_restarts: int = 0) -> LaunchResult:
+                  max_restarts: int = 0, backed_up: bool = False) -> LaunchResult:
     """Start `procs` in order and supervise them until the job ends.
 
     The first process that exits non-zero stops all others (SIGTERM, then SIGKILL after
@@ -486,6 +509,10 @@ def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
         A worker or server that exits non-zero is started again (same rank and command,
         with ``PSKV_RESTART`` set to its restart count) up to this many times before its
         exit ends the job; every child gets ``PSKV_MAX_RESTARTS``.
+    backed_up : bool
+        The servers keep backups of each other's shards (``PSKV_REPLICAS=1``): a server
+        that dies (and is not restarted) while another server runs is logged with one
+        WARNING and the job goes on; the workers' exits decide its status.
 
     Returns
     -------
@@ -500,4 +527,4 @@ def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
                        shutdown_timeout=shutdown_timeout,
                        stdout=sys.stdout if stdout is None else stdout,
                        stderr=sys.stderr if stderr is None else stderr, log_dir=log_dir,
-                       max_restarts=max_restarts).run()
+                       max_restarts=max_restarts, backed_up=backed_up).run()
