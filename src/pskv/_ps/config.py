@@ -24,7 +24,8 @@ __all__ = [
     "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_MESSAGE_BYTES", "ENV_MAX_UNADMITTED",
     "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "ENV_WORKER_ID",
     "ENV_MXNET_PYTHON", "ENV_MXNET_SRC", "ENV_PREFIX", "KNOWN_ENV",
-    "Role", "loopback_address", "reduce_threads", "unknown_env", "warn_unknown_env",
+    "Role", "advertised_host", "loopback_address", "reduce_threads", "unknown_env",
+    "warn_unknown_env",
 ]
 
 log = logging.getLogger(__name__)
@@ -412,3 +413,23 @@ def loopback_address(name: str) -> str | None:
         return None
     v4 = [a for a in addrs if "." in a]
     return v4[0] if v4 else addrs[0]
+
+
+def advertised_host(node_host: str, root_uri: str) -> str:
+    """The address a node announces for its listeners: ``node_host`` (``DMLC_NODE_HOST``)
+    unless it binds every interface (``0.0.0.0``), else the local address that routes to
+    the scheduler at ``root_uri`` (no packet is sent), else 127.0.0.1.
+
+    Examples
+    --------
+    >>> advertised_host('10.0.0.7', 'sched'), advertised_host('0.0.0.0', '127.0.0.1')
+    ('10.0.0.7', '127.0.0.1')
+    """
+    if node_host != "0.0.0.0":
+        return node_host
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((root_uri, 9))
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"

@@ -413,8 +413,9 @@ class Scheduler:
             return
         for node in self._live():
             if node.lost and now - node.lost > LOST_GRACE:
-                self._fail(node, f"lost its connection to {node.lost_by} (its process died "
-                                 "or its host went down)")
+                # the subject is the node that went away; lost_by only noticed it
+                self._fail(node, f"is gone: {node.lost_by}'s connection to it broke (its "
+                                 "process died or its host went down)")
             elif now - node.last_seen > self.cfg.heartbeat_timeout:
                 self._fail(node, f"sent no heartbeat for {now - node.last_seen:.1f} s "
                                  "(it died or hangs)")

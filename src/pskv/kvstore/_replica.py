@@ -30,7 +30,7 @@ from ..errors import KVStoreError, NodeFailedError, ProtocolError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._ps.auth import Verifier, prove
-from .._ps.config import ClusterConfig
+from .._ps.config import ClusterConfig, advertised_host
 from .._ps.message import Command, Meta, error_from_body, short
 from .._ps.ops import BACKUP_ENDPOINT, ReplOp, change, parse
 from .._ps.postoffice import Postoffice
@@ -233,7 +233,8 @@ class Backups:
         self.engines: dict[int, Engine] = {}
         self._po: Postoffice | None = None
         tls = server_context(*cfg.tls) if cfg.tls is not None else None
-        self._listeners = [StreamListener(host=cfg.node_host, advertise=_advertise(cfg),
+        self._listeners = [StreamListener(host=cfg.node_host,
+                                          advertise=advertised_host(cfg.node_host, cfg.root_uri),
                                           tls=tls)]
         try:
             if cfg.transport != "tcp":
@@ -373,17 +374,6 @@ def apply_change(engine: Engine, op: ReplOp, body: dict[str, Any],
     if apply is None:
         raise KVStoreError(f"{op.value} is not a change of a backup copy")
     apply(engine, body, arrays)
-
-
-def _advertise(cfg: ClusterConfig) -> str:
-    if cfg.node_host != "0.0.0.0":
-        return cfg.node_host
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((cfg.root_uri, 9))
-            return str(s.getsockname()[0])
-        except OSError:
-            return "127.0.0.1"
 
 
 def backup_endpoints(endpoints: Mapping[str, str]) -> dict[str, str]:

@@ -11,7 +11,6 @@ earlier push of that worker is applied; nothing waits forever.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from typing import Any, Callable
@@ -22,7 +21,7 @@ import zmq
 from ..errors import CheckpointError, ClusterError, KeyAlreadyInitializedError, KVStoreError, NodeFailedError, ProtocolError, \
     ShapeMismatchError
 from .._ps.auth import Verifier
-from .._ps.config import ClusterConfig
+from .._ps.config import ClusterConfig, advertised_host
 from .._ps.membership import ServerRejoined
 from .._ps.message import Command, Meta
 from .._ps.ops import Op, ReplOp, parse
@@ -117,7 +116,7 @@ class KVServer:
         Workers on other hosts connect over TCP (pskv's framing), same-host workers over a
         Unix socket only this user can open, and with ``zmq`` over ZeroMQ.
         """
-        host = cfg.node_host if cfg.node_host != "0.0.0.0" else _my_address(cfg.root_uri)
+        host = advertised_host(cfg.node_host, cfg.root_uri)
         tls = server_context(*cfg.tls) if cfg.tls is not None else None
         tcp = StreamListener(host=cfg.node_host, advertise=host, tls=tls)
         self._listeners.append(tcp)
@@ -462,13 +461,3 @@ class KVServer:
         if hasattr(self, "po"):
             self.po.close()
         self._zctx.close()
-
-
-def _my_address(root_uri: str) -> str:
-    """The local address that reaches ``root_uri`` (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((root_uri, 9))
-            return str(s.getsockname()[0])
-        except OSError:
-            return "127.0.0.1"
