@@ -272,13 +272,14 @@ class Volume:
 
     def to_api(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The pod's ``V1Volume`` and the container's ``V1VolumeMount``."""
-        source: dict[str, Any] = {
+        sources: dict[str, dict[str, Any]] = {
             "claim": {"persistentVolumeClaim": {"claimName": self.ref}},
             "emptyDir": {"emptyDir": {}},
             "hostPath": {"hostPath": {"path": self.ref}},
             "configMap": {"configMap": {"name": self.ref}},
             "secret": {"secret": {"secretName": self.ref}},
-        }[self.source]
+        }
+        source = sources[self.source]
         mount: dict[str, Any] = {"name": self.name, "mountPath": self.mount_path}
         if self.read_only:
             mount["readOnly"] = True
@@ -530,14 +531,16 @@ def pod_options(values_file: str | None = None, *, values: Mapping[str, Any] | N
             if role is None:
                 top[kind] += pairs
             else:
-                layers.append((role, RolePods(**{kind: pairs})))
+                one: dict[str, Any] = {kind: pairs}
+                layers.append((role, RolePods(**one)))
     for flag, items, part in (("--requests", requests, "requests"),
                               ("--limits", limits, "limits")):
         for text in items:
             role, rest = _split_role(text)
-            layers.append((role, RolePods(**{part: tuple(
+            amounts: dict[str, Any] = {part: tuple(
                 (_qualified(k, flag), _quantity(v, f"{flag} {k}"))
-                for k, v in _key_values(rest, flag))})))
+                for k, v in _key_values(rest, flag))}
+            layers.append((role, RolePods(**amounts)))
     for text in node_selectors:
         role, rest = _split_role(text)
         key, eq, value = rest.partition("=")

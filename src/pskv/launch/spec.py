@@ -85,7 +85,7 @@ def backed_up(spec: LaunchSpec, environ: Mapping[str, str]) -> bool:
     >>> backed_up(LaunchSpec(('t',), 1, 1, env=(('PSKV_REPLICAS', '1'),)), {})
     False
     """
-    return spec.num_servers >= 2 and _is_on(servers_env(spec, environ).get(ENV_REPLICAS))
+    return (spec.num_servers or 0) >= 2 and _is_on(servers_env(spec, environ).get(ENV_REPLICAS))
 
 
 def check_restarts(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
