@@ -34,13 +34,12 @@ ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"
 #: the variables every worker gets as torchrun's workers do (the local two where known)
 TORCH_NAMES = (ENV_RANK, ENV_WORLD_SIZE, ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE)
-#: torchrun's notice, word for word, logged once when the launcher sets OMP_NUM_THREADS=1
-OMP_NOTICE = ("\n*****************************************\n"
-              "Setting OMP_NUM_THREADS environment variable for each process to be "
+#: torchrun's notice, word for word, on one line: logged (INFO, which pskv-launch shows)
+#: once when the launcher sets OMP_NUM_THREADS=1
+OMP_NOTICE = ("Setting OMP_NUM_THREADS environment variable for each process to be "
               "%s in default, to avoid your system being overloaded, "
               "please further tune the variable for optimal performance in "
-              "your application as needed. \n"
-              "*****************************************")
+              "your application as needed.")
 
 #: remote processes (ssh, mpi) get these from the launcher's environment when set: pskv's own
 #: settings, and what dmlc_tracker's ssh.py passes by default (minus the AWS credentials)
@@ -119,7 +118,7 @@ def omp_default(spec: LaunchSpec, environ: Mapping[str, str],
                 or ENV_OMP_NUM_THREADS in dict(spec.env_worker))
     if user_set or max((world for _, world in locals_), default=0) <= 1:
         return False
-    logger.warning(OMP_NOTICE, 1)
+    logger.info(OMP_NOTICE, 1)
     return True
 
 
