@@ -197,12 +197,13 @@ class StreamConn:
         else:
             bufs = [memoryview(prefix), memoryview(header)]
             bufs += [memoryview(a).cast("B") for a in frames[1:] if a.nbytes]
-        try:
-            while bufs:
+        first = 0                   # bufs[:first] are sent (no pop(0): a message of many
+        try:                        # frames would cost quadratic time)
+            while first < len(bufs):
                 try:
                     # TLS sockets have no sendmsg: one buffer (at most 1 MiB) at a time
-                    sent = self.sock.send(bufs[0][:1 << 20]) if self.tls else \
-                        self.sock.sendmsg(bufs[:_IOV_MAX])
+                    sent = self.sock.send(bufs[first][:1 << 20]) if self.tls else \
+                        self.sock.sendmsg(bufs[first:first + _IOV_MAX])
                 except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                     if not select.select([], [self.sock], [], self.timeout)[1]:
                         raise ClusterTimeoutError(
@@ -210,12 +211,12 @@ class StreamConn:
                             "not reading. Raise PSKV_REQUEST_TIMEOUT if it is just slow.") \
                             from None
                     continue
-                while sent and bufs:
-                    if sent >= bufs[0].nbytes:
-                        sent -= bufs[0].nbytes
-                        bufs.pop(0)
+                while sent and first < len(bufs):
+                    if sent >= bufs[first].nbytes:
+                        sent -= bufs[first].nbytes
+                        first += 1
                     else:
-                        bufs[0] = bufs[0][sent:]
+                        bufs[first] = bufs[first][sent:]
                         sent = 0
         except OSError as err:
             raise NodeFailedError(f"the connection to {self.peer} broke: {err}") from err

@@ -10,7 +10,7 @@ free again when ``send`` returns (every transport has written or copied them).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from ._args import as_numpy
 from ._held import Items
 from ._keys import KeyRecord
 from ._reduce import Reducer, sum_row_sparse
-from ._wire import parts, rows_by_server, target
+from ._placement import parts, rows_by_server, target
 
 __all__ = ["DataPath"]
 
@@ -136,16 +136,16 @@ class DataPath:
         else:
             tss = {s: self._kv.request(s, cmd, pk, into=into[s]) for s, pk in per.items()}
         replies = dict(zip(tss, self._wait_all(list(tss.values()), "a pull reply")))
-        got: dict[int, list[np.ndarray]] = {}
+        got: dict[int, Iterator[np.ndarray]] = {}
         for s, (_meta, arrays) in replies.items():
             if len(arrays) != len(per[s]):
                 raise ClusterError(f"server {s} answered {len(arrays)} arrays for "
                                    f"{len(per[s])} keys (reported by server {s})")
-            got[s] = list(arrays)
+            got[s] = iter(arrays)    # in the order of per[s]: each key's segments in turn
         out: dict[Key, list[np.ndarray]] = {}
         for k in keys:
             info = self._records[k]
-            out[k] = [got[seg.server].pop(0) for seg in info.segments]
+            out[k] = [next(got[seg.server]) for seg in info.segments]
         return out
 
     def targets(self, keys: list[Key], groups: list[list[Any]],

@@ -28,6 +28,7 @@ import zmq
 
 from ..errors import KVStoreError, NodeFailedError, ProtocolError
 from ..nd.ndarray import NDArray
+from ..optimizer.updater import decode_states, encode_states
 from ..nd.sparse import RowSparseNDArray
 from .._ps.auth import Verifier, prove
 from .._ps.config import ClusterConfig, advertised_host
@@ -186,10 +187,7 @@ def encode_copy(copy: ShardCopy, sync: bool) -> tuple[dict[str, Any], list[np.nd
     arrays = list(copy.arrays)
     states = None
     if copy.states is not None:
-        from ..optimizer.updater import Updater
-        holder = Updater.__new__(Updater)    # only its states: get_states(False) reads no more
-        holder.states = copy.states
-        arrays.append(np.frombuffer(holder.get_states(False), dtype=np.uint8))
+        arrays.append(np.frombuffer(encode_states(copy.states), dtype=np.uint8))
         states = len(arrays) - 1
     return ({"entries": copy.entries, "optimizer": copy.optimizer, "states": states,
              "compression": copy.compression, "sync": sync}, arrays)
@@ -197,7 +195,6 @@ def encode_copy(copy: ShardCopy, sync: bool) -> tuple[dict[str, Any], list[np.nd
 
 def install_copy(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     """Fill an empty ``engine`` from :func:`encode_copy` output."""
-    from ..optimizer.updater import _decode
     engine.sync = bool(body.get("sync", True))
     if body.get("compression") is not None:
         engine.set_compression(body["compression"])
@@ -209,7 +206,7 @@ def install_copy(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray])
         engine.set_counters(e["id"], int(e.get("round", 0)),
                             {int(w): int(n) for w, n in e.get("applied", [])})
     if body.get("states") is not None and engine.updater is not None:
-        states = _decode(arrays[int(body["states"])].tobytes())[0]
+        states = decode_states(arrays[int(body["states"])].tobytes())[0]
         upd: Any = engine.updater
         for name, st in states.items():
             upd.states[name] = st

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..nd.ndarray import NDArray
+from ..optimizer.updater import decode_states, encode_states
 
 __all__ = ["FORMAT", "MANIFEST", "Reader", "ShardCopy", "check_keys", "latest", "prune", "read_manifest",
            "round_dir", "shard_name", "write_manifest", "write_shard"]
@@ -89,10 +90,7 @@ def write_shard(copy: ShardCopy, directory: str, index: int) -> str:
     named: dict[str, np.ndarray] = {f"w{i}": a for i, a in enumerate(copy.arrays)}
     named[_META] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     if copy.states is not None:
-        from ..optimizer.updater import Updater
-        holder = Updater.__new__(Updater)    # only its states: get_states(False) reads no more
-        holder.states = copy.states
-        named[_STATES] = np.frombuffer(holder.get_states(False), dtype=np.uint8)
+        named[_STATES] = np.frombuffer(encode_states(copy.states), dtype=np.uint8)
     path = os.path.join(directory, shard_name(index))
     _replace_atomically(path, lambda f: np.savez(f, allow_pickle=False, **named))
     return path
@@ -282,9 +280,8 @@ class Reader:
     def _shard_states(self, shard: int) -> dict[Any, Any]:
         got = self._states.get(shard)
         if got is None:
-            from ..optimizer.updater import _decode
             f = self._file(shard)
-            got = _decode(f[_STATES].tobytes())[0] if _STATES in f.files else {}
+            got = decode_states(f[_STATES].tobytes())[0] if _STATES in f.files else {}
             self._states[shard] = got
         return got
 

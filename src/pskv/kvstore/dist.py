@@ -39,7 +39,9 @@ from ._held import HeldPush
 from ._keys import KeyRecord, KeyTable
 from ._reduce import Reducer
 from ._snapshot import Reader, check_keys, write_manifest
-from ._wire import (assemble, check_agreement, init_spec, parts, read_states, write_states)
+from ._agree import check_agreement, init_spec
+from ._placement import assemble, parts
+from ._states import read_states, write_states
 from .base import KVStoreBase, check_capability, check_optimizer
 
 __all__ = ["DistKVStore"]
@@ -270,8 +272,7 @@ class DistKVStore(KVStoreBase):
                 self._to_all(Command.COMMAND, command(Op.INITIAL))
 
     def _push_validated(self, keys: list[Key], groups: list[list[Any]]) -> None:
-        self._first_push()
-        self._send_held()
+        self._first_push()      # _begin() has sent a held push already
         items = self._path.items(keys, groups)
         if not self._held.hold(keys, items):
             self._path.send(items)
