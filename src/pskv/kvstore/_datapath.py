@@ -51,7 +51,7 @@ class DataPath:
         self._reducer = reducer
         self._wait_all = wait_all
         #: the gradient compression of pushes (``set_gradient_compression``), or None
-        self.gc: Any = None
+        self.compressor: Any = None
         self._residual: dict[Key, np.ndarray] = {}
         self._sendbuf: dict[Key, np.ndarray] = {}
 
@@ -59,7 +59,7 @@ class DataPath:
     def _merged_dense(self, key: Key, info: KeyRecord, vals: list[Any]) -> np.ndarray:
         """The sum of ``vals``: the caller's own array when it is one array (every transport
         is done with it when push returns), else this key's send buffer."""
-        if len(vals) == 1 and self.gc is None:
+        if len(vals) == 1 and self.compressor is None:
             data = vals[0]._data if type(vals[0]) is NDArray else as_numpy(vals[0])
             if data.dtype == info.dtype and data.flags.c_contiguous:
                 return data
@@ -89,7 +89,7 @@ class DataPath:
                 continue
             data = self._merged_dense(k, info, vals)
             pieces = parts(info, data)
-            if self.gc is not None:
+            if self.compressor is not None:
                 res = self._residual.get(k)
                 if res is None:
                     res = self._residual[k] = np.zeros(info.size, np.float32)
@@ -97,11 +97,11 @@ class DataPath:
                 pieces = []
                 for seg in info.segments:
                     s, e = (seg.start, seg.stop) if len(info.segments) > 1 else (0, info.size)
-                    pieces.append(self.gc.compress(flat[s:e], res[s:e]))
+                    pieces.append(self.compressor.compress(flat[s:e], res[s:e]))
             for seg, part in zip(info.segments, pieces):
                 pk, kinds, arrays = per.setdefault(seg.server, ([], [], []))
                 pk.append(info.pskey)
-                kinds.append("c" if self.gc is not None else "d")
+                kinds.append("c" if self.compressor is not None else "d")
                 arrays.append(part)
         return {s: (pk, "".join(kinds), arrays) for s, (pk, kinds, arrays) in per.items()}
 

@@ -129,7 +129,7 @@ class Engine:
         self._entries: dict[Key, _Entry] = {}
         self.updater: Updater | None = None
         self._opt_spec: Any = None
-        self.gc: Any = None
+        self.compressor: Any = None
         self._gc_params: Any = None
         #: told of each applied round or async push, before any request waiting for it
         #: is answered (a server's shard: its backup and its periodic checkpoints)
@@ -161,7 +161,7 @@ class Engine:
         self.stored[key] = stored
         return stored
 
-    def entry(self, key: Key, what: str, where: str = "this engine") -> NDArray:
+    def value_of(self, key: Key, what: str, where: str = "this engine") -> NDArray:
         """The stored value of ``key``, or KeyNotInitializedError."""
         entry = self._entries.get(key)
         if entry is None:
@@ -199,7 +199,7 @@ class Engine:
         """Decompress pushes of kind ``'c'`` with these gradient-compression params."""
         from .. import compression
         if params != self._gc_params:
-            self.gc = compression.create(params)
+            self.compressor = compression.create(params)
             self._gc_params = params
 
     def states_updater(self, action: str, where: str = "this store") -> Any:
@@ -218,11 +218,11 @@ class Engine:
         entry = self._entries[key]
         stored, name = entry.stored, entry.name
         if kind == "c":
-            if self.gc is None:
+            if self.compressor is None:
                 raise UnsupportedError("a compressed push reached a server without gradient "
                                        "compression: call set_gradient_compression on every "
                                        "worker before init.", key=name)
-            if arrays[0].size != self.gc.packed_size(stored.size):
+            if arrays[0].size != self.compressor.packed_size(stored.size):
                 raise ShapeMismatchError(f"push to key {name!r}: {arrays[0].size} packed "
                                          f"words for {stored.size} values", key=name)
             return
@@ -285,7 +285,7 @@ class Engine:
             entry.sparse_parts.append((arrays[0].astype(np.int64), np.array(arrays[1])))
             return
         stored = entry.stored
-        value = self.gc.decompress(arrays[0], stored.size).reshape(stored.shape) \
+        value = self.compressor.decompress(arrays[0], stored.size).reshape(stored.shape) \
             if kind == "c" else arrays[0].reshape(stored.shape)
         if not self.sync:
             entry.merge = value

@@ -332,7 +332,7 @@ def _round(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> No
             len(arrays) != 1:
         raise ProtocolError("a replicated round needs its merged value's arrays")
     applied = {int(w): int(n) for w, n in body.get("applied", [])}
-    entry_shape = engine.entry(key, "replicate").shape
+    entry_shape = engine.value_of(key, "replicate").shape
     merged: NDArray = RowSparseNDArray(arrays[1], arrays[0].astype(np.int64), entry_shape) \
         if body.get("kind") == "r" else NDArray(arrays[0])
     engine.replay(key, merged, int(body["round"]), applied)

@@ -259,7 +259,7 @@ class DistKVStore(KVStoreBase):
         with self._lock:
             self._begin()
             keys, groups = normalize(key, value)
-            self._keys.validate_push(keys, groups, self._path.gc is not None)
+            self._keys.validate_push(keys, groups, self._path.compressor is not None)
             self._push_validated(keys, groups)
 
     def _first_push(self) -> None:
@@ -352,7 +352,7 @@ class DistKVStore(KVStoreBase):
             self._begin()
             keys, groups = normalize(key, value)
             okeys, ogroups = normalize(key, value if out is None else out, "out")
-            self._keys.validate_push(keys, groups, self._path.gc is not None)
+            self._keys.validate_push(keys, groups, self._path.compressor is not None)
             self._keys.validate_pull(okeys, ogroups)
             self._first_push()
             items = self._path.items(keys, groups)
@@ -408,10 +408,10 @@ class DistKVStore(KVStoreBase):
                 raise UnsupportedError(
                     "set_gradient_compression must be called before the first init.",
                     store_type=self._type)
-            gc = compression.create(compression_params)
-            self._to_all(Command.COMMAND, command(Op.COMPRESSION,
-                                                  params=None if gc is None else gc.params))
-            self._path.gc = gc
+            compressor = compression.create(compression_params)
+            params = None if compressor is None else compressor.params
+            self._to_all(Command.COMMAND, command(Op.COMPRESSION, params=params))
+            self._path.compressor = compressor
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Gather every server's optimizer states into ``fname`` (NumPy arrays + JSON)."""

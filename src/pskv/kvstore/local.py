@@ -141,7 +141,7 @@ class LocalKVStore(TableMethods, KVStoreBase):
             if self._tables.owns(key):
                 return self._tables.push(key, value, self._engine.updater)
             keys, groups = normalize(key, value)
-            self._keys.validate_push(keys, groups, self._devices.gc is not None)
+            self._keys.validate_push(keys, groups, self._devices.compressor is not None)
             self._push_validated(keys, groups)
 
     def _fast_push(self, key: Any, value: Any) -> bool:
@@ -150,7 +150,7 @@ class LocalKVStore(TableMethods, KVStoreBase):
         Everything the general path checks holds here by construction; anything else
         returns False and takes the general path.
         """
-        if self._engine.updater is not None or self._devices.gc is not None or self._keys.closed or \
+        if self._engine.updater is not None or self._devices.compressor is not None or self._keys.closed or \
                 (type(key) is not int and type(key) is not str):
             return False
         stored = self._store.get(key)
@@ -167,7 +167,7 @@ class LocalKVStore(TableMethods, KVStoreBase):
             small = PARALLEL_MIN
             for k, vals in zip(keys, groups):
                 stored = self._store[k]
-                if len(vals) == 1 and self._devices.gc is None and type(stored) is NDArray:
+                if len(vals) == 1 and self._devices.compressor is None and type(stored) is NDArray:
                     data = dense_data(vals[0])
                     if data is not None and data.size < small:
                         np.copyto(stored._data, data, casting="same_kind")
@@ -282,7 +282,7 @@ class LocalKVStore(TableMethods, KVStoreBase):
                 self._tables.refuse(key, "pushpull")
             keys, groups = normalize(key, value)
             okeys, ogroups = normalize(key, value if out is None else out, "out")
-            self._keys.validate_push(keys, groups, self._devices.gc is not None)
+            self._keys.validate_push(keys, groups, self._devices.compressor is not None)
             self._keys.validate_pull(okeys, ogroups)
             self._push_validated(keys, groups)
             self._pull_validated(okeys, ogroups, True)
@@ -506,7 +506,7 @@ class LocalKVStore(TableMethods, KVStoreBase):
                     "set_gradient_compression must be called before the first init; "
                     f"{len(self._store)} keys are initialized already. Create a new store.",
                     store_type=self._type)
-            self._devices.gc = compression.create(compression_params)
+            self._devices.compressor = compression.create(compression_params)
 
     # ---- misc ------------------------------------------------------------------------
     def is_capable(self, capability: str) -> bool:

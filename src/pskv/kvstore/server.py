@@ -246,7 +246,7 @@ class KVServer:
         items, pos = [], 0
         for k, kind in zip(keys, body["kinds"], strict=True):
             n = 2 if kind == "r" else 1
-            shard.engine.entry(k, "push", self._where())
+            shard.engine.value_of(k, "push", self._where())
             part = arrays[pos:pos + n]
             shard.engine.check_push(k, kind, part, self._where())
             items.append((k, kind, part))
@@ -281,7 +281,7 @@ class KVServer:
                  worker: int, ts: int, keys: tuple[int, ...], body: Any, arrays: list[np.ndarray],
                  rows: list[np.ndarray] | None = None) -> None:
         for k in keys:
-            shard.engine.entry(k, "pull", self._where())
+            shard.engine.value_of(k, "pull", self._where())
         ticket = Ticket(conn, ts, Command.PULL, keys, rows)
         shard.engine.hold(ticket)
         for k in keys:
@@ -294,7 +294,7 @@ class KVServer:
         if len(arrays) != len(keys):
             raise ProtocolError("row_sparse pull needs one row-id array per key")
         for k, rows in zip(keys, arrays):
-            n = shard.engine.entry(k, "row_sparse_pull", self._where()).shape[0]
+            n = shard.engine.value_of(k, "row_sparse_pull", self._where()).shape[0]
             if rows.dtype.kind not in "iu" or (rows.size and (rows.min() < 0 or rows.max() >= n)):
                 raise ShapeMismatchError(f"row_sparse_pull: row ids out of [0, {n})", key=k)
         self._on_pull(shard, conn, worker, ts, keys, body, arrays,
