@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import optimizer as opt_mod
 from ..errors import ClusterError, ConfigError, ShapeMismatchError
+from ..nd import array
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._ps.partition import ps_key
@@ -88,8 +90,6 @@ def check_optimizer_values(optimizer: Any) -> None:
 
 def check_optimizer_spec(optimizer: Any, spec: dict[str, Any]) -> None:
     """Raise ConfigError if the servers could not run ``spec`` (``optimizer.to_spec()``)."""
-    from .. import optimizer as opt_mod
-    from ..nd import array
     name = type(optimizer).__name__
     try:
         json.dumps(spec, allow_nan=False)

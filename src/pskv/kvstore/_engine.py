@@ -21,11 +21,14 @@ from typing import Any, Callable, Literal, Protocol
 
 import numpy as np
 
-from ..errors import (ClusterError, ClusterTimeoutError, KeyAlreadyInitializedError, KeyNotInitializedError,
-                      KVStoreError, ShapeMismatchError, UnsupportedError)
+from .. import compression, optimizer
+from ..errors import (CheckpointError, ClusterError, ClusterTimeoutError,
+                      KeyAlreadyInitializedError, KeyNotInitializedError, KVStoreError,
+                      ShapeMismatchError, UnsupportedError)
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._types import Key, Updater
+from ._agree import check_optimizer_spec
 from ._reduce import sum_rows
 from ._snapshot import Reader, ShardCopy
 
@@ -187,8 +190,6 @@ class Engine:
 
     def set_optimizer_spec(self, spec: Any) -> None:
         """Install the optimizer ``spec`` (JSON); identical repeats are no-ops."""
-        from .. import optimizer
-        from ._agree import check_optimizer_spec
         if spec != self._opt_spec:
             opt = optimizer.from_spec(spec)
             check_optimizer_spec(opt, spec)     # a spec that cannot update is refused now
@@ -197,7 +198,6 @@ class Engine:
 
     def set_compression(self, params: Any) -> None:
         """Decompress pushes of kind ``'c'`` with these gradient-compression params."""
-        from .. import compression
         if params != self._gc_params:
             self.compressor = compression.create(params)
             self._gc_params = params
@@ -419,7 +419,6 @@ class Engine:
         ``counters``: also the rounds and per-worker push counts (a restarted server of the
         same job); else they keep counting this job's pushes (``kv.load_checkpoint``).
         """
-        from ..errors import CheckpointError
         plan = []
         for e in self._entries.values():
             meta = reader.key_meta(e.name)
@@ -437,7 +436,6 @@ class Engine:
         states = {e.name: reader.state(e.name, start, stop, e.stored.shape)
                   for e, start, stop in plan}
         if spec is not None:
-            from .. import optimizer
             self.updater = optimizer.get_updater(optimizer.from_spec(spec))
             self._opt_spec = spec
         upd = self.updater

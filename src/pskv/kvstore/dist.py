@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, overload
 import numpy as np
 import zmq
 
+from .. import compression
 from ..errors import CheckpointError, ClusterError, KVStoreError, UnsupportedError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
@@ -401,7 +402,6 @@ class DistKVStore(KVStoreBase):
 
     def set_gradient_compression(self, compression_params: dict[str, Any]) -> None:
         """Compress pushes on the wire (2bit / 1bit); call on every worker before init."""
-        from .. import compression
         with self._lock:
             self._begin()
             if self._store:

@@ -16,6 +16,8 @@ from typing import Any, overload
 
 import numpy as np
 
+from .. import compression
+from .. import optimizer as opt
 from ..errors import ConfigError, SparsePullIgnoredWarning, ValueTypeError, UnsupportedError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
@@ -397,7 +399,6 @@ class LocalKVStore(TableMethods, KVStoreBase):
         array([[-0.01, -0.01],
                [-0.01, -0.01]], dtype=float32)
         """
-        from .. import optimizer as opt
         check_optimizer(optimizer)      # the dist store's check: a bad one changes nothing
         self.set_updater(opt.get_updater(optimizer))
 
@@ -493,7 +494,6 @@ class LocalKVStore(TableMethods, KVStoreBase):
         compression_params : dict
             ``{'type': '2bit', 'threshold': 0.5}`` or ``{'type': '1bit', ...}``.
         """
-        from .. import compression
         with self._lock:
             self._keys.check_open()
             if "device" not in self._type:
