@@ -187,7 +187,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
         ``step()``, one after another.
     backward_passes_per_step : int, default 1
         How many backward passes accumulate into ``.grad`` before the gradients are sent
-        (Horovod's argument); see also :meth:`no_sync`.
+        (Horovod's argument); see also the returned optimizer's ``no_sync()``.
     named_buffers : iterable of (str, torch.Tensor), optional
         ``model.named_buffers()``: with ``broadcast_buffers``, made rank 0's at the end of
         every ``step()`` (DDP broadcasts them before each forward; the next forward sees
