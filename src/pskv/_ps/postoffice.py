@@ -314,7 +314,7 @@ class Postoffice:
                 self._cond.notify_all()
         elif cmd == Command.NODE_FAILED and isinstance(body, dict) and body.get("failover") \
                 and isinstance(body.get("rank"), int):
-            log.warning("%s %d: %s; its backup takes over", self.role, self.rank,
+            log.info("%s %d: %s; its backup takes over", self.role, self.rank,
                         body.get("msg"))
             self._events.put(ServerLost(body["rank"]))
         elif cmd == Command.NODE_FAILED:
@@ -329,7 +329,7 @@ class Postoffice:
                     and 0 <= body["rank"] < len(self.servers) \
                     and isinstance(endpoints, dict) \
                     and all(isinstance(v, str) for v in endpoints.values()):
-                log.warning("%s %d: server %d was restarted", self.role, self.rank, body["rank"])
+                log.info("%s %d: server %d was restarted", self.role, self.rank, body["rank"])
                 servers = list(self.membership.servers)
                 servers[body["rank"]] = {str(k): v for k, v in endpoints.items()}
                 self.membership = dataclasses.replace(self.membership,

@@ -127,11 +127,14 @@ class Replicator:
                 self._lost(err)
 
     def _lost(self, err: KVStoreError) -> None:
-        if isinstance(err, NodeFailedError):      # its link broke: the scheduler hears it
+        broke = isinstance(err, NodeFailedError)
+        if broke:      # its link broke: the scheduler hears it, and warns of the death once
             self._po.report_lost("server", self.backup)
-        log.error("server %d: the backup of shard %d (server %d) is lost (%s); the shard "
-                  "runs without a backup until it is back", self.me, self.shard,
-                  self.backup, err)
+        # a backup that is alive but dropped (it stopped answering) has no other warning
+        log.log(logging.INFO if broke else logging.WARNING,
+                "server %d: the backup of shard %d (server %d) is lost (%s); the shard "
+                "runs without a backup until it is back", self.me, self.shard, self.backup,
+                err)
         self.close()
         self.endpoints = None
 
