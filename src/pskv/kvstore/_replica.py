@@ -243,7 +243,7 @@ class Backups:
             self._listeners[0].close()
             raise
         #: where primaries reach this server's backups (announced with its endpoints)
-        self.endpoints = {BACKUP_ENDPOINT + ("uds" if lis.endpoint.startswith("/") else "tcp"):
+        self.endpoints = {BACKUP_ENDPOINT + ("tcp" if lis.endpoint.startswith("tcp:") else "uds"):
                           lis.endpoint for lis in self._listeners}
         self._verifier = Verifier(PURPOSE, "", self._key_for)
         self.loop = ServeLoop("backups", self, self._verifier, cfg.request_timeout, None,
