@@ -127,7 +127,11 @@ class DynamicTable:
 
     # ---- checks ------------------------------------------------------------------------
     def _check_ids(self, ids: Any, what: str) -> np.ndarray:
-        arr = np.asarray(ids)
+        try:
+            arr = np.asarray(ids)
+        except ValueError as err:     # ragged nested lists
+            raise TableIdError(f"{what} of table {self.name!r}: the IDs are ragged ({err}). "
+                               "Pass a flat int64 array.", key=self.name) from err
         if arr.dtype.kind not in "iu":
             raise TableIdError(
                 f"{what} of table {self.name!r} got IDs of dtype {arr.dtype}; IDs are "
