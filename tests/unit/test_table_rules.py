@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import pskv as mx
-from pskv.errors import (CheckpointError, ConfigError, KVStoreError, ShapeMismatchError,
+from pskv.errors import (CheckpointError, ConfigError, KeyAlreadyInitializedError,
+                         KeyNotInitializedError, KVStoreError, ShapeMismatchError,
                          TableIdError, TableSpecError, UnsupportedError, ValueTypeError)
 from pskv.table import (TTL, Always, Capacity, Constant, CountAdmission, DynamicTable, Normal,
                         ProbabilityAdmission, ReadOnly, RowMeta, TableSpec, Uniform,
@@ -98,6 +99,13 @@ def test_r1_any_int64_value_is_an_id_of_a_store() -> None:
     values, found = kv.lookup(KEY, EXTREME, train=False)
     assert found.all()
     np.testing.assert_array_equal(values, np.full((6, 2), -0.5, np.float32))
+
+
+def test_r1_a_store_takes_ids_and_gradients_as_ndarrays() -> None:
+    kv = store(init=Constant(0.0))
+    kv.push(KEY, (mx.nd.array([7, -7], dtype="int64"), mx.nd.ones((2, 2))))
+    values, found = kv.lookup(KEY, mx.nd.array([-7], dtype="int64").asnumpy(), train=False)
+    assert found.all() and values.tolist() == [[1, 1]]
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.uint8, np.uint32, np.uint64])
@@ -187,6 +195,18 @@ def test_r3_push_birth_asks_admission() -> None:
     assert (len(t), s["refusals"], s["dropped_pushes"], s["pushed_rows"]) == (0, 1, 1, 0)
     t.push(ids(5), ones(1), optimizer=sgd())
     assert len(t) == 1 and read(t, 5).tolist() == [[0.0, 0.0]]
+
+
+def test_r3_row_sparse_pull_is_a_training_lookup() -> None:
+    kv = store(init=Uniform(-1, 1), seed=6)
+    outs = [mx.nd.sparse.zeros("row_sparse", (1, 2)) for _ in range(2)]
+    kv.row_sparse_pull(KEY, outs, row_ids=[ids(9, -4, 9), ids(2**63 - 1)])
+    assert outs[0].indices.asnumpy().tolist() == [-4, 9]           # unique, sorted IDs
+    np.testing.assert_array_equal(outs[0].data.asnumpy(),
+                                  initial_values(kv._tables.tables[KEY].spec, ids(-4, 9)))
+    assert outs[1].indices.asnumpy().tolist() == [2**63 - 1]
+    s = kv.table_stats(KEY)
+    assert (s["rows"], s["inserts"]) == (3, 3)
 
 
 # ---- R4 unknown ------------------------------------------------------------------------
@@ -292,6 +312,26 @@ def test_r6_found_marks_values_read_from_stored_rows() -> None:
     assert found.all() and (values == values[0]).all()
     values, found = t.lookup(np.int64(1))           # a 0-d ID
     assert values.shape == (2,) and found.shape == () and bool(found)
+
+
+def test_r6_returned_rows_are_copies_and_pushed_arrays_are_not_written() -> None:
+    t = table(init=Constant(1.0))
+    t.lookup(ids(1, 2))
+    for train in (True, False):
+        for query in (ids(1, 2), ids(1, 3)):                # all found, and not
+            values, _ = t.lookup(query, train=train)
+            values += 100
+    assert read(t, 1, 2).tolist() == [[1, 1], [1, 1]]
+    grads = np.array([[1, 2], [3, 4], [5, 6]], np.float32)
+    kept = grads.copy()
+    t.push(ids(2, 1, 2), grads, optimizer=mx.optimizer.SGD(learning_rate=0.5,
+                                                             rescale_grad=2.0,
+                                                             clip_gradient=1.5))
+    t.push(ids(1, 2, 1), grads)
+    t.assign(ids(1, 5, 1), grads)
+    np.testing.assert_array_equal(grads, kept)
+    grads += 1
+    assert read(t, 1, 5).tolist() == [[5, 6], [3, 4]]
 
 
 # ---- R7 duplicates ---------------------------------------------------------------------
@@ -621,6 +661,16 @@ def test_r10_the_local_store_sweeps_after_every_push() -> None:
     assert bounded.table_stats(KEY)["rows"] == 8        # at most sweep_rows examined
 
 
+def test_r10_reserve_rows_allocates_up_front() -> None:
+    t = table(reserve_rows=1000)
+    cells = t._index.cells
+    assert t.capacity_rows == 1000 and cells >= 2000
+    t.lookup(np.arange(1000))
+    assert (t.capacity_rows, t._index.cells) == (1000, cells)      # no growth
+    t.lookup(ids(5000))
+    assert t.capacity_rows > 1000
+
+
 # ---- R11 steps -------------------------------------------------------------------------
 def test_r11_a_step_is_one_applied_push() -> None:
     clock = Clock(50.0)
@@ -784,6 +834,35 @@ def test_r15_a_bad_store_push_changes_nothing(name: str, value: Any,
     assert opt.num_update == 0
 
 
+def test_r15_array_calls_on_a_table_key_are_refused_and_change_nothing() -> None:
+    kv = store()
+    kv.init("w", mx.nd.zeros((2, 2)))
+    kv.lookup(KEY, ids(1, 2))
+    before = kv._tables.tables[KEY].state()
+    out = mx.nd.zeros((2, 2))
+    calls: list[tuple[Callable[[], Any], type[KVStoreError]]] = [
+        (lambda: kv.pull(KEY, out=out), UnsupportedError),
+        (lambda: kv.pushpull(KEY, mx.nd.ones((2, 2)), out=out), UnsupportedError),
+        (lambda: kv.init(KEY, TableSpec(dim=2)), KeyAlreadyInitializedError),
+        (lambda: kv.init(KEY, mx.nd.ones((2, 2))), KeyAlreadyInitializedError),
+        (lambda: kv.init("w", TableSpec(dim=2)), KeyAlreadyInitializedError),
+        (lambda: kv.init(["x", KEY], [mx.nd.ones((2,))] * 2), KeyAlreadyInitializedError),
+        (lambda: kv.push([KEY, KEY], [(ids(1), ones(1))] * 2), UnsupportedError),
+        (lambda: kv.lookup("nope", ids(1)), KeyNotInitializedError),
+        (lambda: kv.table_stats("w"), KeyNotInitializedError),
+        (lambda: kv.row_sparse_pull(KEY, out, row_ids=ids(1)), ValueTypeError),
+        (lambda: kv.row_sparse_pull(KEY, [mx.nd.sparse.zeros("row_sparse", (1, 3))],
+                                    row_ids=[ids(1)]), ValueTypeError),
+        (lambda: kv.row_sparse_pull(KEY, [mx.nd.sparse.zeros("row_sparse", (1, 2))],
+                                    row_ids=[ids(1), ids(2)]), ShapeMismatchError),
+    ]
+    for call, error in calls:
+        with pytest.raises(error):
+            call()
+        assert_same_state(before, kv._tables.tables[KEY].state())
+    assert kv.pull("w").asnumpy().tolist() == [[0, 0], [0, 0]]
+
+
 BAD_SPECS: list[Callable[[], Any]] = [
     lambda: TableSpec(dim=0), lambda: TableSpec(dim=2.5), lambda: TableSpec(dim=True),
     lambda: TableSpec(dim=2, dtype="int32"), lambda: TableSpec(dim=2, dtype="nonsense"),
@@ -901,7 +980,8 @@ def test_r16_from_state_refuses_what_state_did_not_write() -> None:
 def test_r16_a_local_store_with_table_keys_refuses_checkpoints(tmp_path: Any) -> None:
     kv = store()
     kv.lookup(KEY, ids(1))
-    for call in (kv.save_checkpoint, kv.load_checkpoint):
+    kv.set_optimizer(sgd())
+    for call in (kv.save_checkpoint, kv.load_checkpoint, kv.save_optimizer_states):
         with pytest.raises(UnsupportedError, match="table"):
             call(str(tmp_path / "ckpt"))
     assert not (tmp_path / "ckpt").exists()
