@@ -408,6 +408,7 @@ class LocalKVStore(TableMethods, KVStoreBase):
         The file holds NumPy arrays and JSON, never a pickle.
         """
         with self._lock:
+            self._tables.refuse_checkpoint("save the optimizer states of")
             data = self._engine.states_updater("save").get_states(dump_optimizer)
             tmp = f"{fname}.tmp{os.getpid()}"
             with open(tmp, "wb") as f:
