@@ -49,9 +49,10 @@ def check_sparse_names(sparse_params: Any, names: list[str],
     out = []
     for name in wanted:
         if name not in where:
+            known = ", ".join(repr(n) for n in sorted(where)[:8])
             raise ConfigError(
                 f"sparse_params names {name!r}, which is not among the parameters that "
-                f"require grad ({sorted(where)[:8]!r}...). Pass the names "
+                f"require grad ({known}{', ...' if len(where) > 8 else ''}). Pass the names "
                 "model.named_parameters() gives, e.g. 'emb.weight'.", key=name)
         p = params[where[name]]
         if p.dim() < 1 or p.shape[0] < 1:
