@@ -1,19 +1,27 @@
 """Sparse gradients in a DistributedOptimizer: ``nn.Embedding(sparse=True)`` as row_sparse.
 
-A parameter named in ``sparse_params`` stays out of the buckets and gets a row_sparse key of
-its own shape (``prefix + 'sparse/' + name``). At ``step()`` its coalesced gradient travels
-as ``(rows, values)``: a push of the rows this worker touched and a ``row_sparse_pull`` of
-the rows any worker touched, never ``V x d`` dense values.
+A parameter named in ``sparse_params`` stays out of the buckets; at ``step()`` its coalesced
+gradient travels as ``(rows, values)``, only the rows this worker's batch touched, never
+``V x d`` dense values:
 
-Which rows any worker touched (the union) comes from an exchange of row numbers through
-one int64 key of ``num_workers`` segments (worker ``r`` writes ``[n, row_1 .. row_n]`` into
-segment ``r``, zeros elsewhere, so the round's sum is every worker's list). A segment holds
-``cap`` rows; when a worker has more, every worker sees the counts, and all of them
-initialize a bigger key (a collective call at the same point everywhere) and exchange again.
+* ``update_on_kvstore=False`` on several workers: an all-gather through two small keys
+  (``prefix + 'sparse/' + name + '/rows.<n>'``, int64, and ``.../values.<n>``) of
+  ``num_workers`` segments each: worker ``r`` writes ``[count, row_1 .. row_n]`` and its
+  values into segment ``r``, zeros elsewhere, so one pushpull of both keys (one round
+  trip) gives every worker every worker's pairs, which it sums per row in worker order
+  (the same sum on every worker). A segment holds ``cap`` rows; when a worker has more,
+  every worker sees the counts, and all of them initialize bigger keys (a collective call
+  at the same point everywhere) and exchange again. A row_sparse key is not used here: a
+  push to one without an optimizer replaces the whole table (MXNet's rule), zeroing ``V``
+  rows on the server every step.
+* ``update_on_kvstore=False`` on one worker: nothing to combine; ``.grad`` is coalesced.
+* ``update_on_kvstore=True`` (one worker): a row_sparse key of the parameter's shape
+  (``prefix + 'sparse/' + name``) starting from its weights; the store's optimizer updates
+  the pushed rows (lazily), which are pulled back into the parameter.
 
 Invariants: every worker runs :meth:`SparseParams.synchronize` for the same parameters in
-the same order, so their rounds pair up; the union is the same on every worker, so they
-all skip (an empty union) or all push and pull together.
+the same order, so their rounds pair up; every worker sees the same counts, so all grow
+together.
 """
 from __future__ import annotations
 
@@ -29,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SparseParams", "check_sparse_names"]
 
-#: rows a worker's segment of the exchange key holds at first (then grown as needed)
+#: rows a worker's segment of the exchange keys holds at first (then grown as needed)
 _FIRST_CAP = 1024
 
 
@@ -74,6 +82,8 @@ class SparseParams:
         self.names = names
         self.params = params
         self.shapes = [tuple(p.shape) for p in params]
+        self.widths = [int(np.prod(s[1:], dtype=np.int64)) for s in self.shapes]
+        self.dtypes = [import_torch().empty(0, dtype=p.dtype).numpy().dtype for p in params]
         self.keys = [f"{prefix}sparse/{n}" for n in names]
         self.prefix = prefix
         self.update_on_kvstore = update_on_kvstore
@@ -84,40 +94,45 @@ class SparseParams:
         if update_on_kvstore and self.workers > 1 and params:
             raise UnsupportedError(
                 f"sparse_params {names!r} with update_on_kvstore=True on {self.workers} "
-                "workers: the store's optimizer would also update the keys that tell the "
-                "workers which rows changed. Use update_on_kvstore=False (the torch optimizer "
+                "workers: each worker would see only the rows it pushed, not those the "
+                "others' updates changed. Use update_on_kvstore=False (the torch optimizer "
                 "steps on the combined sparse gradient), or pskv.torch.Embedding, whose rows "
-                "the store updates.", key=names[0])
+                "the store updates and every lookup reads.", key=names[0])
 
     def __len__(self) -> int:
         return len(self.params)
 
-    def _ids_key(self, i: int) -> str:
-        return f"{self.keys[i]}/rows.{self.generation[i]}"
+    def _gather_keys(self, i: int) -> tuple[list[str], list[np.ndarray]]:
+        """Parameter ``i``'s exchange keys now, and zero buffers of their sizes."""
+        gen, cap = self.generation[i], self.cap[i]
+        return ([f"{self.keys[i]}/rows.{gen}", f"{self.keys[i]}/values.{gen}"],
+                [np.zeros(self.workers * (cap + 1), np.int64),
+                 np.zeros(self.workers * cap * self.widths[i], self.dtypes[i])])
 
     def init(self, what: str) -> None:
-        """Initialize the keys (collective): rows (zeros, or the weights) and exchanges."""
+        """Initialize the keys (collective): the exchanges, or the row_sparse weights."""
         if not self.params:
             return
         from .. import nd
-        values = []
-        for p, shape in zip(self.params, self.shapes):
-            rows = p.detach().reshape(shape[0], -1).numpy() if self.update_on_kvstore else \
-                np.zeros((shape[0], int(np.prod(shape[1:], dtype=np.int64))),
-                         p.detach().numpy().dtype)
-            values.append(nd.array(rows, dtype=rows.dtype).tostype("row_sparse"))
-        keys = list(self.keys)
-        if self.workers > 1:
-            keys += [self._ids_key(i) for i in range(len(self.params))]
-            values += [np.zeros(self.workers * (c + 1), np.int64) for c in self.cap]
-        init_keys(self.kv, keys, values, what, self.prefix)
+        keys: list[str] = []
+        values: list[Any] = []
+        for i, p in enumerate(self.params):
+            if self.update_on_kvstore:
+                rows = p.detach().reshape(self.shapes[i][0], -1).numpy()
+                keys.append(self.keys[i])
+                values.append(nd.array(rows, dtype=rows.dtype).tostype("row_sparse"))
+            elif self.workers > 1:
+                k, v = self._gather_keys(i)
+                keys += k
+                values += v
+        if keys:
+            init_keys(self.kv, keys, values, what, self.prefix)
 
     # ---- at step() ----------------------------------------------------------------------
     def _rows(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Parameter ``i``'s gradient as (sorted unique rows, values (n, row size))."""
         th = import_torch()
         p, shape = self.params[i], self.shapes[i]
-        width = int(np.prod(shape[1:], dtype=np.int64))
         grad = p.grad
         if tuple(p.shape) != shape:
             raise ShapeMismatchError(
@@ -126,7 +141,7 @@ class SparseParams:
                 "new prefix=) after changing the model.", key=self.names[i],
                 shape=tuple(p.shape))
         if grad is None:
-            return np.zeros(0, np.int64), np.zeros((0, width), p.detach().numpy().dtype)
+            return np.zeros(0, np.int64), np.zeros((0, self.widths[i]), self.dtypes[i])
         if grad.layout != th.sparse_coo:
             raise ConfigError(
                 f"parameter {self.names[i]!r} is in sparse_params but got a {grad.layout} "
@@ -139,65 +154,75 @@ class SparseParams:
                 "sparse dimensions; row_sparse needs 1 (whole rows, as nn.Embedding's). "
                 "Leave it out of sparse_params (and make it dense).", key=self.names[i])
         rows = g.indices()[0].numpy().astype(np.int64, copy=False)
-        values = g.values().reshape(rows.size, width).numpy()
-        return rows, values
+        values = g.values().reshape(rows.size, self.widths[i]).numpy()
+        if self.divisor != 1:
+            values = values / self.divisor     # DDP divides before it sums
+        return rows, np.asarray(values, self.dtypes[i])
 
-    def _union(self, i: int, rows: np.ndarray) -> np.ndarray:
-        """The sorted union of every worker's ``rows`` (the same on every worker)."""
-        if self.workers == 1:
-            return rows
+    def _all_gather(self, i: int, rows: np.ndarray,
+                    values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every worker's ``(rows, values)``, summed per row: sorted unique rows, sums."""
+        width = self.widths[i]
         while True:
-            seg = self.cap[i] + 1
-            buf = np.zeros(self.workers * seg, np.int64)
-            mine = buf[self.kv.rank * seg:(self.kv.rank + 1) * seg]
-            mine[0] = rows.size
-            if rows.size <= self.cap[i]:
-                mine[1:1 + rows.size] = rows
-            self.kv.pushpull(self._ids_key(i), buf)
-            table = buf.reshape(self.workers, seg)
+            cap = self.cap[i]
+            keys, (ids, vals) = self._gather_keys(i)
+            r = self.kv.rank
+            ids[r * (cap + 1)] = rows.size
+            if rows.size <= cap:
+                ids[r * (cap + 1) + 1:r * (cap + 1) + 1 + rows.size] = rows
+                vals[r * cap * width:(r * cap + rows.size) * width] = values.reshape(-1)
+            self.kv.pushpull(keys, [ids, vals])    # one round trip for both
+            table = ids.reshape(self.workers, cap + 1)
             counts = table[:, 0]
             most = int(counts.max())
-            if most <= self.cap[i]:
-                return np.unique(np.concatenate(
-                    [table[w, 1:1 + int(c)] for w, c in enumerate(counts)]))
-            # some worker has more rows than a segment holds: all grow, all exchange again
+            if most <= cap:
+                break
+            # a worker has more rows than a segment holds: all grow, all exchange again
             self.cap[i] = min(self.shapes[i][0], 1 << (most - 1).bit_length())
             self.generation[i] += 1
-            init_keys(self.kv, [self._ids_key(i)],
-                      [np.zeros(self.workers * (self.cap[i] + 1), np.int64)],
-                      "DistributedOptimizer", self.prefix)
+            init_keys(self.kv, *self._gather_keys(i), "DistributedOptimizer", self.prefix)
+        vals2 = vals.reshape(self.workers, cap, width)
+        all_rows = np.concatenate([table[w, 1:1 + int(c)] for w, c in enumerate(counts)])
+        all_vals = np.concatenate([vals2[w, :int(c)] for w, c in enumerate(counts)])
+        if all_rows.size == 0:
+            return all_rows, all_vals
+        order = np.argsort(all_rows, kind="stable")      # worker order within a row
+        sorted_rows = all_rows[order]
+        starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])
+        return sorted_rows[starts], np.add.reduceat(all_vals[order], starts, axis=0)
 
     def synchronize(self) -> None:
         """Combine each sparse gradient over the workers: into ``.grad`` as a coalesced
         sparse tensor (divided for 'average'), or, with update_on_kvstore, the store's
         new rows into the parameter."""
-        from .. import nd
         th = import_torch()
         for i, p in enumerate(self.params):
             rows, values = self._rows(i)
-            union = self._union(i, rows)
-            shape = self.shapes[i]
-            if union.size == 0:
-                if not self.update_on_kvstore:
-                    p.grad = th.sparse_coo_tensor(th.zeros((1, 0), dtype=th.int64),
-                                                  th.zeros((0,) + shape[1:], dtype=p.dtype),
-                                                  shape, is_coalesced=True,
-                                                  check_invariants=False)
-                continue
-            if self.divisor != 1:
-                values = values / self.divisor     # DDP divides before it sums
-            width = int(np.prod(shape[1:], dtype=np.int64))
-            self.kv.push(self.keys[i], nd.sparse.row_sparse_array(
-                (values, rows), shape=(shape[0], width)))
-            out = nd.sparse.zeros("row_sparse", (shape[0], width), dtype=values.dtype)
-            self.kv.row_sparse_pull(self.keys[i], out=out, row_ids=union)
-            index = th.from_numpy(np.array(out.indices.asnumpy(), np.int64))  # sorted: union
-            got = th.from_numpy(np.array(out.data.asnumpy(), copy=True)).reshape(
-                (index.numel(),) + shape[1:])
             if self.update_on_kvstore:
-                with th.no_grad():
-                    p.index_copy_(0, index, got.to(p.dtype))
-            else:
-                # rows unique and sorted (row_sparse_pull's out), so no invariant check
-                p.grad = th.sparse_coo_tensor(index.reshape(1, -1), got.to(p.dtype), shape,
-                                              is_coalesced=True, check_invariants=False)
+                self._update(i, rows, values)
+                continue
+            if self.workers > 1:
+                rows, values = self._all_gather(i, rows, values)
+            shape = self.shapes[i]
+            # rows unique and sorted, so the tensor is coalesced: no invariant check
+            p.grad = th.sparse_coo_tensor(
+                th.from_numpy(np.array(rows, np.int64)).reshape(1, -1),
+                th.from_numpy(np.array(values, copy=True)).reshape((rows.size,) + shape[1:]),
+                shape, is_coalesced=True, check_invariants=False)
+
+    def _update(self, i: int, rows: np.ndarray, values: np.ndarray) -> None:
+        """Push the rows to the store's optimizer and pull the new ones (one worker)."""
+        from .. import nd
+        th = import_torch()
+        if rows.size == 0:
+            return
+        shape, width = self.shapes[i], self.widths[i]
+        self.kv.push(self.keys[i], nd.sparse.row_sparse_array((values, rows),
+                                                              shape=(shape[0], width)))
+        out = nd.sparse.zeros("row_sparse", (shape[0], width), dtype=self.dtypes[i])
+        self.kv.row_sparse_pull(self.keys[i], out=out, row_ids=rows)
+        index = th.from_numpy(np.array(out.indices.asnumpy(), np.int64))
+        got = th.from_numpy(np.array(out.data.asnumpy(), copy=True))
+        with th.no_grad():
+            p = self.params[i]
+            p.index_copy_(0, index, got.reshape((index.numel(),) + shape[1:]).to(p.dtype))
