@@ -228,7 +228,7 @@ class _TableModule(torch.nn.Module):
         self._client.synchronize()
 
     def flush(self) -> None:
-        """The same as :meth:`synchronize`."""
+        """The same as ``synchronize()``."""
         self._client.synchronize()
 
     def close(self) -> None:
@@ -263,13 +263,19 @@ class Embedding(_TableModule):
     training mode the lookup is a training lookup (it may insert rows, per the table's
     admission) and the backward pushes the gradient summed per unique ID,
     ``kv.push(key, (unique_ids, grads))``, on a communication thread: backward does not
-    wait for it; the next forward, :meth:`synchronize` or :meth:`close` does. In
+    wait for it; the next forward, ``synchronize()`` or ``close()`` does. In
     ``eval()`` mode the lookup is read-only (it never inserts), and so is any forward under
     ``torch.no_grad()`` in eval mode; a training forward under ``no_grad`` looks up for
     training but pushes nothing.
 
     The store's optimizer (``kv.set_optimizer``) updates the rows on each push; a torch
     optimizer does not (the module has no parameters, and ``state_dict()`` holds no rows).
+
+    Besides ``forward``, both table modules have ``prefetch(ids)`` (start the next batch's
+    lookup now; a forward of exactly those IDs uses it, re-reading rows pushed since, so
+    it reads what it would have without), ``synchronize()`` (alias ``flush()``: wait for
+    the pushes so far), ``close()`` (also stop the thread), and ``kv``, ``key`` and
+    ``embedding_dim``.
 
     Parameters
     ----------

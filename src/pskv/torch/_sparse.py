@@ -219,7 +219,7 @@ class SparseParams:
         shape, width = self.shapes[i], self.widths[i]
         self.kv.push(self.keys[i], nd.sparse.row_sparse_array((values, rows),
                                                               shape=(shape[0], width)))
-        out = nd.sparse.zeros("row_sparse", (shape[0], width), dtype=self.dtypes[i])
+        out: Any = nd.sparse.zeros("row_sparse", (shape[0], width), dtype=self.dtypes[i])
         self.kv.row_sparse_pull(self.keys[i], out=out, row_ids=rows)
         index = th.from_numpy(np.array(out.indices.asnumpy(), np.int64))
         got = th.from_numpy(np.array(out.data.asnumpy(), copy=True))
