@@ -211,7 +211,8 @@ class _TableModule(torch.nn.Module):
 
         The next forward with exactly these IDs (``torch.equal``; for EmbeddingBag the
         ``input`` tensor) uses the result; rows this module pushed in between are read
-        again, so the result is what a forward without prefetch would read. Another
+        again, so on one worker the result is what a forward without prefetch would read
+        (rows only other workers pushed in between may be one step stale). Another
         forward discards it. A training prefetch is a training lookup (it may insert
         rows) made now, in the mode the module is in now.
 
@@ -272,8 +273,8 @@ class Embedding(_TableModule):
     optimizer does not (the module has no parameters, and ``state_dict()`` holds no rows).
 
     Besides ``forward``, both table modules have ``prefetch(ids)`` (start the next batch's
-    lookup now; a forward of exactly those IDs uses it, re-reading rows pushed since, so
-    it reads what it would have without), ``synchronize()`` (alias ``flush()``: wait for
+    lookup now; a forward of exactly those IDs uses it, re-reading the rows it pushed
+    since), ``synchronize()`` (alias ``flush()``: wait for
     the pushes so far), ``close()`` (also stop the thread), and ``kv``, ``key`` and
     ``embedding_dim``.
 
