@@ -6,6 +6,7 @@ initial rows, trained with ``torch.optim.SGD``; the store's SGD must give the sa
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -142,7 +143,7 @@ def test_eval_never_inserts_and_pushes_nothing(kv: Any) -> None:
 
 def test_backward_does_not_wait_for_the_push(kv: Any) -> None:
     emb = pt.Embedding(kv, "emb", spec())
-    gate = __import__("threading").Event()
+    gate = threading.Event()
     push = kv.push
 
     def slow_push(*args: Any, **kw: Any) -> Any:
