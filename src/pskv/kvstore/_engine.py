@@ -28,11 +28,13 @@ from ..nd.sparse import RowSparseNDArray
 from .._types import Key, Updater
 from ._reduce import sum_rows
 from ._snapshot import Reader, ShardCopy
+from . import _engine_tables as tables
 
 __all__ = ["Engine", "EntryCopy", "PushKind", "RoundObserver", "Ticket"]
 
-#: how a pushed value travels: dense, compressed (packed words), row_sparse (rows, data)
-PushKind = Literal["d", "c", "r"]
+#: how a pushed value travels: dense, compressed (packed words), row_sparse (rows, data),
+#: table (ids, grads) to a table key's shard (``_engine_tables``)
+PushKind = Literal["d", "c", "r", "t"]
 
 
 #: one key's copy: its metadata (name, id, shape, placement, round, counts), value, state
@@ -60,13 +62,15 @@ class Ticket:
     ``rows`` are per-key row ids for a row_sparse pull.
     """
 
-    __slots__ = ("peer", "ts", "cmd", "keys", "remaining", "rows")
+    __slots__ = ("peer", "ts", "cmd", "keys", "remaining", "rows", "train")
 
     def __init__(self, peer: Any, ts: int, cmd: Any, keys: tuple[Key, ...],
-                 rows: list[np.ndarray] | None = None) -> None:
+                 rows: list[np.ndarray] | None = None, train: bool | None = None) -> None:
         self.peer, self.ts, self.cmd, self.keys = peer, ts, cmd, keys
         self.remaining = 0
         self.rows = rows
+        #: a table lookup of the IDs in ``rows`` (True: training, False: eval), else None
+        self.train = train
 
 
 @dataclass(slots=True)
@@ -87,7 +91,8 @@ class _Entry:
     deferred: list[tuple[int, list[np.ndarray], str, Ticket | None]] = \
         field(default_factory=list)
     sparse_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
-    last: NDArray | None = None        # the round's merged value, kept for ``replicate``
+    last: Any = None                   # the round's merged value, kept for ``replicate``
+    table: tables.ServedTable | None = None   # a table key's shard (then ``stored`` is empty)
 
 
 def _ignore(ticket: Ticket) -> None:
@@ -161,6 +166,31 @@ class Engine:
         self.stored[key] = stored
         return stored
 
+    def init_table(self, key: Key, spec: Any, name: Key, shard: tuple[int, int]) -> None:
+        """Hold shard ``shard`` ``(i, n)`` of table key ``name`` (a TableSpec) under ``key``."""
+        if key in self._entries:
+            raise KeyAlreadyInitializedError(
+                f"key {name!r} is initialized twice. Each key takes one init.", key=name)
+        table = tables.ServedTable(spec, name=name)
+        table.shard = shard
+        stored = NDArray(np.zeros((0, spec.dim), spec.dtype))
+        self._entries[key] = _Entry(name, stored, False, table=table)
+        self.stored[key] = stored
+
+    def set_table(self, key: Key, table: tables.ServedTable) -> None:
+        """Replace the shard of table key ``key`` (a backup's whole copy)."""
+        self._entries[key].table = table
+
+    def table(self, key: Key, what: str, where: str = "this engine") -> tables.ServedTable:
+        """The table shard of table key ``key``, or KeyNotInitializedError/UnsupportedError."""
+        self.entry(key, what, where)
+        table = self._entries[key].table
+        if table is None:
+            raise UnsupportedError(f"{what}: key {self._entries[key].name!r} is not a table "
+                                   "key. Use pull or row_sparse_pull.",
+                                   key=self._entries[key].name)
+        return table
+
     def entry(self, key: Key, what: str, where: str = "this engine") -> NDArray:
         """The stored value of ``key``, or KeyNotInitializedError."""
         entry = self._entries.get(key)
@@ -192,6 +222,9 @@ class Engine:
         if spec != self._opt_spec:
             opt = optimizer.from_spec(spec)
             check_optimizer_spec(opt, spec)     # a spec that cannot update is refused now
+            for e in self._entries.values():    # and one a table key cannot run
+                if e.table is not None:
+                    tables.check_optimizer(e.table, opt)
             self.updater = optimizer.get_updater(opt)
             self._opt_spec = spec
 
@@ -217,6 +250,12 @@ class Engine:
         """Raise if ``arrays`` (of push ``kind``) do not fit ``key``; change nothing."""
         entry = self._entries[key]
         stored, name = entry.stored, entry.name
+        if entry.table is not None:
+            tables.check_table_push(entry.table, kind, arrays)
+            return
+        if kind == "t":
+            raise UnsupportedError(f"a table push (ids, grads) to key {name!r}, which is not "
+                                   "a table key. Push arrays of its shape.", key=name)
         if kind == "c":
             if self.gc is None:
                 raise UnsupportedError("a compressed push reached a server without gradient "
@@ -281,7 +320,7 @@ class Engine:
     def accumulate(self, key: Key, arrays: list[np.ndarray], kind: str, first: bool) -> None:
         """Add one worker's value to ``key``'s round (``first``: the round's first)."""
         entry = self._entries[key]
-        if kind == "r":
+        if kind in "rt":
             entry.sparse_parts.append((arrays[0].astype(np.int64), np.array(arrays[1])))
             return
         stored = entry.stored
@@ -300,9 +339,15 @@ class Engine:
     def finish(self, key: Key) -> None:
         """The round of ``key`` is complete: apply its merged value."""
         entry = self._entries[key]
+        want = self.observer is not None and self.observer.wants_merged
+        if entry.table is not None:
+            parts, entry.sparse_parts = entry.sparse_parts, []
+            opt = getattr(self.updater, "optimizer", None)
+            entry.last = tables.apply_round(entry.table, parts, opt, entry.name, want)
+            return
         merged = self._merged(entry)
         self.apply(key, merged)
-        if self.observer is not None and self.observer.wants_merged:
+        if want:
             entry.last = merged
 
     def _applied(self, key: Key, entry: _Entry) -> None:
@@ -316,10 +361,14 @@ class Engine:
         entry = self._entries[key]
         entry.round, entry.applied = rnd, dict(applied)
 
-    def replay(self, key: Key, merged: NDArray, rnd: int, applied: dict[int, int]) -> None:
+    def replay(self, key: Key, merged: Any, rnd: int, applied: dict[int, int]) -> None:
         """A backup's copy of a primary's applied round: the same update, the same counts."""
         entry = self._entries[key]
-        self.apply(key, merged)
+        if entry.table is not None:
+            assert isinstance(merged, tables.TableRound)
+            tables.put_rows(entry.table, merged.arrays, merged.meta)
+        else:
+            self.apply(key, merged)
         entry.round, entry.applied = rnd, dict(applied)
 
     def _merged(self, entry: _Entry) -> NDArray:
@@ -372,6 +421,10 @@ class Engine:
     def copy_entry(self, key: Key) -> EntryCopy:
         """A copy of one key: its metadata, its value, its optimizer state."""
         entry = self._entries[key]
+        if entry.table is not None:
+            fields, arrays = tables.table_copy(entry.table)
+            return {"key": entry.name, "id": key, **fields, "round": entry.round,
+                    "applied": [[w, n] for w, n in sorted(entry.applied.items())]}, arrays, None
         data = entry.stored._data
         start, stop, full = entry.place or (0, _units(data.shape, entry.sparse), data.shape)
         meta = {"key": entry.name, "id": key, "shape": list(full), "dtype": data.dtype.name,
@@ -421,8 +474,12 @@ class Engine:
         """
         from ..errors import CheckpointError
         plan = []
+        made = {}      # table keys: their shard rebuilt from the saved ones (R13)
         for e in self._entries.values():
             meta = reader.key_meta(e.name)
+            if e.table is not None or meta["stype"] == "table":
+                made[e.name] = tables.restore_from(e.table, e.name, meta, reader)
+                continue
             data = e.stored._data
             start, stop, full = e.place or (0, _units(data.shape, e.sparse), data.shape)
             if tuple(meta["shape"]) != tuple(full) or meta["dtype"] != data.dtype.name \
@@ -441,6 +498,12 @@ class Engine:
             self.updater = optimizer.get_updater(optimizer.from_spec(spec))
             self._opt_spec = spec
         upd = self.updater
+        for e in self._entries.values():
+            if e.table is not None:
+                e.table = made[e.name]
+                if counters:
+                    e.round = reader.round(e.name)
+                    e.applied = reader.applied(e.name, e.table.shard[0])
         for (e, _start, _stop), value in zip(plan, values, strict=True):
             np.copyto(e.stored._data, value)
             if counters:
@@ -473,7 +536,11 @@ class Engine:
         """The stored values (or the rows asked for) a closed ``ticket`` returns."""
         out = []
         for i, k in enumerate(ticket.keys):
-            stored = self._entries[k].stored
+            entry = self._entries[k]
+            if entry.table is not None and ticket.train is not None and ticket.rows:
+                out.extend(tables.lookup_arrays(entry.table, ticket.rows[i], ticket.train))
+                continue
+            stored = entry.stored
             out.append(stored._data if ticket.rows is None else stored._data[ticket.rows[i]])
         return out
 

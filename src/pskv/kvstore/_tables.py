@@ -116,6 +116,14 @@ class Tables:
             o._indices = r
             o._full_shape = (max(o.shape[0], 1), table.spec.dim)
 
+    def lookup(self, key: Any, ids: Any, train: bool) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, found)`` of ``ids`` in table ``key`` (R5, R6)."""
+        return self.get(key, "lookup").lookup(ids, train=train)
+
+    def stats(self, key: Any) -> dict[str, int]:
+        """The counters of table ``key`` (R14)."""
+        return self.get(key, "read the stats of").stats()
+
     def refuse(self, key: Any, action: str) -> None:
         """Raise for an array call (pull, pushpull, broadcast) on a table key."""
         raise UnsupportedError(
@@ -141,8 +149,13 @@ def _pairs(key: Any, value: Any) -> tuple[np.ndarray, np.ndarray]:
             ids.append(v._indices)
             grads.append(v._data)
         elif isinstance(v, tuple) and len(v) == 2:
-            ids.append(as_numpy(v[0]))
-            grads.append(as_numpy(v[1]))
+            try:
+                ids.append(as_numpy(v[0]))
+                grads.append(as_numpy(v[1]))
+            except ValueError as err:     # ragged nested lists
+                raise ShapeMismatchError(f"push to table key {key!r}: the IDs or values are "
+                                         f"ragged ({err}). Pass a 1-d array of IDs and one "
+                                         "row per ID.", key=key) from err
         else:
             raise ValueTypeError(
                 f"push to table key {key!r} got a {type(v).__name__}; push (ids, grads) or a "
@@ -157,11 +170,16 @@ def _pairs(key: Any, value: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 class TableMethods:
-    """The table-only calls of a store that holds table keys (mixed into LocalKVStore)."""
+    """The table-only calls of a store that holds table keys (mixed into LocalKVStore and
+    DistKVStore, whose ``_tables`` sends them to the servers)."""
 
     _tables: Tables
     _lock: Any
     _keys: KeyTable
+
+    def _table_begin(self) -> None:
+        """What every table call checks first (the store is open)."""
+        self._keys.check_open()
 
     def lookup(self, key: Key, ids: Any, train: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Read the rows of raw IDs from table key ``key``.
@@ -192,12 +210,13 @@ class TableMethods:
         [False, False]
         """
         with self._lock:
-            self._keys.check_open()
-            return self._tables.get(key, "lookup").lookup(ids, train=train)
+            self._table_begin()
+            return self._tables.lookup(key, ids, train)
 
     def table_stats(self, key: Key) -> dict[str, int]:
         """The counters of table key ``key``: rows, step, lookups, misses, inserts,
         refusals, evictions (evicted_ttl, evicted_capacity), dropped_pushes, pushed_rows.
+        A dist store sums them over the servers (``step``: the same on every server).
 
         Examples
         --------
@@ -210,5 +229,5 @@ class TableMethods:
         (2, 3, 3)
         """
         with self._lock:
-            self._keys.check_open()
-            return self._tables.get(key, "read the stats of").stats()
+            self._table_begin()
+            return self._tables.stats(key)

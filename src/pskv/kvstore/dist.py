@@ -32,13 +32,16 @@ from .._ps.postoffice import Postoffice
 from .._ps.zeromq import ZmqContext
 from .._ps.worker import KVWorker
 from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
-from ._args import as_numpy, normalize, row_ids_by_key
+from ..table import TableSpec
+from ._args import as_numpy, check_key, normalize, row_ids_by_key
+from ._dist_tables import DistTables
 from ._durable import checkpoint_path
 from ._datapath import DataPath
 from ._held import HeldPush
 from ._keys import KeyRecord, KeyTable
 from ._reduce import Reducer
 from ._snapshot import Reader, check_keys, write_manifest
+from ._tables import TableMethods
 from ._wire import (assemble, check_agreement, init_spec, parts, read_states, write_states)
 from .base import KVStoreBase, check_capability, check_optimizer
 
@@ -47,7 +50,7 @@ __all__ = ["DistKVStore"]
 log = logging.getLogger(__name__)
 
 
-class DistKVStore(KVStoreBase):
+class DistKVStore(TableMethods, KVStoreBase):
     """A worker's handle on a parameter-server cluster (``dist_*`` store types).
 
     Create it with ``pskv.kv.create('dist_sync')`` in a process started by ``pskv-launch``
@@ -86,6 +89,8 @@ class DistKVStore(KVStoreBase):
             raise
         self._loads = [0] * self._po.num_servers
         self._path = DataPath(self._store, self._kv, self._reducer, self._wait_all)
+        #: table keys (docs/embeddings.md): rows on the servers, by a hash of the ID
+        self._tables = DistTables(name, self._kv, self._po.num_servers, self._wait_all)
         self._by_pskey: dict[int, Key] = {}
         self._held = HeldPush(cfg.coalesce_bytes if self._sync else 0)
         self._initial_sent = False
@@ -128,6 +133,9 @@ class DistKVStore(KVStoreBase):
         with self._unlocked():
             return self._kv.wait_all(tss, what)
 
+    def _table_begin(self) -> None:
+        self._begin()
+
     def _begin(self, pulling: bool = False) -> None:
         self._keys.check_open()
         self._po.check()
@@ -160,10 +168,14 @@ class DistKVStore(KVStoreBase):
     def init(self, key: KeyArg, value: ValueArg) -> None:
         """Initialize keys on the servers: every worker calls it; rank 0's values are kept.
 
-        Raises on every worker if any worker's keys, shapes or dtypes differ.
+        Raises on every worker if any worker's keys, shapes or dtypes differ. A
+        :class:`pskv.table.TableSpec` declares a table key on every server.
         """
+        if isinstance(value, TableSpec):
+            return self._init_table(key, value)
         with self._collective_lock, self._lock:
             self._begin()
+            self._tables.taken(key)
             keys: list[Key] = []
             groups: list[list[Any]] = []
             specs = None
@@ -198,6 +210,37 @@ class DistKVStore(KVStoreBase):
             self._collective("init (values sent)")
             for k in keys:
                 self._by_pskey[self._keys.add(recs[k]).pskey] = k
+
+    def _init_table(self, key: Any, spec: TableSpec) -> None:
+        """``init`` of a table key: agreed by every worker, sent by worker 0."""
+        with self._collective_lock, self._lock:
+            self._begin()
+            mine: list[Any] = []
+            error: KVStoreError | None = None
+            try:
+                k = check_key(key)
+                mine = [[ps_key(k), k, "table", spec.to_json()]]
+                init_spec(k, np.zeros(0), self._by_pskey)      # a ps_key clash raises
+                self._tables.init(k, spec, self._keys)   # checks; then holds a checker
+            except KVStoreError as err:
+                error = err
+            try:
+                if not self._po.rejoin:
+                    payloads = self._collective("init", {"specs": mine, "error": None if error
+                                                         is None else f"{type(error).__name__}: {error}"})
+                if error is not None:
+                    raise error
+                if not self._po.rejoin:
+                    check_agreement(payloads, mine, self.rank)
+                    if self.rank == 0:
+                        self._tables.send_init(k, mine[0][0], spec)
+                    self._collective("init (values sent)")
+            except KVStoreError:
+                if error is None:
+                    self._tables.tables.pop(k, None)
+                raise
+            self._tables.pskeys[k] = mine[0][0]
+            self._by_pskey[mine[0][0]] = k
 
     def _collective(self, call: str, payload: dict[str, Any] | None = None) \
             -> dict[str, dict[str, Any]]:
@@ -256,6 +299,9 @@ class DistKVStore(KVStoreBase):
         """
         with self._lock:
             self._begin()
+            if self._tables.owns(key):
+                self._first_push()
+                return self._tables.push(key, value)
             keys, groups = normalize(key, value)
             self._keys.validate_push(keys, groups, self._path.gc is not None)
             self._push_validated(keys, groups)
@@ -337,6 +383,8 @@ class DistKVStore(KVStoreBase):
         """
         with self._lock:
             self._begin(pulling=True)
+            if self._tables.owns(key):
+                self._tables.refuse(key, "pull")
             if out is None:
                 return self._pull_new(key)
             keys, groups = normalize(key, out, "out")
@@ -349,6 +397,8 @@ class DistKVStore(KVStoreBase):
         """Push, then pull the round's result, in one message per server."""
         with self._lock:
             self._begin()
+            if self._tables.owns(key):
+                self._tables.refuse(key, "pushpull")
             keys, groups = normalize(key, value)
             okeys, ogroups = normalize(key, value if out is None else out, "out")
             self._keys.validate_push(keys, groups, self._path.gc is not None)
@@ -370,6 +420,8 @@ class DistKVStore(KVStoreBase):
         """Pull rows ``row_ids`` of row_sparse keys from the servers holding them."""
         with self._lock:
             self._begin()
+            if self._tables.owns(key):
+                return self._tables.row_sparse_pull(key, out, row_ids)
             self._keys.need_rows(key, out, row_ids)
             keys, groups = normalize(key, out, "out")
             rows = row_ids_by_key(key, keys, groups, row_ids)
@@ -454,7 +506,7 @@ class DistKVStore(KVStoreBase):
         def restore(where: str) -> None:
             reader = Reader(where)
             try:
-                check_keys(reader, list(self._store), where)
+                check_keys(reader, list(self._store) + list(self._tables.tables), where)
             finally:
                 reader.close()
             self._to_all(Command.COMMAND, command(Op.RESTORE, path=where))
