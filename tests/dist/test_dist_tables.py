@@ -328,3 +328,63 @@ def test_lookup_after_push_reads_its_round(run_threads: Any) -> None:
 
     for got in ok(run_threads(fn, num_servers=2)).values():
         assert got == [[3.0]]             # no optimizer: assign the round's sum
+
+
+def test_checkpoint_restores_onto_another_server_count(run_threads: Any, tmp_path: Any) -> None:
+    """Rows are saved by ID: a checkpoint of 2 servers loads onto 3 and onto 1 (each keeps
+    the IDs shard_of gives it), with the row optimizer's state and the counters."""
+    path = str(tmp_path / "ckpt")
+    opt = lambda: mx.optimizer.AdaGrad(learning_rate=0.1)  # noqa: E731
+
+    def save(kv: Any) -> Any:
+        values, stats = drive(kv, opt())
+        kv.save_checkpoint(path)
+        return values, stats
+
+    saved = ok(run_threads(save, num_servers=2))[0]
+
+    def load(kv: Any) -> Any:
+        kv.init("emb", spec())
+        kv.set_optimizer(opt())
+        kv.load_checkpoint(path)
+        values, found = kv.lookup("emb", ALL_IDS, train=False)
+        kv.barrier()
+        stats = kv.table_stats("emb")
+        kv.barrier()
+        # the optimizer state came too: one more step equals one more step of the original
+        ids, grads = batches(kv.rank, 5)[4]
+        kv.push("emb", (ids, grads))
+        after, _ = kv.lookup("emb", ALL_IDS, train=False)
+        return values, stats, after
+
+    ref = local_reference(True, opt())
+    b0, b1 = batches(0, 5)[4], batches(1, 5)[4]
+    ref.push("emb", (np.concatenate([b0[0], b1[0]]), np.concatenate([b0[1], b1[1]])))
+    want_after, _ = ref.lookup("emb", ALL_IDS, train=False)
+    for servers in (3, 1):
+        for values, stats, after in ok(run_threads(load, num_servers=servers)).values():
+            np.testing.assert_array_equal(values, saved[0])
+            assert {k: stats[k] for k in ("rows", "step", "inserts", "pushed_rows")} == \
+                {k: saved[1][k] for k in ("rows", "step", "inserts", "pushed_rows")}
+            np.testing.assert_allclose(after, want_after, rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoint_of_a_table_into_an_array_key_is_refused(run_threads: Any,
+                                                            tmp_path: Any) -> None:
+    path = str(tmp_path / "ckpt")
+
+    def save(kv: Any) -> None:
+        kv.init("emb", spec())
+        kv.lookup("emb", np.array([1, 2]))
+        kv.save_checkpoint(path)
+
+    ok(run_threads(save, num_servers=2))
+
+    def load(kv: Any) -> Any:
+        kv.init("emb", np.zeros((2, DIM), np.float32))
+        with pytest.raises(KVStoreError, match="table"):
+            kv.load_checkpoint(path)
+        kv.init("other", TableSpec(dim=DIM + 1))
+        return True
+
+    ok(run_threads(load, num_servers=1))

@@ -54,6 +54,9 @@ class RoundObserver(Protocol):
                       applied: dict[int, int]) -> None:
         """Round ``rnd`` of ``key`` is applied; ``applied``: worker -> pushes applied."""
 
+    def rows_born(self, key: Key, born: Any, rnd: int, applied: dict[int, int]) -> None:
+        """A training lookup of table ``key`` inserted rows (``born``: a TableRound)."""
+
 
 class Ticket:
     """One request waiting for the rounds of some of its keys to close.
@@ -93,6 +96,7 @@ class _Entry:
     sparse_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     last: Any = None                   # the round's merged value, kept for ``replicate``
     table: tables.ServedTable | None = None   # a table key's shard (then ``stored`` is empty)
+    part_workers: list[int] = field(default_factory=list)   # the worker of each table part
 
 
 def _ignore(ticket: Ticket) -> None:
@@ -308,6 +312,8 @@ class Engine:
         if not entry.pushers:
             entry.started = self._clock()
         self.accumulate(key, arrays, kind, first=not entry.pushers)
+        if entry.table is not None:
+            entry.part_workers.append(worker)
         entry.pushers.add(worker)
         if ticket is not None:
             ticket.remaining += 1
@@ -342,6 +348,12 @@ class Engine:
         want = self.observer is not None and self.observer.wants_merged
         if entry.table is not None:
             parts, entry.sparse_parts = entry.sparse_parts, []
+            if len(entry.part_workers) == len(parts) > 1:
+                # in worker order, not arrival order: the sums of duplicate IDs (R7) are
+                # then the same bits whichever worker's push came first
+                parts = [p for _w, p in sorted(zip(entry.part_workers, parts),
+                                               key=lambda wp: wp[0])]
+            entry.part_workers.clear()
             opt = getattr(self.updater, "optimizer", None)
             entry.last = tables.apply_round(entry.table, parts, opt, entry.name, want)
             return
@@ -538,7 +550,13 @@ class Engine:
         for i, k in enumerate(ticket.keys):
             entry = self._entries[k]
             if entry.table is not None and ticket.train is not None and ticket.rows:
-                out.extend(tables.lookup_arrays(entry.table, ticket.rows[i], ticket.train))
+                want = self.observer is not None and self.observer.wants_merged
+                got, born = tables.lookup_arrays(entry.table, ticket.rows[i], ticket.train,
+                                                 want)
+                out.extend(got)
+                if born is not None and self.observer is not None:
+                    # rows born by this lookup reach the backup before it is answered
+                    self.observer.rows_born(k, born, entry.round, entry.applied)
                 continue
             stored = entry.stored
             out.append(stored._data if ticket.rows is None else stored._data[ticket.rows[i]])
@@ -580,6 +598,7 @@ class Engine:
         entry.waiting, entry.deferred, entry.pulls = [], [], []
         entry.pushers.clear()
         entry.sparse_parts.clear()
+        entry.part_workers.clear()
 
 
 def _units(shape: tuple[int, ...], sparse: bool) -> int:

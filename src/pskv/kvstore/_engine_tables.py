@@ -29,7 +29,7 @@ ROW_FIELDS = ("ids", "values", "count", "last_step", "age_seconds", "adam_t")
 
 class ServedTable(DynamicTable):
     """A DynamicTable serving shard ``shard = (i, n)`` of a table key; it can note the IDs
-    its sweeps evict (``recording``), for the shard's backup."""
+    its sweeps evict and the rows it inserts (``recording``), for the shard's backup."""
 
     shard: tuple[int, int] = (0, 1)
     recording = False
@@ -38,11 +38,17 @@ class ServedTable(DynamicTable):
                  clock: Callable[[], float] = now) -> None:
         super().__init__(spec, name=name, clock=clock)
         self.evicted: list[np.ndarray] = []
+        self.born: list[np.ndarray] = []
 
     def _evict(self, slots: np.ndarray) -> None:
         if self.recording:
             self.evicted.append(self._ids[slots].copy())
         super()._evict(slots)
+
+    def _insert(self, ids: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
+        if self.recording:
+            self.born.append(ids.copy())
+        return super()._insert(ids, values)
 
 
 class TableRound:
@@ -99,10 +105,23 @@ def check_lookup(table: ServedTable, ids: np.ndarray) -> np.ndarray:
     return got
 
 
-def lookup_arrays(table: ServedTable, ids: np.ndarray, train: bool) -> list[np.ndarray]:
-    """``[values, found]`` of a (checked) lookup."""
-    values, found = table.lookup(ids, train=train)
-    return [values, found]
+def lookup_arrays(table: ServedTable, ids: np.ndarray, train: bool,
+                  record: bool) -> tuple[list[np.ndarray], TableRound | None]:
+    """``[values, found]`` of a (checked) lookup and, with ``record``, the rows it gave
+    birth to (``birth='pull'``) for the backup: their IDs only, since a born row's value
+    is its initial value, a function of (seed, ID) (R2)."""
+    table.recording, table.born = record and train, []
+    try:
+        values, found = table.lookup(ids, train=train)
+    finally:
+        table.recording = False
+    born = None
+    if table.born:
+        born = TableRound({"born": np.concatenate(table.born)},
+                          {"step": table.step, "counters": dict(table.counters),
+                           "rowopt": _rowopt_meta(table)})
+        table.born = []
+    return [values, found], born
 
 
 def apply_round(table: ServedTable, parts: list[tuple[np.ndarray, np.ndarray]],
@@ -148,9 +167,9 @@ def _rowopt_meta(table: DynamicTable) -> Any:
 def put_rows(table: ServedTable, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
     """A backup's copy: apply a :class:`TableRound` (rows set whole, evicted IDs gone)."""
     from ..table._rowopt import RowOptimizer
-    ids = np.asarray(arrays["ids"], np.int64)
+    ids = np.asarray(arrays.get("ids", np.empty(0, np.int64)), np.int64)
     n, dim = ids.size, table.spec.dim
-    if np.asarray(arrays["values"]).shape != (n, dim):
+    if n and np.asarray(arrays["values"]).shape != (n, dim):
         raise ShapeMismatchError(f"a replicated round of table {table.name!r} does not fit "
                                  f"dim {dim}", key=table.name)
     ro = meta.get("rowopt")
@@ -162,6 +181,11 @@ def put_rows(table: ServedTable, arrays: dict[str, np.ndarray], meta: dict[str, 
             table._states = [np.zeros((cap, w), table.spec.dtype) for w in rowopt.widths]
             table._t = np.zeros(cap, np.int64) if rowopt.per_row_step else None
             table._rowopt = rowopt
+    born = np.asarray(arrays.get("born", np.empty(0, np.int64)), np.int64)
+    if born.size:                   # rows a training lookup inserted: their initial values
+        born = born[table._index.find(born) < 0]
+        if born.size:
+            table._insert(born)
     evicted = np.asarray(arrays.get("evicted", np.empty(0, np.int64)), np.int64)
     if evicted.size:
         slots = table._index.find(evicted)

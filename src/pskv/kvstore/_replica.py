@@ -364,14 +364,14 @@ class Backups:
 
 def _round(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     key = body["key"]
-    if body.get("kind") == "r" and len(arrays) != 2 or body.get("kind") != "r" and \
-            len(arrays) != 1:
-        raise ProtocolError("a replicated round needs its merged value's arrays")
     applied = {int(w): int(n) for w, n in body.get("applied", [])}
-    if body.get("kind") == "t":
+    if body.get("kind") == "t":         # a table shard's changed rows (validate: fields)
         engine.replay(key, TableRound(dict(zip(body["fields"], arrays)), body["table"]),
                       int(body["round"]), applied)
         return
+    if body.get("kind") == "r" and len(arrays) != 2 or body.get("kind") != "r" and \
+            len(arrays) != 1:
+        raise ProtocolError("a replicated round needs its merged value's arrays")
     entry_shape = engine.entry(key, "replicate").shape
     merged: NDArray = RowSparseNDArray(arrays[1], arrays[0].astype(np.int64), entry_shape) \
         if body.get("kind") == "r" else NDArray(arrays[0])

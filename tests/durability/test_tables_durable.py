@@ -1,0 +1,78 @@
+"""Table keys through checkpoints and server deaths, with real processes (pskv-launch).
+
+* a checkpoint written by 2 servers loads onto 3 (rows saved by ID, re-hashed: R13) and the
+  job then trains on exactly as one that never stopped;
+* with ``PSKV_REPLICAS=1`` a server SIGKILLed mid-job hands its table shard to its backup
+  (which got every round's changed rows and every row a lookup gave birth to) and the job
+  ends with the rows of a run where nothing died, bit for bit.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pskv.launch import launch
+
+pytestmark = pytest.mark.timeout(300)
+
+HERE = Path(__file__).parent / "scripts"
+
+
+def _job(out: Path, steps: int, servers: int, env: dict[str, str] | None = None,
+         die: tuple[int, float] | None = None, store_type: str = "dist_sync") -> int:
+    out.mkdir()
+    full = {"PSKV_HEARTBEAT_TIMEOUT": "20", "PSKV_CONNECT_TIMEOUT": "30",
+            "DIE_MARK": str(out / "died"), **(env or {})}
+    if die is not None:
+        full.update(DIE_SERVER=str(die[0]), DIE_AFTER=str(die[1]))
+    sockets = tempfile.mkdtemp(prefix="pskv-t")      # Unix sockets a SIGKILL leaves behind
+    full["TMPDIR"] = sockets
+    try:
+        result = launch([sys.executable, str(HERE / "train_table.py"), str(out), str(steps),
+                         store_type], 2, servers, env=full, max_restarts=1 if die else 0,
+                        timeout=200,
+                        server_command=[sys.executable, str(HERE / "server.py")])
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
+    if die is not None:
+        assert (out / f"died-{die[0]}").exists(), "the server was not killed while the job ran"
+    return result.returncode
+
+
+def _table(out: Path) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    with np.load(out / "table.npz") as data:
+        arrays = {k: data[k] for k in data.files}
+    return arrays, json.loads((out / "stats.json").read_text())
+
+
+def test_checkpoint_of_two_servers_continues_on_three(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    assert _job(tmp_path / "whole", 20, 2) == 0
+    assert _job(tmp_path / "first", 10, 2, {"SAVE_TO": str(ck)}) == 0
+    assert _job(tmp_path / "second", 10, 3, {"LOAD_FROM": str(ck), "START_STEP": "10"}) == 0
+    whole, whole_stats = _table(tmp_path / "whole")
+    second, second_stats = _table(tmp_path / "second")
+    np.testing.assert_array_equal(second["ids"], whole["ids"])
+    np.testing.assert_array_equal(second["found"], whole["found"])
+    np.testing.assert_allclose(second["values"], whole["values"], rtol=1e-6, atol=1e-7)
+    for k in ("rows", "step", "inserts", "pushed_rows"):
+        assert second_stats[k] == whole_stats[k], k
+
+
+@pytest.mark.parametrize("die", [(1, 1.2), (0, 0.9)])
+def test_server_killed_with_replicas_loses_no_row(tmp_path: Path,
+                                                  die: tuple[int, float]) -> None:
+    assert _job(tmp_path / "calm", 200, 2, {"PSKV_REPLICAS": "1"}) == 0
+    assert _job(tmp_path / "killed", 200, 2, {"PSKV_REPLICAS": "1"}, die=die) == 0
+    calm, calm_stats = _table(tmp_path / "calm")
+    killed, killed_stats = _table(tmp_path / "killed")
+    np.testing.assert_array_equal(killed["found"], calm["found"])
+    np.testing.assert_array_equal(killed["values"], calm["values"])
+    assert killed_stats["rows"] == calm_stats["rows"]
+    assert killed_stats["step"] == calm_stats["step"] == 200
