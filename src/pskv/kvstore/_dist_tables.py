@@ -19,17 +19,19 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import ClusterError, ShapeMismatchError, ValueTypeError
+from ..errors import ClusterError, KVStoreError, ShapeMismatchError, ValueTypeError
 from ..nd.sparse import RowSparseNDArray
 from ..table import DynamicTable, TableSpec, shard_of
 from .._ps.message import Command
 from .._ps.ops import Op, command
 from .._ps.worker import KVWorker
 from .._types import Key
-from ._args import as_numpy
+from .._ps.partition import ps_key
+from ._args import as_numpy, check_key
 from ._tables import Tables, _pairs
+from ._wire import check_agreement, init_spec
 
-__all__ = ["DistTables"]
+__all__ = ["DistTables", "init_table"]
 
 
 class DistTables(Tables):
@@ -133,7 +135,7 @@ class DistTables(Tables):
             raise ShapeMismatchError(
                 f"row_sparse_pull of table {key!r} got {len(rows)} row_ids for {len(outs)} "
                 "outs. Pass one row_ids per out, or one for all.", key=key)
-        _check_outs(key, table, outs)
+        _check_outs(key, table, list(outs))
         ids = [np.unique(table._check_ids(as_numpy(r), "row_sparse_pull")) for r in rows]
         for o, r in zip(outs, ids):
             values, _found = self.lookup(key, r, True)
@@ -150,3 +152,36 @@ def _check_outs(key: Any, table: DynamicTable, outs: list[Any]) -> None:
                 f"(any, {table.spec.dim}), got {type(o).__name__} "
                 f"{getattr(o, 'shape', '')}. Use mx.nd.sparse.zeros('row_sparse', "
                 f"(1, {table.spec.dim})).", key=key)
+
+
+def init_table(store: Any, key: Any, spec: TableSpec) -> None:
+    """``kv.init(key, TableSpec)`` of dist store ``store``: collective; every worker's spec
+    must agree (compared as JSON at a barrier), worker 0 inits the key on every server."""
+    with store._collective_lock, store._lock:
+        store._begin()
+        mine: list[Any] = []
+        error: KVStoreError | None = None
+        try:
+            k = check_key(key)
+            mine = [[ps_key(k), k, "table", spec.to_json()]]
+            init_spec(k, np.zeros(0), store._by_pskey)      # a ps_key clash raises
+            store._tables.init(k, spec, store._keys)   # checks; then holds a checker
+        except KVStoreError as err:
+            error = err
+        why = None if error is None else f"{type(error).__name__}: {error}"
+        try:
+            payloads = {} if store._po.rejoin else \
+                store._collective("init", {"specs": mine, "error": why})
+            if error is not None:
+                raise error
+            if not store._po.rejoin:
+                check_agreement(payloads, mine, store.rank)
+                if store.rank == 0:
+                    store._tables.send_init(k, mine[0][0], spec)
+                store._collective("init (values sent)")
+        except KVStoreError:
+            if error is None:
+                store._tables.tables.pop(k, None)
+            raise
+        store._tables.pskeys[k] = mine[0][0]
+        store._by_pskey[mine[0][0]] = k

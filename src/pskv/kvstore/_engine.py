@@ -28,7 +28,7 @@ from ..nd.sparse import RowSparseNDArray
 from .._types import Key, Updater
 from ._reduce import sum_rows
 from ._snapshot import Reader, ShardCopy
-from . import _engine_tables as tables
+from . import _engine_state, _engine_tables as tables
 
 __all__ = ["Engine", "EntryCopy", "PushKind", "RoundObserver", "Ticket"]
 
@@ -431,36 +431,14 @@ class Engine:
         return len(self._entries)
 
     def copy_entry(self, key: Key) -> EntryCopy:
-        """A copy of one key: its metadata, its value, its optimizer state."""
-        entry = self._entries[key]
-        if entry.table is not None:
-            fields, arrays = tables.table_copy(entry.table)
-            return {"key": entry.name, "id": key, **fields, "round": entry.round,
-                    "applied": [[w, n] for w, n in sorted(entry.applied.items())]}, arrays, None
-        data = entry.stored._data
-        start, stop, full = entry.place or (0, _units(data.shape, entry.sparse), data.shape)
-        meta = {"key": entry.name, "id": key, "shape": list(full), "dtype": data.dtype.name,
-                "stype": "row_sparse" if entry.sparse else "default", "start": start,
-                "stop": stop, "round": entry.round,
-                "applied": [[w, n] for w, n in sorted(entry.applied.items())]}
-        states = getattr(self.updater, "states", None)
-        state = _copy_state(states.get(entry.name)) if isinstance(states, dict) else None
-        return meta, np.array(data, copy=True), state
+        """A copy of one key: its metadata, its value (a table shard's: its arrays by
+        name), its optimizer state."""
+        return _engine_state.copy_entry(self, key, self._entries[key])
 
     def shard_copy(self, copies: list[EntryCopy]) -> ShardCopy:
         """A shard made of key copies (:meth:`copy_entry`), with the optimizer and the
         compression settings."""
-        upd = self.updater
-        spec = None
-        if upd is not None and hasattr(upd, "optimizer"):
-            try:
-                spec = upd.optimizer.to_spec()
-            except KVStoreError:    # an unregistered optimizer: states only
-                spec = None
-        states = None if upd is None or not hasattr(upd, "get_states") else \
-            {m["key"]: st for m, _a, st in copies if st is not None}
-        return ShardCopy([m for m, _a, _s in copies], [a for _m, a, _s in copies], states,
-                         spec, self._gc_params)
+        return _engine_state.shard_copy(self, copies)
 
     def snapshot(self) -> ShardCopy:
         """A copy of the whole shard (values, optimizer states, rounds, placement): the
@@ -479,52 +457,13 @@ class Engine:
 
     def restore(self, reader: Reader, counters: bool = False) -> None:
         """Set every key this engine holds from a checkpoint (its part of each key, on
-        whatever placement saved it), with optimizer states; all or nothing.
+        whatever placement saved it; a table shard re-hashed from however many servers
+        saved it), with optimizer states; all or nothing.
 
         ``counters``: also the rounds and per-worker push counts (a restarted server of the
         same job); else they keep counting this job's pushes (``kv.load_checkpoint``).
         """
-        from ..errors import CheckpointError
-        plan = []
-        made = {}      # table keys: their shard rebuilt from the saved ones (R13)
-        for e in self._entries.values():
-            meta = reader.key_meta(e.name)
-            if e.table is not None or meta["stype"] == "table":
-                made[e.name] = tables.restore_from(e.table, e.name, meta, reader)
-                continue
-            data = e.stored._data
-            start, stop, full = e.place or (0, _units(data.shape, e.sparse), data.shape)
-            if tuple(meta["shape"]) != tuple(full) or meta["dtype"] != data.dtype.name \
-                    or (meta["stype"] == "row_sparse") != e.sparse:
-                raise CheckpointError(
-                    f"key {e.name!r} is {list(full)} {data.dtype.name} here but "
-                    f"{meta['shape']} {meta['dtype']} ({meta['stype']}) in checkpoint "
-                    f"{reader.directory!r}. Load a checkpoint of the same model.", key=e.name)
-            plan.append((e, start, stop))
-        spec = reader.optimizer()
-        values = [reader.value(e.name, start, stop, e.stored.shape) for e, start, stop in plan]
-        states = {e.name: reader.state(e.name, start, stop, e.stored.shape)
-                  for e, start, stop in plan}
-        if spec is not None:
-            from .. import optimizer
-            self.updater = optimizer.get_updater(optimizer.from_spec(spec))
-            self._opt_spec = spec
-        upd = self.updater
-        for e in self._entries.values():
-            if e.table is not None:
-                e.table = made[e.name]
-                if counters:
-                    e.round = reader.round(e.name)
-                    e.applied = reader.applied(e.name, e.table.shard[0])
-        for (e, _start, _stop), value in zip(plan, values, strict=True):
-            np.copyto(e.stored._data, value)
-            if counters:
-                e.round = reader.round(e.name)
-                e.applied = reader.applied(e.name)
-            st = states[e.name]
-            if st is not None and isinstance(getattr(upd, "states", None), dict):
-                upd.states[e.name] = st         # type: ignore[union-attr]
-                upd.states_synced[e.name] = False  # type: ignore[union-attr]
+        _engine_state.restore(self, reader, counters)
 
     # ---- tickets ---------------------------------------------------------------------
     def hold(self, ticket: Ticket) -> None:
@@ -599,20 +538,3 @@ class Engine:
         entry.pushers.clear()
         entry.sparse_parts.clear()
         entry.part_workers.clear()
-
-
-def _units(shape: tuple[int, ...], sparse: bool) -> int:
-    """Elements of a dense key, rows of a row_sparse one."""
-    return (shape[0] if shape else 0) if sparse else int(np.prod(shape, dtype=np.int64))
-
-
-def _copy_state(state: Any) -> Any:
-    """A deep copy of an optimizer state (NDArrays, tuples or lists of them, scalars)."""
-    if isinstance(state, RowSparseNDArray):
-        return RowSparseNDArray(np.array(state._data), np.array(state._indices), state.shape)
-    if isinstance(state, NDArray):
-        return NDArray(np.array(state._data, copy=True), state.context)
-    if isinstance(state, (tuple, list)):
-        items = [_copy_state(s) for s in state]
-        return tuple(items) if isinstance(state, tuple) else items
-    return state

@@ -192,8 +192,8 @@ class Replicator:
 def encode_copy(copy: ShardCopy, sync: bool) -> tuple[dict[str, Any], list[np.ndarray]]:
     """A whole shard as one replication message (JSON body, arrays; no pickle)."""
     arrays: list[np.ndarray] = []
-    entries = []
-    tables = []
+    entries: list[dict[str, Any]] = []
+    tables: list[tuple[int, dict[str, np.ndarray]]] = []
     for e, a in zip(copy.entries, copy.arrays, strict=True):
         if isinstance(a, dict):         # a table shard: its state's arrays after the rest
             tables.append((len(entries), a))

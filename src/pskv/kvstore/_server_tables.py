@@ -38,7 +38,7 @@ def init_entries(engine: Engine, keys: tuple[int, ...], specs: list[dict[str, An
     for k, spec, arr in zip(keys, specs, arrays):
         if k in tables:
             i, n = spec["shard"]
-            engine.init_table(k, tables[k], spec.get("key"), (int(i), int(n)))
+            engine.init_table(k, tables[k], spec["key"], (int(i), int(n)))
             continue
         place = spec.get("place")
         engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),

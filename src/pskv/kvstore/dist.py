@@ -16,12 +16,12 @@ import atexit
 import contextlib
 import logging
 import threading
-from typing import Any, Callable, Iterator, overload
+from typing import Any, Iterator, overload
 
 import numpy as np
 import zmq
 
-from ..errors import CheckpointError, ClusterError, KVStoreError, UnsupportedError
+from ..errors import ClusterError, KVStoreError, UnsupportedError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._ps.config import ClusterConfig
@@ -33,14 +33,13 @@ from .._ps.zeromq import ZmqContext
 from .._ps.worker import KVWorker
 from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
 from ..table import TableSpec
-from ._args import as_numpy, check_key, normalize, row_ids_by_key
-from ._dist_tables import DistTables
-from ._durable import checkpoint_path
+from ._args import as_numpy, normalize, row_ids_by_key
+from ._dist_checkpoints import CheckpointMethods
+from ._dist_tables import DistTables, init_table
 from ._datapath import DataPath
 from ._held import HeldPush
 from ._keys import KeyRecord, KeyTable
 from ._reduce import Reducer
-from ._snapshot import Reader, check_keys, write_manifest
 from ._tables import TableMethods
 from ._wire import (assemble, check_agreement, init_spec, parts, read_states, write_states)
 from .base import KVStoreBase, check_capability, check_optimizer
@@ -50,12 +49,14 @@ __all__ = ["DistKVStore"]
 log = logging.getLogger(__name__)
 
 
-class DistKVStore(TableMethods, KVStoreBase):
+class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
     """A worker's handle on a parameter-server cluster (``dist_*`` store types).
 
     Create it with ``pskv.kv.create('dist_sync')`` in a process started by ``pskv-launch``
     (or with the DMLC_* variables set by hand).
     """
+
+    _tables: DistTables
 
     def __init__(self, name: str, cfg: ClusterConfig,
                  zmq_context: zmq.Context[Any] | None = None) -> None:
@@ -169,10 +170,10 @@ class DistKVStore(TableMethods, KVStoreBase):
         """Initialize keys on the servers: every worker calls it; rank 0's values are kept.
 
         Raises on every worker if any worker's keys, shapes or dtypes differ. A
-        :class:`pskv.table.TableSpec` declares a table key on every server.
+        ``TableSpec`` (``pskv.table``) declares a table key on every server.
         """
         if isinstance(value, TableSpec):
-            return self._init_table(key, value)
+            return init_table(self, key, value)
         with self._collective_lock, self._lock:
             self._begin()
             self._tables.taken(key)
@@ -210,37 +211,6 @@ class DistKVStore(TableMethods, KVStoreBase):
             self._collective("init (values sent)")
             for k in keys:
                 self._by_pskey[self._keys.add(recs[k]).pskey] = k
-
-    def _init_table(self, key: Any, spec: TableSpec) -> None:
-        """``init`` of a table key: agreed by every worker, sent by worker 0."""
-        with self._collective_lock, self._lock:
-            self._begin()
-            mine: list[Any] = []
-            error: KVStoreError | None = None
-            try:
-                k = check_key(key)
-                mine = [[ps_key(k), k, "table", spec.to_json()]]
-                init_spec(k, np.zeros(0), self._by_pskey)      # a ps_key clash raises
-                self._tables.init(k, spec, self._keys)   # checks; then holds a checker
-            except KVStoreError as err:
-                error = err
-            try:
-                if not self._po.rejoin:
-                    payloads = self._collective("init", {"specs": mine, "error": None if error
-                                                         is None else f"{type(error).__name__}: {error}"})
-                if error is not None:
-                    raise error
-                if not self._po.rejoin:
-                    check_agreement(payloads, mine, self.rank)
-                    if self.rank == 0:
-                        self._tables.send_init(k, mine[0][0], spec)
-                    self._collective("init (values sent)")
-            except KVStoreError:
-                if error is None:
-                    self._tables.tables.pop(k, None)
-                raise
-            self._tables.pskeys[k] = mine[0][0]
-            self._by_pskey[mine[0][0]] = k
 
     def _collective(self, call: str, payload: dict[str, Any] | None = None) \
             -> dict[str, dict[str, Any]]:
@@ -301,7 +271,7 @@ class DistKVStore(TableMethods, KVStoreBase):
             self._begin()
             if self._tables.owns(key):
                 self._first_push()
-                return self._tables.push(key, value)
+                return self._tables.push(key, value, None)
             keys, groups = normalize(key, value)
             self._keys.validate_push(keys, groups, self._path.gc is not None)
             self._push_validated(keys, groups)
@@ -479,61 +449,6 @@ class DistKVStore(TableMethods, KVStoreBase):
             tss = [self._kv.request(s, Command.COMMAND, body=command(Op.LOAD), arrays=[b])
                    for s, b in enumerate(blobs)]
             self._wait_all(tss, "the servers to load states")
-
-    # ---- checkpoints (docs/durability.md) --------------------------------------------------
-    def save_checkpoint(self, path: str) -> None:
-        """Every server writes its shard to the directory ``path``; rank 0 the manifest.
-
-        Collective: every worker calls it at the same point. Each worker's pushes made
-        before it are applied first, so the checkpoint holds whole rounds. Each server
-        pauses for one in-memory copy of its shard and writes it on a thread, all servers in
-        parallel; the call returns once every shard is on disk. ``path`` must be a
-        directory every server can write (a shared file system across hosts).
-        """
-        def write(where: str) -> None:
-            self._to_all(Command.COMMAND, command(Op.CHECKPOINT, path=where))
-            write_manifest(where, self._po.num_servers, None, self._type)
-        self._by_rank0("save_checkpoint", "written", path, write)
-
-    def load_checkpoint(self, path: str) -> None:
-        """Set every key from the checkpoint in ``path``, written by any number of servers
-        (or by a local store): values, optimizer states (and optimizer), rounds.
-
-        Collective. The workers must have initialized exactly the checkpoint's keys with
-        the same shapes and dtypes; call ``set_optimizer`` before loading, not after (a
-        saved optimizer replaces it). Raises CheckpointError on every worker otherwise.
-        """
-        def restore(where: str) -> None:
-            reader = Reader(where)
-            try:
-                check_keys(reader, list(self._store) + list(self._tables.tables), where)
-            finally:
-                reader.close()
-            self._to_all(Command.COMMAND, command(Op.RESTORE, path=where))
-        self._by_rank0("load_checkpoint", "loaded", path, restore)
-
-    def _by_rank0(self, call: str, done: str, path: str, action: Callable[[str], None]) -> None:
-        """A collective call that worker 0 carries out on the checkpoint directory ``path``
-        (after every worker's pushes are applied); its error is raised on every worker."""
-        with self._lock:
-            self._begin()
-            self._kv.flush()
-            self._collective(call)
-            error = None
-            if self.rank == 0:
-                where = checkpoint_path(path)
-                try:
-                    action(where)
-                except (KVStoreError, OSError) as err:
-                    error = f"{type(err).__name__}: {err}"
-            self._finish_collective(f"{call} ({done})", error)
-
-    def _finish_collective(self, call: str, error: str | None) -> None:
-        """The closing barrier of a call rank 0 carried out; raise its error everywhere."""
-        payloads = self._collective(call, {"error": error})
-        msg = (payloads.get("0") or {}).get("error")
-        if msg:
-            raise CheckpointError(f"{msg} (worker 0 reported it)")
 
     # ---- cluster ---------------------------------------------------------------------------------
     def barrier(self) -> None:
