@@ -172,7 +172,7 @@ def test_eviction_sweeps_run_on_the_servers(run_threads: Any) -> None:
         return kv.table_stats("emb")
 
     for stats in ok(run_threads(fn, num_servers=2)).values():
-        assert stats["rows"] <= 20            # at most 10 per server after its sweep
+        assert stats["rows"] <= 10            # the whole table: 5 per server after a sweep
         assert stats["evictions"] == stats["inserts"] - stats["rows"] > 0
 
 

@@ -175,8 +175,7 @@ class Engine:
         if key in self._entries:
             raise KeyAlreadyInitializedError(
                 f"key {name!r} is initialized twice. Each key takes one init.", key=name)
-        table = tables.ServedTable(spec, name=name)
-        table.shard = shard
+        table = tables.served_table(spec, name, shard)
         stored = NDArray(np.zeros((0, spec.dim), spec.dtype))
         self._entries[key] = _Entry(name, stored, False, table=table)
         self.stored[key] = stored

@@ -12,6 +12,7 @@ Invariant: every check runs before any change (a bad push or lookup changes noth
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import numpy as np
@@ -20,12 +21,8 @@ from ..errors import CheckpointError, ShapeMismatchError, UnsupportedError
 from ..table import DynamicTable, TableSpec, shard_of
 from ..table.spec import now
 
-__all__ = ["ROW_FIELDS", "ServedTable", "TableRound", "apply_round", "check_table_push",
-           "lookup_arrays", "merge_states", "put_rows", "table_copy"]
-
-#: the per-row arrays of a table's state (``DynamicTable.state``), besides ``state<i>``
-ROW_FIELDS = ("ids", "values", "count", "last_step", "age_seconds", "adam_t")
-
+__all__ = ["ServedTable", "TableRound", "apply_round", "check_table_push", "lookup_arrays",
+           "merge_states", "put_rows", "served_table", "table_copy"]
 
 class ServedTable(DynamicTable):
     """A DynamicTable serving shard ``shard = (i, n)`` of a table key; it can note the IDs
@@ -33,6 +30,8 @@ class ServedTable(DynamicTable):
 
     shard: tuple[int, int] = (0, 1)
     recording = False
+    #: the spec the workers declared (``spec`` is this shard's: its Capacity divided)
+    full_spec: TableSpec | None = None
 
     def __init__(self, spec: TableSpec, name: Any = "table",
                  clock: Callable[[], float] = now) -> None:
@@ -49,6 +48,22 @@ class ServedTable(DynamicTable):
         if self.recording:
             self.born.append(ids.copy())
         return super()._insert(ids, values)
+
+
+def served_table(spec: TableSpec, name: Any, shard: tuple[int, int],
+                 clock: Callable[[], float] = now) -> ServedTable:
+    """An empty shard ``(i, n)`` of table ``spec``: a ``Capacity(max_rows)`` bounds the whole
+    table, so each of the ``n`` servers keeps at most ``ceil(max_rows / n)`` rows (IDs
+    spread evenly over servers, R13); everything else as declared."""
+    cap = spec.capacity
+    mine = spec
+    if cap is not None and shard[1] > 1:
+        per = -(-cap.max_rows // shard[1])
+        mine = dataclasses.replace(spec, eviction=tuple(
+            dataclasses.replace(e, max_rows=per) if e is cap else e for e in spec.eviction))
+    table = ServedTable(mine, name=name, clock=clock)
+    table.shard, table.full_spec = shard, spec
+    return table
 
 
 class TableRound:
@@ -212,9 +227,9 @@ def put_rows(table: ServedTable, arrays: dict[str, np.ndarray], meta: dict[str, 
 def table_copy(table: ServedTable) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The checkpoint entry fields and arrays of one table shard (rows stored by ID)."""
     arrays, meta = table.state()
-    return {"stype": "table", "shape": [table.spec.dim], "dtype": table.spec.dtype,
-            "start": 0, "stop": 0, "shard": list(table.shard), "spec": table.spec.to_json(),
-            "table": meta}, arrays
+    spec = table.full_spec or table.spec
+    return {"stype": "table", "shape": [spec.dim], "dtype": spec.dtype, "start": 0,
+            "stop": 0, "shard": list(table.shard), "spec": spec.to_json(), "table": meta}, arrays
 
 
 def merge_states(parts: list[tuple[int, dict[str, np.ndarray], dict[str, Any]]],
@@ -249,14 +264,15 @@ def merge_states(parts: list[tuple[int, dict[str, np.ndarray], dict[str, Any]]],
     return arrays, meta
 
 
-def restore_table(spec: TableSpec, name: Any, shard: tuple[int, int],
-                  parts: list[tuple[int, dict[str, np.ndarray], dict[str, Any]]],
-                  clock: Callable[[], float] = now) -> ServedTable:
-    """The shard ``shard`` of a table from its saved shards (any number, R13 re-hashing)."""
-    arrays, meta = merge_states(parts, shard)
-    table = ServedTable.from_state(spec, arrays, meta, name=name, clock=clock, shard=shard)
+def restore_table(like: ServedTable,
+                  parts: list[tuple[int, dict[str, np.ndarray], dict[str, Any]]]) -> ServedTable:
+    """A new shard like ``like`` (its spec, name, shard, clock) holding the rows of the
+    saved shards ``parts`` (any number of them) that R13 routes to it."""
+    arrays, meta = merge_states(parts, like.shard)
+    table = ServedTable.from_state(like.spec, arrays, meta, name=like.name, clock=like._clock,
+                                   shard=like.shard)
     assert isinstance(table, ServedTable)
-    table.shard = shard
+    table.shard, table.full_spec = like.shard, like.full_spec
     return table
 
 
@@ -266,19 +282,17 @@ def restore_from(table: ServedTable | None, name: Any, meta: dict[str, Any],
     re-hashed from however many servers saved it; CheckpointError if the key is not a
     table of the same dim and dtype on both sides. Changes nothing."""
     if table is None or meta.get("stype") != "table":
-        here = "a table key" if table is not None else "an array key"
+        here, there = ("a table", "an array") if table is not None else ("an array", "a table")
         raise CheckpointError(
-            f"key {name!r} is {here} here but {'a table' if meta.get('stype') == 'table' else 'an array'} "
-            f"key in checkpoint {reader.directory!r}. Load a checkpoint of the same model.",
-            key=name)
+            f"key {name!r} is {here} key here but {there} key in checkpoint "
+            f"{reader.directory!r}. Load a checkpoint of the same model.", key=name)
     saved = TableSpec.from_json(meta.get("spec"))
     if (saved.dim, saved.dtype) != (table.spec.dim, table.spec.dtype):
         raise CheckpointError(
             f"table key {name!r} has dim {table.spec.dim} {table.spec.dtype} here but dim "
             f"{saved.dim} {saved.dtype} in checkpoint {reader.directory!r}. Load a checkpoint "
             "of the same model.", key=name)
-    return restore_table(table.spec, name, table.shard, reader.table_parts(name),
-                         table._clock)
+    return restore_table(table, reader.table_parts(name))
 
 
 def check_optimizer(table: ServedTable, opt: Any) -> None:

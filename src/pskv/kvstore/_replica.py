@@ -246,7 +246,7 @@ def _install_table(engine: Engine, e: dict[str, Any], arrays: list[np.ndarray]) 
     shard = (int(e["shard"][0]), int(e["shard"][1]))
     named = {f: arrays[int(i)] for f, i in e["fields"].items()}
     engine.init_table(e["id"], spec, e["key"], shard)
-    engine.set_table(e["id"], restore_table(spec, e["key"], shard,
+    engine.set_table(e["id"], restore_table(engine.table(e["id"], "copy"),
                                             [(shard[0], named, e["table"])]))
 
 
