@@ -76,3 +76,18 @@ def test_server_killed_with_replicas_loses_no_row(tmp_path: Path,
     np.testing.assert_array_equal(killed["values"], calm["values"])
     assert killed_stats["rows"] == calm_stats["rows"]
     assert killed_stats["step"] == calm_stats["step"] == 200
+
+
+def test_server_killed_restarts_from_periodic_checkpoint(tmp_path: Path) -> None:
+    """No replicas: the restarted server reloads its shard from the newest periodic
+    checkpoint and the workers send their later pushes again; rows born by lookups after
+    that checkpoint are re-created by those pushes (D9), so the rows end as in a calm run."""
+    calm_env = {"PSKV_CHECKPOINT_DIR": str(tmp_path / "ck-calm"), "PSKV_CHECKPOINT_EVERY": "20"}
+    env = {"PSKV_CHECKPOINT_DIR": str(tmp_path / "ck"), "PSKV_CHECKPOINT_EVERY": "20"}
+    assert _job(tmp_path / "calm", 200, 2, calm_env) == 0
+    assert _job(tmp_path / "killed", 200, 2, env, die=(0, 1.3)) == 0
+    calm, calm_stats = _table(tmp_path / "calm")
+    killed, killed_stats = _table(tmp_path / "killed")
+    np.testing.assert_array_equal(killed["found"], calm["found"])
+    np.testing.assert_array_equal(killed["values"], calm["values"])
+    assert killed_stats["step"] == calm_stats["step"] == 200

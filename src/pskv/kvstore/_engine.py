@@ -33,8 +33,8 @@ from . import _engine_state, _engine_tables as tables
 __all__ = ["Engine", "EntryCopy", "PushKind", "RoundObserver", "Ticket"]
 
 #: how a pushed value travels: dense, compressed (packed words), row_sparse (rows, data),
-#: table (ids, grads) to a table key's shard (``_engine_tables``)
-PushKind = Literal["d", "c", "r", "t"]
+#: table (ids, grads) to a table key's shard (``_engine_tables``; ``T``: sent again, D9)
+PushKind = Literal["d", "c", "r", "t", "T"]
 
 
 #: one key's copy: its metadata (name, id, shape, placement, round, counts), value, state
@@ -97,6 +97,7 @@ class _Entry:
     last: Any = None                   # the round's merged value, kept for ``replicate``
     table: tables.ServedTable | None = None   # a table key's shard (then ``stored`` is empty)
     part_workers: list[int] = field(default_factory=list)   # the worker of each table part
+    again: list[np.ndarray] = field(default_factory=list)   # IDs of table pushes sent again
 
 
 def _ignore(ticket: Ticket) -> None:
@@ -256,7 +257,7 @@ class Engine:
         if entry.table is not None:
             tables.check_table_push(entry.table, kind, arrays)
             return
-        if kind == "t":
+        if kind in ("t", "T"):
             raise UnsupportedError(f"a table push (ids, grads) to key {name!r}, which is not "
                                    "a table key. Push arrays of its shape.", key=name)
         if kind == "c":
@@ -325,8 +326,10 @@ class Engine:
     def accumulate(self, key: Key, arrays: list[np.ndarray], kind: str, first: bool) -> None:
         """Add one worker's value to ``key``'s round (``first``: the round's first)."""
         entry = self._entries[key]
-        if kind in "rt":
+        if kind in "rtT":
             entry.sparse_parts.append((arrays[0].astype(np.int64), np.array(arrays[1])))
+            if kind == "T":          # a table push sent again (docs/embeddings.md D9)
+                entry.again.append(entry.sparse_parts[-1][0])
             return
         stored = entry.stored
         value = self.gc.decompress(arrays[0], stored.size).reshape(stored.shape) \
@@ -354,7 +357,8 @@ class Engine:
                                                key=lambda wp: wp[0])]
             entry.part_workers.clear()
             opt = getattr(self.updater, "optimizer", None)
-            entry.last = tables.apply_round(entry.table, parts, opt, entry.name, want)
+            again, entry.again = entry.again, []
+            entry.last = tables.apply_round(entry.table, parts, opt, entry.name, want, again)
             return
         merged = self._merged(entry)
         self.apply(key, merged)
@@ -537,3 +541,4 @@ class Engine:
         entry.pushers.clear()
         entry.sparse_parts.clear()
         entry.part_workers.clear()
+        entry.again.clear()

@@ -87,7 +87,7 @@ def check_table_push(table: ServedTable, kind: str, arrays: list[np.ndarray]) ->
     """Raise unless ``arrays`` are one table push (kind ``t``: 1-d integer IDs this shard
     owns, one gradient row of the table's dim per ID); change nothing."""
     name = table.name
-    if kind != "t" or len(arrays) != 2:
+    if kind not in ("t", "T") or len(arrays) != 2:
         raise UnsupportedError(
             f"push to table key {name!r} must carry (ids, grads), got a push of kind "
             f"{kind!r}. Push kv.push(key, (ids, grads)).", key=name)
@@ -140,21 +140,33 @@ def lookup_arrays(table: ServedTable, ids: np.ndarray, train: bool,
 
 
 def apply_round(table: ServedTable, parts: list[tuple[np.ndarray, np.ndarray]],
-                optimizer: Any, key: Any, record: bool) -> TableRound | None:
+                optimizer: Any, key: Any, record: bool,
+                again: list[np.ndarray] | None = None) -> TableRound | None:
     """Apply a round's pushes (its parts concatenated: duplicates combine by R7) as one
-    step of the row optimizer, then a bounded sweep; with ``record`` the changed rows."""
+    step of the row optimizer, then a bounded sweep; with ``record`` the changed rows.
+
+    ``again``: the IDs of pushes a worker sent again after this shard was reloaded; the
+    rows among them it lacks are re-created first, from their initial values (D9)."""
+    table.recording, table.evicted, table.born = record, [], []
+    if again:
+        wanted = np.unique(np.concatenate(again))
+        lost = wanted[table._index.find(wanted) < 0]
+        if lost.size:
+            table._insert(lost)
+    table.recording = False
     if len(parts) == 1:
         ids, grads = parts[0]
     else:
         ids = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.int64)
         grads = np.concatenate([p[1] for p in parts]) if parts else \
             np.empty((0, table.spec.dim), table.spec.dtype)
-    table.recording, table.evicted = record, []
+    table.recording = record
     try:
         table.push(ids, grads, optimizer=optimizer, key=key)
         table.sweep(table.spec.sweep_rows)
     finally:
         table.recording = False
+    table.born = []
     if not record:
         return None
     changed = np.unique(ids)

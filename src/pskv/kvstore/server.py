@@ -238,8 +238,11 @@ class KVServer:
         message's form (one kind letter per distinct key, arrays to match) was checked by
         ``validate.request`` before any handler ran."""
         items, pos = [], 0
+        again = bool(body.get("again"))
         for k, kind in zip(keys, body["kinds"], strict=True):
             n = kind_arrays(kind)
+            if again and kind == "t":
+                kind = "T"          # a table push sent again (docs/embeddings.md D9)
             shard.engine.entry(k, "push", self._where())
             part = arrays[pos:pos + n]
             shard.engine.check_push(k, kind, part, self._where())
