@@ -269,12 +269,17 @@ def test_server_validates_every_table_message(run_threads: Any) -> None:
             got.append(raw(kv, 0, {"entries": [{"key": "t2", "shape": [0, 3], "stype": "table",
                                                 "table": {"dim": -1}, "shard": [0, 2]}]},
                            [np.zeros((0, 3), np.float32)], Command.INIT, (12345,)))
+            got.append(raw(kv, 0, {"entries": [{
+                "key": "t3", "shape": [0, 2**20], "stype": "table", "shard": [0, 2],
+                "table": {"dim": 2**20, "reserve_rows": 2**40}}]},
+                [np.zeros((0, 2**20), np.float32)], Command.INIT, (12346,)))
         kv.barrier()
         return got, before, kv.table_stats("emb")
 
     res = ok(run_threads(fn, num_servers=2))
     got, before, after = res[0]
-    assert all(isinstance(e, KVStoreError) for e in got), got
+    assert len(got) == 14 and all(isinstance(e, KVStoreError) for e in got), got
+    assert "cannot be allocated" in str(got[-1])
     assert before == after == res[1][2]
 
 

@@ -87,9 +87,6 @@ class DistTables(Tables):
     def lookup(self, key: Any, ids: Any, train: bool) -> tuple[np.ndarray, np.ndarray]:
         """``(values, found)`` of ``ids`` (any shape) from the servers that own them."""
         table = self.get(key, "lookup")
-        if not isinstance(train, (bool, np.bool_)):
-            raise ValueTypeError(f"lookup of table {key!r}: train must be True or False, got "
-                                 f"{train!r}.", key=key)
         arr = table._check_ids(ids, "lookup")
         flat = np.ascontiguousarray(arr.ravel())
         dim, dtype = table.spec.dim, table.spec.dtype

@@ -193,8 +193,9 @@ def load_shard(engine: Engine, root: str, index: int, num_shards: int) -> int | 
         for e in reader.metas[index]["entries"]:
             if e.get("stype") == "table":       # its rows: engine.restore below
                 from ..table import TableSpec
-                engine.init_table(e["id"], TableSpec.from_json(e["spec"]), e["key"],
-                                  (index, num_shards))
+                from ._engine_tables import served_table
+                engine.init_table(e["id"], served_table(TableSpec.from_json(e["spec"]),
+                                                        e["key"], (index, num_shards)))
                 continue
             start, stop, shape = int(e["start"]), int(e["stop"]), tuple(e["shape"])
             sparse = e.get("stype") == "row_sparse"

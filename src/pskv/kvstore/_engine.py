@@ -171,19 +171,16 @@ class Engine:
         self.stored[key] = stored
         return stored
 
-    def init_table(self, key: Key, spec: Any, name: Key, shard: tuple[int, int]) -> None:
-        """Hold shard ``shard`` ``(i, n)`` of table key ``name`` (a TableSpec) under ``key``."""
+    def init_table(self, key: Key, table: tables.ServedTable) -> None:
+        """Hold ``table`` (a shard of table key ``table.name``, ``served_table``) under
+        ``key``."""
         if key in self._entries:
             raise KeyAlreadyInitializedError(
-                f"key {name!r} is initialized twice. Each key takes one init.", key=name)
-        table = tables.served_table(spec, name, shard)
-        stored = NDArray(np.zeros((0, spec.dim), spec.dtype))
-        self._entries[key] = _Entry(name, stored, False, table=table)
+                f"key {table.name!r} is initialized twice. Each key takes one init.",
+                key=table.name)
+        stored = NDArray(np.zeros((0, table.spec.dim), table.spec.dtype))
+        self._entries[key] = _Entry(table.name, stored, False, table=table)
         self.stored[key] = stored
-
-    def set_table(self, key: Key, table: tables.ServedTable) -> None:
-        """Replace the shard of table key ``key`` (a backup's whole copy)."""
-        self._entries[key].table = table
 
     def table(self, key: Key, what: str, where: str = "this engine") -> tables.ServedTable:
         """The table shard of table key ``key``, or KeyNotInitializedError/UnsupportedError."""

@@ -40,7 +40,7 @@ from .._ps.transport import Connection, connect
 from .._ps.zeromq import ZmqContext
 from .._types import Key
 from ._engine import Engine
-from ._engine_tables import TableRound, restore_table
+from ._engine_tables import TableRound, restore_table, served_table
 from ._server_tables import init_entries
 from ._snapshot import Reader, ShardCopy
 
@@ -242,12 +242,10 @@ def install_copy(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray])
 def _install_table(engine: Engine, e: dict[str, Any], arrays: list[np.ndarray]) -> None:
     """A table shard of a whole copy: made from its state (``DynamicTable.from_state``)."""
     from ..table import TableSpec
-    spec = TableSpec.from_json(e["spec"])
     shard = (int(e["shard"][0]), int(e["shard"][1]))
+    empty = served_table(TableSpec.from_json(e["spec"]), e["key"], shard)
     named = {f: arrays[int(i)] for f, i in e["fields"].items()}
-    engine.init_table(e["id"], spec, e["key"], shard)
-    engine.set_table(e["id"], restore_table(engine.table(e["id"], "copy"),
-                                            [(shard[0], named, e["table"])]))
+    engine.init_table(e["id"], restore_table(empty, [(shard[0], named, e["table"])]))
 
 
 class Backups:

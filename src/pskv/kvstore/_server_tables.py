@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import KeyAlreadyInitializedError
+from ..errors import KeyAlreadyInitializedError, TableSpecError
 from ..table import TableSpec
 from .._ps.message import Command
 from ._engine import Engine, Ticket
-from ._engine_tables import check_lookup
+from ._engine_tables import check_lookup, served_table
 
 __all__ = ["cmd_lookup", "cmd_table_stats", "init_entries"]
 
@@ -26,7 +26,8 @@ __all__ = ["cmd_lookup", "cmd_table_stats", "init_entries"]
 def init_entries(engine: Engine, keys: tuple[int, ...], specs: list[dict[str, Any]],
                  arrays: list[np.ndarray]) -> None:
     """Init every entry of an INIT (or its replicated copy): arrays and table shards; all
-    checked first (a TableSpec that does not parse, a key held already), then made."""
+    checked and every table made first (a TableSpec that does not parse, a key held
+    already, rows that cannot be reserved), then held."""
     tables = {}
     for k, spec in zip(keys, specs):
         if k in engine:
@@ -34,11 +35,18 @@ def init_entries(engine: Engine, keys: tuple[int, ...], specs: list[dict[str, An
                 f"key {spec.get('key')!r} is initialized twice. Each key takes one init.",
                 key=spec.get("key"))
         if spec.get("stype") == "table":
-            tables[k] = TableSpec.from_json(spec.get("table"))
+            table = TableSpec.from_json(spec.get("table"))
+            i, n = spec["shard"]
+            try:
+                tables[k] = served_table(table, spec["key"], (int(i), int(n)))
+            except (MemoryError, ValueError) as err:
+                raise TableSpecError(
+                    f"table {spec['key']!r}: dim {table.dim} with reserve_rows "
+                    f"{table.reserve_rows} cannot be allocated here ({err}). Reserve fewer "
+                    "rows.", key=spec["key"]) from err
     for k, spec, arr in zip(keys, specs, arrays):
         if k in tables:
-            i, n = spec["shard"]
-            engine.init_table(k, tables[k], spec["key"], (int(i), int(n)))
+            engine.init_table(k, tables[k])
             continue
         place = spec.get("place")
         engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
