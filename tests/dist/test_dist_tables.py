@@ -393,3 +393,34 @@ def test_checkpoint_of_a_table_into_an_array_key_is_refused(run_threads: Any,
         return True
 
     ok(run_threads(load, num_servers=1))
+
+
+def test_checkpoints_between_local_and_dist_stores(run_threads: Any, tmp_path: Any) -> None:
+    """A local store's checkpoint of a table loads onto 2 servers and back: rows by ID."""
+    opt = lambda: mx.optimizer.AdaGrad(learning_rate=0.1)  # noqa: E731
+    ref = local_reference(True, opt())
+    ref.save_checkpoint(str(tmp_path / "local"))
+    want, _ = ref.lookup("emb", ALL_IDS, train=False)
+
+    def load(kv: Any) -> Any:
+        kv.init("emb", spec())
+        kv.set_optimizer(opt())
+        kv.load_checkpoint(str(tmp_path / "local"))
+        got = kv.lookup("emb", ALL_IDS, train=False)[0]
+        kv.save_checkpoint(str(tmp_path / "dist"))
+        return got
+
+    for got in ok(run_threads(load, num_servers=2)).values():
+        np.testing.assert_array_equal(got, want)
+    back = mx.kv.create("local")
+    back.init("emb", spec())
+    back.set_optimizer(opt())
+    back.load_checkpoint(str(tmp_path / "dist"))
+    np.testing.assert_array_equal(back.lookup("emb", ALL_IDS, train=False)[0], want)
+    kept = ("rows", "step", "inserts", "pushed_rows", "dropped_pushes", "evictions")
+    assert {k: back.table_stats("emb")[k] for k in kept} == \
+        {k: ref.table_stats("emb")[k] for k in kept}      # lookups counted the reads since
+    for kv in (ref, back):       # the optimizer state came along: the same next step
+        kv.push("emb", (np.array([7, -3]), np.ones((2, DIM), np.float32)))
+    np.testing.assert_array_equal(back.lookup("emb", ALL_IDS, train=False)[0],
+                                  ref.lookup("emb", ALL_IDS, train=False)[0])

@@ -83,6 +83,7 @@ def restore(engine: Any, reader: Reader, counters: bool) -> None:
     for e in engine._entries.values():
         if e.table is not None:
             e.table = made[e.name]
+            assert isinstance(e.table, tables.ServedTable)
             if counters:
                 e.round = reader.round(e.name)
                 e.applied = reader.applied(e.name, e.table.shard[0])

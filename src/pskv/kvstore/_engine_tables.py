@@ -236,12 +236,13 @@ def put_rows(table: ServedTable, arrays: dict[str, np.ndarray], meta: dict[str, 
             table.counters[k] = int(v)
 
 
-def table_copy(table: ServedTable) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def table_copy(table: DynamicTable) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The checkpoint entry fields and arrays of one table shard (rows stored by ID)."""
     arrays, meta = table.state()
-    spec = table.full_spec or table.spec
+    spec = getattr(table, "full_spec", None) or table.spec
     return {"stype": "table", "shape": [spec.dim], "dtype": spec.dtype, "start": 0,
-            "stop": 0, "shard": list(table.shard), "spec": spec.to_json(), "table": meta}, arrays
+            "stop": 0, "shard": list(getattr(table, "shard", (0, 1))), "spec": spec.to_json(),
+            "table": meta}, arrays
 
 
 def merge_states(parts: list[tuple[int, dict[str, np.ndarray], dict[str, Any]]],
@@ -288,8 +289,8 @@ def restore_table(like: ServedTable,
     return table
 
 
-def restore_from(table: ServedTable | None, name: Any, meta: dict[str, Any],
-                 reader: Any) -> ServedTable:
+def restore_from(table: DynamicTable | None, name: Any, meta: dict[str, Any],
+                 reader: Any) -> DynamicTable:
     """This shard of table ``name`` from checkpoint ``reader`` (whose entry is ``meta``),
     re-hashed from however many servers saved it; CheckpointError if the key is not a
     table of the same dim and dtype on both sides. Changes nothing."""
@@ -304,7 +305,10 @@ def restore_from(table: ServedTable | None, name: Any, meta: dict[str, Any],
             f"table key {name!r} has dim {table.spec.dim} {table.spec.dtype} here but dim "
             f"{saved.dim} {saved.dtype} in checkpoint {reader.directory!r}. Load a checkpoint "
             "of the same model.", key=name)
-    return restore_table(table, reader.table_parts(name))
+    if isinstance(table, ServedTable):
+        return restore_table(table, reader.table_parts(name))
+    arrays, state = merge_states(reader.table_parts(name), (0, 1))    # a local store's
+    return DynamicTable.from_state(table.spec, arrays, state, name=name, clock=table._clock)
 
 
 def check_optimizer(table: ServedTable, opt: Any) -> None:

@@ -17,7 +17,9 @@ from ..nd.sparse import RowSparseNDArray
 from ..table import DynamicTable, TableSpec
 from .._types import Key
 from ._args import as_numpy, check_key
+from ._engine_tables import restore_from, table_copy
 from ._keys import KeyTable
+from ._snapshot import Reader, ShardCopy
 
 __all__ = ["TableMethods", "Tables"]
 
@@ -131,13 +133,24 @@ class Tables:
             "kv.row_sparse_pull(key, out, row_ids=ids) or kv.lookup(key, ids).",
             key=key, store_type=self.store_type)
 
-    def refuse_checkpoint(self, action: str) -> None:
-        """Raise if any table key would be left out of a checkpoint."""
-        if self.tables:
-            raise UnsupportedError(
-                f"cannot {action} a store with table keys {sorted(self.tables, key=str)!r} "
-                "yet: checkpoints of tables come with their server integration. Save them "
-                "with DynamicTable.state() meanwhile.", store_type=self.store_type)
+    def save_into(self, copy: ShardCopy) -> None:
+        """Add every table (its rows by ID, docs/embeddings.md D7) to checkpoint ``copy``."""
+        for key, table in self.tables.items():
+            fields, arrays = table_copy(table)
+            copy.entries.append({"key": key, "id": key, **fields, "round": table.step,
+                                 "applied": []})
+            copy.arrays.append(arrays)
+
+    def read(self, reader: Reader) -> dict[Key, DynamicTable]:
+        """Every table rebuilt from checkpoint ``reader`` (saved by any number of servers),
+        to :meth:`install` once everything else loaded; CheckpointError, changing nothing,
+        if a key is not a table of the same dim and dtype there."""
+        return {key: restore_from(table, key, reader.key_meta(key), reader)
+                for key, table in self.tables.items()}
+
+    def install(self, made: dict[Key, DynamicTable]) -> None:
+        """Hold the tables :meth:`read` made."""
+        self.tables.update(made)
 
 
 def _pairs(key: Any, value: Any) -> tuple[np.ndarray, np.ndarray]:
