@@ -54,13 +54,16 @@ def served_table(spec: TableSpec, name: Any, shard: tuple[int, int],
                  clock: Callable[[], float] = now) -> ServedTable:
     """An empty shard ``(i, n)`` of table ``spec``: a ``Capacity(max_rows)`` bounds the whole
     table, so each of the ``n`` servers keeps at most ``ceil(max_rows / n)`` rows (IDs
-    spread evenly over servers, R13); everything else as declared."""
-    cap = spec.capacity
+    spread evenly over servers, R13), and reserves ``ceil(reserve_rows / n)``; everything
+    else as declared."""
+    cap, n = spec.capacity, shard[1]
     mine = spec
-    if cap is not None and shard[1] > 1:
-        per = -(-cap.max_rows // shard[1])
-        mine = dataclasses.replace(spec, eviction=tuple(
-            dataclasses.replace(e, max_rows=per) if e is cap else e for e in spec.eviction))
+    if n > 1:
+        mine = dataclasses.replace(spec, reserve_rows=-(-spec.reserve_rows // n))
+    if cap is not None and n > 1:
+        mine = dataclasses.replace(mine, eviction=tuple(
+            dataclasses.replace(e, max_rows=-(-cap.max_rows // n)) if e is cap else e
+            for e in spec.eviction))
     table = ServedTable(mine, name=name, clock=clock)
     table.shard, table.full_spec = shard, spec
     return table
