@@ -113,23 +113,25 @@ def test_async_equals_local_store(servers: int, run_threads: Any) -> None:
         assert stats["step"] == 8
 
 
-def test_rows_live_on_the_server_shard_of_routes_them_to(thread_cluster: Any) -> None:
+def test_rows_live_on_the_server_shard_of_routes_them_to(run_threads: Any) -> None:
     """R13 on the servers: each server holds exactly the IDs shard_of gives it."""
-    from pskv.kvstore.server import KVServer
-    cluster = thread_cluster(2, 2)
-    servers: list[Any] = []
-    orig = KVServer.__init__
+    ids = np.arange(-40, 40, dtype=np.int64)
 
     def fn(kv: Any) -> Any:
         kv.init("emb", spec())
-        ids = np.arange(-40, 40, dtype=np.int64)
         kv.lookup("emb", ids)
         kv.barrier()
-        return kv.table_stats("emb")
+        body = command(Op.TABLE_STATS, key=kv._tables.pskeys["emb"])
+        with kv._lock:
+            tss = [kv._kv.request(s, Command.COMMAND, body=body) for s in (0, 1)]
+            per = [m.body["stats"]["rows"] for m, _a in kv._wait_all(tss, "stats")]
+        return per, kv.table_stats("emb")
 
-    res = ok(cluster.run(fn))
-    assert res[0]["rows"] == 80 and res[0]["inserts"] == 80 and res[0]["lookups"] == 160
-    del servers, orig
+    owners = shard_of(ids, 2)
+    for per, total in ok(run_threads(fn, num_servers=2)).values():
+        assert per == [int(np.sum(owners == 0)), int(np.sum(owners == 1))]
+        assert 0 < per[0] < 80
+        assert total["rows"] == 80 and total["inserts"] == 80 and total["lookups"] == 160
 
 
 def test_eval_lookups_never_insert_and_found_mask(run_threads: Any) -> None:

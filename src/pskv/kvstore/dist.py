@@ -135,6 +135,7 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
             return self._kv.wait_all(tss, what)
 
     def _table_begin(self) -> None:
+        """A table call's checks (``TableMethods``): as every call's."""
         self._begin()
 
     def _begin(self, pulling: bool = False) -> None:
