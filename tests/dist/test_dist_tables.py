@@ -426,3 +426,15 @@ def test_checkpoints_between_local_and_dist_stores(run_threads: Any, tmp_path: A
         kv.push("emb", (np.array([7, -3]), np.ones((2, DIM), np.float32)))
     np.testing.assert_array_equal(back.lookup("emb", ALL_IDS, train=False)[0],
                                   ref.lookup("emb", ALL_IDS, train=False)[0])
+
+
+def test_table_stats_after_push_include_its_round(run_threads: Any) -> None:
+    """dist_sync: table_stats after this worker's push waits for that push's round."""
+    def fn(kv: Any) -> Any:
+        kv.init("emb", spec())
+        kv.lookup("emb", np.array([1, 2]))
+        kv.push("emb", (np.array([1, 2]), np.ones((2, DIM), np.float32)))
+        return kv.table_stats("emb")
+
+    for stats in ok(run_threads(fn, num_servers=2)).values():
+        assert stats["step"] == 1 and stats["pushed_rows"] == 2

@@ -17,10 +17,11 @@ import numpy as np
 from ..errors import KeyAlreadyInitializedError, TableSpecError
 from ..table import TableSpec
 from .._ps.message import Command
+from .._ps.ops import Op
 from ._engine import Engine, Ticket
 from ._engine_tables import check_lookup, served_table
 
-__all__ = ["cmd_lookup", "cmd_table_stats", "init_entries"]
+__all__ = ["cmd_lookup", "cmd_table_stats", "init_entries", "stats_reply"]
 
 
 def init_entries(engine: Engine, keys: tuple[int, ...], specs: list[dict[str, Any]],
@@ -71,7 +72,18 @@ def cmd_lookup(server: Any, shard: Any, conn: Any, worker: int, ts: int,
 
 def cmd_table_stats(server: Any, shard: Any, conn: Any, worker: int, ts: int,
                     body: dict[str, Any], arrays: list[np.ndarray]) -> list[np.ndarray] | None:
-    """This shard's counters of table ``key`` (R14), as an ACK's body."""
-    table = shard.engine.table(body["key"], "read the stats of", server._where())
-    server._send(conn, Command.ACK, ts, {"stats": table.stats()})
+    """This shard's counters of table ``key`` (R14), as an ACK's body (:func:`stats_reply`)
+    once this worker's pending push of the key is applied, as a lookup's answer."""
+    key = body["key"]
+    engine: Engine = shard.engine
+    engine.table(key, "read the stats of", server._where())
+    ticket = Ticket(conn, ts, Op.TABLE_STATS, (key,))
+    engine.hold(ticket)
+    engine.pull(key, worker, ticket)
+    engine.release(ticket)
     return None
+
+
+def stats_reply(engine: Engine, ticket: Ticket) -> dict[str, Any]:
+    """The body answering a ``table_stats`` ticket."""
+    return {"stats": engine.table(ticket.keys[0], "read the stats of").stats()}

@@ -35,7 +35,7 @@ from .._ps.zeromq import ZmqContext
 from ._engine import Engine, Ticket
 from ._durable import Snapshots, load_shard
 from ._replica import Backups
-from ._server_tables import cmd_lookup, cmd_table_stats, init_entries
+from ._server_tables import cmd_lookup, cmd_table_stats, init_entries, stats_reply
 from ._shards import Shard, Shards
 
 __all__ = ["KVServer"]
@@ -185,6 +185,8 @@ class KVServer:
     def _answer(self, ticket: Ticket, engine: Engine) -> None:
         if ticket.cmd == Command.PUSH:      # pushes are not acknowledged one by one
             self._push_done(ticket.peer)
+        elif ticket.cmd is Op.TABLE_STATS:
+            self._send(ticket.peer, Command.ACK, ticket.ts, stats_reply(engine, ticket))
         else:
             self._send(ticket.peer, Command.DATA, ticket.ts, arrays=engine.values(ticket))
 
