@@ -293,6 +293,8 @@ def test_set_optimizer_a_table_cannot_run_is_refused(run_threads: Any) -> None:
         with pytest.raises(UnsupportedError, match="rowwise"):
             kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1))
         kv.set_optimizer(mx.optimizer.AdaGrad(learning_rate=0.1))
+        with pytest.raises(UnsupportedError, match="wd"):
+            kv.set_optimizer(mx.optimizer.AdaGrad(learning_rate=0.1, wd=0.1))
         kv.lookup("emb", np.array([1]))
         kv.push("emb", (np.array([1]), np.ones((1, DIM), np.float32)))
         return kv.lookup("emb", np.array([1]))[0]
@@ -438,3 +440,19 @@ def test_table_stats_after_push_include_its_round(run_threads: Any) -> None:
 
     for stats in ok(run_threads(fn, num_servers=2)).values():
         assert stats["step"] == 1 and stats["pushed_rows"] == 2
+
+
+def test_table_init_checks_the_optimizer_set_before(run_threads: Any) -> None:
+    """A table key initialized after set_optimizer is refused on every worker if it
+    cannot run that optimizer, and no server holds it."""
+    def fn(kv: Any) -> Any:
+        kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1))
+        with pytest.raises(UnsupportedError, match="rowwise"):
+            kv.init("emb", spec(state_layout="rowwise"))
+        kv.init("emb", spec())               # the same key, now as a table SGD can run
+        kv.lookup("emb", np.array([4]))
+        kv.push("emb", (np.array([4]), np.ones((1, DIM), np.float32)))
+        return kv.table_stats("emb")
+
+    for stats in ok(run_threads(fn, num_servers=2)).values():
+        assert stats["rows"] == 1 and stats["step"] == 1

@@ -22,12 +22,13 @@ import numpy as np
 from ..errors import ClusterError, KVStoreError, ShapeMismatchError, ValueTypeError
 from ..nd.sparse import RowSparseNDArray
 from ..table import DynamicTable, TableSpec, shard_of
-from .._ps.message import Command
+from .._ps.message import Command, error_body, error_from_body
 from .._ps.ops import Op, command
 from .._ps.worker import KVWorker
 from .._types import Key
 from .._ps.partition import ps_key
 from ._args import as_numpy, check_key
+from ._engine_tables import check_optimizer
 from ._tables import Tables, _pairs
 from ._wire import check_agreement, init_spec
 
@@ -52,6 +53,8 @@ class DistTables(Tables):
         self._kv, self._n, self._wait_all = kv, num_servers, wait_all
         #: key -> its ps_key (the same on every server)
         self.pskeys: dict[Key, int] = {}
+        #: the optimizer this worker gave ``set_optimizer`` (a table init checks it)
+        self.optimizer: Any = None
 
     def send_init(self, key: Key, pk: int, spec: TableSpec) -> None:
         """Init table ``key`` on every server (worker 0 does, after the workers agreed)."""
@@ -158,11 +161,15 @@ def init_table(store: Any, key: Any, spec: TableSpec) -> None:
         store._begin()
         mine: list[Any] = []
         error: KVStoreError | None = None
+        added = False
         try:
             k = check_key(key)
             mine = [[ps_key(k), k, "table", spec.to_json()]]
             init_spec(k, np.zeros(0), store._by_pskey)      # a ps_key clash raises
             store._tables.init(k, spec, store._keys)   # checks; then holds a checker
+            added = True
+            if store._tables.optimizer is not None:   # one it cannot run: refused now
+                check_optimizer(store._tables.tables[k], store._tables.optimizer)
         except KVStoreError as err:
             error = err
         why = None if error is None else f"{type(error).__name__}: {error}"
@@ -173,11 +180,17 @@ def init_table(store: Any, key: Any, spec: TableSpec) -> None:
                 raise error
             if not store._po.rejoin:
                 check_agreement(payloads, mine, store.rank)
+                failed = None
                 if store.rank == 0:
-                    store._tables.send_init(k, mine[0][0], spec)
-                store._collective("init (values sent)")
+                    try:
+                        store._tables.send_init(k, mine[0][0], spec)
+                    except KVStoreError as err:        # every worker raises it, alike
+                        failed = error_body(err)
+                done = store._collective("init (values sent)", {"error": failed})
+                if (done.get("0") or {}).get("error"):
+                    raise error_from_body(done["0"]["error"], "worker 0")
         except KVStoreError:
-            if error is None:
+            if added:
                 store._tables.tables.pop(k, None)
             raise
         store._tables.pskeys[k] = mine[0][0]

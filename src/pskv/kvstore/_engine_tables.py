@@ -314,7 +314,7 @@ def restore_from(table: DynamicTable | None, name: Any, meta: dict[str, Any],
     return DynamicTable.from_state(table.spec, arrays, state, name=name, clock=table._clock)
 
 
-def check_optimizer(table: ServedTable, opt: Any) -> None:
+def check_optimizer(table: DynamicTable, opt: Any) -> None:
     """UnsupportedError if ``opt`` cannot update this table's rows (R12)."""
     from ..table._rowopt import row_optimizer
     rowopt = row_optimizer(opt, table.spec.state_layout, table.spec.dim, table.name)

@@ -19,7 +19,7 @@ from ..table import TableSpec
 from .._ps.message import Command
 from .._ps.ops import Op
 from ._engine import Engine, Ticket
-from ._engine_tables import check_lookup, served_table
+from ._engine_tables import check_lookup, check_optimizer, served_table
 
 __all__ = ["cmd_lookup", "cmd_table_stats", "init_entries", "stats_reply"]
 
@@ -45,6 +45,10 @@ def init_entries(engine: Engine, keys: tuple[int, ...], specs: list[dict[str, An
                     f"table {spec['key']!r}: dim {table.dim} with reserve_rows "
                     f"{table.reserve_rows} cannot be allocated here ({err}). Reserve fewer "
                     "rows.", key=spec["key"]) from err
+    opt = getattr(engine.updater, "optimizer", None)
+    for table in tables.values():
+        if opt is not None:
+            check_optimizer(table, opt)     # the row optimizer it would run (R12)
     for k, spec, arr in zip(keys, specs, arrays):
         if k in tables:
             engine.init_table(k, tables[k])

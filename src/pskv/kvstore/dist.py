@@ -411,6 +411,7 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
         with self._lock:
             self._begin()
             self._to_all(Command.COMMAND, command(Op.OPTIMIZER, spec=spec))
+            self._tables.optimizer = optimizer
 
     def set_updater(self, updater: Updater) -> None:
         """Not available in dist stores: the update runs on the servers. Use set_optimizer."""
