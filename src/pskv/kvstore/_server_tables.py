@@ -29,26 +29,26 @@ def init_entries(engine: Engine, keys: tuple[int, ...], specs: list[dict[str, An
     """Init every entry of an INIT (or its replicated copy): arrays and table shards; all
     checked and every table made first (a TableSpec that does not parse, a key held
     already, rows that cannot be reserved), then held."""
-    tables = {}
+    tables: dict[int, Any] = {}
     for k, spec in zip(keys, specs):
         if k in engine:
             raise KeyAlreadyInitializedError(
                 f"key {spec.get('key')!r} is initialized twice. Each key takes one init.",
                 key=spec.get("key"))
         if spec.get("stype") == "table":
-            table = TableSpec.from_json(spec.get("table"))
+            declared = TableSpec.from_json(spec.get("table"))
             i, n = spec["shard"]
             try:
-                tables[k] = served_table(table, spec["key"], (int(i), int(n)))
+                tables[k] = served_table(declared, spec["key"], (int(i), int(n)))
             except (MemoryError, ValueError) as err:
                 raise TableSpecError(
-                    f"table {spec['key']!r}: dim {table.dim} with reserve_rows "
-                    f"{table.reserve_rows} cannot be allocated here ({err}). Reserve fewer "
-                    "rows.", key=spec["key"]) from err
+                    f"table {spec['key']!r}: dim {declared.dim} with reserve_rows "
+                    f"{declared.reserve_rows} cannot be allocated here ({err}). Reserve "
+                    "fewer rows.", key=spec["key"]) from err
     opt = getattr(engine.updater, "optimizer", None)
-    for table in tables.values():
+    for made in tables.values():
         if opt is not None:
-            check_optimizer(table, opt)     # the row optimizer it would run (R12)
+            check_optimizer(made, opt)     # the row optimizer it would run (R12)
     for k, spec, arr in zip(keys, specs, arrays):
         if k in tables:
             engine.init_table(k, tables[k])
