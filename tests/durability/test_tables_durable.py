@@ -4,7 +4,10 @@
   job then trains on exactly as one that never stopped;
 * with ``PSKV_REPLICAS=1`` a server SIGKILLed mid-job hands its table shard to its backup
   (which got every round's changed rows and every row a lookup gave birth to) and the job
-  ends with the rows of a run where nothing died, bit for bit.
+  ends with the rows of a run where nothing died, bit for bit (``dist_sync``), or with every
+  push counted exactly once (``dist_async``);
+* without replicas a server restarted from a periodic checkpoint gets the later pushes
+  again, which re-create the rows born since (docs/embeddings.md D7-D9).
 """
 from __future__ import annotations
 
