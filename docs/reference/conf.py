@@ -45,8 +45,9 @@ nitpicky = True
 # prose: only pskv's own classes must resolve there. Every :func:/:meth:/:attr:/:mod: and
 # every pskv class reference must resolve.
 nitpick_ignore_regex = [("py:class", r"(?!pskv\.).*"),
-                        # private bases (``_Momentum``) that show-inheritance names
-                        ("py:class", r"pskv(\.\w+)*\._\w+")]
+                        # private bases (``_Momentum``, ``kvstore._tables.TableMethods``)
+                        # that show-inheritance names
+                        ("py:class", r"pskv(\.\w+)*\._\w+(\.\w+)*")]
 
 html_theme = "alabaster"
 html_title = f"pskv {release}"

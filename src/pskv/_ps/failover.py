@@ -240,8 +240,11 @@ class Failover:
             again = sorted(ts for ts, sent in self._sent.items() if sent[0] == shard)
             requests = [(ts, self._sent[ts]) for ts in again]
         for pk, kind, arrays in pushes:
+            # a table push sent again may name rows born after the shard's checkpoint
+            # (docs/embeddings.md D9): "again" lets the server re-create them
+            redo = {"again": True} if kind == "t" else {}
             self.links.send(host, Command.PUSH, -self.links.next_ts(), [pk],
-                            {"kinds": kind, **tag}, arrays)
+                            {"kinds": kind, **tag, **redo}, arrays)
         for ts, (_s, cmd, keys, body_, arrays_) in requests:
             if cmd == Command.INIT and isinstance(body_, dict):
                 body_ = {**body_, "again": True}     # its keys may be there already

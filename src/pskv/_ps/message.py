@@ -29,8 +29,9 @@ import numpy as np
 
 from ..errors import KVStoreError, ProtocolError, error_from_kind, error_kind
 
-__all__ = ["ALLOWED_DTYPES", "BINARY_TAG", "Command", "DTYPE_CODES", "MAX_DEPTH", "MAX_HEADER", "Meta", "decode", "encode",
-           "error_body", "error_from_body", "loads", "parse_header", "short"]
+__all__ = ["ALLOWED_DTYPES", "BINARY_TAG", "Command", "DTYPE_CODES", "MAX_DEPTH", "MAX_HEADER", "Meta",
+           "PUSH_KINDS", "decode", "encode", "error_body", "error_from_body", "kind_arrays",
+           "loads", "parse_header", "short"]
 
 #: dtypes a peer may send; anything else is a protocol error (no object arrays, ever)
 ALLOWED_DTYPES = frozenset({
@@ -44,6 +45,15 @@ DTYPE_CODES = ("float32", "float64", "float16", "int8", "uint8", "int32", "int64
                "bool")
 _CODE_OF = {np.dtype(n): i for i, n in enumerate(DTYPE_CODES)}
 _BY_CODE = tuple((np.dtype(n), np.dtype(n).itemsize) for n in DTYPE_CODES)
+#: a push's kind letters: dense, compressed, row_sparse (rows, data), table (ids, grads)
+PUSH_KINDS = "dcrt"
+
+
+def kind_arrays(kind: str) -> int:
+    """How many arrays a pushed key of ``kind`` carries (two for ``r`` and ``t``)."""
+    return 2 if kind in ("r", "t") else 1
+
+
 #: first byte of a binary header (a JSON header starts with ``{``)
 BINARY_TAG = 0xB1
 _FIXED = struct.Struct("<BBBxqII")

@@ -31,6 +31,8 @@ class Op(str, enum.Enum):
     RESTORE = "restore"          # path: read this server's part of a checkpoint
     APPLIED = "applied"          # reply which of this worker's pushes are applied here
     INITIAL = "initial"          # worker 0's first push: the inits are complete
+    LOOKUP = "lookup"            # key, train; one array of IDs: reply a table's rows, found
+    TABLE_STATS = "table_stats"  # key: reply a table shard's counters
 
     @property
     def replicated(self) -> ReplOp | None:

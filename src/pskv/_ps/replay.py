@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import NodeFailedError, ProtocolError
+from .message import kind_arrays
 
 __all__ = ["PushLog", "backup_of"]
 
@@ -71,7 +72,7 @@ class PushLog:
         out_arrays: list[np.ndarray] = []
         pos = 0
         for pk, kind in zip(keys, kinds, strict=True):
-            n = 2 if kind == "r" else 1
+            n = kind_arrays(kind)
             have = self._skip.get((server, pk), 0)
             done = self._count.get((server, pk), 0)
             if done < have:
@@ -92,7 +93,7 @@ class PushLog:
         """One push message (``kinds``: one letter per key; ``r`` carries two arrays)."""
         pos = 0
         for pk, kind in zip(keys, kinds, strict=True):
-            n = 2 if kind == "r" else 1
+            n = kind_arrays(kind)
             if pos + n > len(arrays):
                 raise ProtocolError("push arrays do not match their kinds")
             j = self._count.get((server, pk), 0) + 1

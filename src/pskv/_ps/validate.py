@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import ProtocolError
-from .message import Command, Meta, short
+from .message import PUSH_KINDS, Command, Meta, kind_arrays, short
 from .ops import Op, ReplOp, parse
 
 __all__ = ["ROLES", "admit_reply", "request"]
@@ -105,18 +105,34 @@ def _init(meta: Meta, arrays: list[np.ndarray]) -> None:
         if not isinstance(shape, list) or tuple(shape) != arr.shape:
             raise ProtocolError(f"INIT of key {short(key)}: shape {arr.shape} != declared "
                                 f"{short(shape)}")
-        _str(meta, spec, "stype", ("default", "row_sparse"), optional=True)
+        _str(meta, spec, "stype", ("default", "row_sparse", "table"), optional=True)
+        if spec.get("stype") == "table":
+            _table_entry(meta, spec, arr)
+
+
+def _table_entry(meta: Meta, spec: dict[str, Any], arr: np.ndarray) -> None:
+    """A table key's INIT entry: its TableSpec as JSON, its shard [i, n], an empty
+    (0, dim) array (the spec itself is checked by TableSpec.from_json on the server)."""
+    if not isinstance(spec.get("table"), dict):
+        raise _fail(meta, "table", "an object (a TableSpec as JSON)", spec.get("table"))
+    shard = spec.get("shard")
+    if not isinstance(shard, list) or len(shard) != 2 or not all(
+            type(x) is int for x in shard) or not 0 <= shard[0] < shard[1] <= _MAX_RANK:
+        raise _fail(meta, "shard", "[i, n] with 0 <= i < n", shard)
+    if arr.ndim != 2 or arr.shape[0] != 0:
+        raise ProtocolError(f"INIT of table key {short(spec.get('key'))}: the array must be "
+                            f"empty (0, dim), got shape {arr.shape}")
 
 
 def _push(meta: Meta, arrays: list[np.ndarray]) -> None:
     body = _body(meta)
     kinds = body.get("kinds")
     if not isinstance(kinds, str) or len(kinds) != len(meta.keys) or \
-            not set(kinds) <= set("dcr"):
-        raise ProtocolError("a push needs one kind letter (d, c or r) per key")
+            not set(kinds) <= set(PUSH_KINDS):
+        raise ProtocolError("a push needs one kind letter (d, c, r or t) per key")
     if len(set(meta.keys)) != len(meta.keys):
         raise ProtocolError("a push names a key twice")
-    if len(arrays) != len(kinds) + kinds.count("r"):
+    if len(arrays) != sum(kind_arrays(k) for k in kinds):
         raise ProtocolError("push arrays do not match their kinds")
 
 
@@ -161,6 +177,20 @@ def _dump(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
         raise _fail(meta, "dump", "a bool", body.get("dump"))
 
 
+def _lookup(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    _int(meta, body, "key", -(1 << 63), 1 << 63)
+    if not isinstance(body.get("train"), bool):
+        raise _fail(meta, "train", "true or false", body.get("train"))
+    if len(arrays) != 1 or arrays[0].ndim != 1 or arrays[0].dtype.kind not in "iu":
+        raise ProtocolError("a table lookup carries one 1-d integer array of IDs")
+
+
+def _table_key(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    _int(meta, body, "key", -(1 << 63), 1 << 63)
+    if arrays:
+        raise ProtocolError(f"{body['op']} carries no arrays, got {len(arrays)}")
+
+
 def _nothing(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     """No field beyond the op."""
 
@@ -168,8 +198,15 @@ def _nothing(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None
 def _r_round(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     _int(meta, body, "key", -(1 << 63), 1 << 63)
     _int(meta, body, "round", 0, 1 << 62)
-    _str(meta, body, "kind", ("d", "r"))
+    _str(meta, body, "kind", ("d", "r", "t"))
     _pairs(meta, body, "applied")
+    if body["kind"] == "t":     # a table shard's changed rows: one array per named field
+        fields = body.get("fields")
+        if not isinstance(fields, list) or len(fields) != len(arrays) or not all(
+                isinstance(f, str) and len(f) <= 32 for f in fields) or \
+                not isinstance(body.get("table"), dict):
+            raise ProtocolError("a replicated table round names one field per array")
+        return
     if len(arrays) != (2 if body["kind"] == "r" else 1):
         raise ProtocolError("a replicated round carries its merged value's arrays")
 
@@ -193,7 +230,7 @@ def _r_init(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
 _OPS: dict[Op | ReplOp, Callable[[Meta, dict[str, Any], list[np.ndarray]], None]] = {
     Op.OPTIMIZER: _spec("spec", nullable=False), Op.COMPRESSION: _spec("params", True),
     Op.SAVE: _dump, Op.LOAD: _state_bytes, Op.CHECKPOINT: _path, Op.RESTORE: _path,
-    Op.APPLIED: _nothing, Op.INITIAL: _nothing,
+    Op.APPLIED: _nothing, Op.INITIAL: _nothing, Op.LOOKUP: _lookup, Op.TABLE_STATS: _table_key,
     ReplOp.STATE: _r_entries, ReplOp.ROUND: _r_round, ReplOp.INIT: _r_init,
     ReplOp.OPTIMIZER: _spec("spec", nullable=True), ReplOp.COMPRESSION: _spec("params", True),
     ReplOp.LOAD: _state_bytes, ReplOp.RESTORE: _path, ReplOp.NOOP: _nothing,

@@ -87,9 +87,8 @@ def check_key(key: Any) -> int | str:
 def _check_value(key: Any, value: Any, what: str) -> None:
     if isinstance(value, TableSpec):
         raise UnsupportedError(
-            f"key {key!r}: a TableSpec declares a table key, one per init call, and only the "
-            "local store holds tables for now (dist_sync and dist_async support is coming, "
-            "issue #15). Use kv.init(key, spec) on a 'local' store.", key=key)
+            f"key {key!r}: a TableSpec declares a table key, one per init call. Call "
+            f"kv.init({key!r}, spec) for each table key.", key=key)
     if not is_array(value):
         got = "None" if value is None else f"a {type(value).__name__}"
         raise ValueTypeError(

@@ -191,6 +191,12 @@ def load_shard(engine: Engine, root: str, index: int, num_shards: int) -> int | 
                 f"but this cluster has {num_shards} servers: a restarted server reloads its "
                 "own shard. Restart the job with as many servers, then load_checkpoint.")
         for e in reader.metas[index]["entries"]:
+            if e.get("stype") == "table":       # its rows: engine.restore below
+                from ..table import TableSpec
+                from ._engine_tables import served_table
+                engine.init_table(e["id"], served_table(TableSpec.from_json(e["spec"]),
+                                                        e["key"], (index, num_shards)))
+                continue
             start, stop, shape = int(e["start"]), int(e["stop"]), tuple(e["shape"])
             sparse = e.get("stype") == "row_sparse"
             part = _part_shape(shape, start, stop, sparse)

@@ -31,11 +31,13 @@ from .._types import Key, Updater
 from ._agree import check_optimizer_spec
 from ._reduce import sum_rows
 from ._snapshot import Reader, ShardCopy
+from . import _engine_state, _engine_tables as tables
 
 __all__ = ["Engine", "EntryCopy", "PushKind", "RoundObserver", "Ticket"]
 
-#: how a pushed value travels: dense, compressed (packed words), row_sparse (rows, data)
-PushKind = Literal["d", "c", "r"]
+#: how a pushed value travels: dense, compressed (packed words), row_sparse (rows, data),
+#: table (ids, grads) to a table key's shard (``_engine_tables``; ``T``: sent again, D9)
+PushKind = Literal["d", "c", "r", "t", "T"]
 
 
 #: one key's copy: its metadata (name, id, shape, placement, round, counts), value, state
@@ -55,6 +57,9 @@ class RoundObserver(Protocol):
                       applied: dict[int, int]) -> None:
         """Round ``rnd`` of ``key`` is applied; ``applied``: worker -> pushes applied."""
 
+    def rows_born(self, key: Key, born: Any, rnd: int, applied: dict[int, int]) -> None:
+        """A training lookup of table ``key`` inserted rows (``born``: a TableRound)."""
+
 
 class Ticket:
     """One request waiting for the rounds of some of its keys to close.
@@ -63,13 +68,15 @@ class Ticket:
     ``rows`` are per-key row ids for a row_sparse pull.
     """
 
-    __slots__ = ("peer", "ts", "cmd", "keys", "remaining", "rows")
+    __slots__ = ("peer", "ts", "cmd", "keys", "remaining", "rows", "train")
 
     def __init__(self, peer: Any, ts: int, cmd: Any, keys: tuple[Key, ...],
-                 rows: list[np.ndarray] | None = None) -> None:
+                 rows: list[np.ndarray] | None = None, train: bool | None = None) -> None:
         self.peer, self.ts, self.cmd, self.keys = peer, ts, cmd, keys
         self.remaining = 0
         self.rows = rows
+        #: a table lookup of the IDs in ``rows`` (True: training, False: eval), else None
+        self.train = train
 
 
 @dataclass(slots=True)
@@ -90,7 +97,10 @@ class _Entry:
     deferred: list[tuple[int, list[np.ndarray], str, Ticket | None]] = \
         field(default_factory=list)
     sparse_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
-    last: NDArray | None = None        # the round's merged value, kept for ``replicate``
+    last: Any = None                   # the round's merged value, kept for ``replicate``
+    table: tables.ServedTable | None = None   # a table key's shard (then ``stored`` is empty)
+    part_workers: list[int] = field(default_factory=list)   # the worker of each table part
+    again: list[np.ndarray] = field(default_factory=list)   # IDs of table pushes sent again
 
 
 def _ignore(ticket: Ticket) -> None:
@@ -164,6 +174,27 @@ class Engine:
         self.stored[key] = stored
         return stored
 
+    def init_table(self, key: Key, table: tables.ServedTable) -> None:
+        """Hold ``table`` (a shard of table key ``table.name``, ``served_table``) under
+        ``key``."""
+        if key in self._entries:
+            raise KeyAlreadyInitializedError(
+                f"key {table.name!r} is initialized twice. Each key takes one init.",
+                key=table.name)
+        stored = NDArray(np.zeros((0, table.spec.dim), table.spec.dtype))
+        self._entries[key] = _Entry(table.name, stored, False, table=table)
+        self.stored[key] = stored
+
+    def table(self, key: Key, what: str, where: str = "this engine") -> tables.ServedTable:
+        """The table shard of table key ``key``, or KeyNotInitializedError/UnsupportedError."""
+        self.value_of(key, what, where)
+        table = self._entries[key].table
+        if table is None:
+            raise UnsupportedError(f"{what}: key {self._entries[key].name!r} is not a table "
+                                   "key. Use pull or row_sparse_pull.",
+                                   key=self._entries[key].name)
+        return table
+
     def value_of(self, key: Key, what: str, where: str = "this engine") -> NDArray:
         """The stored value of ``key``, or KeyNotInitializedError."""
         entry = self._entries.get(key)
@@ -193,6 +224,9 @@ class Engine:
         if spec != self._opt_spec:
             opt = optimizer.from_spec(spec)
             check_optimizer_spec(opt, spec)     # a spec that cannot update is refused now
+            for e in self._entries.values():    # and one a table key cannot run
+                if e.table is not None:
+                    tables.check_optimizer(e.table, opt)
             self.updater = optimizer.get_updater(opt)
             self._opt_spec = spec
 
@@ -217,6 +251,12 @@ class Engine:
         """Raise if ``arrays`` (of push ``kind``) do not fit ``key``; change nothing."""
         entry = self._entries[key]
         stored, name = entry.stored, entry.name
+        if entry.table is not None:
+            tables.check_table_push(entry.table, kind, arrays)
+            return
+        if kind in ("t", "T"):
+            raise UnsupportedError(f"a table push (ids, grads) to key {name!r}, which is not "
+                                   "a table key. Push arrays of its shape.", key=name)
         if kind == "c":
             if self.compressor is None:
                 raise UnsupportedError("a compressed push reached a server without gradient "
@@ -269,6 +309,8 @@ class Engine:
         if not entry.pushers:
             entry.started = self._clock()
         self.accumulate(key, arrays, kind, first=not entry.pushers)
+        if entry.table is not None:
+            entry.part_workers.append(worker)
         entry.pushers.add(worker)
         if ticket is not None:
             ticket.remaining += 1
@@ -281,8 +323,10 @@ class Engine:
     def accumulate(self, key: Key, arrays: list[np.ndarray], kind: str, first: bool) -> None:
         """Add one worker's value to ``key``'s round (``first``: the round's first)."""
         entry = self._entries[key]
-        if kind == "r":
+        if kind in "rtT":
             entry.sparse_parts.append((arrays[0].astype(np.int64), np.array(arrays[1])))
+            if kind == "T":          # a table push sent again (docs/embeddings.md D9)
+                entry.again.append(entry.sparse_parts[-1][0])
             return
         stored = entry.stored
         value = self.compressor.decompress(arrays[0], stored.size).reshape(stored.shape) \
@@ -300,9 +344,22 @@ class Engine:
     def finish(self, key: Key) -> None:
         """The round of ``key`` is complete: apply its merged value."""
         entry = self._entries[key]
+        want = self.observer is not None and self.observer.wants_merged
+        if entry.table is not None:
+            parts, entry.sparse_parts = entry.sparse_parts, []
+            if len(entry.part_workers) == len(parts) > 1:
+                # in worker order, not arrival order: the sums of duplicate IDs (R7) are
+                # then the same bits whichever worker's push came first
+                parts = [p for _w, p in sorted(zip(entry.part_workers, parts),
+                                               key=lambda wp: wp[0])]
+            entry.part_workers.clear()
+            opt = getattr(self.updater, "optimizer", None)
+            again, entry.again = entry.again, []
+            entry.last = tables.apply_round(entry.table, parts, opt, entry.name, want, again)
+            return
         merged = self._merged(entry)
         self.apply(key, merged)
-        if self.observer is not None and self.observer.wants_merged:
+        if want:
             entry.last = merged
 
     def _applied(self, key: Key, entry: _Entry) -> None:
@@ -316,10 +373,14 @@ class Engine:
         entry = self._entries[key]
         entry.round, entry.applied = rnd, dict(applied)
 
-    def replay(self, key: Key, merged: NDArray, rnd: int, applied: dict[int, int]) -> None:
+    def replay(self, key: Key, merged: Any, rnd: int, applied: dict[int, int]) -> None:
         """A backup's copy of a primary's applied round: the same update, the same counts."""
         entry = self._entries[key]
-        self.apply(key, merged)
+        if entry.table is not None:
+            assert isinstance(merged, tables.TableRound)
+            tables.put_rows(entry.table, merged.arrays, merged.meta)
+        else:
+            self.apply(key, merged)
         entry.round, entry.applied = rnd, dict(applied)
 
     def _merged(self, entry: _Entry) -> NDArray:
@@ -370,32 +431,14 @@ class Engine:
         return len(self._entries)
 
     def copy_entry(self, key: Key) -> EntryCopy:
-        """A copy of one key: its metadata, its value, its optimizer state."""
-        entry = self._entries[key]
-        data = entry.stored._data
-        start, stop, full = entry.place or (0, _units(data.shape, entry.sparse), data.shape)
-        meta = {"key": entry.name, "id": key, "shape": list(full), "dtype": data.dtype.name,
-                "stype": "row_sparse" if entry.sparse else "default", "start": start,
-                "stop": stop, "round": entry.round,
-                "applied": [[w, n] for w, n in sorted(entry.applied.items())]}
-        states = getattr(self.updater, "states", None)
-        state = _copy_state(states.get(entry.name)) if isinstance(states, dict) else None
-        return meta, np.array(data, copy=True), state
+        """A copy of one key: its metadata, its value (a table shard's: its arrays by
+        name), its optimizer state."""
+        return _engine_state.copy_entry(self, key, self._entries[key])
 
     def shard_copy(self, copies: list[EntryCopy]) -> ShardCopy:
         """A shard made of key copies (:meth:`copy_entry`), with the optimizer and the
         compression settings."""
-        upd = self.updater
-        spec = None
-        if upd is not None and hasattr(upd, "optimizer"):
-            try:
-                spec = upd.optimizer.to_spec()
-            except KVStoreError:    # an unregistered optimizer: states only
-                spec = None
-        states = None if upd is None or not hasattr(upd, "get_states") else \
-            {m["key"]: st for m, _a, st in copies if st is not None}
-        return ShardCopy([m for m, _a, _s in copies], [a for _m, a, _s in copies], states,
-                         spec, self._gc_params)
+        return _engine_state.shard_copy(self, copies)
 
     def snapshot(self) -> ShardCopy:
         """A copy of the whole shard (values, optimizer states, rounds, placement): the
@@ -414,40 +457,13 @@ class Engine:
 
     def restore(self, reader: Reader, counters: bool = False) -> None:
         """Set every key this engine holds from a checkpoint (its part of each key, on
-        whatever placement saved it), with optimizer states; all or nothing.
+        whatever placement saved it; a table shard re-hashed from however many servers
+        saved it), with optimizer states; all or nothing.
 
         ``counters``: also the rounds and per-worker push counts (a restarted server of the
         same job); else they keep counting this job's pushes (``kv.load_checkpoint``).
         """
-        plan = []
-        for e in self._entries.values():
-            meta = reader.key_meta(e.name)
-            data = e.stored._data
-            start, stop, full = e.place or (0, _units(data.shape, e.sparse), data.shape)
-            if tuple(meta["shape"]) != tuple(full) or meta["dtype"] != data.dtype.name \
-                    or (meta["stype"] == "row_sparse") != e.sparse:
-                raise CheckpointError(
-                    f"key {e.name!r} is {list(full)} {data.dtype.name} here but "
-                    f"{meta['shape']} {meta['dtype']} ({meta['stype']}) in checkpoint "
-                    f"{reader.directory!r}. Load a checkpoint of the same model.", key=e.name)
-            plan.append((e, start, stop))
-        spec = reader.optimizer()
-        values = [reader.value(e.name, start, stop, e.stored.shape) for e, start, stop in plan]
-        states = {e.name: reader.state(e.name, start, stop, e.stored.shape)
-                  for e, start, stop in plan}
-        if spec is not None:
-            self.updater = optimizer.get_updater(optimizer.from_spec(spec))
-            self._opt_spec = spec
-        upd = self.updater
-        for (e, _start, _stop), value in zip(plan, values, strict=True):
-            np.copyto(e.stored._data, value)
-            if counters:
-                e.round = reader.round(e.name)
-                e.applied = reader.applied(e.name)
-            st = states[e.name]
-            if st is not None and isinstance(getattr(upd, "states", None), dict):
-                upd.states[e.name] = st         # type: ignore[union-attr]
-                upd.states_synced[e.name] = False  # type: ignore[union-attr]
+        _engine_state.restore(self, reader, counters)
 
     # ---- tickets ---------------------------------------------------------------------
     def hold(self, ticket: Ticket) -> None:
@@ -471,7 +487,17 @@ class Engine:
         """The stored values (or the rows asked for) a closed ``ticket`` returns."""
         out = []
         for i, k in enumerate(ticket.keys):
-            stored = self._entries[k].stored
+            entry = self._entries[k]
+            if entry.table is not None and ticket.train is not None and ticket.rows:
+                want = self.observer is not None and self.observer.wants_merged
+                got, born = tables.lookup_arrays(entry.table, ticket.rows[i], ticket.train,
+                                                 want)
+                out.extend(got)
+                if born is not None and self.observer is not None:
+                    # rows born by this lookup reach the backup before it is answered
+                    self.observer.rows_born(k, born, entry.round, entry.applied)
+                continue
+            stored = entry.stored
             out.append(stored._data if ticket.rows is None else stored._data[ticket.rows[i]])
         return out
 
@@ -511,20 +537,5 @@ class Engine:
         entry.waiting, entry.deferred, entry.pulls = [], [], []
         entry.pushers.clear()
         entry.sparse_parts.clear()
-
-
-def _units(shape: tuple[int, ...], sparse: bool) -> int:
-    """Elements of a dense key, rows of a row_sparse one."""
-    return (shape[0] if shape else 0) if sparse else int(np.prod(shape, dtype=np.int64))
-
-
-def _copy_state(state: Any) -> Any:
-    """A deep copy of an optimizer state (NDArrays, tuples or lists of them, scalars)."""
-    if isinstance(state, RowSparseNDArray):
-        return RowSparseNDArray(np.array(state._data), np.array(state._indices), state.shape)
-    if isinstance(state, NDArray):
-        return NDArray(np.array(state._data, copy=True), state.context)
-    if isinstance(state, (tuple, list)):
-        items = [_copy_state(s) for s in state]
-        return tuple(items) if isinstance(state, tuple) else items
-    return state
+        entry.part_workers.clear()
+        entry.again.clear()

@@ -41,6 +41,8 @@ from .._ps.transport import Connection, connect
 from .._ps.zeromq import ZmqContext
 from .._types import Key
 from ._engine import Engine
+from ._engine_tables import TableRound, restore_table, served_table
+from ._server_tables import init_entries
 from ._snapshot import Reader, ShardCopy
 
 __all__ = ["Backups", "PURPOSE", "Replicator", "apply_change",
@@ -173,10 +175,16 @@ class Replicator:
         return last
 
     # ---- what the engine and the server replicate ------------------------------------------
-    def round(self, key: Key, merged: NDArray, rnd: int, applied: dict[int, int]) -> None:
+    def round(self, key: Key, merged: NDArray | TableRound, rnd: int,
+              applied: dict[int, int]) -> None:
         """The engine's ``replicate`` hook: one applied round (or async push) of ``key``."""
         counters = {"key": key, "round": rnd, "applied": [[w, n] for w, n in applied.items()]}
-        if isinstance(merged, RowSparseNDArray):
+        if isinstance(merged, TableRound):      # a table shard's changed rows
+            fields = list(merged.arrays)
+            self.send(ReplOp.ROUND, {**counters, "kind": "t", "fields": fields,
+                                     "table": merged.meta},
+                      [np.ascontiguousarray(merged.arrays[f]) for f in fields], wait=False)
+        elif isinstance(merged, RowSparseNDArray):
             self.send(ReplOp.ROUND, {**counters, "kind": "r"},
                       [np.ascontiguousarray(merged._indices), np.ascontiguousarray(merged._data)],
                       wait=False)
@@ -187,12 +195,24 @@ class Replicator:
 
 def encode_copy(copy: ShardCopy, sync: bool) -> tuple[dict[str, Any], list[np.ndarray]]:
     """A whole shard as one replication message (JSON body, arrays; no pickle)."""
-    arrays = list(copy.arrays)
+    arrays: list[np.ndarray] = []
+    entries: list[dict[str, Any]] = []
+    tables: list[tuple[int, dict[str, np.ndarray]]] = []
+    for e, a in zip(copy.entries, copy.arrays, strict=True):
+        if isinstance(a, dict):         # a table shard: its state's arrays after the rest
+            tables.append((len(entries), a))
+            a = np.zeros(0)
+        entries.append(e)
+        arrays.append(a)
     states = None
     if copy.states is not None:
         arrays.append(np.frombuffer(encode_states(copy.states), dtype=np.uint8))
         states = len(arrays) - 1
-    return ({"entries": copy.entries, "optimizer": copy.optimizer, "states": states,
+    entries = [dict(e) for e in entries]
+    for i, named in tables:
+        entries[i]["fields"] = {f: len(arrays) + j for j, f in enumerate(named)}
+        arrays.extend(np.ascontiguousarray(v) for v in named.values())
+    return ({"entries": entries, "optimizer": copy.optimizer, "states": states,
              "compression": copy.compression, "sync": sync}, arrays)
 
 
@@ -204,8 +224,11 @@ def install_copy(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray])
     if body.get("optimizer") is not None:
         engine.set_optimizer_spec(body["optimizer"])
     for e, arr in zip(body["entries"], arrays, strict=False):
-        engine.init(e["id"], arr, e.get("stype") == "row_sparse", e["key"],
-                    place=(int(e["start"]), int(e["stop"]), tuple(e["shape"])))
+        if e.get("stype") == "table":
+            _install_table(engine, e, arrays)
+        else:
+            engine.init(e["id"], arr, e.get("stype") == "row_sparse", e["key"],
+                        place=(int(e["start"]), int(e["stop"]), tuple(e["shape"])))
         engine.set_counters(e["id"], int(e.get("round", 0)),
                             {int(w): int(n) for w, n in e.get("applied", [])})
     if body.get("states") is not None and engine.updater is not None:
@@ -214,6 +237,15 @@ def install_copy(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray])
         for name, st in states.items():
             upd.states[name] = st
             upd.states_synced[name] = False
+
+
+def _install_table(engine: Engine, e: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """A table shard of a whole copy: made from its state (``DynamicTable.from_state``)."""
+    from ..table import TableSpec
+    shard = (int(e["shard"][0]), int(e["shard"][1]))
+    empty = served_table(TableSpec.from_json(e["spec"]), e["key"], shard)
+    named = {f: arrays[int(i)] for f, i in e["fields"].items()}
+    engine.init_table(e["id"], restore_table(empty, [(shard[0], named, e["table"])]))
 
 
 class Backups:
@@ -331,10 +363,14 @@ class Backups:
 
 def _round(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     key = body["key"]
+    applied = {int(w): int(n) for w, n in body.get("applied", [])}
+    if body.get("kind") == "t":         # a table shard's changed rows (validate: fields)
+        engine.replay(key, TableRound(dict(zip(body["fields"], arrays)), body["table"]),
+                      int(body["round"]), applied)
+        return
     if body.get("kind") == "r" and len(arrays) != 2 or body.get("kind") != "r" and \
             len(arrays) != 1:
         raise ProtocolError("a replicated round needs its merged value's arrays")
-    applied = {int(w): int(n) for w, n in body.get("applied", [])}
     entry_shape = engine.value_of(key, "replicate").shape
     merged: NDArray = RowSparseNDArray(arrays[1], arrays[0].astype(np.int64), entry_shape) \
         if body.get("kind") == "r" else NDArray(arrays[0])
@@ -342,11 +378,7 @@ def _round(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> No
 
 
 def _init(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
-    for k, spec, arr in zip(body["keys"], body["entries"], arrays, strict=True):
-        place = spec.get("place")
-        engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
-                    place=None if not isinstance(place, list) else
-                    (int(place[0]), int(place[1]), tuple(place[2])))
+    init_entries(engine, tuple(body["keys"]), body["entries"], arrays)
 
 
 def _restore(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:

@@ -58,6 +58,12 @@ class Shard:
         if self.periodic is not None:
             self.periodic.round_applied(key, merged, rnd, applied)
 
+    def rows_born(self, key: Key, born: Any, rnd: int, applied: dict[int, int]) -> None:
+        """A training lookup inserted rows of table ``key``: to the backup (not a round,
+        so not to the periodic copies)."""
+        if self.replicator is not None:
+            self.replicator.round(key, born, rnd, applied)
+
     def forward(self, op: ReplOp, body: dict[str, Any],
                 arrays: list[np.ndarray] | tuple[()] = ()) -> None:
         """Replicate a change of this shard to its backup (before anyone is answered)."""

@@ -11,7 +11,11 @@ A checkpoint is a directory::
 ``__meta__`` lists one entry per stored part: ``{"key", "shape" (the whole key's), "dtype",
 "stype", "start", "stop" (elements of the flat key, rows for row_sparse), "round", "applied"
 (per worker: pushes included)}`` plus the
-optimizer spec and the compression params. Every file is written to a temporary name and
+optimizer spec and the compression params. A table key's shard (docs/embeddings.md) is an
+entry of ``"stype": "table"`` with its ``spec``, its ``shard`` ``[i, n]`` and its state's
+metadata (``table``); its rows are stored by ID as arrays ``w<i>.ids``, ``w<i>.values``,
+... (``DynamicTable.state``), so every server's part together is the table, whatever
+number of servers reads it back (each keeps the IDs ``shard_of`` routes to it). Every file is written to a temporary name and
 renamed, so a checkpoint is complete when its manifest and every shard it names exist.
 Invariant: the parts of a key in a complete checkpoint cover it exactly once, so it loads
 onto any number of servers (:class:`Reader` cuts and joins parts and optimizer states).
@@ -48,11 +52,11 @@ class ShardCopy:
     """One shard copied out of an engine: what a writer thread may write while it serves.
 
     ``entries`` are JSON dicts (see the module docstring); ``arrays[i]`` is entry ``i``'s
-    part; ``states`` copies of the optimizer states by key, or None without an optimizer.
+    part (a table shard's: a dict of named arrays); ``states`` copies of the optimizer states by key, or None without an optimizer.
     """
 
     entries: list[dict[str, Any]]
-    arrays: list[np.ndarray]
+    arrays: list[Any]
     states: dict[Any, Any] | None
     optimizer: Any
     compression: Any
@@ -87,7 +91,12 @@ def write_shard(copy: ShardCopy, directory: str, index: int) -> str:
     os.makedirs(directory, exist_ok=True)
     meta = {"format": FORMAT, "version": VERSION, "entries": copy.entries,
             "optimizer": copy.optimizer, "compression": copy.compression}
-    named: dict[str, np.ndarray] = {f"w{i}": a for i, a in enumerate(copy.arrays)}
+    named: dict[str, np.ndarray] = {}
+    for i, a in enumerate(copy.arrays):
+        if isinstance(a, dict):         # a table shard: its rows by ID
+            named.update({f"w{i}.{field}": v for field, v in a.items()})
+        else:
+            named[f"w{i}"] = a
     named[_META] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     if copy.states is not None:
         named[_STATES] = np.frombuffer(encode_states(copy.states), dtype=np.uint8)
@@ -202,6 +211,8 @@ class Reader:
             for i, e in enumerate(meta["entries"]):
                 self.parts.setdefault(e["key"], []).append(_Part(s, i, e["start"], e["stop"], e))
         for key, parts in self.parts.items():
+            if parts[0].meta.get("stype") == "table":
+                continue        # stored by ID: every part is rows of its own IDs
             parts.sort(key=lambda p: p.start)
             units = _units(parts[0].meta)
             pos = 0
@@ -272,9 +283,34 @@ class Reader:
         """The round ``key`` was saved at (the newest of its parts)."""
         return max(int(p.meta.get("round", 0)) for p in self.parts[key])
 
-    def applied(self, key: Any) -> dict[int, int]:
-        """Per worker, how many of its pushes of ``key`` the checkpoint includes."""
-        pairs = self.parts[key][0].meta.get("applied") or []
+    def table_parts(self, key: Any) -> list[tuple[int, dict[str, np.ndarray], dict[str, Any]]]:
+        """Each saved shard of table ``key``: (its index, its arrays by name, its state's
+        metadata), the input of ``DynamicTable.from_state``."""
+        out = []
+        for p in self.parts[key]:
+            f = self._file(p.shard)
+            prefix = f"w{p.index}."
+            try:
+                arrays = {n[len(prefix):]: np.asarray(f[n]) for n in f.files
+                          if n.startswith(prefix)}
+            except (OSError, ValueError) as err:
+                raise CheckpointError(f"cannot read table {key!r} from shard {p.shard} of "
+                                      f"{self.directory!r}: {err}. The checkpoint is damaged; "
+                                      "load an earlier one.", key=key) from err
+            meta = p.meta.get("table")
+            if not isinstance(meta, dict) or "ids" not in arrays:
+                raise CheckpointError(f"shard {p.shard} of {self.directory!r} has no readable "
+                                      f"rows of table {key!r}. The checkpoint is damaged.",
+                                      key=key)
+            out.append((p.shard, arrays, meta))
+        return sorted(out, key=lambda t: t[0])
+
+    def applied(self, key: Any, shard: int | None = None) -> dict[int, int]:
+        """Per worker, how many of its pushes of ``key`` the checkpoint includes (in the
+        part saved by ``shard``, if given and saved)."""
+        parts = self.parts[key]
+        mine = [p for p in parts if p.shard == shard]
+        pairs = (mine or parts)[0].meta.get("applied") or []
         return {int(w): int(n) for w, n in pairs}
 
     def _shard_states(self, shard: int) -> dict[Any, Any]:

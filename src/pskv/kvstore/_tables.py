@@ -17,7 +17,9 @@ from ..nd.sparse import RowSparseNDArray
 from ..table import DynamicTable, TableSpec
 from .._types import Key
 from ._args import as_numpy, check_key
+from ._engine_tables import restore_from, table_copy
 from ._keys import KeyTable
+from ._snapshot import Reader, ShardCopy
 
 __all__ = ["TableMethods", "Tables"]
 
@@ -116,6 +118,14 @@ class Tables:
             o._indices = r
             o._full_shape = (max(o.shape[0], 1), table.spec.dim)
 
+    def lookup(self, key: Any, ids: Any, train: bool) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, found)`` of ``ids`` in table ``key`` (R5, R6)."""
+        return self.get(key, "lookup").lookup(ids, train=train)
+
+    def stats(self, key: Any) -> dict[str, int]:
+        """The counters of table ``key`` (R14)."""
+        return self.get(key, "read the stats of").stats()
+
     def refuse(self, key: Any, action: str) -> None:
         """Raise for an array call (pull, pushpull, broadcast) on a table key."""
         raise UnsupportedError(
@@ -123,13 +133,24 @@ class Tables:
             "kv.row_sparse_pull(key, out, row_ids=ids) or kv.lookup(key, ids).",
             key=key, store_type=self.store_type)
 
-    def refuse_checkpoint(self, action: str) -> None:
-        """Raise if any table key would be left out of a checkpoint."""
-        if self.tables:
-            raise UnsupportedError(
-                f"cannot {action} a store with table keys {sorted(self.tables, key=str)!r} "
-                "yet: checkpoints of tables come with their server integration. Save them "
-                "with DynamicTable.state() meanwhile.", store_type=self.store_type)
+    def save_into(self, copy: ShardCopy) -> None:
+        """Add every table (its rows by ID, docs/embeddings.md D7) to checkpoint ``copy``."""
+        for key, table in self.tables.items():
+            fields, arrays = table_copy(table)
+            copy.entries.append({"key": key, "id": key, **fields, "round": table.step,
+                                 "applied": []})
+            copy.arrays.append(arrays)
+
+    def read(self, reader: Reader) -> dict[Key, DynamicTable]:
+        """Every table rebuilt from checkpoint ``reader`` (saved by any number of servers),
+        to :meth:`install` once everything else loaded; CheckpointError, changing nothing,
+        if a key is not a table of the same dim and dtype there."""
+        return {key: restore_from(table, key, reader.key_meta(key), reader)
+                for key, table in self.tables.items()}
+
+    def install(self, made: dict[Key, DynamicTable]) -> None:
+        """Hold the tables :meth:`read` made."""
+        self.tables.update(made)
 
 
 def _pairs(key: Any, value: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -167,11 +188,16 @@ def _array(key: Any, obj: Any, what: str) -> np.ndarray:
 
 
 class TableMethods:
-    """The table-only calls of a store that holds table keys (mixed into LocalKVStore)."""
+    """The table-only calls of a store that holds table keys (mixed into LocalKVStore and
+    DistKVStore, whose ``_tables`` sends them to the servers)."""
 
     _tables: Tables
     _lock: Any
     _keys: KeyTable
+
+    def _table_begin(self) -> None:
+        """What every table call checks first (the store is open)."""
+        self._keys.check_open()
 
     def lookup(self, key: Key, ids: Any, train: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Read the rows of raw IDs from table key ``key``.
@@ -202,12 +228,13 @@ class TableMethods:
         [False, False]
         """
         with self._lock:
-            self._keys.check_open()
-            return self._tables.get(key, "lookup").lookup(ids, train=train)
+            self._table_begin()
+            return self._tables.lookup(key, ids, train)
 
     def table_stats(self, key: Key) -> dict[str, int]:
         """The counters of table key ``key``: rows, step, lookups, misses, inserts,
         refusals, evictions (evicted_ttl, evicted_capacity), dropped_pushes, pushed_rows.
+        A dist store sums them over the servers (``step``: the same on every server).
 
         Examples
         --------
@@ -220,5 +247,5 @@ class TableMethods:
         (2, 3, 3)
         """
         with self._lock:
-            self._keys.check_open()
-            return self._tables.get(key, "read the stats of").stats()
+            self._table_begin()
+            return self._tables.stats(key)

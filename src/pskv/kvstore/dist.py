@@ -16,7 +16,7 @@ import atexit
 import contextlib
 import logging
 import threading
-from typing import Any, Callable, Iterator, overload
+from typing import Any, Iterator, overload
 
 import numpy as np
 import zmq
@@ -33,8 +33,10 @@ from .._ps.postoffice import Postoffice
 from .._ps.zeromq import ZmqContext
 from .._ps.worker import KVWorker
 from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
+from ..table import TableSpec
 from ._args import as_numpy, normalize, row_ids_by_key
-from ._durable import checkpoint_path
+from ._dist_checkpoints import CheckpointMethods
+from ._dist_tables import DistTables, init_table
 from ._datapath import DataPath
 from ._held import HeldPush
 from ._keys import KeyRecord, KeyTable
@@ -43,6 +45,7 @@ from ._snapshot import Reader, check_keys, write_manifest
 from ._agree import check_agreement, init_spec
 from ._placement import assemble, parts
 from ._states import read_states, write_states
+from ._tables import TableMethods
 from .base import KVStoreBase, check_capability, check_optimizer
 
 __all__ = ["DistKVStore"]
@@ -50,12 +53,14 @@ __all__ = ["DistKVStore"]
 log = logging.getLogger(__name__)
 
 
-class DistKVStore(KVStoreBase):
+class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
     """A worker's handle on a parameter-server cluster (``dist_*`` store types).
 
     Create it with ``pskv.kv.create('dist_sync')`` in a process started by ``pskv-launch``
     (or with the DMLC_* variables set by hand).
     """
+
+    _tables: DistTables
 
     def __init__(self, name: str, cfg: ClusterConfig,
                  zmq_context: zmq.Context[Any] | None = None) -> None:
@@ -89,6 +94,8 @@ class DistKVStore(KVStoreBase):
             raise
         self._loads = [0] * self._po.num_servers
         self._path = DataPath(self._store, self._kv, self._reducer, self._wait_all)
+        #: table keys (docs/embeddings.md): rows on the servers, by a hash of the ID
+        self._tables = DistTables(name, self._kv, self._po.num_servers, self._wait_all)
         self._by_pskey: dict[int, Key] = {}
         self._held = HeldPush(cfg.coalesce_bytes if self._sync else 0)
         self._initial_sent = False
@@ -131,6 +138,10 @@ class DistKVStore(KVStoreBase):
         with self._unlocked():
             return self._kv.wait_all(tss, what)
 
+    def _table_begin(self) -> None:
+        """A table call's checks (``TableMethods``): as every call's."""
+        self._begin()
+
     def _begin(self, pulling: bool = False) -> None:
         self._keys.check_open()
         self._po.check()
@@ -163,10 +174,14 @@ class DistKVStore(KVStoreBase):
     def init(self, key: KeyArg, value: ValueArg) -> None:
         """Initialize keys on the servers: every worker calls it; rank 0's values are kept.
 
-        Raises on every worker if any worker's keys, shapes or dtypes differ.
+        Raises on every worker if any worker's keys, shapes or dtypes differ. A
+        ``TableSpec`` (``pskv.table``) declares a table key on every server.
         """
+        if isinstance(value, TableSpec):
+            return init_table(self, key, value)
         with self._collective_lock, self._lock:
             self._begin()
+            self._tables.taken(key)
             keys: list[Key] = []
             groups: list[list[Any]] = []
             specs = None
@@ -259,6 +274,9 @@ class DistKVStore(KVStoreBase):
         """
         with self._lock:
             self._begin()
+            if self._tables.owns(key):
+                self._first_push()
+                return self._tables.push(key, value, None)
             keys, groups = normalize(key, value)
             self._keys.validate_push(keys, groups, self._path.compressor is not None)
             self._push_validated(keys, groups)
@@ -339,6 +357,8 @@ class DistKVStore(KVStoreBase):
         """
         with self._lock:
             self._begin(pulling=True)
+            if self._tables.owns(key):
+                self._tables.refuse(key, "pull")
             if out is None:
                 return self._pull_new(key)
             keys, groups = normalize(key, out, "out")
@@ -351,6 +371,8 @@ class DistKVStore(KVStoreBase):
         """Push, then pull the round's result, in one message per server."""
         with self._lock:
             self._begin()
+            if self._tables.owns(key):
+                self._tables.refuse(key, "pushpull")
             keys, groups = normalize(key, value)
             okeys, ogroups = normalize(key, value if out is None else out, "out")
             self._keys.validate_push(keys, groups, self._path.compressor is not None)
@@ -372,6 +394,8 @@ class DistKVStore(KVStoreBase):
         """Pull rows ``row_ids`` of row_sparse keys from the servers holding them."""
         with self._lock:
             self._begin()
+            if self._tables.owns(key):
+                return self._tables.row_sparse_pull(key, out, row_ids)
             self._keys.need_rows(key, out, row_ids)
             keys, groups = normalize(key, out, "out")
             rows = row_ids_by_key(key, keys, groups, row_ids)
@@ -390,6 +414,7 @@ class DistKVStore(KVStoreBase):
         with self._lock:
             self._begin()
             self._to_all(Command.COMMAND, command(Op.OPTIMIZER, spec=spec))
+            self._tables.optimizer = optimizer
 
     def set_updater(self, updater: Updater) -> None:
         """Not available in dist stores: the update runs on the servers. Use set_optimizer."""
@@ -428,61 +453,6 @@ class DistKVStore(KVStoreBase):
             tss = [self._kv.request(s, Command.COMMAND, body=command(Op.LOAD), arrays=[b])
                    for s, b in enumerate(blobs)]
             self._wait_all(tss, "the servers to load states")
-
-    # ---- checkpoints (docs/durability.md) --------------------------------------------------
-    def save_checkpoint(self, path: str) -> None:
-        """Every server writes its shard to the directory ``path``; rank 0 the manifest.
-
-        Collective: every worker calls it at the same point. Each worker's pushes made
-        before it are applied first, so the checkpoint holds whole rounds. Each server
-        pauses for one in-memory copy of its shard and writes it on a thread, all servers in
-        parallel; the call returns once every shard is on disk. ``path`` must be a
-        directory every server can write (a shared file system across hosts).
-        """
-        def write(where: str) -> None:
-            self._to_all(Command.COMMAND, command(Op.CHECKPOINT, path=where))
-            write_manifest(where, self._po.num_servers, None, self._type)
-        self._by_rank0("save_checkpoint", "written", path, write)
-
-    def load_checkpoint(self, path: str) -> None:
-        """Set every key from the checkpoint in ``path``, written by any number of servers
-        (or by a local store): values, optimizer states (and optimizer), rounds.
-
-        Collective. The workers must have initialized exactly the checkpoint's keys with
-        the same shapes and dtypes; call ``set_optimizer`` before loading, not after (a
-        saved optimizer replaces it). Raises CheckpointError on every worker otherwise.
-        """
-        def restore(where: str) -> None:
-            reader = Reader(where)
-            try:
-                check_keys(reader, list(self._store), where)
-            finally:
-                reader.close()
-            self._to_all(Command.COMMAND, command(Op.RESTORE, path=where))
-        self._by_rank0("load_checkpoint", "loaded", path, restore)
-
-    def _by_rank0(self, call: str, done: str, path: str, action: Callable[[str], None]) -> None:
-        """A collective call that worker 0 carries out on the checkpoint directory ``path``
-        (after every worker's pushes are applied); its error is raised on every worker."""
-        with self._lock:
-            self._begin()
-            self._kv.flush()
-            self._collective(call)
-            error = None
-            if self.rank == 0:
-                where = checkpoint_path(path)
-                try:
-                    action(where)
-                except (KVStoreError, OSError) as err:
-                    error = f"{type(err).__name__}: {err}"
-            self._finish_collective(f"{call} ({done})", error)
-
-    def _finish_collective(self, call: str, error: str | None) -> None:
-        """The closing barrier of a call rank 0 carried out; raise its error everywhere."""
-        payloads = self._collective(call, {"error": error})
-        msg = (payloads.get("0") or {}).get("error")
-        if msg:
-            raise CheckpointError(f"{msg} (worker 0 reported it)")
 
     # ---- cluster ---------------------------------------------------------------------------------
     def barrier(self) -> None:

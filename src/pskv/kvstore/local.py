@@ -454,8 +454,8 @@ class LocalKVStore(TableMethods, KVStoreBase):
         """
         with self._lock:
             self._keys.check_open()
-            self._tables.refuse_checkpoint("save a checkpoint of")
             copy = self._engine.snapshot()
+            self._tables.save_into(copy)
             write_shard(copy, path, 0)
             write_manifest(path, 1, None, self._type)
 
@@ -474,11 +474,12 @@ class LocalKVStore(TableMethods, KVStoreBase):
         """
         with self._lock:
             self._keys.check_open()
-            self._tables.refuse_checkpoint("load a checkpoint into")
             reader = Reader(path)
             try:
-                check_keys(reader, list(self._engine.stored), path)
+                check_keys(reader, list(self._engine.stored) + list(self._tables.tables), path)
+                made = self._tables.read(reader)
                 self._engine.restore(reader)
+                self._tables.install(made)
             finally:
                 reader.close()
 

@@ -18,12 +18,12 @@ from typing import Any, Callable
 import numpy as np
 import zmq
 
-from ..errors import CheckpointError, ClusterError, KeyAlreadyInitializedError, KVStoreError, NodeFailedError, ProtocolError, \
+from ..errors import CheckpointError, ClusterError, KVStoreError, NodeFailedError, ProtocolError, \
     ShapeMismatchError
 from .._ps.auth import Verifier
 from .._ps.config import ClusterConfig, advertised_host
 from .._ps.membership import ServerRejoined
-from .._ps.message import Command, Meta
+from .._ps.message import Command, Meta, kind_arrays
 from .._ps.ops import Op, ReplOp, parse
 from .._ps.postoffice import Postoffice
 from .._ps.serve import ServeLoop
@@ -34,6 +34,7 @@ from .._ps.zeromq import ZmqContext
 from ._engine import Engine, Ticket
 from ._durable import Snapshots, load_shard
 from ._replica import Backups
+from ._server_tables import cmd_lookup, cmd_table_stats, init_entries, stats_reply
 from ._shards import Shard, Shards
 
 __all__ = ["KVServer"]
@@ -183,6 +184,8 @@ class KVServer:
     def _answer(self, ticket: Ticket, engine: Engine) -> None:
         if ticket.cmd == Command.PUSH:      # pushes are not acknowledged one by one
             self._push_done(ticket.peer)
+        elif ticket.cmd is Op.TABLE_STATS:
+            self._send(ticket.peer, Command.ACK, ticket.ts, stats_reply(engine, ticket))
         else:
             self._send(ticket.peer, Command.DATA, ticket.ts, arrays=engine.values(ticket))
 
@@ -223,18 +226,10 @@ class KVServer:
             keys = tuple(keys[i] for i in kept)
             specs, arrays = [specs[i] for i in kept], [arrays[i] for i in kept]
         for k, spec, arr in zip(keys, specs, arrays):
-            if k in shard.engine:
-                raise KeyAlreadyInitializedError(
-                    f"key {spec.get('key')!r} is initialized twice. Each key takes one init.",
-                    key=spec.get("key"))
             if tuple(spec.get("shape", ())) != arr.shape:
                 raise ShapeMismatchError(f"INIT of key {spec.get('key')!r}: shape "
                                          f"{arr.shape} != declared {spec.get('shape')}")
-        for k, spec, arr in zip(keys, specs, arrays):
-            place = spec.get("place")
-            shard.engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
-                             place=None if not isinstance(place, list) or len(place) != 3
-                             else (int(place[0]), int(place[1]), tuple(place[2])))
+        init_entries(shard.engine, keys, specs, arrays)     # table keys too
         shard.forward(ReplOp.INIT, {"keys": list(keys), "entries": specs}, arrays)
         self._send(conn, Command.ACK, ts)
 
@@ -244,8 +239,11 @@ class KVServer:
         message's form (one kind letter per distinct key, arrays to match) was checked by
         ``validate.request`` before any handler ran."""
         items, pos = [], 0
+        again = bool(body.get("again"))
         for k, kind in zip(keys, body["kinds"], strict=True):
-            n = 2 if kind == "r" else 1
+            n = kind_arrays(kind)
+            if again and kind == "t":
+                kind = "T"          # a table push sent again (docs/embeddings.md D9)
             shard.engine.value_of(k, "push", self._where())
             part = arrays[pos:pos + n]
             shard.engine.check_push(k, kind, part, self._where())
@@ -371,6 +369,7 @@ class KVServer:
         Op.APPLIED: _cmd_applied, Op.INITIAL: _cmd_initial, Op.OPTIMIZER: _cmd_optimizer,
         Op.COMPRESSION: _cmd_compression, Op.SAVE: _cmd_save, Op.LOAD: _cmd_load,
         Op.CHECKPOINT: _cmd_checkpoint, Op.RESTORE: _cmd_restore,
+        Op.LOOKUP: cmd_lookup, Op.TABLE_STATS: cmd_table_stats,
     }
 
     _handlers: dict[Command, Callable[..., None]] = {

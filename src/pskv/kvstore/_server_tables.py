@@ -1,0 +1,93 @@
+"""A server's table requests: table inits, lookups and counters (docs/embeddings.md).
+
+A worker inits a table key on every server (one INIT entry per server, ``"stype":
+"table"``, the TableSpec as JSON and the server's shard ``[i, n]``); each server then holds
+the rows whose IDs ``shard_of`` routes to it (R13) in its engine (``_engine_tables``).
+Pushes travel as ordinary PUSH messages of kind ``t`` and join the engine's rounds; the two
+COMMAND ops here answer a lookup (after this worker's pending push of the key, as a pull
+does) and a shard's counters. Every field was checked by ``_ps.validate`` before a handler
+runs; what it means (a table key, IDs this server owns) is checked here, before any change.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import KeyAlreadyInitializedError, TableSpecError
+from ..table import TableSpec
+from .._ps.message import Command
+from .._ps.ops import Op
+from ._engine import Engine, Ticket
+from ._engine_tables import check_lookup, check_optimizer, served_table
+
+__all__ = ["cmd_lookup", "cmd_table_stats", "init_entries", "stats_reply"]
+
+
+def init_entries(engine: Engine, keys: tuple[int, ...], specs: list[dict[str, Any]],
+                 arrays: list[np.ndarray]) -> None:
+    """Init every entry of an INIT (or its replicated copy): arrays and table shards; all
+    checked and every table made first (a TableSpec that does not parse, a key held
+    already, rows that cannot be reserved), then held."""
+    tables: dict[int, Any] = {}
+    for k, spec in zip(keys, specs):
+        if k in engine:
+            raise KeyAlreadyInitializedError(
+                f"key {spec.get('key')!r} is initialized twice. Each key takes one init.",
+                key=spec.get("key"))
+        if spec.get("stype") == "table":
+            declared = TableSpec.from_json(spec.get("table"))
+            i, n = spec["shard"]
+            try:
+                tables[k] = served_table(declared, spec["key"], (int(i), int(n)))
+            except (MemoryError, ValueError) as err:
+                raise TableSpecError(
+                    f"table {spec['key']!r}: dim {declared.dim} with reserve_rows "
+                    f"{declared.reserve_rows} cannot be allocated here ({err}). Reserve "
+                    "fewer rows.", key=spec["key"]) from err
+    opt = getattr(engine.updater, "optimizer", None)
+    for made in tables.values():
+        if opt is not None:
+            check_optimizer(made, opt)     # the row optimizer it would run (R12)
+    for k, spec, arr in zip(keys, specs, arrays):
+        if k in tables:
+            engine.init_table(k, tables[k])
+            continue
+        place = spec.get("place")
+        engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
+                    place=None if not isinstance(place, list) or len(place) != 3
+                    else (int(place[0]), int(place[1]), tuple(place[2])))
+
+
+def cmd_lookup(server: Any, shard: Any, conn: Any, worker: int, ts: int,
+               body: dict[str, Any], arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+    """Rows and found mask of the IDs in ``arrays[0]``, answered as DATA once this worker's
+    pending push of the key (``dist_sync``) is applied; a training lookup may insert."""
+    key = body["key"]
+    engine: Engine = shard.engine
+    table = engine.table(key, "lookup", server._where())
+    ids = check_lookup(table, arrays[0])
+    ticket = Ticket(conn, ts, Command.COMMAND, (key,), rows=[ids], train=bool(body["train"]))
+    engine.hold(ticket)
+    engine.pull(key, worker, ticket)
+    engine.release(ticket)
+    return None
+
+
+def cmd_table_stats(server: Any, shard: Any, conn: Any, worker: int, ts: int,
+                    body: dict[str, Any], arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+    """This shard's counters of table ``key`` (R14), as an ACK's body (:func:`stats_reply`)
+    once this worker's pending push of the key is applied, as a lookup's answer."""
+    key = body["key"]
+    engine: Engine = shard.engine
+    engine.table(key, "read the stats of", server._where())
+    ticket = Ticket(conn, ts, Op.TABLE_STATS, (key,))
+    engine.hold(ticket)
+    engine.pull(key, worker, ticket)
+    engine.release(ticket)
+    return None
+
+
+def stats_reply(engine: Engine, ticket: Ticket) -> dict[str, Any]:
+    """The body answering a ``table_stats`` ticket."""
+    return {"stats": engine.table(ticket.keys[0], "read the stats of").stats()}

@@ -1,0 +1,77 @@
+"""A small table training job for the durability tests (docs/embeddings.md on the servers).
+
+Usage: train_table.py OUT STEPS [dist_sync|dist_async]. Every step each worker looks up a
+deterministic batch of IDs (new ones every step, repeats, huge and negative ones) and pushes
+a gradient row for each through AdaGrad. Rank 0 writes an eval lookup of every ID the job
+used, and the table's counters, to OUT/table.npz. With SAVE_TO set, the job ends with
+``kv.save_checkpoint(SAVE_TO)``; with LOAD_FROM set, it loads that checkpoint right after
+init and trains STEPS more steps (numbered after the saved ones: START_STEP). With COUNT=1
+the table starts at zeros and every push adds ones (SGD with learning rate -1), so each row
+ends as the number of times its ID was pushed: a count of the pushes the servers applied.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import pskv as mx
+from pskv.table import Normal, TableSpec, Zeros
+
+DIM = 8
+
+
+def batch(step: int, rank: int) -> np.ndarray:
+    rng = np.random.default_rng([step, rank])
+    fresh = np.arange(4) + 1000 * step + 100 * rank            # new IDs every step
+    return np.concatenate([rng.integers(-200, 200, 24), fresh,
+                           [2**62 + step % 5, -(2**63)]]).astype(np.int64)
+
+
+def looked_at(step: int, rank: int) -> np.ndarray:
+    """IDs only looked up (once each, never pushed): their rows are born by the lookup."""
+    return np.arange(3, dtype=np.int64) + 10**7 + 100 * step + 10 * rank
+
+
+def main() -> None:
+    out, steps = sys.argv[1], int(sys.argv[2])
+    store_type = sys.argv[3] if len(sys.argv) > 3 else "dist_sync"
+    start = int(os.environ.get("START_STEP", "0"))
+    kv = mx.kv.create(store_type)
+    count = os.environ.get("COUNT") == "1"
+    kv.init("emb", TableSpec(dim=DIM, init=Zeros() if count else Normal(0.0, 0.1), seed=5))
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=-1.0) if count else
+                     mx.optimizer.AdaGrad(learning_rate=0.05))
+    if os.environ.get("LOAD_FROM"):
+        kv.load_checkpoint(os.environ["LOAD_FROM"])
+    for step in range(start, start + steps):
+        ids = batch(step, kv.rank)
+        rows, _found = kv.lookup("emb", ids)
+        grad = np.ones(rows.shape, np.float32) if count else \
+            (rows * 0.5 + np.random.default_rng([step, kv.rank, 7]).standard_normal(
+                rows.shape)).astype(np.float32)
+        kv.push("emb", (ids, grad))
+        kv.lookup("emb", looked_at(step, kv.rank))
+        time.sleep(0.01)
+    every = np.unique(np.concatenate([f(s, r) for s in range(start + steps)
+                                      for r in range(kv.num_workers)
+                                      for f in (batch, looked_at)]))
+    kv.lookup("emb", every[:1], train=False)      # after this worker's last round
+    kv.barrier()
+    values, found = kv.lookup("emb", every, train=False)
+    kv.barrier()
+    stats = kv.table_stats("emb")
+    if kv.rank == 0:
+        np.savez(os.path.join(out, "table.npz"), ids=every, values=values, found=found)
+        with open(os.path.join(out, "stats.json"), "w") as f:
+            json.dump(stats, f)
+    if os.environ.get("SAVE_TO"):
+        kv.save_checkpoint(os.environ["SAVE_TO"])
+    kv.close()
+
+
+if __name__ == "__main__":
+    main()
