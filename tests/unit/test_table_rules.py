@@ -977,14 +977,24 @@ def test_r16_from_state_refuses_what_state_did_not_write() -> None:
         DynamicTable.from_state(TableSpec(dim=3), arrays, meta, name=KEY)
 
 
-def test_r16_a_local_store_with_table_keys_refuses_checkpoints(tmp_path: Any) -> None:
+def test_r16_a_local_store_checkpoints_its_tables_but_no_states_file(tmp_path: Any) -> None:
+    """A checkpoint holds every table with its rows' optimizer states; the optimizer-states
+    file has no place for them, so save_optimizer_states refuses instead of dropping them."""
     kv = store()
-    kv.lookup(KEY, ids(1))
     kv.set_optimizer(sgd())
-    for call in (kv.save_checkpoint, kv.load_checkpoint, kv.save_optimizer_states):
-        with pytest.raises(UnsupportedError, match="table"):
-            call(str(tmp_path / "ckpt"))
-    assert not (tmp_path / "ckpt").exists()
+    kv.lookup(KEY, ids(1, 5))
+    kv.push(KEY, (ids(1, 5), ones(2)))
+    with pytest.raises(UnsupportedError, match="table"):
+        kv.save_optimizer_states(str(tmp_path / "states"))
+    assert not (tmp_path / "states").exists()
+    kv.save_checkpoint(str(tmp_path / "ckpt"))
+    again = store()
+    again.set_optimizer(sgd())
+    again.load_checkpoint(str(tmp_path / "ckpt"))
+    for a, b in zip(kv.lookup(KEY, ids(1, 5, 9), train=False),
+                    again.lookup(KEY, ids(1, 5, 9), train=False)):
+        np.testing.assert_array_equal(a, b)
+    assert again.table_stats(KEY)["rows"] == 2
 
 
 # ---- the spec cites these tests --------------------------------------------------------

@@ -30,7 +30,7 @@ from .._ps.partition import ps_key
 from ._args import as_numpy, check_key
 from ._engine_tables import check_optimizer
 from ._tables import Tables, _pairs
-from ._wire import check_agreement, init_spec
+from ._agree import check_agreement, init_spec
 
 __all__ = ["DistTables", "init_table"]
 

@@ -408,7 +408,14 @@ class LocalKVStore(TableMethods, KVStoreBase):
         The file holds NumPy arrays and JSON, never a pickle.
         """
         with self._lock:
-            self._tables.refuse_checkpoint("save the optimizer states of")
+            if self._tables:
+                # a table's row states live with its rows, and the states file has no
+                # place for them: saving without them would lose them silently
+                raise UnsupportedError(
+                    "save_optimizer_states cannot hold the row optimizer states of table "
+                    f"keys ({', '.join(repr(k) for k in self._tables.tables)}). Use "
+                    "kv.save_checkpoint, which saves every table with its rows' states.",
+                    store_type=self._type)
             data = self._engine.states_updater("save").get_states(dump_optimizer)
             tmp = f"{fname}.tmp{os.getpid()}"
             with open(tmp, "wb") as f:
