@@ -22,7 +22,7 @@ __all__ = [
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REDUCE_THREADS", "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_MESSAGE_BYTES", "ENV_MAX_UNADMITTED",
-    "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "ENV_WORKER_ID",
+    "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS", "ENV_TRANSPORT", "ENV_WORKER_ID",
     "ENV_MXNET_PYTHON", "ENV_MXNET_SRC", "ENV_PREFIX", "KNOWN_ENV",
     "Role", "loopback_address", "reduce_threads", "unknown_env", "warn_unknown_env",
 ]
@@ -43,6 +43,8 @@ ENV_SECRET = "PSKV_SECRET"
 ENV_CONNECT_TIMEOUT = "PSKV_CONNECT_TIMEOUT"
 ENV_REQUEST_TIMEOUT = "PSKV_REQUEST_TIMEOUT"
 ENV_ROUND_TIMEOUT = "PSKV_ROUND_TIMEOUT"
+#: seconds a sync round waits before a server names the workers it waits for
+ENV_STRAGGLER_SECONDS = "PSKV_STRAGGLER_SECONDS"
 ENV_HEARTBEAT_INTERVAL = "PSKV_HEARTBEAT_INTERVAL"
 ENV_HEARTBEAT_TIMEOUT = "PSKV_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "PSKV_SHUTDOWN_TIMEOUT"
@@ -197,6 +199,8 @@ class ClusterConfig:
     connect_timeout : seconds to reach the scheduler and be admitted
     request_timeout : seconds any single reply may take
     round_timeout : seconds a sync round may wait for the slowest worker
+    straggler_seconds : seconds a sync round waits before its server logs which workers
+        it waits for on which keys, then again every as many seconds (PSKV_STRAGGLER_SECONDS)
     heartbeat_interval, heartbeat_timeout : liveness probing of every node
     shutdown_timeout : seconds servers wait for the final goodbye
     transport : data path to the servers: 'auto' (Unix sockets within a host, TCP between
@@ -234,6 +238,7 @@ class ClusterConfig:
     connect_timeout: float = 60.0
     request_timeout: float = 300.0
     round_timeout: float = 300.0
+    straggler_seconds: float = 10.0
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 15.0
     shutdown_timeout: float = 30.0
@@ -326,6 +331,7 @@ class ClusterConfig:
             connect_timeout=_seconds(env, ENV_CONNECT_TIMEOUT, 60.0),
             request_timeout=_seconds(env, ENV_REQUEST_TIMEOUT, 300.0),
             round_timeout=_seconds(env, ENV_ROUND_TIMEOUT, 300.0),
+            straggler_seconds=_seconds(env, ENV_STRAGGLER_SECONDS, 10.0),
             heartbeat_interval=_seconds(env, ENV_HEARTBEAT_INTERVAL, 1.0),
             heartbeat_timeout=_seconds(env, ENV_HEARTBEAT_TIMEOUT, 15.0),
             shutdown_timeout=_seconds(env, ENV_SHUTDOWN_TIMEOUT, 30.0),

@@ -28,6 +28,7 @@ from .._ps.message import Command, Meta
 from .._ps.ops import Op, ReplOp, parse
 from .._ps.postoffice import Postoffice
 from .._ps.serve import ServeLoop
+from .._ps.stragglers import OpenRound, StragglerWatch
 from .._ps.stream import StreamListener, ipc_path
 from .._ps.tls import server_context
 from .._ps.transport import Connection
@@ -97,6 +98,8 @@ class KVServer:
         self._open: dict[Any, int] = {}           # per worker: pushes not yet applied
         self._flushes: dict[Any, list[int]] = {}  # per worker: FLUSH requests waiting
         self.snapshots = Snapshots(cfg, self._send, self._error)
+        #: names rounds that wait and workers that are often last (PSKV_STRAGGLER_SECONDS)
+        self.stragglers = StragglerWatch(cfg.straggler_seconds)
         #: the shards this server serves (its own; one whose primary died, as its backup)
         self.shards = Shards(cfg, self._zctx, self.po, self.snapshots, self.backups,
                              self._new_engine())
@@ -108,6 +111,8 @@ class KVServer:
         engine = self._engine_class(nw, True, lambda t: self._answer(t, holder[0]),
                                     self._answer_error)
         holder.append(engine)
+        engine.closed = lambda key, worker, waited: self.stragglers.round_closed(
+            key, worker, waited, engine.num_workers)
         return engine
 
     def _bind(self, cfg: ClusterConfig, router: zmq.Socket[Any] | None) -> dict[str, str]:
@@ -161,7 +166,11 @@ class KVServer:
                 arrays)
 
     def tick(self) -> None:
-        """Fail sync rounds that waited too long."""
+        """Name sync rounds that wait (stragglers); fail those that waited too long."""
+        rounds: list[OpenRound] = []
+        self.shards.each_engine(lambda engine: rounds.extend(
+            OpenRound(*r, engine.num_workers) for r in engine.open_rounds()))
+        self.stragglers.check(rounds)
         self.shards.each_engine(lambda engine: engine.check_rounds(self.cfg.round_timeout))
 
     def dropped(self, conn: Connection) -> None:
@@ -391,7 +400,7 @@ class KVServer:
             own.num_workers = self.po.num_workers    # as admitted
             own.sync = self.po.mode != "async"      # as every worker agreed
             self._verifier.job = self.po.job
-            self.loop.name = f"server {self.po.rank}"
+            self.loop.name = self.stragglers.name = f"server {self.po.rank}"
             if self.backups is not None:
                 self.backups.start(self.po)
             if not (self.cfg.restart and self.cfg.replicas):
