@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -90,7 +91,10 @@ class Snapshots:
         try:
             if rnd is not None and self._obsolete(rnd):
                 return      # a newer checkpoint is complete: this one was pruned already
+            began = time.monotonic()
             write_shard(copy, path, index)
+            log.info("server %d: wrote shard %d of checkpoint %r (%d keys) in %.2f s",
+                     self.index, index, path, len(copy.entries), time.monotonic() - began)
             if rnd is not None:
                 # periodic: server 0 names the shards (every server, for the initial one:
                 # server 0 may hold no key); the checkpoint is complete once every

@@ -86,6 +86,7 @@ class KVServer:
             if self.backups is not None:
                 endpoints.update(self.backups.endpoints)
             self.po = Postoffice(cfg, self._zctx, endpoints=endpoints)
+            self._endpoints = endpoints
         except BaseException:
             self._close()
             raise
@@ -150,6 +151,7 @@ class KVServer:
         """A worker's HELLO whose proof checked: admitted under the rank it proved."""
         rank = int(meta.body["rank"])
         self._rank_of[conn] = rank
+        log.info("%s: worker %d connected (%s)", self.loop.name, rank, conn.peer)
         # what of this worker's pushes is applied here: a restarted worker skips those
         self._send(conn, Command.ACK, meta.ts,
                    {"applied": self.shards.get(None).engine.applied_by(rank)})
@@ -403,6 +405,9 @@ class KVServer:
             self.loop.name = self.stragglers.name = f"server {self.po.rank}"
             if self.backups is not None:
                 self.backups.start(self.po)
+            log.info("server %d: serving dist_%s for %d workers at %s", self.po.rank,
+                     self.po.mode or "sync", self.po.num_workers,
+                     ", ".join(sorted(self._endpoints.values())))
             if not (self.cfg.restart and self.cfg.replicas):
                 self.shards.serve(self.po.rank, own)
             # else: its backup took its shard over; it rejoins as a backup
