@@ -50,3 +50,103 @@ def test_no_straggler_line_when_rounds_close_in_time(run_threads: Any,
 
     run_threads(train, straggler_seconds=30.0)
     assert not [r for r in caplog.records if r.name == "pskv._ps.stragglers"]
+
+
+# ---- /metrics -----------------------------------------------------------------------------
+def _scrape(first: int, tries: int = 16) -> dict[int, str]:
+    """port -> /metrics text, for every port from ``first`` that answers."""
+    import urllib.error
+    import urllib.request
+    found = {}
+    for port in range(first, first + tries):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                found[port] = r.read().decode()
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            continue
+    return found
+
+
+def _series(texts: dict[int, str]) -> list[tuple[str, dict[str, str], float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+    return [(s.name, s.labels, s.value) for text in texts.values()
+            for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def _value(series: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
+    got = [v for n, lab, v in series if n == name and labels.items() <= lab.items()]
+    assert len(got) == 1, (name, labels, got)
+    return got[0]
+
+
+def test_every_node_serves_metrics_while_the_job_runs(run_threads: Any) -> None:
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to test the metrics endpoints")
+    from pskv.launch._net import free_port
+    first = free_port()
+
+    def train(kv: Any) -> Any:
+        kv.init("w", np.zeros(1000, np.float32))
+        for _ in range(3):
+            kv.push("w", np.ones(1000, np.float32))
+            kv.pull("w", out=np.zeros(1000, np.float32))
+        kv._barrier()
+        texts = _scrape(first) if kv.rank == 0 else None
+        kv._barrier()                  # every node stays up until worker 0 has scraped
+        return texts
+
+    results = run_threads(train, num_workers=2, num_servers=1, metrics_port=first)
+    texts = results[0]
+    assert isinstance(texts, dict), texts
+    series = _series(texts)
+    roles = sorted({(lab["role"], lab["rank"]) for _n, lab, _v in series if "role" in lab})
+    assert roles == [("scheduler", "0"), ("server", "0"), ("worker", "0"), ("worker", "1")]
+    assert len(texts) == 4                    # one port per node, from ``first`` upward
+    assert len({lab["job"] for _n, lab, _v in series if "job" in lab}) == 1
+    assert _value(series, "pskv_scheduler_nodes_alive", node_role="worker") == 2
+    assert _value(series, "pskv_scheduler_nodes_alive", node_role="server") == 1
+    assert _value(series, "pskv_server_keys", role="server") == 1
+    # a push and the pull right after it travel as one PUSHPULL (PSKV_COALESCE_BYTES)
+    assert _value(series, "pskv_server_requests_total", command="pushpull") == 6
+    assert _value(series, "pskv_server_received_bytes_total", command="pushpull") == 6 * 4000
+    assert _value(series, "pskv_server_sent_bytes_total", command="pushpull") == 6 * 4000
+    assert _value(series, "pskv_round_wait_seconds_count", role="server") == 3
+    for rank in ("0", "1"):
+        assert _value(series, "pskv_worker_request_seconds_count", role="worker", rank=rank,
+                      command="pushpull") == 3
+        assert _value(series, "pskv_worker_sent_bytes_total", role="worker", rank=rank,
+                      command="pushpull") == 3 * 4000
+        assert _value(series, "pskv_worker_received_bytes_total", role="worker", rank=rank,
+                      command="pushpull") == 3 * 4000
+    # worker 0 initializes the keys on the servers (MXNet's rule), the others wait for it
+    assert _value(series, "pskv_worker_sent_bytes_total", rank="0", command="init") == 4000
+
+
+def test_a_port_in_use_is_skipped_and_a_full_range_logged(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to test the metrics endpoints")
+    import socket
+    from pskv._ps import metrics
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    m = metrics.WorkerMetrics(0, "job")
+    try:
+        got = m.serve("127.0.0.1", port)
+        assert got is not None and got != port and port < got < port + metrics.PORT_TRIES
+        assert got in _scrape(got, 1)
+    finally:
+        m.close()
+    monkeypatch.setattr(metrics, "PORT_TRIES", 1)
+    caplog.set_level(logging.ERROR, logger="pskv._ps.metrics")
+    other = metrics.WorkerMetrics(1, "job")
+    try:
+        assert other.serve("127.0.0.1", port) is None
+    finally:
+        other.close()
+        held.close()
+    [rec] = caplog.records
+    assert f"ports {port} to {port} on 127.0.0.1 are all in use" in rec.getMessage()
+    assert "PSKV_METRICS_PORT" in rec.getMessage() and "\n" not in rec.getMessage()

@@ -24,6 +24,7 @@ from ..errors import CheckpointError, ClusterError, KeyAlreadyInitializedError, 
 from .._ps.auth import Verifier
 from .._ps.config import ClusterConfig
 from .._ps.membership import ServerRejoined
+from .._ps.metrics import ServerMetrics, start as start_metrics
 from .._ps.message import Command, Meta
 from .._ps.ops import Op, ReplOp, parse
 from .._ps.postoffice import Postoffice
@@ -101,6 +102,8 @@ class KVServer:
         self.snapshots = Snapshots(cfg, self._send, self._error)
         #: names rounds that wait and workers that are often last (PSKV_STRAGGLER_SECONDS)
         self.stragglers = StragglerWatch(cfg.straggler_seconds)
+        #: Prometheus series when PSKV_METRICS_PORT asks for them (``run`` starts them)
+        self.metrics: ServerMetrics | None = None
         #: the shards this server serves (its own; one whose primary died, as its backup)
         self.shards = Shards(cfg, self._zctx, self.po, self.snapshots, self.backups,
                              self._new_engine())
@@ -112,9 +115,17 @@ class KVServer:
         engine = self._engine_class(nw, True, lambda t: self._answer(t, holder[0]),
                                     self._answer_error)
         holder.append(engine)
-        engine.closed = lambda key, worker, waited: self.stragglers.round_closed(
+        engine.closed = lambda key, worker, waited: self._round_closed(
             key, worker, waited, engine.num_workers)
         return engine
+
+    def _round_closed(self, key: Any, worker: int, waited: float, num_workers: int) -> None:
+        """A sync round closed by ``worker``'s push: stragglers and metrics."""
+        flagged = self.stragglers.round_closed(key, worker, waited, num_workers)
+        if self.metrics is not None:
+            self.metrics.round_closed(worker, waited)
+            if flagged is not None:
+                self.metrics.stragglers.inc()
 
     def _bind(self, cfg: ClusterConfig, router: zmq.Socket[Any] | None) -> dict[str, str]:
         """Listen on TCP, (``auto``, ``ipc``) a Unix socket and (``zmq``) ZeroMQ; their
@@ -163,6 +174,8 @@ class KVServer:
         handler = self._handlers.get(meta.cmd)
         if handler is None:
             raise ProtocolError(f"server does not take {meta.cmd.name}")
+        if self.metrics is not None:
+            self.metrics.request(meta.cmd.name.lower(), sum(a.nbytes for a in arrays))
         index = meta.body.get("shard") if isinstance(meta.body, dict) else None
         handler(self, self.shards.get(index), conn, worker, meta.ts, meta.keys, meta.body,
                 arrays)
@@ -172,7 +185,9 @@ class KVServer:
         rounds: list[OpenRound] = []
         self.shards.each_engine(lambda engine: rounds.extend(
             OpenRound(*r, engine.num_workers) for r in engine.open_rounds()))
-        self.stragglers.check(rounds)
+        named = self.stragglers.check(rounds)
+        if named and self.metrics is not None:
+            self.metrics.stragglers.inc(len(named))
         self.shards.each_engine(lambda engine: engine.check_rounds(self.cfg.round_timeout))
 
     def dropped(self, conn: Connection) -> None:
@@ -196,7 +211,10 @@ class KVServer:
         if ticket.cmd == Command.PUSH:      # pushes are not acknowledged one by one
             self._push_done(ticket.peer)
         else:
-            self._send(ticket.peer, Command.DATA, ticket.ts, arrays=engine.values(ticket))
+            values = engine.values(ticket)
+            if self.metrics is not None:
+                self.metrics.replied(ticket.cmd.name.lower(), sum(a.nbytes for a in values))
+            self._send(ticket.peer, Command.DATA, ticket.ts, arrays=values)
 
     def _answer_error(self, ticket: Ticket, err: KVStoreError) -> None:
         self._error(ticket.peer, ticket.ts, err)
@@ -405,6 +423,8 @@ class KVServer:
             self.loop.name = self.stragglers.name = f"server {self.po.rank}"
             if self.backups is not None:
                 self.backups.start(self.po)
+            self.metrics = start_metrics(self.cfg, lambda: ServerMetrics(
+                self.po.rank, self.po.job, self._keys_held))
             log.info("server %d: serving dist_%s for %d workers at %s", self.po.rank,
                      self.po.mode or "sync", self.po.num_workers,
                      ", ".join(sorted(self._endpoints.values())))
@@ -460,7 +480,14 @@ class KVServer:
         log.warning("server %d: restarted; reloaded %d keys from the checkpoint of round %d",
                     rank, len(self.shards.own), rnd)
 
+    def _keys_held(self) -> float:
+        """Keys (parts) held in every shard served here (read by the metrics thread)."""
+        return float(sum(len(shard.engine) for shard in list(self.shards.served.values())))
+
     def _close(self) -> None:
+        if getattr(self, "metrics", None) is not None:
+            assert self.metrics is not None
+            self.metrics.close()
         if hasattr(self, "snapshots"):
             self.snapshots.close()
         if hasattr(self, "shards"):
