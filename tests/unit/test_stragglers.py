@@ -117,3 +117,20 @@ def test_the_threshold_setting() -> None:
     assert cfg.straggler_seconds == 2.5
     with pytest.raises(ConfigError, match="PSKV_STRAGGLER_SECONDS='soon'"):
         ClusterConfig.from_env({**env, ENV_STRAGGLER_SECONDS: "soon"}, Role.SERVER)
+
+
+def test_an_info_summary_of_closed_rounds_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="pskv._ps.stragglers")
+    clock = Clock()
+    w = StragglerWatch(10.0, "server 1", clock, summary_every=60.0)
+    for worker, waited in ((1, 0.2), (1, 0.4), (0, 0.0)):
+        w.round_closed("k", worker, waited, 2)
+    clock.now = 159.0
+    assert w.summary() is None                        # not yet
+    clock.now = 160.0
+    assert w.summary() == ("server 1: 3 sync rounds closed in the last 60 s; a round waited "
+                           "0.200 s on average for its last push (longest 0.400 s); worker 1 "
+                           "was last in 2 of them")
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    clock.now = 220.0
+    assert w.summary() is None                        # no round closed: no line

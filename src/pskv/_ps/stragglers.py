@@ -11,7 +11,9 @@ into log lines, with no sockets, no threads and an injectable clock:
 * the worker whose push closed a round was its last; over the last :data:`WINDOW` closed
   rounds, a worker that was last in more than :data:`SHARE` of them (at least
   :data:`MIN_ROUNDS` rounds seen, two workers or more, and rounds that waited at all) is
-  flagged at WARNING, at most once per ``threshold`` seconds.
+  flagged at WARNING, at most once per ``threshold`` seconds;
+* every ``summary_every`` seconds (:data:`SUMMARY_EVERY`) in which rounds closed, one INFO
+  line sums them up: how many, their mean and longest wait, and who was last most often.
 
 Invariant: only the server's loop thread calls in (``check`` from its tick,
 ``round_closed`` from a push); what is logged is bounded per interval, whatever the
@@ -25,8 +27,8 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-__all__ = ["MAX_KEYS_SHOWN", "MIN_ROUNDS", "OpenRound", "SHARE", "StragglerWatch", "WINDOW",
-           "describe_workers"]
+__all__ = ["MAX_KEYS_SHOWN", "MIN_ROUNDS", "OpenRound", "SHARE", "SUMMARY_EVERY",
+           "StragglerWatch", "WINDOW", "describe_workers"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ SHARE = 0.75
 MIN_ROUNDS = 20
 #: keys named in one straggler line; the rest are counted
 MAX_KEYS_SHOWN = 5
+#: seconds between two INFO summaries of the rounds that closed
+SUMMARY_EVERY = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +90,14 @@ class StragglerWatch:
     clock : callable
         Seconds (``time.monotonic``); the engines' clock, as rounds' ``started`` use it.
     logger : logging.Logger, optional
+    summary_every : float
+        Seconds between two INFO summaries of closed rounds.
     """
 
     def __init__(self, threshold: float, name: str = "server",
                  clock: Callable[[], float] = time.monotonic,
-                 logger: logging.Logger | None = None) -> None:
+                 logger: logging.Logger | None = None,
+                 summary_every: float = SUMMARY_EVERY) -> None:
         self.threshold = threshold
         self.name = name
         self._clock = clock
@@ -102,6 +109,11 @@ class StragglerWatch:
         self._flagged: dict[int, float] = {}      # worker -> when it was last flagged
         #: worker -> rounds it closed (all time): what a metric exports
         self.last_counts: Counter[int] = Counter()
+        self.summary_every = summary_every
+        self._since = clock()
+        self._period: Counter[int] = Counter()      # this summary's rounds, by last worker
+        self._waited = 0.0
+        self._longest = 0.0
 
     # ---- rounds that wait ------------------------------------------------------------
     def check(self, rounds: Iterable[OpenRound]) -> list[str]:
@@ -142,11 +154,33 @@ class StragglerWatch:
             self._log.warning("%s", line)
         return lines
 
+    def summary(self) -> str | None:
+        """Every ``summary_every`` seconds in which rounds closed: one INFO line about them
+        (the line, else None)."""
+        now = self._clock()
+        if now - self._since < self.summary_every:
+            return None
+        closed = sum(self._period.values())
+        line = None
+        if closed:
+            worker, times = max(self._period.items(), key=lambda item: (item[1], -item[0]))
+            line = (f"{self.name}: {closed} sync rounds closed in the last "
+                    f"{now - self._since:.0f} s; a round waited {self._waited / closed:.3f} s "
+                    f"on average for its last push (longest {self._longest:.3f} s); worker "
+                    f"{worker} was last in {times} of them")
+            self._log.info("%s", line)
+        self._since, self._period = now, Counter()
+        self._waited = self._longest = 0.0
+        return line
+
     # ---- workers that are last -------------------------------------------------------
     def round_closed(self, key: Any, worker: int, waited: float, num_workers: int) -> str | None:
         """``worker``'s push closed a round of ``key`` that waited ``waited`` seconds since
         its first push; the line logged when this flags ``worker``, else None."""
         self.last_counts[worker] += 1
+        self._period[worker] += 1
+        self._waited += max(waited, 0.0)
+        self._longest = max(self._longest, waited)
         if num_workers < 2 or waited <= 0:
             return None
         self.last.append(worker)

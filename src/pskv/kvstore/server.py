@@ -162,7 +162,7 @@ class KVServer:
         """A worker's HELLO whose proof checked: admitted under the rank it proved."""
         rank = int(meta.body["rank"])
         self._rank_of[conn] = rank
-        log.info("%s: worker %d connected (%s)", self.loop.name, rank, conn.peer)
+        log.info("%s: worker %d connected", self.loop.name, rank)
         # what of this worker's pushes is applied here: a restarted worker skips those
         self._send(conn, Command.ACK, meta.ts,
                    {"applied": self.shards.get(None).engine.applied_by(rank)})
@@ -186,6 +186,7 @@ class KVServer:
         self.shards.each_engine(lambda engine: rounds.extend(
             OpenRound(*r, engine.num_workers) for r in engine.open_rounds()))
         named = self.stragglers.check(rounds)
+        self.stragglers.summary()
         if named and self.metrics is not None:
             self.metrics.stragglers.inc(len(named))
         self.shards.each_engine(lambda engine: engine.check_rounds(self.cfg.round_timeout))
