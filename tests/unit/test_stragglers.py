@@ -79,7 +79,8 @@ def test_a_worker_last_in_most_rounds_is_flagged_once_per_interval() -> None:
         lines.append(w.round_closed("w", 1 if i % 10 else 0, 0.5, 2))   # worker 1: 90 %
     flagged = [line for line in lines if line]
     assert len(flagged) == 1
-    assert flagged[0].startswith("server 0: worker 1 (of 2) pushed last in 18 of the last 20")
+    assert flagged[0].startswith("server 0: worker 1 (of 2) pushed last in 18 of the last 20 "
+                                 "sync rounds, 0.500 s after their first push on average")
     assert w.round_closed("w", 1, 0.5, 2) is None    # within the interval
     clock.now += 10.0
     assert w.round_closed("w", 1, 0.5, 2) is not None
@@ -93,6 +94,9 @@ def test_balanced_workers_and_single_workers_are_not_flagged() -> None:
     w1, _ = watch()
     assert not any(w1.round_closed("w", 0, 0.5, 1) for _ in range(MIN_ROUNDS * 2))
     assert not any(w1.round_closed("w", 1, 0.0, 2) for _ in range(MIN_ROUNDS * 2))
+    w2, _ = watch(10.0)           # always last, by less than MIN_WAIT of the threshold
+    assert not any(w2.round_closed("w", 1, 0.05, 2) for _ in range(MIN_ROUNDS * 2))
+    assert w2.round_closed("w", 1, 3.0, 2) is not None     # one long wait: mean above
 
 
 def test_engine_reports_open_rounds_and_the_worker_that_closed_each() -> None:

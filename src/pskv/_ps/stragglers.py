@@ -10,8 +10,9 @@ into log lines, with no sockets, no threads and an injectable clock:
   whom it waits for long before the round timeout fails it;
 * the worker whose push closed a round was its last; over the last :data:`WINDOW` closed
   rounds, a worker that was last in more than :data:`SHARE` of them (at least
-  :data:`MIN_ROUNDS` rounds seen, two workers or more, and rounds that waited at all) is
-  flagged at WARNING, at most once per ``threshold`` seconds;
+  :data:`MIN_ROUNDS` rounds seen, two workers or more, and the rounds it closed waited
+  :data:`MIN_WAIT` of ``threshold`` on average: a worker last by microseconds is no
+  straggler) is flagged at WARNING, at most once per ``threshold`` seconds;
 * every ``summary_every`` seconds (:data:`SUMMARY_EVERY`) in which rounds closed, one INFO
   line sums them up: how many, their mean and longest wait, and who was last most often.
 
@@ -27,7 +28,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-__all__ = ["MAX_KEYS_SHOWN", "MIN_ROUNDS", "OpenRound", "SHARE", "SUMMARY_EVERY",
+__all__ = ["MAX_KEYS_SHOWN", "MIN_ROUNDS", "MIN_WAIT", "OpenRound", "SHARE", "SUMMARY_EVERY",
            "StragglerWatch", "WINDOW", "describe_workers"]
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,8 @@ WINDOW = 100
 SHARE = 0.75
 #: closed rounds seen before any worker is flagged
 MIN_ROUNDS = 20
+#: the share of ``threshold`` a flagged worker's rounds waited on average (10 s: 0.1 s)
+MIN_WAIT = 0.01
 #: keys named in one straggler line; the rest are counted
 MAX_KEYS_SHOWN = 5
 #: seconds between two INFO summaries of the rounds that closed
@@ -104,8 +107,8 @@ class StragglerWatch:
         self._log = logger or log
         #: (key, round, missing) -> when it was last named
         self._named: dict[tuple[Any, int, tuple[int, ...]], float] = {}
-        #: the worker that closed each of the last WINDOW rounds that waited
-        self.last: deque[int] = deque(maxlen=WINDOW)
+        #: the worker that closed each of the last WINDOW rounds that waited, and the wait
+        self.last: deque[tuple[int, float]] = deque(maxlen=WINDOW)
         self._flagged: dict[int, float] = {}      # worker -> when it was last flagged
         #: worker -> rounds it closed (all time): what a metric exports
         self.last_counts: Counter[int] = Counter()
@@ -183,11 +186,12 @@ class StragglerWatch:
         self._longest = max(self._longest, waited)
         if num_workers < 2 or waited <= 0:
             return None
-        self.last.append(worker)
+        self.last.append((worker, waited))
         if len(self.last) < MIN_ROUNDS:
             return None
-        times = self.last.count(worker)
-        if times <= SHARE * len(self.last):
+        waits = [w for who, w in self.last if who == worker]
+        times = len(waits)
+        if times <= SHARE * len(self.last) or sum(waits) / times < MIN_WAIT * self.threshold:
             return None
         now = self._clock()
         flagged = self._flagged.get(worker)
@@ -195,8 +199,8 @@ class StragglerWatch:
             return None
         self._flagged[worker] = now
         line = (f"{self.name}: worker {worker} (of {num_workers}) pushed last in {times} of "
-                f"the last {len(self.last)} sync rounds (key {key!r} just now, "
-                f"{waited:.3f} s after its first push): it is this job's straggler. Check its "
-                "host's load, data loading or input pipeline.")
+                f"the last {len(self.last)} sync rounds, {sum(waits) / times:.3f} s after "
+                f"their first push on average (key {key!r} just now): it is this job's "
+                "straggler. Check its host's load, data loading or input pipeline.")
         self._log.warning("%s", line)
         return line
