@@ -79,7 +79,7 @@ def _value(series: list[tuple[str, dict[str, str], float]], name: str, **labels:
     return got[0]
 
 
-def test_every_node_serves_metrics_while_the_job_runs(run_threads: Any) -> None:
+def test_every_node_serves_metrics_while_the_job_runs(run_threads: Any, tmp_path: Any) -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test the metrics endpoints")
     from pskv.launch._net import free_port
@@ -91,11 +91,19 @@ def test_every_node_serves_metrics_while_the_job_runs(run_threads: Any) -> None:
             kv.push("w", np.ones(1000, np.float32))
             kv.pull("w", out=np.zeros(1000, np.float32))
         kv._barrier()
-        texts = _scrape(first) if kv.rank == 0 else None
+        texts = None
+        if kv.rank == 0:
+            end = time.monotonic() + 20   # checkpoints are written on a thread: wait for one
+            while time.monotonic() < end:
+                texts = _scrape(first)
+                if "pskv_checkpoint_write_seconds_count{" in "".join(texts.values()):
+                    break
+                time.sleep(0.1)
         kv._barrier()                  # every node stays up until worker 0 has scraped
         return texts
 
-    results = run_threads(train, num_workers=2, num_servers=1, metrics_port=first)
+    results = run_threads(train, num_workers=2, num_servers=1, metrics_port=first,
+                          checkpoint_dir=str(tmp_path), checkpoint_every=1)
     texts = results[0]
     assert isinstance(texts, dict), texts
     series = _series(texts)
@@ -111,6 +119,8 @@ def test_every_node_serves_metrics_while_the_job_runs(run_threads: Any) -> None:
     assert _value(series, "pskv_server_received_bytes_total", command="pushpull") == 6 * 4000
     assert _value(series, "pskv_server_sent_bytes_total", command="pushpull") == 6 * 4000
     assert _value(series, "pskv_round_wait_seconds_count", role="server") == 3
+    assert _value(series, "pskv_checkpoint_write_seconds_count", role="server") >= 1
+    assert all("\nprocess_resident_memory_bytes " in text for text in texts.values())
     for rank in ("0", "1"):
         assert _value(series, "pskv_worker_request_seconds_count", role="worker", rank=rank,
                       command="pushpull") == 3
@@ -150,3 +160,62 @@ def test_a_port_in_use_is_skipped_and_a_full_range_logged(
     [rec] = caplog.records
     assert f"ports {port} to {port} on 127.0.0.1 are all in use" in rec.getMessage()
     assert "PSKV_METRICS_PORT" in rec.getMessage() and "\n" not in rec.getMessage()
+
+
+def test_metrics_are_pushed_to_a_pushgateway_when_nodes_end(run_threads: Any) -> None:
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to push metrics")
+    import http.server
+    import threading
+    pushed: dict[str, str] = {}
+
+    class Gateway(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:  # noqa: N802 - the Pushgateway's API
+            pushed[self.path] = self.rfile.read(int(self.headers["Content-Length"])).decode()
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+    gateway = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    thread = threading.Thread(target=gateway.serve_forever, daemon=True)
+    thread.start()
+    try:
+        def train(kv: Any) -> None:
+            kv.init("w", np.zeros(10, np.float32))
+            kv.push("w", np.ones(10, np.float32))
+            kv.pull("w", out=np.zeros(10, np.float32))
+
+        run_threads(train, metrics_pushgateway=f"127.0.0.1:{gateway.server_port}")
+    finally:
+        gateway.shutdown()
+        gateway.server_close()
+        thread.join(5)
+    groups = sorted(p.split("/", 4)[4] for p in pushed)      # /metrics/job/<job>/...
+    assert groups == ["rank/0/role/scheduler", "rank/0/role/server", "rank/0/role/worker",
+                      "rank/1/role/worker"], sorted(pushed)
+    assert len({p.split("/")[3] for p in pushed}) == 1         # one job
+    server = next(body for p, body in pushed.items() if p.endswith("/role/server"))
+    assert 'pskv_server_requests_total{command="pushpull"' in server
+
+
+def test_a_pushgateway_that_does_not_answer_does_not_fail_the_job(
+        run_threads: Any, caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to push metrics")
+    from pskv.launch._net import free_port
+    caplog.set_level(logging.ERROR, logger="pskv._ps.metrics")
+
+    def train(kv: Any) -> float:
+        kv.init("w", np.zeros(2, np.float32))
+        kv.push("w", np.ones(2, np.float32))
+        out = np.zeros(2, np.float32)
+        kv.pull("w", out=out)
+        return float(out[0])
+
+    results = run_threads(train, metrics_pushgateway=f"127.0.0.1:{free_port()}")
+    assert results == {0: 2.0, 1: 2.0}          # and every node exited 0 (run_threads)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 4 and all("cannot push metrics to the Pushgateway" in line
+                                   and "PSKV_METRICS_PUSHGATEWAY" in line for line in lines)

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from pskv._ps.config import ENV_METRICS_PORT, KNOWN_ENV, ClusterConfig, Role
+from pskv._ps.config import (ENV_METRICS_PORT, ENV_METRICS_PUSHGATEWAY, KNOWN_ENV,
+                             ClusterConfig, Role)
 from pskv._ps.metrics import job_label, start
 from pskv.errors import ConfigError
 
@@ -20,6 +21,9 @@ def test_the_port_setting() -> None:
     assert ClusterConfig.from_env(ENV, Role.SERVER).metrics_port == 0
     assert ClusterConfig.from_env({**ENV, ENV_METRICS_PORT: "9400"}, Role.SERVER).metrics_port \
         == 9400
+    assert ENV_METRICS_PUSHGATEWAY in KNOWN_ENV
+    assert ClusterConfig.from_env({**ENV, ENV_METRICS_PUSHGATEWAY: "gw:9091"},
+                                  Role.WORKER).metrics_pushgateway == "gw:9091"
     for bad in ("http", "-1", "70000"):
         with pytest.raises(ConfigError, match="PSKV_METRICS_PORT"):
             ClusterConfig.from_env({**ENV, ENV_METRICS_PORT: bad}, Role.SERVER)

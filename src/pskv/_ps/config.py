@@ -21,7 +21,7 @@ __all__ = [
     "ENV_CHECKPOINT_KEEP", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REDUCE_THREADS", "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
-    "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_MESSAGE_BYTES", "ENV_METRICS_PORT", "ENV_MAX_UNADMITTED",
+    "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_MESSAGE_BYTES", "ENV_METRICS_PORT", "ENV_METRICS_PUSHGATEWAY", "ENV_MAX_UNADMITTED",
     "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS", "ENV_TRANSPORT", "ENV_WORKER_ID",
     "ENV_MXNET_PYTHON", "ENV_MXNET_SRC", "ENV_PREFIX", "KNOWN_ENV",
     "Role", "loopback_address", "reduce_threads", "unknown_env", "warn_unknown_env",
@@ -74,6 +74,8 @@ ENV_LOG_LEVEL = "PSKV_LOG_LEVEL"
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: each node serves Prometheus /metrics on the first free port from this one upward
 ENV_METRICS_PORT = "PSKV_METRICS_PORT"
+#: a Prometheus Pushgateway (host:port) each node pushes its metrics to when it ends
+ENV_METRICS_PUSHGATEWAY = "PSKV_METRICS_PUSHGATEWAY"
 #: threads a store's Reducer sums and copies big arrays with (local and dist stores)
 ENV_REDUCE_THREADS = "PSKV_REDUCE_THREADS"
 #: the test suite's (docs/env.md, "Tests"): an MXNet 1.9.1 python and source checkout
@@ -227,6 +229,8 @@ class ClusterConfig:
     restart : this process's restart count (PSKV_RESTART; 0: its first start)
     metrics_port : each node serves Prometheus ``/metrics`` on the first free port from
         this one upward (PSKV_METRICS_PORT; docs/observability.md); 0: no metrics
+    metrics_pushgateway : a Pushgateway (``host:port``) each node pushes its metrics to
+        when it ends, for short jobs (PSKV_METRICS_PUSHGATEWAY); None: no push
     replicas : 1 keeps a copy of every shard on the next server, which takes over when its
         primary dies (PSKV_REPLICAS); 0: none
     """
@@ -260,6 +264,7 @@ class ClusterConfig:
     restart: int = 0
     replicas: int = 0
     metrics_port: int = 0
+    metrics_pushgateway: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -365,6 +370,7 @@ class ClusterConfig:
             replicas=_int(env, ENV_REPLICAS, 0, "Set it to 1 (a backup of every shard) or 0."),
             metrics_port=_int(env, ENV_METRICS_PORT, 0, "Set it to the first port nodes may "
                               "serve Prometheus /metrics on, e.g. 9400, or unset it."),
+            metrics_pushgateway=env.get(ENV_METRICS_PUSHGATEWAY) or None,
         )
 
     def with_role(self, role: Role) -> ClusterConfig:

@@ -22,7 +22,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError
-from .config import ENV_METRICS_PORT, ClusterConfig
+from .config import ENV_METRICS_PORT, ENV_METRICS_PUSHGATEWAY, ClusterConfig
 
 __all__ = ["NodeMetrics", "PORT_TRIES", "SchedulerMetrics", "ServerMetrics",
            "WorkerMetrics", "job_label", "start"]
@@ -63,11 +63,15 @@ class NodeMetrics:
     """
 
     def __init__(self, role: str, rank: int, job: str) -> None:
-        from prometheus_client import CollectorRegistry
+        from prometheus_client import CollectorRegistry, ProcessCollector
         self.registry = CollectorRegistry(auto_describe=True)
+        # process_* (CPU, resident memory, open fds): the process this node runs in
+        ProcessCollector(registry=self.registry)
         self.name = f"{role} {rank}" if role != "scheduler" else "the scheduler"
         self._values = (job_label(job), role, str(rank))
         self.port: int | None = None
+        #: where :meth:`close` pushes the series (PSKV_METRICS_PUSHGATEWAY), if anywhere
+        self.gateway: str | None = None
         self._httpd: Any = None
         self._thread: threading.Thread | None = None
 
@@ -112,8 +116,29 @@ class NodeMetrics:
             "without them."))
         return None
 
+    def push(self, timeout: float = 5.0) -> bool:
+        """Push every series to :attr:`gateway` (grouped by job, role and rank); whether it
+        went (a gateway that does not answer is logged, never raised)."""
+        if self.gateway is None:
+            return False
+        from prometheus_client import push_to_gateway
+        job, role, rank = self._values
+        try:
+            push_to_gateway(self.gateway, job=job, registry=self.registry,
+                            grouping_key={"role": role, "rank": rank}, timeout=timeout)
+        except Exception as err:  # noqa: BLE001 - whatever fails, the job goes on
+            log.error("%s", ConfigError(
+                f"{self.name}: cannot push metrics to the Pushgateway at {self.gateway!r}: "
+                f"{type(err).__name__}: {err}. Check {ENV_METRICS_PUSHGATEWAY} (host:port of "
+                "a running Pushgateway); the job is not affected."))
+            return False
+        return True
+
     def close(self) -> None:
-        """Stop serving (idempotent)."""
+        """Push to the Pushgateway if one is set, then stop serving (idempotent)."""
+        if self.gateway is not None:
+            self.push()
+            self.gateway = None
         httpd, self._httpd = self._httpd, None
         if httpd is not None:
             httpd.shutdown()
@@ -147,6 +172,10 @@ class ServerMetrics(NodeMetrics):
             "Straggler lines logged (rounds that waited, workers often last)"))
         self._bound(self._series("Gauge", "pskv_server_keys",
                                  "Keys (key parts) held, every shard served")).set_function(keys)
+        self.checkpoint = self._bound(self._series(
+            "Histogram", "pskv_checkpoint_write_seconds",
+            "Seconds to write this server's shard of a checkpoint (on a writer thread)",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)))
         self._by: dict[tuple[int, str], Any] = {}
 
     def _child(self, which: int, metric: Any, label: str) -> Any:
@@ -264,22 +293,26 @@ def _http_server(host: str, port: int, app: Any) -> Any:
 
 
 def start(cfg: ClusterConfig, make: Callable[[], NodeMetrics]) -> Any:
-    """The node's metrics, serving, when ``cfg.metrics_port`` asks for them; else None.
+    """The node's metrics when ``cfg.metrics_port`` or ``cfg.metrics_pushgateway`` asks for
+    them (serving on the port, pushed at close); else None.
 
     A missing ``prometheus_client`` or no free port is logged (one ERROR line) and the
     node goes on without metrics.
     """
-    if not cfg.metrics_port:
+    if not cfg.metrics_port and not cfg.metrics_pushgateway:
         return None
     try:
         metrics = make()
     except ImportError:
+        asked = (f"{ENV_METRICS_PORT}={cfg.metrics_port}" if cfg.metrics_port else
+                 f"{ENV_METRICS_PUSHGATEWAY}={cfg.metrics_pushgateway}")
         log.error("%s", ConfigError(
-            f"{ENV_METRICS_PORT}={cfg.metrics_port} is set but prometheus_client is not "
-            "installed, so this node serves no metrics. pip install 'pskv[metrics]'; the "
-            "job goes on without them."))
+            f"{asked} is set but prometheus_client is not installed, so this node serves "
+            "no metrics. pip install 'pskv[metrics]'; the job goes on without them."))
         return None
-    host = "127.0.0.1" if cfg.transport == "inproc" else cfg.node_host
-    if metrics.serve(host, cfg.metrics_port) is None:
-        return None
+    metrics.gateway = cfg.metrics_pushgateway
+    if cfg.metrics_port:
+        host = "127.0.0.1" if cfg.transport == "inproc" else cfg.node_host
+        if metrics.serve(host, cfg.metrics_port) is None and metrics.gateway is None:
+            return None
     return metrics

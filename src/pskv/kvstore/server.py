@@ -426,6 +426,8 @@ class KVServer:
                 self.backups.start(self.po)
             self.metrics = start_metrics(self.cfg, lambda: ServerMetrics(
                 self.po.rank, self.po.job, self._keys_held))
+            if self.metrics is not None:
+                self.snapshots.written = self.metrics.checkpoint.observe
             log.info("server %d: serving dist_%s for %d workers at %s", self.po.rank,
                      self.po.mode or "sync", self.po.num_workers,
                      ", ".join(sorted(self._endpoints.values())))
