@@ -108,4 +108,5 @@ def test_server_logs_say_what_happened(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     log = (tmp_path / "server-0.log").read_text()
     assert "INFO pskv.kvstore.server: server 0: serving dist_sync for 2 workers at " in log
-    assert "server 0: worker 0 connected" in log and "server 0: worker 1 connected" in log
+    assert "INFO pskv.kvstore.server: server 0: all 2 workers connected" in log
+    assert "worker 0 connected" not in log         # per worker: DEBUG only

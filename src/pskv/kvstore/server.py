@@ -93,6 +93,7 @@ class KVServer:
             raise
         self._verifier = Verifier("server", "", self._key_for)
         self._rank_of: dict[Connection, int] = {}
+        self._connected = 0                       # worker admissions so far (log lines)
         self.loop = ServeLoop("server", self, self._verifier, cfg.request_timeout, router,
                               self._listeners, handshake_timeout=cfg.handshake_timeout,
                               max_unadmitted=cfg.max_unadmitted,
@@ -162,7 +163,14 @@ class KVServer:
         """A worker's HELLO whose proof checked: admitted under the rank it proved."""
         rank = int(meta.body["rank"])
         self._rank_of[conn] = rank
-        log.info("%s: worker %d connected", self.loop.name, rank)
+        self._connected += 1
+        # one line when every worker is in (then one per reconnection), not one per worker
+        if self._connected == self.po.num_workers:
+            log.info("%s: all %d workers connected", self.loop.name, self.po.num_workers)
+        elif self._connected > self.po.num_workers:
+            log.info("%s: worker %d connected again", self.loop.name, rank)
+        else:
+            log.debug("%s: worker %d connected", self.loop.name, rank)
         # what of this worker's pushes is applied here: a restarted worker skips those
         self._send(conn, Command.ACK, meta.ts,
                    {"applied": self.shards.get(None).engine.applied_by(rank)})
