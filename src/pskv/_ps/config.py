@@ -21,8 +21,8 @@ __all__ = [
     "ENV_CHECKPOINT_KEEP", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REDUCE_THREADS", "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
-    "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_MESSAGE_BYTES", "ENV_MAX_UNADMITTED",
-    "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_TRANSPORT", "ENV_WORKER_ID",
+    "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_MESSAGE_BYTES", "ENV_METRICS_PORT", "ENV_METRICS_PUSHGATEWAY", "ENV_MAX_UNADMITTED",
+    "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS", "ENV_TRANSPORT", "ENV_WORKER_ID",
     "ENV_MXNET_PYTHON", "ENV_MXNET_SRC", "ENV_PREFIX", "KNOWN_ENV",
     "Role", "advertised_host", "loopback_address", "reduce_threads", "unknown_env",
     "warn_unknown_env",
@@ -44,6 +44,8 @@ ENV_SECRET = "PSKV_SECRET"
 ENV_CONNECT_TIMEOUT = "PSKV_CONNECT_TIMEOUT"
 ENV_REQUEST_TIMEOUT = "PSKV_REQUEST_TIMEOUT"
 ENV_ROUND_TIMEOUT = "PSKV_ROUND_TIMEOUT"
+#: seconds a sync round waits before a server names the workers it waits for
+ENV_STRAGGLER_SECONDS = "PSKV_STRAGGLER_SECONDS"
 ENV_HEARTBEAT_INTERVAL = "PSKV_HEARTBEAT_INTERVAL"
 ENV_HEARTBEAT_TIMEOUT = "PSKV_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "PSKV_SHUTDOWN_TIMEOUT"
@@ -71,6 +73,10 @@ ENV_REPLICAS = "PSKV_REPLICAS"
 #: the level of pskv's loggers in every process of a job (pskv-launch --log-level)
 ENV_LOG_LEVEL = "PSKV_LOG_LEVEL"
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: each node serves Prometheus /metrics on the first free port from this one upward
+ENV_METRICS_PORT = "PSKV_METRICS_PORT"
+#: a Prometheus Pushgateway (host:port) each node pushes its metrics to when it ends
+ENV_METRICS_PUSHGATEWAY = "PSKV_METRICS_PUSHGATEWAY"
 #: threads a store's Reducer sums and copies big arrays with (local and dist stores)
 ENV_REDUCE_THREADS = "PSKV_REDUCE_THREADS"
 #: the test suite's (docs/env.md, "Tests"): an MXNet 1.9.1 python and source checkout
@@ -198,6 +204,8 @@ class ClusterConfig:
     connect_timeout : seconds to reach the scheduler and be admitted
     request_timeout : seconds any single reply may take
     round_timeout : seconds a sync round may wait for the slowest worker
+    straggler_seconds : seconds a sync round waits before its server logs which workers
+        it waits for on which keys, then again every as many seconds (PSKV_STRAGGLER_SECONDS)
     heartbeat_interval, heartbeat_timeout : liveness probing of every node
     shutdown_timeout : seconds servers wait for the final goodbye
     transport : data path to the servers: 'auto' (Unix sockets within a host, TCP between
@@ -220,6 +228,10 @@ class ClusterConfig:
     max_restarts : how often pskv-launch restarts a dead node (PSKV_MAX_RESTARTS): the
         scheduler then waits for a dead server's replacement instead of ending the job
     restart : this process's restart count (PSKV_RESTART; 0: its first start)
+    metrics_port : each node serves Prometheus ``/metrics`` on the first free port from
+        this one upward (PSKV_METRICS_PORT; docs/observability.md); 0: no metrics
+    metrics_pushgateway : a Pushgateway (``host:port``) each node pushes its metrics to
+        when it ends, for short jobs (PSKV_METRICS_PUSHGATEWAY); None: no push
     replicas : 1 keeps a copy of every shard on the next server, which takes over when its
         primary dies (PSKV_REPLICAS); 0: none
     """
@@ -235,6 +247,7 @@ class ClusterConfig:
     connect_timeout: float = 60.0
     request_timeout: float = 300.0
     round_timeout: float = 300.0
+    straggler_seconds: float = 10.0
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 15.0
     shutdown_timeout: float = 30.0
@@ -251,6 +264,8 @@ class ClusterConfig:
     max_restarts: int = 0
     restart: int = 0
     replicas: int = 0
+    metrics_port: int = 0
+    metrics_pushgateway: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -269,6 +284,10 @@ class ClusterConfig:
             raise ConfigError(f"{ENV_REPLICAS}=1 needs at least 2 servers (a shard's backup "
                               f"lives on another server); this cluster has {self.num_servers}. "
                               "Start with pskv-launch -s 2 or more.")
+        if not 0 <= self.metrics_port < 65536:
+            raise ConfigError(f"{ENV_METRICS_PORT}={self.metrics_port} is not a TCP port "
+                              "(1-65535). Set it to the first port nodes may serve /metrics "
+                              "on, e.g. 9400, or unset it.")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ConfigError(f"{ENV_CHECKPOINT_EVERY}={self.checkpoint_every} needs "
                               f"{ENV_CHECKPOINT_DIR}: set it to a directory every server can "
@@ -327,6 +346,7 @@ class ClusterConfig:
             connect_timeout=_seconds(env, ENV_CONNECT_TIMEOUT, 60.0),
             request_timeout=_seconds(env, ENV_REQUEST_TIMEOUT, 300.0),
             round_timeout=_seconds(env, ENV_ROUND_TIMEOUT, 300.0),
+            straggler_seconds=_seconds(env, ENV_STRAGGLER_SECONDS, 10.0),
             heartbeat_interval=_seconds(env, ENV_HEARTBEAT_INTERVAL, 1.0),
             heartbeat_timeout=_seconds(env, ENV_HEARTBEAT_TIMEOUT, 15.0),
             shutdown_timeout=_seconds(env, ENV_SHUTDOWN_TIMEOUT, 30.0),
@@ -349,6 +369,9 @@ class ClusterConfig:
                               "--max-restarts N."),
             restart=_int(env, ENV_RESTART, 0, "pskv-launch sets it; leave it unset."),
             replicas=_int(env, ENV_REPLICAS, 0, "Set it to 1 (a backup of every shard) or 0."),
+            metrics_port=_int(env, ENV_METRICS_PORT, 0, "Set it to the first port nodes may "
+                              "serve Prometheus /metrics on, e.g. 9400, or unset it."),
+            metrics_pushgateway=env.get(ENV_METRICS_PUSHGATEWAY) or None,
         )
 
     def with_role(self, role: Role) -> ClusterConfig:

@@ -28,6 +28,7 @@ from .auth import Verifier, new_key
 from .config import ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_ID, ClusterConfig
 from .limits import CONTROL_BYTES
 from .message import Command, Meta, error_body
+from .metrics import SchedulerMetrics, start as start_metrics
 from .serve import ServeLoop
 from .transport import Connection
 from .zeromq import ZmqContext
@@ -117,6 +118,8 @@ class Scheduler:
         self._claims: dict[Connection, tuple[_Node, int, dict[str, Any], float]] = {}
         self._barriers: dict[str, _Barrier] = {}
         self._failed = False
+        #: Prometheus series when PSKV_METRICS_PORT asks for them (``run`` starts them)
+        self.metrics: SchedulerMetrics | None = None
         self._shutdown_sent = 0.0
         self._ending = 0.0
 
@@ -310,6 +313,8 @@ class Scheduler:
             for ident, bts, _ in bar.waiting.values():
                 self._send(ident, Command.BARRIER_DONE, bts, {"payloads": payloads})
             del self._barriers[group]
+            if self.metrics is not None:
+                self.metrics.barriers.inc()
 
     def _goodbye(self, node: _Node) -> None:
         if node.state == "alive":
@@ -326,6 +331,8 @@ class Scheduler:
                     self._send(n.ident, Command.SHUTDOWN)
 
     def _fail(self, node: _Node, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.failed.inc()
         if node.role == "server" and self.cfg.replicas and not node.dead_since and not any(
                 n.role == "server" and n.state == "dead" and n is not node
                 for n in self._members()):
@@ -420,6 +427,8 @@ class Scheduler:
                 self._fail(node, f"is gone: {node.lost_by}'s connection to it broke (its "
                                  "process died or its host went down)")
             elif now - node.last_seen > self.cfg.heartbeat_timeout:
+                if self.metrics is not None:
+                    self.metrics.missed.inc()
                 self._fail(node, f"sent no heartbeat for {now - node.last_seen:.1f} s "
                                  "(it died or hangs)")
         if self._claims:
@@ -441,11 +450,16 @@ class Scheduler:
         """Serve until the cluster is done; 0 if every worker closed cleanly, else 1."""
         self._start = time.monotonic()
         tick = min(0.1, self.cfg.heartbeat_interval / 2)
+        self.metrics = start_metrics(self.cfg, lambda: SchedulerMetrics(
+            self.job, lambda role: sum(1 for n in list(self._nodes.values())
+                                       if n.role == role and n.state == "alive")))
         try:
             self.loop.run(lambda: self._stop.is_set() or self._code is not None,
                           int(tick * 1000), tick)
             return self._code if self._code is not None else 1 if self._failed else 0
         finally:
+            if self.metrics is not None:
+                self.metrics.close()
             self.loop.close()
             self._zctx.close()
             self._remove_dead_sockets()

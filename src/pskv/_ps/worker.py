@@ -38,6 +38,7 @@ from .auth import prove
 from .config import ClusterConfig
 from .failover import Failover, applied_counts
 from .message import Command, Meta, error_from_body
+from .metrics import WorkerMetrics, start as start_metrics
 from .postoffice import Postoffice
 from .tls import client_context
 from .transport import Alloc, Connection, connect
@@ -77,6 +78,8 @@ class KVWorker:
         self._io = threading.Lock()
         self._zmq = False
         self._lost: set[int] = set()               # servers whose connection broke
+        #: Prometheus series when PSKV_METRICS_PORT asks for them (after the handshakes)
+        self.metrics: WorkerMetrics | None = None
         #: servers may die and come back: failover keeps what a restarted one or a backup
         #: needs, and routes each request to the server serving its shard
         self.failover: Failover | None = None
@@ -104,6 +107,7 @@ class KVWorker:
                     # a restarted worker: the pushes its first run made are applied; the
                     # same pushes made again as it catches up are dropped (durability.md)
                     self.failover.pushes.applied_before(s, applied_counts(meta.body))
+            self.metrics = start_metrics(cfg, lambda: WorkerMetrics(po.rank, po.job))
         except BaseException:
             self.close()
             raise
@@ -147,6 +151,8 @@ class KVWorker:
                 self._into[ts] = into
         if time.monotonic() - self._last_read > READ_EVERY:
             self.poll_links()     # keep the servers' replies from piling up
+        if self.metrics is not None:
+            self.metrics.sent(ts, cmd.name.lower(), sum(a.nbytes for a in arrays))
         if fo is None:
             self._send(server, cmd, ts, keys, body, arrays)
         else:
@@ -171,6 +177,8 @@ class KVWorker:
 
     def close(self) -> None:
         """Close the connections (the ZmqContext closes ZeroMQ sockets)."""
+        if self.metrics is not None:
+            self.metrics.close()
         for conn in self._conns:
             conn.close()
         self._conns.clear()
@@ -306,6 +314,8 @@ class KVWorker:
                         continue
                     self._done[meta.ts] = result
                     self._cond.notify_all()
+                if self.metrics is not None:
+                    self.metrics.received(meta.ts, sum(a.nbytes for a in arrays))
 
     def poll_links(self) -> None:
         """Read whatever has arrived, without waiting, unless another thread is reading: a

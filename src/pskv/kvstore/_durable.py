@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -51,6 +52,8 @@ class Snapshots:
         self.cfg = cfg
         self._send, self._error = send, error
         self._jobs: list[_Job] = []
+        #: ``written(seconds)`` after each shard written (a writer thread calls it: metrics)
+        self.written: Callable[[float], object] | None = None
         self.index, self.num_shards = 0, 1
 
     def start(self, engine: Engine, index: int, num_shards: int) -> PeriodicCopies | None:
@@ -90,7 +93,13 @@ class Snapshots:
         try:
             if rnd is not None and self._obsolete(rnd):
                 return      # a newer checkpoint is complete: this one was pruned already
+            began = time.monotonic()
             write_shard(copy, path, index)
+            took = time.monotonic() - began
+            log.info("server %d: wrote shard %d of checkpoint %r (%d keys) in %.2f s",
+                     self.index, index, path, len(copy.entries), took)
+            if self.written is not None:
+                self.written(took)
             if rnd is not None:
                 # periodic: server 0 names the shards (every server, for the initial one:
                 # server 0 may hold no key); the checkpoint is complete once every

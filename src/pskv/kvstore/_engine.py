@@ -147,6 +147,9 @@ class Engine:
         #: told of each applied round or async push, before any request waiting for it
         #: is answered (a server's shard: its backup and its periodic checkpoints)
         self.observer: RoundObserver | None = None
+        #: ``closed(key, worker, waited)``: ``worker``'s push closed a sync round of the
+        #: user's ``key`` ``waited`` seconds after its first push (stragglers, metrics)
+        self.closed: Callable[[Key, int, float], object] | None = None
 
     # ---- keys ------------------------------------------------------------------------
     def __contains__(self, key: object) -> bool:
@@ -316,6 +319,8 @@ class Engine:
             ticket.remaining += 1
             entry.waiting.append(ticket)
         if len(entry.pushers) == self.num_workers:
+            if self.closed is not None:
+                self.closed(entry.name, worker, self._clock() - entry.started)
             self._close_round(key, entry)
 
     # ---- the two steps of a round (override both for a server that does no arithmetic,
@@ -504,6 +509,11 @@ class Engine:
     @staticmethod
     def _pushed(entry: _Entry, worker: int) -> bool:
         return worker in entry.pushers or any(d[0] == worker for d in entry.deferred)
+
+    def open_rounds(self) -> list[tuple[Key, int, float, frozenset[int]]]:
+        """``(key, round, started, pushers)`` of every open sync round (the user's key)."""
+        return [(e.name, e.round, e.started, frozenset(e.pushers))
+                for e in self._entries.values() if e.pushers]
 
     # ---- failures --------------------------------------------------------------------
     def check_rounds(self, timeout: float) -> None:

@@ -23,10 +23,12 @@ from ..errors import CheckpointError, ClusterError, KVStoreError, NodeFailedErro
 from .._ps.auth import Verifier
 from .._ps.config import ClusterConfig, advertised_host
 from .._ps.membership import ServerRejoined
+from .._ps.metrics import ServerMetrics, start as start_metrics
 from .._ps.message import Command, Meta, kind_arrays
 from .._ps.ops import Op, ReplOp, parse
 from .._ps.postoffice import Postoffice
 from .._ps.serve import ServeLoop
+from .._ps.stragglers import OpenRound, StragglerWatch
 from .._ps.stream import StreamListener, ipc_path
 from .._ps.tls import server_context
 from .._ps.transport import Connection
@@ -85,11 +87,13 @@ class KVServer:
             if self.backups is not None:
                 endpoints.update(self.backups.endpoints)
             self.po = Postoffice(cfg, self._zctx, endpoints=endpoints)
+            self._endpoints = endpoints
         except BaseException:
             self._close()
             raise
         self._verifier = Verifier("server", "", self._key_for)
         self._rank_of: dict[Connection, int] = {}
+        self._connected = 0                       # worker admissions so far (log lines)
         self.loop = ServeLoop("server", self, self._verifier, cfg.request_timeout, router,
                               self._listeners, handshake_timeout=cfg.handshake_timeout,
                               max_unadmitted=cfg.max_unadmitted,
@@ -97,6 +101,10 @@ class KVServer:
         self._open: dict[Any, int] = {}           # per worker: pushes not yet applied
         self._flushes: dict[Any, list[int]] = {}  # per worker: FLUSH requests waiting
         self.snapshots = Snapshots(cfg, self._send, self._error)
+        #: names rounds that wait and workers that are often last (PSKV_STRAGGLER_SECONDS)
+        self.stragglers = StragglerWatch(cfg.straggler_seconds)
+        #: Prometheus series when PSKV_METRICS_PORT asks for them (``run`` starts them)
+        self.metrics: ServerMetrics | None = None
         #: the shards this server serves (its own; one whose primary died, as its backup)
         self.shards = Shards(cfg, self._zctx, self.po, self.snapshots, self.backups,
                              self._new_engine())
@@ -108,7 +116,17 @@ class KVServer:
         engine = self._engine_class(nw, True, lambda t: self._answer(t, holder[0]),
                                     self._answer_error)
         holder.append(engine)
+        engine.closed = lambda key, worker, waited: self._round_closed(
+            key, worker, waited, engine.num_workers)
         return engine
+
+    def _round_closed(self, key: Any, worker: int, waited: float, num_workers: int) -> None:
+        """A sync round closed by ``worker``'s push: stragglers and metrics."""
+        flagged = self.stragglers.round_closed(key, worker, waited, num_workers)
+        if self.metrics is not None:
+            self.metrics.round_closed(worker, waited)
+            if flagged is not None:
+                self.metrics.stragglers.inc()
 
     def _bind(self, cfg: ClusterConfig, router: zmq.Socket[Any] | None) -> dict[str, str]:
         """Listen on TCP, (``auto``, ``ipc``) a Unix socket and (``zmq``) ZeroMQ; their
@@ -145,6 +163,14 @@ class KVServer:
         """A worker's HELLO whose proof checked: admitted under the rank it proved."""
         rank = int(meta.body["rank"])
         self._rank_of[conn] = rank
+        self._connected += 1
+        # one line when every worker is in (then one per reconnection), not one per worker
+        if self._connected == self.po.num_workers:
+            log.info("%s: all %d workers connected", self.loop.name, self.po.num_workers)
+        elif self._connected > self.po.num_workers:
+            log.info("%s: worker %d connected again", self.loop.name, rank)
+        else:
+            log.debug("%s: worker %d connected", self.loop.name, rank)
         # what of this worker's pushes is applied here: a restarted worker skips those
         self._send(conn, Command.ACK, meta.ts,
                    {"applied": self.shards.get(None).engine.applied_by(rank)})
@@ -156,12 +182,21 @@ class KVServer:
         handler = self._handlers.get(meta.cmd)
         if handler is None:
             raise ProtocolError(f"server does not take {meta.cmd.name}")
+        if self.metrics is not None:
+            self.metrics.request(meta.cmd.name.lower(), sum(a.nbytes for a in arrays))
         index = meta.body.get("shard") if isinstance(meta.body, dict) else None
         handler(self, self.shards.get(index), conn, worker, meta.ts, meta.keys, meta.body,
                 arrays)
 
     def tick(self) -> None:
-        """Fail sync rounds that waited too long."""
+        """Name sync rounds that wait (stragglers); fail those that waited too long."""
+        rounds: list[OpenRound] = []
+        self.shards.each_engine(lambda engine: rounds.extend(
+            OpenRound(*r, engine.num_workers) for r in engine.open_rounds()))
+        named = self.stragglers.check(rounds)
+        self.stragglers.summary()
+        if named and self.metrics is not None:
+            self.metrics.stragglers.inc(len(named))
         self.shards.each_engine(lambda engine: engine.check_rounds(self.cfg.round_timeout))
 
     def dropped(self, conn: Connection) -> None:
@@ -187,7 +222,10 @@ class KVServer:
         elif ticket.cmd is Op.TABLE_STATS:
             self._send(ticket.peer, Command.ACK, ticket.ts, stats_reply(engine, ticket))
         else:
-            self._send(ticket.peer, Command.DATA, ticket.ts, arrays=engine.values(ticket))
+            values = engine.values(ticket)
+            if self.metrics is not None:
+                self.metrics.replied(ticket.cmd.name.lower(), sum(a.nbytes for a in values))
+            self._send(ticket.peer, Command.DATA, ticket.ts, arrays=values)
 
     def _answer_error(self, ticket: Ticket, err: KVStoreError) -> None:
         self._error(ticket.peer, ticket.ts, err)
@@ -389,9 +427,16 @@ class KVServer:
             own.num_workers = self.po.num_workers    # as admitted
             own.sync = self.po.mode != "async"      # as every worker agreed
             self._verifier.job = self.po.job
-            self.loop.name = f"server {self.po.rank}"
+            self.loop.name = self.stragglers.name = f"server {self.po.rank}"
             if self.backups is not None:
                 self.backups.start(self.po)
+            self.metrics = start_metrics(self.cfg, lambda: ServerMetrics(
+                self.po.rank, self.po.job, self._keys_held))
+            if self.metrics is not None:
+                self.snapshots.written = self.metrics.checkpoint.observe
+            log.info("server %d: serving dist_%s for %d workers at %s", self.po.rank,
+                     self.po.mode or "sync", self.po.num_workers,
+                     ", ".join(sorted(self._endpoints.values())))
             if not (self.cfg.restart and self.cfg.replicas):
                 self.shards.serve(self.po.rank, own)
             # else: its backup took its shard over; it rejoins as a backup
@@ -444,7 +489,14 @@ class KVServer:
         log.warning("server %d: restarted; reloaded %d keys from the checkpoint of round %d",
                     rank, len(self.shards.own), rnd)
 
+    def _keys_held(self) -> float:
+        """Keys (parts) held in every shard served here (read by the metrics thread)."""
+        return float(sum(len(shard.engine) for shard in list(self.shards.served.values())))
+
     def _close(self) -> None:
+        if getattr(self, "metrics", None) is not None:
+            assert self.metrics is not None
+            self.metrics.close()
         if hasattr(self, "snapshots"):
             self.snapshots.close()
         if hasattr(self, "shards"):

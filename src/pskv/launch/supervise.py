@@ -1,8 +1,8 @@
 """The supervisor that every launcher's processes run under.
 
-It starts each process in its own process group, prefixes its output, stops every process
-at the first failure (but a server whose shard a backup took over), forwards signals, and
-reports how each process ended.
+It starts each process in its own process group, prefixes its output (``_output.py``),
+stops every process at the first failure (but a server whose shard a backup took over),
+forwards signals, and reports how each process ended.
 
 Invariant: every child runs in its own session (so its process group id is its pid), and
 when `run_processes` returns, every child has been reaped and every child's process group
@@ -24,6 +24,7 @@ from typing import IO, Callable, Sequence, TextIO
 
 from .._ps.config import ENV_MAX_RESTARTS, ENV_RESTART, Role
 from ..errors import CommandError, ConfigError  # CommandError: re-exported here too
+from ._output import Console, Output
 from .spec import ProcessSpec
 
 __all__ = ["CommandError", "EXIT_TIMEOUT", "LaunchResult", "ProcessResult", "exit_status", "run_processes"]
@@ -31,7 +32,6 @@ __all__ = ["CommandError", "EXIT_TIMEOUT", "LaunchResult", "ProcessResult", "exi
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.05
-_MAX_LINE = 1 << 16  # a longer "line" is passed on in pieces, so a reader's memory is bounded
 _JOIN_S = 5.0
 EXIT_TIMEOUT = 124  # as coreutils timeout(1)
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -170,59 +170,6 @@ class _Child:
                              self.spec.label, self.spec.host)
 
 
-_HELD_MAX = 10_000  # lines of stderr held back after Ctrl-C (the rest pass through)
-
-
-class _Output:
-    """Where one process's output goes: the console (prefixed) and, optionally, a log file.
-
-    After Ctrl-C (`interrupted` set), stderr is held back; at the end a held Python
-    traceback is shown as its last line only (the full text stays in the log file).
-    """
-
-    def __init__(self, prefix: str, lock: threading.Lock, interrupted: threading.Event,
-                 log: IO[str] | None) -> None:
-        self.prefix, self.lock, self.interrupted, self.log = prefix, lock, interrupted, log
-
-    def pump(self, pipe: IO[bytes], stream: TextIO, is_stderr: bool) -> None:
-        """Copy `pipe` a line at a time; drain it even when the console breaks."""
-        broken = False
-        held: list[str] = []
-
-        def write(text: str) -> None:
-            nonlocal broken
-            if broken:
-                return  # keep reading so the child never blocks on a full pipe
-            with self.lock:
-                try:
-                    stream.write(self.prefix + text)
-                    stream.flush()
-                except (OSError, ValueError) as err:
-                    broken = True
-                    logger.warning("cannot write the output of %s (%s); discarding it",
-                                   self.prefix.strip(), err)
-
-        with pipe:
-            for line in iter(lambda: pipe.readline(_MAX_LINE), b""):
-                text = line.decode("utf-8", "replace")
-                if not text.endswith("\n"):
-                    text += "\n"
-                if self.log is not None:
-                    with self.lock:
-                        self.log.write(text)
-                        self.log.flush()
-                if is_stderr and self.interrupted.is_set() and len(held) < _HELD_MAX:
-                    held.append(text)
-                else:
-                    write(text)
-        if any(t.startswith("Traceback (most recent call last)") for t in held):
-            last = [t for t in held if t.strip()][-1]
-            write(f"{last.rstrip()} (after Ctrl-C; {len(held) - 1} more lines hidden)\n")
-        else:
-            for text in held:
-                write(text)
-
-
 class _Supervisor:
     """Runs a list of processes to completion under the launcher's rules (see launch())."""
 
@@ -239,6 +186,8 @@ class _Supervisor:
         self.shutdown_timeout = shutdown_timeout
         self.stdout, self.stderr = stdout, stderr
         self.lock = threading.Lock()
+        #: every child's output shares it: whose partial line is on the console
+        self.console = Console(self.lock)
         self.children: list[_Child] = []
         self.wake = threading.Event()
         self.signum: int | None = None
@@ -294,7 +243,7 @@ class _Supervisor:
             log = open(os.path.join(self.log_dir, ps.label.replace(" ", "-") + ".log"), "w",
                        encoding="utf-8")
             self.logs.append(log)
-        out = _Output(f"[{ps.label}] ", self.lock, self.interrupted, log)
+        out = Output(f"[{ps.label}] ", self.console, self.interrupted, log)
         pumps = []
         for pipe, stream in ((popen.stdout, self.stdout), (popen.stderr, self.stderr)):
             assert pipe is not None

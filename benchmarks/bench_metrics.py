@@ -1,0 +1,130 @@
+"""Metrics benchmark: what PSKV_METRICS_PORT (Prometheus /metrics on every node) costs.
+
+Run from the repository root::
+
+    python benchmarks/bench_metrics.py            # full run, a few minutes on 2 cores
+    python benchmarks/bench_metrics.py --quick    # smoke run, seconds; writes no results
+
+One small job per setting, as threads of this process (a scheduler, one server, one
+``dist_sync`` worker) on this host's default transport, with metrics off and on (each node
+then counts every request and serves ``/metrics``; a scraper thread reads every node's
+endpoint once a second, as Prometheus would). Figures: microseconds per push+pull of a
+small key, and MB/s per push+pull of a 64 MB float32 key. Off and on alternate, several
+rounds each, in the same run, so machine load falls on both alike; the aim (issue 18) is
+within 3 %. Results go to ``benchmarks/results/bench_metrics.{json,md}``.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import _common
+import numpy as np
+
+import pskv as mx
+from pskv._ps.config import ClusterConfig, Role
+from pskv.kvstore.dist import DistKVStore
+from pskv.launch._net import free_port
+from pskv.server import run_node
+
+#: float32 elements: a small key, and 64 MB
+SIZES = {16: "64 B", 16777216: "64 MB"}
+
+
+def _scrape(first: int, stop: threading.Event) -> None:
+    """Read every node's /metrics once a second, as a Prometheus server would."""
+    while not stop.wait(1.0):
+        for port in range(first, first + 4):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    r.read()
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+
+
+def job(metrics: bool, size: int, iters: int) -> list[float]:
+    """Seconds per push+pull of a ``size``-element key, one sample per iteration."""
+    port = free_port() if metrics else 0
+    cfg = ClusterConfig(role=Role.WORKER, root_port=free_port(), secret=b"bench",
+                        connect_timeout=30, request_timeout=120, metrics_port=port)
+    stop, scraping = threading.Event(), threading.Event()
+    nodes = [threading.Thread(target=run_node, args=(cfg.with_role(role), stop), daemon=True)
+             for role in (Role.SCHEDULER, Role.SERVER)]
+    for t in nodes:
+        t.start()
+    scraper = threading.Thread(target=_scrape, args=(port, scraping), daemon=True)
+    kv = DistKVStore("dist_sync", cfg)
+    try:
+        if metrics:
+            scraper.start()
+        value = mx.nd.array(np.ones(size, np.float32))
+        out = mx.nd.zeros((size,))
+        kv.init(0, mx.nd.zeros((size,)))
+        for _ in range(3):                       # warm-up
+            kv.push(0, value)
+            kv.pull(0, out=out)
+        samples = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            kv.push(0, value)
+            kv.pull(0, out=out)
+            samples.append(time.perf_counter() - start)
+        return samples
+    finally:
+        scraping.set()
+        kv.close()
+        for t in nodes:
+            t.join(30)
+        stop.set()
+        if scraper.is_alive():
+            scraper.join(10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run (no results)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="off/on pairs per size (default 5)")
+    args = parser.parse_args(argv)
+    sizes = {16: "64 B", 65536: "256 KB"} if args.quick else SIZES
+    rounds = 1 if args.quick else args.rounds
+    rows, data = [], {"machine": _common.machine_info(), "commit": _common.commit_info(),
+                      "command": _common.command_line(argv), "when": _common.timestamp(),
+                      "results": {}}
+    for size, label in sizes.items():
+        iters = 20 if args.quick else (2000 if size <= 1024 else 20)
+        off: list[float] = []
+        on: list[float] = []
+        for r in range(rounds):        # alternate, and swap who goes first each round
+            order = (False, True) if r % 2 == 0 else (True, False)
+            for metrics in order:
+                (on if metrics else off).append(statistics.median(job(metrics, size, iters)))
+        t_off, t_on = statistics.median(off), statistics.median(on)
+        mb = size * 4 / 1e6
+        entry = {"off_s": t_off, "on_s": t_on, "cost": t_on / t_off - 1, "off_runs": off,
+                 "on_runs": on, "iters": iters}
+        data["results"][label] = entry
+        cells = [f"{s * 1e6:.0f} us" if size <= 1024 else f"{mb / s:.0f} MB/s"
+                 for s in (t_off, t_on)]
+        rows.append([label, *cells, f"{100 * (t_on / t_off - 1):+.1f} %"])
+        print(_common.text_table(["key", "metrics off", "metrics on", "time cost"],
+                                 rows[-1:]), flush=True)
+    md = ("# What metrics cost (PSKV_METRICS_PORT)\n\n" + _common.md_table(
+        ["key", "metrics off", "metrics on", "time cost (on / off - 1)"], rows) +
+        f"\n\nOne worker, one server, threads of one process, default transport; /metrics of "
+        f"every node read once a second while metrics are on. Medians of {rounds} alternating "
+        f"off/on jobs per size. Machine: {data['machine'].get('cpu_model')}, "
+        f"{data['machine'].get('cpu_count')} cores, Python {data['machine'].get('python')}; "
+        f"commit {data['commit']['commit']}, {data['when']}. `{data['command']}`\n")
+    if not args.quick:
+        _common.write_results("bench_metrics", data, md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,318 @@
+"""Prometheus metrics of a node: ``/metrics`` over HTTP when ``PSKV_METRICS_PORT`` is set.
+
+Each node (scheduler, server, worker) that is asked to keeps its own registry (never the
+client library's process-wide one: a thread cluster runs many nodes in one process) and
+serves it on the first free port from ``PSKV_METRICS_PORT`` upward (at most
+:data:`PORT_TRIES` ports), on the address the node's other listeners use. Every series
+carries ``job`` (a short digest of the job's id, the same on every node of a job),
+``role`` and ``rank``. docs/observability.md lists every metric.
+
+Observability never stops a job: when ``prometheus_client`` is missing or no port is free,
+the node logs one ERROR line that says what to do and runs without metrics. A node that
+was not asked pays one ``is None`` test per hook. The library is imported only here, and
+only when metrics are on (``pip install 'pskv[metrics]'``).
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+from ..errors import ConfigError
+from .config import ENV_METRICS_PORT, ENV_METRICS_PUSHGATEWAY, ClusterConfig
+
+__all__ = ["NodeMetrics", "PORT_TRIES", "SchedulerMetrics", "ServerMetrics",
+           "WorkerMetrics", "job_label", "start"]
+
+log = logging.getLogger(__name__)
+
+#: ports tried from PSKV_METRICS_PORT upward before a node gives up serving metrics
+PORT_TRIES = 64
+#: seconds: request latency and round wait buckets (1 ms to 5 min, the round timeout)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                   2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+_LABELS = ("job", "role", "rank")
+#: requests timed at most at once by a worker (a lost reply's entry is dropped beyond it)
+_MAX_TIMED = 1 << 16
+
+
+def job_label(job: str) -> str:
+    """The ``job`` label: 12 hex digits of SHA-256 of the job's id (the id itself binds
+    proofs of admission, so it is not shown).
+
+    Examples
+    --------
+    >>> len(job_label("abc")), job_label("abc") == job_label("abc")
+    (12, True)
+    """
+    return hashlib.sha256(job.encode()).hexdigest()[:12]
+
+
+class NodeMetrics:
+    """A node's registry and its HTTP endpoint; subclasses declare the series.
+
+    Parameters
+    ----------
+    role : str
+    rank : int
+    job : str
+        The job's id (shown as :func:`job_label`).
+    """
+
+    def __init__(self, role: str, rank: int, job: str) -> None:
+        from prometheus_client import CollectorRegistry, ProcessCollector
+        self.registry = CollectorRegistry(auto_describe=True)
+        # process_* (CPU, resident memory, open fds): the process this node runs in
+        ProcessCollector(registry=self.registry)
+        self.name = f"{role} {rank}" if role != "scheduler" else "the scheduler"
+        self._values = (job_label(job), role, str(rank))
+        self.port: int | None = None
+        #: where :meth:`close` pushes the series (PSKV_METRICS_PUSHGATEWAY), if anywhere
+        self.gateway: str | None = None
+        self._httpd: Any = None
+        self._thread: threading.Thread | None = None
+
+    # ---- series ----------------------------------------------------------------------
+    def _series(self, kind: str, name: str, doc: str, extra: Sequence[str] = (),
+                **kw: Any) -> Any:
+        import prometheus_client
+        cls = getattr(prometheus_client, kind)
+        return cls(name, doc, (*_LABELS, *extra), registry=self.registry, **kw)
+
+    def _bound(self, metric: Any, *extra: str) -> Any:
+        return metric.labels(*self._values, *extra)
+
+    # ---- the endpoint ----------------------------------------------------------------
+    def serve(self, host: str, first: int) -> int | None:
+        """Serve ``/metrics`` on the first free port from ``first``; the port, or None
+        (logged) when none of :data:`PORT_TRIES` is free."""
+        from prometheus_client import make_wsgi_app
+        app = make_wsgi_app(self.registry)
+        last = min(first + PORT_TRIES - 1, 65535)
+        for port in range(first, last + 1):
+            try:
+                self._httpd = _http_server(host, port, app)
+            except OSError as err:
+                if err.errno in (errno.EADDRINUSE, errno.EACCES):
+                    continue
+                log.error("%s", ConfigError(
+                    f"{self.name}: cannot serve metrics on {host}:{port}: {err}. Set "
+                    f"{ENV_METRICS_PORT} to a port this host can bind; the job goes on "
+                    "without this node's metrics."))
+                return None
+            self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                            kwargs={"poll_interval": 0.1},
+                                            name=f"pskv-metrics {self.name}", daemon=True)
+            self._thread.start()
+            self.port = port
+            log.info("%s: metrics at http://%s:%d/metrics", self.name, host, port)
+            return port
+        log.error("%s", ConfigError(
+            f"{self.name}: ports {first} to {last} on {host} are all in use, so this node "
+            f"serves no metrics. Set {ENV_METRICS_PORT} to a free range; the job goes on "
+            "without them."))
+        return None
+
+    def push(self, timeout: float = 5.0) -> bool:
+        """Push every series to :attr:`gateway` (grouped by job, role and rank); whether it
+        went (a gateway that does not answer is logged, never raised)."""
+        if self.gateway is None:
+            return False
+        from prometheus_client import push_to_gateway
+        job, role, rank = self._values
+        try:
+            push_to_gateway(self.gateway, job=job, registry=self.registry,
+                            grouping_key={"role": role, "rank": rank}, timeout=timeout)
+        except Exception as err:  # noqa: BLE001 - whatever fails, the job goes on
+            log.error("%s", ConfigError(
+                f"{self.name}: cannot push metrics to the Pushgateway at {self.gateway!r}: "
+                f"{type(err).__name__}: {err}. Check {ENV_METRICS_PUSHGATEWAY} (host:port of "
+                "a running Pushgateway); the job is not affected."))
+            return False
+        return True
+
+    def close(self) -> None:
+        """Push to the Pushgateway if one is set, then stop serving (idempotent)."""
+        if self.gateway is not None:
+            self.push()
+            self.gateway = None
+        httpd, self._httpd = self._httpd, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+
+
+class ServerMetrics(NodeMetrics):
+    """A server's series: requests and bytes by command, round waits, keys held."""
+
+    def __init__(self, rank: int, job: str, keys: Callable[[], float]) -> None:
+        super().__init__("server", rank, job)
+        self._requests = self._series("Counter", "pskv_server_requests_total",
+                                      "Requests received, by command", ("command",))
+        self._received = self._series("Counter", "pskv_server_received_bytes_total",
+                                      "Array bytes received in requests, by command",
+                                      ("command",))
+        self._sent = self._series("Counter", "pskv_server_sent_bytes_total",
+                                  "Array bytes sent in replies, by command", ("command",))
+        self.round_wait = self._bound(self._series(
+            "Histogram", "pskv_round_wait_seconds",
+            "Seconds from a dist_sync round's first push to its last",
+            buckets=LATENCY_BUCKETS))
+        self._last = self._series("Counter", "pskv_round_last_pusher_total",
+                                  "Sync rounds closed by this worker's push (it was last)",
+                                  ("worker",))
+        self.stragglers = self._bound(self._series(
+            "Counter", "pskv_straggler_warnings_total",
+            "Straggler lines logged (rounds that waited, workers often last)"))
+        self._bound(self._series("Gauge", "pskv_server_keys",
+                                 "Keys (key parts) held, every shard served")).set_function(keys)
+        self.checkpoint = self._bound(self._series(
+            "Histogram", "pskv_checkpoint_write_seconds",
+            "Seconds to write this server's shard of a checkpoint (on a writer thread)",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)))
+        self._by: dict[tuple[int, str], Any] = {}
+
+    def _child(self, which: int, metric: Any, label: str) -> Any:
+        child = self._by.get((which, label))
+        if child is None:
+            child = self._by[(which, label)] = self._bound(metric, label)
+        return child
+
+    def request(self, command: str, nbytes: int) -> None:
+        """One request of ``command`` with ``nbytes`` of arrays."""
+        self._child(0, self._requests, command).inc()
+        if nbytes:
+            self._child(1, self._received, command).inc(nbytes)
+
+    def replied(self, command: str, nbytes: int) -> None:
+        """A reply to ``command`` with ``nbytes`` of arrays."""
+        self._child(2, self._sent, command).inc(nbytes)
+
+    def round_closed(self, worker: int, waited: float) -> None:
+        """``worker``'s push closed a sync round that waited ``waited`` seconds."""
+        self.round_wait.observe(waited)
+        self._child(3, self._last, str(worker)).inc()
+
+
+class WorkerMetrics(NodeMetrics):
+    """A worker's series: requests, bytes, and request latency by command."""
+
+    def __init__(self, rank: int, job: str) -> None:
+        super().__init__("worker", rank, job)
+        self._requests = self._series("Counter", "pskv_worker_requests_total",
+                                      "Requests sent to servers, by command", ("command",))
+        self._sent = self._series("Counter", "pskv_worker_sent_bytes_total",
+                                  "Array bytes sent to servers, by command", ("command",))
+        self._received = self._series("Counter", "pskv_worker_received_bytes_total",
+                                      "Array bytes received from servers, by command",
+                                      ("command",))
+        self._latency = self._series(
+            "Histogram", "pskv_worker_request_seconds",
+            "Seconds from a request to its server's reply, by command (a pull waits for "
+            "its round; a flush for every push before it to be applied)", ("command",),
+            buckets=LATENCY_BUCKETS)
+        self._by: dict[tuple[int, str], Any] = {}
+        self._started: dict[int, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+
+    def _child(self, which: int, metric: Any, label: str) -> Any:
+        child = self._by.get((which, label))
+        if child is None:
+            child = self._by[(which, label)] = self._bound(metric, label)
+        return child
+
+    def sent(self, ts: int, command: str, nbytes: int) -> None:
+        """Request ``ts`` of ``command`` left with ``nbytes`` of arrays (a push's negative
+        ts is answered only when it fails: it is not timed)."""
+        self._child(0, self._requests, command).inc()
+        if nbytes:
+            self._child(1, self._sent, command).inc(nbytes)
+        if ts > 0:
+            with self._lock:
+                if len(self._started) >= _MAX_TIMED:
+                    self._started.clear()
+                self._started[ts] = (command, time.monotonic())
+
+    def received(self, ts: int, nbytes: int) -> None:
+        """The reply to ``ts`` came with ``nbytes`` of arrays."""
+        with self._lock:
+            started = self._started.pop(ts, None)
+        if started is None:
+            return
+        command, t0 = started
+        self._child(2, self._latency, command).observe(time.monotonic() - t0)
+        if nbytes:
+            self._child(3, self._received, command).inc(nbytes)
+
+
+class SchedulerMetrics(NodeMetrics):
+    """The scheduler's series: nodes alive, missed heartbeats, barriers."""
+
+    def __init__(self, job: str, alive: Callable[[str], float]) -> None:
+        super().__init__("scheduler", 0, job)
+        gauge = self._series("Gauge", "pskv_scheduler_nodes_alive",
+                             "Nodes admitted and alive, by the node's role", ("node_role",))
+        for role in ("server", "worker"):
+            self._bound(gauge, role).set_function(lambda role=role: alive(role))
+        self.missed = self._bound(self._series(
+            "Counter", "pskv_scheduler_missed_heartbeats_total",
+            "Nodes found dead because their heartbeats stopped"))
+        self.failed = self._bound(self._series(
+            "Counter", "pskv_scheduler_node_failures_total",
+            "Nodes found dead (heartbeats stopped, connection lost, not restarted)"))
+        self.barriers = self._bound(self._series(
+            "Counter", "pskv_scheduler_barriers_total", "Barriers completed"))
+
+
+def _http_server(host: str, port: int, app: Any) -> Any:
+    """A bound, listening WSGI server for ``app`` (not yet serving).
+
+    Without SO_REUSEADDR: with it, Linux lets two sockets bind one port as long as neither
+    listens yet, and two nodes starting at once took the same port.
+    """
+    import socket
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        allow_reuse_address = False
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            """Scrapes are not logged."""
+
+    return make_server(host, port, app, Server, handler_class=Quiet)
+
+
+def start(cfg: ClusterConfig, make: Callable[[], NodeMetrics]) -> Any:
+    """The node's metrics when ``cfg.metrics_port`` or ``cfg.metrics_pushgateway`` asks for
+    them (serving on the port, pushed at close); else None.
+
+    A missing ``prometheus_client`` or no free port is logged (one ERROR line) and the
+    node goes on without metrics.
+    """
+    if not cfg.metrics_port and not cfg.metrics_pushgateway:
+        return None
+    try:
+        metrics = make()
+    except ImportError:
+        asked = (f"{ENV_METRICS_PORT}={cfg.metrics_port}" if cfg.metrics_port else
+                 f"{ENV_METRICS_PUSHGATEWAY}={cfg.metrics_pushgateway}")
+        log.error("%s", ConfigError(
+            f"{asked} is set but prometheus_client is not installed, so this node serves "
+            "no metrics. pip install 'pskv[metrics]'; the job goes on without them."))
+        return None
+    metrics.gateway = cfg.metrics_pushgateway
+    if cfg.metrics_port:
+        host = "127.0.0.1" if cfg.transport == "inproc" else cfg.node_host
+        if metrics.serve(host, cfg.metrics_port) is None and metrics.gateway is None:
+            return None
+    return metrics

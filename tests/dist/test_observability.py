@@ -1,0 +1,221 @@
+"""Observability on whole clusters run as threads: stragglers named while they straggle.
+
+A worker that delays its push past ``straggler_seconds`` is named, with the key and round
+it holds up, in a WARNING of the server's log while the others wait for it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_late_worker_is_named_with_its_key(run_threads: Any,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="pskv._ps.stragglers")
+
+    def train(kv: Any) -> float:
+        kv.init("b", np.zeros(3, np.float32))
+        if kv.rank == 1:
+            time.sleep(1.5)            # past the threshold, and past a server tick or two
+        kv.push("b", np.ones(3, np.float32))
+        out = np.zeros(3, np.float32)
+        kv.pull("b", out=out)
+        return float(out[0])
+
+    results = run_threads(train, straggler_seconds=0.2)
+    assert results == {0: 2.0, 1: 2.0}
+    lines = [r.getMessage() for r in caplog.records if r.name == "pskv._ps.stragglers"]
+    assert lines, "no straggler warning was logged"
+    assert all(r.levelno == logging.WARNING for r in caplog.records
+               if r.name == "pskv._ps.stragglers")
+    assert any("round 0 of key 'b' has waited" in line and "for worker 1 (of 2)" in line
+               and line.startswith("server 0: ") for line in lines), lines
+
+
+def test_no_straggler_line_when_rounds_close_in_time(run_threads: Any,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="pskv._ps.stragglers")
+
+    def train(kv: Any) -> None:
+        kv.init("b", np.zeros(3, np.float32))
+        for _ in range(3):
+            kv.push("b", np.ones(3, np.float32))
+            kv.pull("b", out=np.zeros(3, np.float32))
+
+    run_threads(train, straggler_seconds=30.0)
+    assert not [r for r in caplog.records if r.name == "pskv._ps.stragglers"]
+
+
+# ---- /metrics -----------------------------------------------------------------------------
+def _scrape(first: int, tries: int = 16) -> dict[int, str]:
+    """port -> /metrics text, for every port from ``first`` that answers."""
+    import urllib.error
+    import urllib.request
+    found = {}
+    for port in range(first, first + tries):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                found[port] = r.read().decode()
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            continue
+    return found
+
+
+def _series(texts: dict[int, str]) -> list[tuple[str, dict[str, str], float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+    return [(s.name, s.labels, s.value) for text in texts.values()
+            for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def _value(series: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
+    got = [v for n, lab, v in series if n == name and labels.items() <= lab.items()]
+    assert len(got) == 1, (name, labels, got)
+    return got[0]
+
+
+def test_every_node_serves_metrics_while_the_job_runs(run_threads: Any, tmp_path: Any) -> None:
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to test the metrics endpoints")
+    from pskv.launch._net import free_port
+    first = free_port()
+
+    def train(kv: Any) -> Any:
+        kv.init("w", np.zeros(1000, np.float32))
+        for _ in range(3):
+            kv.push("w", np.ones(1000, np.float32))
+            kv.pull("w", out=np.zeros(1000, np.float32))
+        kv._barrier()
+        texts = None
+        if kv.rank == 0:
+            end = time.monotonic() + 20   # checkpoints are written on a thread: wait for one
+            while time.monotonic() < end:
+                texts = _scrape(first)
+                if "pskv_checkpoint_write_seconds_count{" in "".join(texts.values()):
+                    break
+                time.sleep(0.1)
+        kv._barrier()                  # every node stays up until worker 0 has scraped
+        return texts
+
+    results = run_threads(train, num_workers=2, num_servers=1, metrics_port=first,
+                          checkpoint_dir=str(tmp_path), checkpoint_every=1)
+    texts = results[0]
+    assert isinstance(texts, dict), texts
+    series = _series(texts)
+    roles = sorted({(lab["role"], lab["rank"]) for _n, lab, _v in series if "role" in lab})
+    assert roles == [("scheduler", "0"), ("server", "0"), ("worker", "0"), ("worker", "1")]
+    assert len(texts) == 4                    # one port per node, from ``first`` upward
+    assert len({lab["job"] for _n, lab, _v in series if "job" in lab}) == 1
+    assert _value(series, "pskv_scheduler_nodes_alive", node_role="worker") == 2
+    assert _value(series, "pskv_scheduler_nodes_alive", node_role="server") == 1
+    assert _value(series, "pskv_server_keys", role="server") == 1
+    # a push and the pull right after it travel as one PUSHPULL (PSKV_COALESCE_BYTES)
+    assert _value(series, "pskv_server_requests_total", command="pushpull") == 6
+    assert _value(series, "pskv_server_received_bytes_total", command="pushpull") == 6 * 4000
+    assert _value(series, "pskv_server_sent_bytes_total", command="pushpull") == 6 * 4000
+    assert _value(series, "pskv_round_wait_seconds_count", role="server") == 3
+    assert _value(series, "pskv_checkpoint_write_seconds_count", role="server") >= 1
+    assert all("\nprocess_resident_memory_bytes " in text for text in texts.values())
+    for rank in ("0", "1"):
+        assert _value(series, "pskv_worker_request_seconds_count", role="worker", rank=rank,
+                      command="pushpull") == 3
+        assert _value(series, "pskv_worker_sent_bytes_total", role="worker", rank=rank,
+                      command="pushpull") == 3 * 4000
+        assert _value(series, "pskv_worker_received_bytes_total", role="worker", rank=rank,
+                      command="pushpull") == 3 * 4000
+    # worker 0 initializes the keys on the servers (MXNet's rule), the others wait for it
+    assert _value(series, "pskv_worker_sent_bytes_total", rank="0", command="init") == 4000
+
+
+def test_a_port_in_use_is_skipped_and_a_full_range_logged(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to test the metrics endpoints")
+    import socket
+    from pskv._ps import metrics
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    m = metrics.WorkerMetrics(0, "job")
+    try:
+        got = m.serve("127.0.0.1", port)
+        assert got is not None and got != port and port < got < port + metrics.PORT_TRIES
+        assert got in _scrape(got, 1)
+    finally:
+        m.close()
+    monkeypatch.setattr(metrics, "PORT_TRIES", 1)
+    caplog.set_level(logging.ERROR, logger="pskv._ps.metrics")
+    other = metrics.WorkerMetrics(1, "job")
+    try:
+        assert other.serve("127.0.0.1", port) is None
+    finally:
+        other.close()
+        held.close()
+    [rec] = caplog.records
+    assert f"ports {port} to {port} on 127.0.0.1 are all in use" in rec.getMessage()
+    assert "PSKV_METRICS_PORT" in rec.getMessage() and "\n" not in rec.getMessage()
+
+
+def test_metrics_are_pushed_to_a_pushgateway_when_nodes_end(run_threads: Any) -> None:
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to push metrics")
+    import http.server
+    import threading
+    pushed: dict[str, str] = {}
+
+    class Gateway(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:  # noqa: N802 - the Pushgateway's API
+            pushed[self.path] = self.rfile.read(int(self.headers["Content-Length"])).decode()
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+    gateway = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    thread = threading.Thread(target=gateway.serve_forever, daemon=True)
+    thread.start()
+    try:
+        def train(kv: Any) -> None:
+            kv.init("w", np.zeros(10, np.float32))
+            kv.push("w", np.ones(10, np.float32))
+            kv.pull("w", out=np.zeros(10, np.float32))
+
+        run_threads(train, metrics_pushgateway=f"127.0.0.1:{gateway.server_port}")
+    finally:
+        gateway.shutdown()
+        gateway.server_close()
+        thread.join(5)
+    groups = sorted(p.split("/", 4)[4] for p in pushed)      # /metrics/job/<job>/...
+    assert groups == ["rank/0/role/scheduler", "rank/0/role/server", "rank/0/role/worker",
+                      "rank/1/role/worker"], sorted(pushed)
+    assert len({p.split("/")[3] for p in pushed}) == 1         # one job
+    server = next(body for p, body in pushed.items() if p.endswith("/role/server"))
+    assert 'pskv_server_requests_total{command="pushpull"' in server
+
+
+def test_a_pushgateway_that_does_not_answer_does_not_fail_the_job(
+        run_threads: Any, caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to push metrics")
+    from pskv.launch._net import free_port
+    caplog.set_level(logging.ERROR, logger="pskv._ps.metrics")
+
+    def train(kv: Any) -> float:
+        kv.init("w", np.zeros(2, np.float32))
+        kv.push("w", np.ones(2, np.float32))
+        out = np.zeros(2, np.float32)
+        kv.pull("w", out=out)
+        return float(out[0])
+
+    results = run_threads(train, metrics_pushgateway=f"127.0.0.1:{free_port()}")
+    assert results == {0: 2.0, 1: 2.0}          # and every node exited 0 (run_threads)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 4 and all("cannot push metrics to the Pushgateway" in line
+                                   and "PSKV_METRICS_PUSHGATEWAY" in line for line in lines)

@@ -1,0 +1,140 @@
+"""The straggler bookkeeping (``_ps/stragglers.py``) with a fake clock, and the engine's
+hooks that feed it (``Engine.open_rounds``, ``Engine.closed``)."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pskv._ps.config import ENV_STRAGGLER_SECONDS, KNOWN_ENV, ClusterConfig, Role
+from pskv._ps.stragglers import MIN_ROUNDS, OpenRound, StragglerWatch, WINDOW
+from pskv.errors import ConfigError
+from pskv.kvstore._engine import Engine
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def watch(threshold: float = 10.0) -> tuple[StragglerWatch, Clock]:
+    clock = Clock()
+    return StragglerWatch(threshold, "server 0", clock), clock
+
+
+def test_a_round_is_named_after_the_threshold_then_once_per_interval() -> None:
+    w, clock = watch()
+    rnd = OpenRound("b", 12, 100.0, frozenset({0}), 2)
+    clock.now = 109.9
+    assert w.check([rnd]) == []
+    clock.now = 110.0
+    assert w.check([rnd]) == ["server 0: round 12 of key 'b' has waited 10.0 s for worker 1 (of 2)"]
+    clock.now = 115.0
+    assert w.check([rnd]) == []                      # named 5 s ago: quiet
+    clock.now = 120.0
+    assert w.check([rnd]) == ["server 0: round 12 of key 'b' has waited 20.0 s for worker 1 (of 2)"]
+
+
+def test_a_round_named_again_after_it_closed_and_reopened() -> None:
+    w, clock = watch()
+    clock.now = 111.0
+    assert len(w.check([OpenRound("b", 3, 100.0, frozenset({1}), 2)])) == 1
+    assert w.check([]) == []                         # closed: forgotten
+    clock.now = 112.0
+    assert w.check([OpenRound("b", 3, 100.0, frozenset({1}), 2)]) == [
+        "server 0: round 3 of key 'b' has waited 12.0 s for worker 0 (of 2)"]
+
+
+def test_keys_waiting_for_the_same_workers_share_one_bounded_line() -> None:
+    w, clock = watch()
+    clock.now = 130.0
+    rounds = [OpenRound(f"k{i}", 1, 100.0 + i, frozenset({0, 2}), 4) for i in range(8)]
+    rounds.append(OpenRound("solo", 5, 100.0, frozenset({0, 1, 3}), 4))
+    lines = w.check(rounds)
+    assert len(lines) == 2
+    many = next(line for line in lines if "8 keys" in line)
+    assert "waited up to 30.0 s for workers 1, 3 (of 4)" in many
+    assert "'k0' (round 1)" in many and "'k5'" not in many and many.endswith("and 3 more")
+    assert "server 0: round 5 of key 'solo' has waited 30.0 s for worker 2 (of 4)" in lines
+
+
+def test_lines_are_warnings(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="pskv._ps.stragglers")
+    w, clock = watch(1.0)
+    clock.now = 102.0
+    w.check([OpenRound(7, 0, 100.0, frozenset(), 1)])
+    [rec] = caplog.records
+    assert rec.levelno == logging.WARNING and "key 7" in rec.getMessage()
+
+
+def test_a_worker_last_in_most_rounds_is_flagged_once_per_interval() -> None:
+    w, clock = watch()
+    lines = []
+    for i in range(MIN_ROUNDS):
+        lines.append(w.round_closed("w", 1 if i % 10 else 0, 0.5, 2))   # worker 1: 90 %
+    flagged = [line for line in lines if line]
+    assert len(flagged) == 1
+    assert flagged[0].startswith("server 0: worker 1 (of 2) pushed last in 18 of the last 20 "
+                                 "sync rounds, 0.500 s after their first push on average")
+    assert w.round_closed("w", 1, 0.5, 2) is None    # within the interval
+    clock.now += 10.0
+    assert w.round_closed("w", 1, 0.5, 2) is not None
+    assert w.last_counts == {0: 2, 1: 20}
+
+
+def test_balanced_workers_and_single_workers_are_not_flagged() -> None:
+    w, _clock = watch()
+    assert not any(w.round_closed("w", i % 2, 0.5, 2) for i in range(WINDOW * 2))
+    assert len(w.last) == WINDOW
+    w1, _ = watch()
+    assert not any(w1.round_closed("w", 0, 0.5, 1) for _ in range(MIN_ROUNDS * 2))
+    assert not any(w1.round_closed("w", 1, 0.0, 2) for _ in range(MIN_ROUNDS * 2))
+    w2, _ = watch(10.0)           # always last, by less than MIN_WAIT of the threshold
+    assert not any(w2.round_closed("w", 1, 0.05, 2) for _ in range(MIN_ROUNDS * 2))
+    assert w2.round_closed("w", 1, 3.0, 2) is not None     # one long wait: mean above
+
+
+def test_engine_reports_open_rounds_and_the_worker_that_closed_each() -> None:
+    clock = Clock()
+    engine = Engine(2, clock=clock)
+    closed: list[tuple[Any, int, float]] = []
+    engine.closed = lambda key, worker, waited: closed.append((key, worker, waited))
+    engine.init(3, np.zeros(2), name="b")
+    engine.push(3, 0, [np.ones(2)], "d")
+    assert engine.open_rounds() == [("b", 0, 100.0, frozenset({0}))]
+    clock.now = 104.5
+    engine.push(3, 1, [np.ones(2)], "d")
+    assert engine.open_rounds() == [] and closed == [("b", 1, 4.5)]
+
+
+def test_the_threshold_setting() -> None:
+    env = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9000",
+           "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1"}
+    assert ENV_STRAGGLER_SECONDS in KNOWN_ENV
+    assert ClusterConfig.from_env(env, Role.SERVER).straggler_seconds == 10.0
+    cfg = ClusterConfig.from_env({**env, ENV_STRAGGLER_SECONDS: "2.5"}, Role.SERVER)
+    assert cfg.straggler_seconds == 2.5
+    with pytest.raises(ConfigError, match="PSKV_STRAGGLER_SECONDS='soon'"):
+        ClusterConfig.from_env({**env, ENV_STRAGGLER_SECONDS: "soon"}, Role.SERVER)
+
+
+def test_an_info_summary_of_closed_rounds_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="pskv._ps.stragglers")
+    clock = Clock()
+    w = StragglerWatch(10.0, "server 1", clock, summary_every=60.0)
+    for worker, waited in ((1, 0.2), (1, 0.4), (0, 0.0)):
+        w.round_closed("k", worker, waited, 2)
+    clock.now = 159.0
+    assert w.summary() is None                        # not yet
+    clock.now = 160.0
+    assert w.summary() == ("server 1: 3 sync rounds closed in the last 60 s; a round waited "
+                           "0.200 s on average for its last push (longest 0.400 s); worker 1 "
+                           "was last in 2 of them")
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    clock.now = 220.0
+    assert w.summary() is None                        # no round closed: no line

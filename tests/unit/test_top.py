@@ -1,0 +1,69 @@
+"""``pskv-top``'s reading and view (``pskv/top.py``) without sockets: a node's text parsed,
+rates between two reads, bad targets."""
+from __future__ import annotations
+
+import pytest
+
+from pskv.errors import ConfigError
+from pskv.top import Snapshot, _target, main, parse, view
+
+
+def _text(metrics: object) -> str:
+    from prometheus_client import generate_latest
+    return generate_latest(metrics.registry).decode()  # type: ignore[attr-defined]
+
+
+def test_parse_a_server_and_refuse_what_is_not_pskv() -> None:
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to read metrics")
+    from pskv._ps.metrics import ServerMetrics, job_label
+    m = ServerMetrics(1, "job", lambda: 3)
+    m.request("push", 40)
+    m.round_closed(0, 0.5)
+    job, role, rank, samples = parse(_text(m))
+    assert (job, role, rank) == (job_label("job"), "server", 1)
+    assert samples["pskv_server_requests_total{command=push}"] == 1
+    assert samples["pskv_round_last_pusher_total{worker=0}"] == 1
+    assert samples["pskv_round_wait_seconds_sum"] == 0.5 and samples["pskv_server_keys"] == 3
+    with pytest.raises(ConfigError, match="no pskv_ series"):
+        parse("# HELP x y\n# TYPE x counter\nx_total 1\n")
+    with pytest.raises(ConfigError, match="not Prometheus' text format"):
+        parse("<html>hello</html>\n")
+
+
+def _snap(at: float, last: dict[str, float], pushes: float, waited: float) -> Snapshot:
+    server = {"pskv_server_requests_total{command=pushpull}": pushes,
+              "pskv_server_received_bytes_total{command=pushpull}": pushes * 1e6,
+              "pskv_server_sent_bytes_total{command=pushpull}": pushes * 1e6,
+              "pskv_round_wait_seconds_count": sum(last.values()),
+              "pskv_round_wait_seconds_sum": waited, "pskv_server_keys": 4}
+    server.update({f"pskv_round_last_pusher_total{{worker={w}}}": n for w, n in last.items()})
+    snap = Snapshot(at, "abc", {("scheduler", 0): {
+        "pskv_scheduler_nodes_alive{node_role=server}": 1,
+        "pskv_scheduler_nodes_alive{node_role=worker}": 2}, ("server", 0): server,
+        ("worker", 1): {"pskv_worker_requests_total{command=pushpull}": pushes / 2}})
+    snap.ports = {("scheduler", 0): 9400, ("server", 0): 9401, ("worker", 1): 9402}
+    return snap
+
+
+def test_view_shows_rates_waits_and_who_was_last() -> None:
+    before = _snap(10.0, {"0": 5, "1": 5}, 100, 1.0)
+    after = _snap(12.0, {"0": 6, "1": 9}, 120, 1.5)
+    lines = view(before, after)
+    text = "\n".join(lines)
+    assert lines[0].startswith("pskv-top  job abc  3 nodes")
+    assert "scheduler: 1 servers and 2 workers alive" in text
+    server = next(line for line in lines if line.startswith("server 0"))
+    assert server.split() == ["server", "0", "9401", "10.0", "10.00", "10.00", "4", "100.00"]
+    worker = next(line for line in lines if line.startswith("worker 1"))
+    assert worker.split()[3] == "5.0"
+    assert "last to push (5 rounds): worker 1 80%, worker 0 20%" in text
+    assert "no sync round closed" in "\n".join(view(after, after))
+
+
+def test_bad_targets() -> None:
+    for bad in ("9400", "host:port", "host:70000"):
+        with pytest.raises(ConfigError, match="HOST:PORT"):
+            _target(bad)
+    assert _target("[::1]:9400") == ("::1", 9400)
+    assert main(["nowhere", "--once"]) == 2
