@@ -12,9 +12,9 @@ times the phases on its own batches (the workload's seed + rank, as the peers do
 ``lookup`` (eval lookups), ``train`` (training lookup + push of the fixed gradient) and
 ``insert`` (training lookups of never-seen IDs). Each phase starts after a barrier and
 ends with an eval lookup of one ID, so that pushes still in flight are inside the time.
-Worker 0 drops a marker file at two points (before the table exists, after the fill) and
-waits for the benchmark to acknowledge it, so the benchmark reads the servers' resident
-memory at those points. Writes ``OUT_PREFIX.<rank>.json``.
+Worker 0 drops a marker file at two points (the table holding one row per worker, then
+all N rows) and waits for the benchmark to acknowledge it, so the benchmark reads the
+servers' resident memory at those points. Writes ``OUT_PREFIX.<rank>.json``.
 """
 from __future__ import annotations
 
@@ -66,16 +66,20 @@ def run(config: dict[str, Any], out_prefix: str) -> None:
                            "unsupported": None}
     out = Path(f"{out_prefix}.{rank}.json")
     n, d, b = int(config["rows"]), int(config["dim"]), int(config["batch"])
-    _mark(config, rank, "before")
     try:
         kv.init("emb", TableSpec(dim=d, init=Uniform(-0.01, 0.01), seed=7))
     except UnsupportedError as err:
         res["unsupported"] = str(err)
         out.write_text(json.dumps(res))
-        _mark(config, rank, "prefilled")
         kv.close()
         return
     kv.set_optimizer(mx.optimizer.AdaGrad(learning_rate=config["lr"], eps=config["eps"]))
+    # one row each (its own first ID): the servers' code paths loaded, optimizer bound
+    first = np.array([rank], np.int64)
+    kv.lookup("emb", first, train=True)
+    kv.push("emb", (first, np.zeros((1, d), np.float32)))
+    kv._barrier()
+    _mark(config, rank, "before")
 
     # fill: this worker's share of [0, N), the same number of pushes on every worker
     t0 = time.perf_counter()

@@ -92,11 +92,13 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         labels = sorted(set(case.get("jobs", {})) | {k for k in case.get("ms_per_batch", {})
                                                      if k.startswith("pskv")})
         for label in labels:
+            unsupported = bool(case.get("jobs", {}).get(label, {}).get("unsupported"))
             for tname, peer in DIST_PEERS.items():
                 goal, desc = TARGETS[tname]
                 ratio = _div(_ms(case, peer, "train"), _ms(case, label, "train"))
                 rows.append({"case": name, "target": desc, "where": label, "ratio": ratio,
-                             "verdict": _verdict(ratio, goal, False)})
+                             "verdict": "not supported yet" if unsupported
+                             else _verdict(ratio, goal, False)})
     return rows
 
 
