@@ -119,7 +119,8 @@ def local_table(data: dict[str, Any], name: str, md: bool) -> str:
     case = data["local"][name]
     b = data["workload"]["batch"]
     header = ["system", "lookup ms/step", "lookups/s", "train ms/step", "train steps/s",
-              "insert ms/step", "inserts/s", "train: pskv time / this", "pskv steps/s / this"]
+              "insert ms/step", "inserts/s", "train: pskv time / this",
+              "train: pskv steps/s / this"]
     rows = []
     pskv_train = _ms(case, "pskv", "train")
     for system in case.get("ms_per_batch", {}):

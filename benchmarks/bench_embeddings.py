@@ -335,6 +335,31 @@ def results_name(args: argparse.Namespace) -> str:
         else "bench_embeddings-partial"
 
 
+#: flags whose values are paths of this machine: masked in the recorded command line
+PATH_FLAGS = ("--torchrec-python", "--dgl-python", "--peers-dir", "--out")
+
+
+def _placeholder(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_").upper()      # --dgl-python -> DGL_PYTHON
+
+
+def masked_command(argv: list[str] | None = None) -> str:
+    """The command line, the values of :data:`PATH_FLAGS` replaced by their flag's name."""
+    argv = list(sys.argv if argv is None else argv)
+    out, mask = [], False
+    for a in argv:
+        flag = a.split("=", 1)[0]
+        if mask:
+            out.append(_placeholder(out[-1]))
+            mask = False
+        elif flag in PATH_FLAGS and "=" in a:
+            out.append(f"{flag}={_placeholder(flag)}")
+        else:
+            out.append(a)
+            mask = a in PATH_FLAGS
+    return _common.command_line(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = resolve(parse_args(argv))
@@ -344,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         args.torchrec_python = args.dgl_python = None
     import pskv
     data: dict[str, Any] = {
-        "benchmark": "bench_embeddings", "command": _common.command_line(),
+        "benchmark": "bench_embeddings", "command": masked_command(),
         "timestamp": _common.timestamp(), "commit": _common.commit_info(),
         "machine": _common.machine_info(), "pskv": getattr(pskv, "__version__", None),
         "workload": {"rows": args.rows, "dim": args.dim, "batch": args.batch,
@@ -352,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
                      "warmup": args.warmup, "seed": args.seed, "lr": args.lr, "eps": EPS,
                      "rounds": args.rounds},
         "peers": {"torchrec": bool(args.torchrec_python), "dgl": bool(args.dgl_python)},
-        "threads": J.THREAD_VARS, "local": {}, "dist": {}, "errors": {}}
+        "threads": J.THREAD_VARS, "issue_ms_per_step": R.ISSUE, "local": {}, "dist": {},
+        "errors": {}}
     t_all = time.monotonic()
     for n in args.rows:
         for id_dist in args.id_dists:

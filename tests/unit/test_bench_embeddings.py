@@ -160,3 +160,11 @@ def test_quick_run_writes_the_partial_results(tmp_path: Path) -> None:
     else:
         assert "not supported yet" in md
     assert "| pskv |" in md and "Targets" in md
+
+
+def test_recorded_command_names_no_path_of_this_machine(be: Any) -> None:
+    cmd = be.masked_command([str(BENCH / "bench_embeddings.py"), "--torchrec-python",
+                             "/opt/tr/bin/python", "--dgl-python=/opt/dgl/bin/python",
+                             "--dist", "--out", "/tmp/x", "--rows", "1e6"])
+    assert cmd == ("python benchmarks/bench_embeddings.py --torchrec-python TORCHREC_PYTHON "
+                   "--dgl-python=DGL_PYTHON --dist --out OUT --rows 1e6")
