@@ -59,7 +59,7 @@ def run(config: dict[str, Any], out_prefix: str) -> None:
     from pskv.errors import UnsupportedError
     from pskv.table import TableSpec, Uniform
 
-    kv = mx.kv.create(config["mode"])
+    kv: Any = mx.kv.create(config["mode"])     # lookup/table_stats: the dist store's
     rank, nw = kv.rank, kv.num_workers
     res: dict[str, Any] = {"rank": rank, "num_workers": nw, "mode": config["mode"],
                            "version": getattr(mx, "__version__", None), "phases": {},

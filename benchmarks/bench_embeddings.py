@@ -87,7 +87,8 @@ class PskvLocal:
         import pskv as mx
         from pskv.table import TableSpec, Uniform
 
-        self.kv = kv = mx.kv.create("local")
+        kv: Any = mx.kv.create("local")      # lookup/table_stats: LocalKVStore's
+        self.kv = kv
         kv.init("emb", TableSpec(dim=dim, init=Uniform(-0.01, 0.01), seed=7))
         kv.set_optimizer(mx.optimizer.AdaGrad(learning_rate=lr, eps=EPS))
         zeros = np.zeros((fill_chunk, dim), np.float32)
@@ -238,8 +239,9 @@ def run_dist_case(args: argparse.Namespace, n: int, id_dist: str, tmp: Path,
             info["stats"] = res[0].get("stats")
             before, after = job.server_rss.get("before"), job.server_rss.get("prefilled")
             if before and after and None not in before and None not in after:
-                info["server_rss_growth_bytes"] = sum(after) - sum(before)
-                info["server_rss_bytes_per_row"] = (sum(after) - sum(before)) / n
+                grown = sum(x or 0 for x in after) - sum(x or 0 for x in before)
+                info["server_rss_growth_bytes"] = grown
+                info["server_rss_bytes_per_row"] = grown / n
         jobs = jobs[1:] + jobs[:1]
         for label, python, script, flags in peers:
             try:
@@ -346,7 +348,8 @@ def _placeholder(flag: str) -> str:
 def masked_command(argv: list[str] | None = None) -> str:
     """The command line, the values of :data:`PATH_FLAGS` replaced by their flag's name."""
     argv = list(sys.argv if argv is None else argv)
-    out, mask = [], False
+    out: list[str] = []
+    mask = False
     for a in argv:
         flag = a.split("=", 1)[0]
         if mask:
