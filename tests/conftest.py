@@ -32,6 +32,8 @@ FOLDER_MARKERS = {"dist": ("dist",), "mxnet": ("mxnet",), "multihost": ("multiho
 #: tests in tests/unit that open a socket or start a process ("file::test", without
 #: parameters); they are marked ``dist``
 DIST_IN_UNIT = frozenset({
+    # bench_embeddings --quick --dist in a child python: a local case and one pskv job
+    "test_bench_embeddings.py::test_quick_run_writes_the_partial_results",
     "test_durability_units.py::test_supervisor_restarts_a_dead_worker_with_its_rank",
     "test_launch_argv.py::test_build_processes_local_shares_port_and_secret",  # free port
     "test_launch_argv.py::test_free_port_is_bindable",
