@@ -24,6 +24,7 @@ import zmq
 from ..errors import CheckpointError, ClusterError, KVStoreError, UnsupportedError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
+from .._ps.bounds import check_declared, check_key_count
 from .._ps.config import ClusterConfig
 from .._ps.message import Command
 from .._ps.ops import Op, command
@@ -171,6 +172,7 @@ class DistKVStore(KVStoreBase):
             try:
                 keys, groups = normalize(key, value)
                 self._keys.validate_init(keys, groups)
+                self._check_bounds(keys, groups, "init")
                 specs = [init_spec(k, vals[0], self._by_pskey) for k, vals in zip(keys, groups)]
             except KVStoreError as err:
                 error = err
@@ -198,6 +200,17 @@ class DistKVStore(KVStoreBase):
             self._collective("init (values sent)")
             for k in keys:
                 self._by_pskey[self._keys.add(recs[k]).pskey] = k
+
+    def _check_bounds(self, keys: list[Key], groups: list[list[Any]], what: str) -> None:
+        """Refuse here what the servers would refuse for its size (``_ps/bounds.py``), so
+        that no server takes part of a call another refuses."""
+        where = f"worker {self.rank}"
+        check_key_count(len(keys), self._cfg.max_keys_per_message, what, where)
+        if what == "init":
+            for k, vals in zip(keys, groups):
+                v = vals[0]
+                check_declared(k, tuple(v.shape), np.dtype(v.dtype).itemsize,
+                               isinstance(v, RowSparseNDArray), self._cfg.max_key_bytes, where)
 
     def _collective(self, call: str, payload: dict[str, Any] | None = None) \
             -> dict[str, dict[str, Any]]:
@@ -257,6 +270,7 @@ class DistKVStore(KVStoreBase):
         with self._lock:
             self._begin()
             keys, groups = normalize(key, value)
+            self._check_bounds(keys, groups, "push")
             self._keys.validate_push(keys, groups, self._path.gc is not None)
             self._push_validated(keys, groups)
 
@@ -340,6 +354,7 @@ class DistKVStore(KVStoreBase):
             if out is None:
                 return self._pull_new(key)
             keys, groups = normalize(key, out, "out")
+            self._check_bounds(keys, groups, "pull")
             self._keys.validate_pull(keys, groups)
             self._pull_validated(keys, groups, ignore_sparse)
             return None
@@ -353,6 +368,7 @@ class DistKVStore(KVStoreBase):
             okeys, ogroups = normalize(key, value if out is None else out, "out")
             self._keys.validate_push(keys, groups, self._path.gc is not None)
             self._keys.validate_pull(okeys, ogroups)
+            self._check_bounds(keys, groups, "pushpull")
             self._first_push()
             items = self._path.items(keys, groups)
             # with out=None the reply overwrites the values: after they were sent
@@ -374,6 +390,7 @@ class DistKVStore(KVStoreBase):
             keys, groups = normalize(key, out, "out")
             rows = row_ids_by_key(key, keys, groups, row_ids)
             self._keys.validate_row_sparse_pull(key, out, row_ids, keys, groups, rows)
+            self._check_bounds(keys, groups, "row_sparse_pull")
             self._path.rows([(k, o, r) for k, outs in zip(keys, groups)
                              for o, r in zip(outs, rows[k])])
 

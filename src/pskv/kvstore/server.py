@@ -21,6 +21,7 @@ import zmq
 from ..errors import CheckpointError, ClusterError, KeyAlreadyInitializedError, KVStoreError, NodeFailedError, ProtocolError, \
     ShapeMismatchError
 from .._ps.auth import Verifier
+from .._ps.bounds import check_init, check_key_count, check_reply
 from .._ps.config import ClusterConfig, advertised_host
 from .._ps.membership import ServerRejoined
 from .._ps.message import Command, Meta
@@ -155,6 +156,8 @@ class KVServer:
         handler = self._handlers.get(meta.cmd)
         if handler is None:
             raise ProtocolError(f"server does not take {meta.cmd.name}")
+        check_key_count(len(meta.keys), self.cfg.max_keys_per_message, meta.cmd.name,
+                        self._where())
         index = meta.body.get("shard") if isinstance(meta.body, dict) else None
         handler(self, self.shards.get(index), conn, worker, meta.ts, meta.keys, meta.body,
                 arrays)
@@ -222,6 +225,7 @@ class KVServer:
             kept = [i for i, k in enumerate(keys) if k not in shard.engine]
             keys = tuple(keys[i] for i in kept)
             specs, arrays = [specs[i] for i in kept], [arrays[i] for i in kept]
+        places = check_init(specs, arrays, self.cfg.max_key_bytes, self._where())
         for k, spec, arr in zip(keys, specs, arrays):
             if k in shard.engine:
                 raise KeyAlreadyInitializedError(
@@ -230,11 +234,9 @@ class KVServer:
             if tuple(spec.get("shape", ())) != arr.shape:
                 raise ShapeMismatchError(f"INIT of key {spec.get('key')!r}: shape "
                                          f"{arr.shape} != declared {spec.get('shape')}")
-        for k, spec, arr in zip(keys, specs, arrays):
-            place = spec.get("place")
+        for k, spec, arr, place in zip(keys, specs, arrays, places):
             shard.engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
-                             place=None if not isinstance(place, list) or len(place) != 3
-                             else (int(place[0]), int(place[1]), tuple(place[2])))
+                             place=place)
         shard.forward(ReplOp.INIT, {"keys": list(keys), "entries": specs}, arrays)
         self._send(conn, Command.ACK, ts)
 
@@ -280,8 +282,8 @@ class KVServer:
     def _on_pull(self, shard: Shard, conn: Connection,
                  worker: int, ts: int, keys: tuple[int, ...], body: Any, arrays: list[np.ndarray],
                  rows: list[np.ndarray] | None = None) -> None:
-        for k in keys:
-            shard.engine.entry(k, "pull", self._where())
+        stored = [shard.engine.entry(k, "pull", self._where())._data for k in keys]
+        check_reply(stored, rows, self.cfg.max_reply_bytes, self._where())
         ticket = Ticket(conn, ts, Command.PULL, keys, rows)
         shard.engine.hold(ticket)
         for k in keys:
@@ -293,10 +295,13 @@ class KVServer:
                      arrays: list[np.ndarray]) -> None:
         if len(arrays) != len(keys):
             raise ProtocolError("row_sparse pull needs one row-id array per key")
+        stored = []
         for k, rows in zip(keys, arrays):
-            n = shard.engine.entry(k, "row_sparse_pull", self._where()).shape[0]
+            stored.append(shard.engine.entry(k, "row_sparse_pull", self._where())._data)
+            n = stored[-1].shape[0] if stored[-1].ndim else 0
             if rows.dtype.kind not in "iu" or (rows.size and (rows.min() < 0 or rows.max() >= n)):
                 raise ShapeMismatchError(f"row_sparse_pull: row ids out of [0, {n})", key=k)
+        check_reply(stored, arrays, self.cfg.max_reply_bytes, self._where())  # before copies
         self._on_pull(shard, conn, worker, ts, keys, body, arrays,
                       rows=[r.astype(np.int64) for r in arrays])
 
