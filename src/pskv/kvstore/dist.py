@@ -469,7 +469,7 @@ class DistKVStore(KVStoreBase):
         saved optimizer replaces it). Raises CheckpointError on every worker otherwise.
         """
         def restore(where: str) -> None:
-            reader = Reader(where)
+            reader = Reader(where, self._cfg.max_key_bytes)
             try:
                 check_keys(reader, list(self._store), where)
             finally:
@@ -486,9 +486,8 @@ class DistKVStore(KVStoreBase):
             self._collective(call)
             error = None
             if self.rank == 0:
-                where = checkpoint_path(path)
                 try:
-                    action(where)
+                    action(checkpoint_path(path, self._cfg.checkpoint_dir))
                 except (KVStoreError, OSError) as err:
                     error = f"{type(err).__name__}: {err}"
             self._finish_collective(f"{call} ({done})", error)

@@ -417,10 +417,11 @@ class LocalKVStore(TableMethods, KVStoreBase):
         """Load optimizer states written by :meth:`save_optimizer_states`."""
         with self._lock:
             upd = self._engine.states_updater("load")
+            from ..nd._npz import BadArchive, open_regular
             try:
-                with open(fname, "rb") as f:
+                with open_regular(fname) as f:    # a FIFO would block: refused
                     data = f.read()
-            except OSError as err:
+            except (OSError, BadArchive) as err:
                 raise ConfigError(f"cannot read optimizer states from {fname!r}: {err}. "
                                   "Check the path.") from err
             upd.set_states(data)

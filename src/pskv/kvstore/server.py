@@ -33,7 +33,7 @@ from .._ps.tls import server_context
 from .._ps.transport import Connection
 from .._ps.zeromq import ZmqContext
 from ._engine import Engine, Ticket
-from ._durable import Snapshots, load_shard
+from ._durable import Snapshots, checkpoint_path, load_shard
 from ._replica import Backups
 from ._shards import Shard, Shards
 
@@ -312,6 +312,8 @@ class KVServer:
         if not isinstance(op, Op):   # replication ops go to the backups' listener, never here
             raise ProtocolError(f"unknown command {body.get('op')!r} on a server's worker "
                                 "port (replication ops go to the backups' listener)")
+        if op in (Op.CHECKPOINT, Op.RESTORE):   # a worker's path: only where the job allows
+            body = {**body, "path": checkpoint_path(body["path"], self.cfg.checkpoint_dir)}
         if op.replicated is not None:
             shard.forward(op.replicated, body, arrays)     # the backup first: then here
         reply = self._commands[op](self, shard, conn, worker, ts, body, arrays)
@@ -441,7 +443,8 @@ class KVServer:
         checkpoint, before rejoining (the workers then send what it does not include)."""
         root = self.cfg.checkpoint_dir
         rnd = None if root is None else load_shard(self.shards.own, root, rank,
-                                                   self.cfg.num_servers)
+                                                   self.cfg.num_servers,
+                                                   self.cfg.max_key_bytes)
         if rnd is None:
             raise CheckpointError(
                 f"server {rank} was restarted but has nothing to reload: no complete "
