@@ -82,6 +82,11 @@ def check_optimizer_spec(optimizer: Any, spec: dict[str, Any]) -> None:
     from .. import optimizer as opt_mod
     from ..nd import array
     name = type(optimizer).__name__
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) \
+            or not isinstance(spec.get("kwargs", {}), dict):
+        raise ConfigError(f"set_optimizer: {name}.to_spec() returned {str(spec)[:200]}, not a "
+                          "spec {'name': str, 'kwargs': dict}. Return one from to_spec (or "
+                          "raise ConfigError there, for an optimizer that cannot travel).")
     try:
         json.dumps(spec, allow_nan=False)
     except (TypeError, ValueError) as err:

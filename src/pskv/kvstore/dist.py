@@ -21,12 +21,12 @@ from typing import Any, Callable, Iterator, overload
 import numpy as np
 import zmq
 
-from ..errors import CheckpointError, ClusterError, KVStoreError, UnsupportedError
+from ..errors import CheckpointError, ClusterError, KVStoreError, UnsupportedError, ValueTypeError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._ps.bounds import check_declared, check_key_count
 from .._ps.config import ClusterConfig
-from .._ps.message import Command
+from .._ps.message import ALLOWED_DTYPES, Command
 from .._ps.ops import Op, command
 from .._ps.partition import place, ps_key
 from .._ps.postoffice import Postoffice
@@ -202,14 +202,22 @@ class DistKVStore(KVStoreBase):
                 self._by_pskey[self._keys.add(recs[k]).pskey] = k
 
     def _check_bounds(self, keys: list[Key], groups: list[list[Any]], what: str) -> None:
-        """Refuse here what the servers would refuse for its size (``_ps/bounds.py``), so
-        that no server takes part of a call another refuses."""
+        """Refuse here what the servers would refuse (sizes: ``_ps/bounds.py``; an init's
+        dtype: the wire's), on every worker for an init, so that no server takes part of a
+        call another refuses (docs/security.md, all-or-nothing calls)."""
         where = f"worker {self.rank}"
         check_key_count(len(keys), self._cfg.max_keys_per_message, what, where)
         if what == "init":
             for k, vals in zip(keys, groups):
-                v = vals[0]
-                check_declared(k, tuple(v.shape), np.dtype(v.dtype).itemsize,
+                v = vals[0] if isinstance(vals[0], NDArray) else as_numpy(vals[0])
+                dtype = np.dtype(v.dtype)
+                if dtype.name not in ALLOWED_DTYPES:   # a server would drop the connection
+                    raise ValueTypeError(
+                        f"init of key {k!r}: dtype {dtype} cannot be sent to a server; a "
+                        f"{self._type!r} store holds {', '.join(sorted(ALLOWED_DTYPES))}. "
+                        "Cast the value first (e.g. value.astype('float32')).", key=k,
+                        store_type=self._type)
+                check_declared(k, tuple(v.shape), dtype.itemsize,
                                isinstance(v, RowSparseNDArray), self._cfg.max_key_bytes, where)
 
     def _collective(self, call: str, payload: dict[str, Any] | None = None) \
