@@ -39,7 +39,10 @@ kv = mx.kv.create("local")
 kv.init("w", mx.nd.ones((3,)))
 t0 = time.monotonic()
 try:
-    if {restart}:
+    if {mode!r} == "states":
+        kv.set_optimizer(mx.optimizer.SGD(momentum=0.9))
+        kv.load_optimizer_states({path!r})
+    elif {mode!r} == "restart":
         from pskv.kvstore._durable import load_shard
         from pskv.kvstore._engine import Engine
         load_shard(Engine(), {path!r}, 0, 1)
@@ -53,9 +56,11 @@ print(json.dumps(out))
 """
 
 
-def _load(path: Path, restart: bool = False, timeout: float = 20.0) -> dict[str, Any]:
-    """Load ``path`` in a child (1.5 GiB of address space); what it raised."""
-    script = _CHILD.format(limit=1536 << 20, src=SRC, path=str(path), restart=restart)
+def _load(path: Path, mode: str = "checkpoint", timeout: float = 20.0) -> dict[str, Any]:
+    """Load ``path`` in a child (1.5 GiB of address space): a checkpoint with
+    ``load_checkpoint`` (``mode='checkpoint'``) or as a restarted server's shard
+    (``'restart'``), or optimizer states (``'states'``); what it raised."""
+    script = _CHILD.format(limit=1536 << 20, src=SRC, path=str(path), mode=mode)
     try:
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                              timeout=timeout)
@@ -96,12 +101,13 @@ def _entry(**changes: Any) -> dict[str, Any]:
 
 
 def _bomb(path: Path, inflated: int) -> None:
-    """A shard whose ``__meta__`` member deflates from a few MB to ``inflated`` bytes."""
+    """A shard (or, ``path`` a file, an archive) whose ``__meta__`` member deflates from a
+    few MB to ``inflated`` bytes."""
     from numpy.lib import format as npy
     tail = json.dumps({"format": FORMAT, "version": 1, "entries": [_entry()],
                        "optimizer": None, "compression": None}).encode()
-    with zipfile.ZipFile(path / shard_name(0), "w", zipfile.ZIP_DEFLATED,
-                         compresslevel=1) as zf:
+    target = path / shard_name(0) if path.is_dir() else path
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
         with zf.open("w0.npy", "w") as m:
             npy.write_array(m, np.ones(3, np.float32))
         with zf.open("__meta__.npy", "w", force_zip64=True) as m:
@@ -158,11 +164,16 @@ def test_hostile_checkpoints_are_refused_quickly_and_bounded(tmp_path: Path) -> 
     (d / shard_name(0)).write_bytes(shard)
 
     got = {name: _load(path) for name, path in cases.items()}
-    got["restart: 10**12 elements"] = _load(cases["10**12 elements"], restart=True)
-    got["restart: deflate bomb"] = _load(cases["deflate bomb"], restart=True)
+    got["restart: 10**12 elements"] = _load(cases["10**12 elements"], "restart")
+    got["restart: deflate bomb"] = _load(cases["deflate bomb"], "restart")
+    os.mkfifo(tmp_path / "states-fifo")
+    got["states: fifo"] = _load(tmp_path / "states-fifo", "states")
+    _bomb(tmp_path / "states-bomb", 1 << 30)
+    got["states: deflate bomb"] = _load(tmp_path / "states-bomb", "states")
     print(json.dumps({name: g.get("seconds") for name, g in got.items()}))
     for name, g in got.items():
-        assert g["error"] == "CheckpointError", (name, g)
+        want = {"states: fifo": "ConfigError", "states: deflate bomb": "OptimizerStateError"}
+        assert g["error"] == want.get(name, "CheckpointError"), (name, g)
     assert _load(good)["error"] is None
 
 

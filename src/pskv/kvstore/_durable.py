@@ -230,6 +230,9 @@ def checkpoint_path(path: str, root: str | None = None) -> str:
     With ``root`` (``PSKV_CHECKPOINT_DIR``), a path a worker names must lie under it once
     symlinks are resolved: a server writes or reads a worker's checkpoint only there
     (CheckpointError otherwise; docs/durability.md)."""
+    if "\x00" in path:
+        raise CheckpointError(f"checkpoint path {path!r} holds a NUL byte. Pass a directory "
+                              "path.")
     where = os.path.abspath(path)
     if root is not None:
         base = os.path.realpath(root)
