@@ -15,6 +15,8 @@ import contextlib
 import math
 from typing import Any, Iterator
 
+import numpy as np
+
 from ..errors import CheckpointError, KVStoreError
 from ..nd._npz import BadArchive, SafeNpz
 from .._ps.bounds import key_bytes
@@ -100,7 +102,6 @@ def check_entry(entry: Any, index: int, npz: SafeNpz, directory: str,
     sparse = stype == "row_sparse"
     if sparse and not shape_t:
         raise _damaged(directory, f"row_sparse key {key!r} has no rows", key)
-    import numpy as np
     need = key_bytes(shape_t, np.dtype(dtype).itemsize, sparse)
     if need > max_key_bytes:
         raise CheckpointError(
