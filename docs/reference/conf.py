@@ -50,3 +50,16 @@ nitpick_ignore_regex = [("py:class", r"(?!pskv\.).*"),
 
 html_theme = "alabaster"
 html_title = f"pskv {release}"
+
+
+def _public_bases(app: object, name: str, obj: object, options: object,
+                  bases: list[type]) -> None:
+    """Show only public base classes: a private mixin (``pskv.kvstore._tables.TableMethods``)
+    is an implementation detail, and its methods are documented on the class itself."""
+    bases[:] = [b for b in bases
+                if not any(part.startswith("_") for part in b.__module__.split(".")[1:])]
+
+
+def setup(app: object) -> None:
+    app.connect("autodoc-process-bases", _public_bases)  # type: ignore[attr-defined]
+

@@ -28,6 +28,7 @@ True
 """
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
@@ -512,7 +513,6 @@ def launch_reports(output: str) -> list[tuple[str, dict[str, Any]]]:
     >>> launch_reports('[worker 0] {"ok": true}\\n[server 0] ready\\n')
     [('worker 0', {'ok': True})]
     """
-    import json
     out = []
     for line in output.splitlines():
         label, sep, rest = line.partition("] ")

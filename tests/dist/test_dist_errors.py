@@ -136,3 +136,17 @@ def test_mismatched_collectives_fail_on_every_worker(run_threads: Any) -> None:
         msg = str(err)
         assert "worker 0 called init" in msg and "worker 1 called barrier" in msg, msg
 
+
+
+def test_a_worker_of_another_job_on_the_port_is_told_so(thread_cluster: Any) -> None:
+    """Two jobs on one port: a worker with another secret meets the first job's scheduler;
+    its error names both causes (another secret, another job) and the fix (another port),
+    not the secret alone."""
+    from pskv.kvstore.dist import DistKVStore
+    cluster = thread_cluster(1, 1)
+    other = cluster.worker_config(secret=b"another job's secret", connect_timeout=10.0)
+    with pytest.raises(ClusterError) as info:
+        DistKVStore("dist_sync", other)
+    msg = str(info.value)
+    assert "refused this node's proof of the cluster secret" in msg
+    assert "another pskv job's scheduler" in msg and "DMLC_PS_ROOT_PORT" in msg

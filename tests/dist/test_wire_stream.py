@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import select
 import socket
+import time
 import threading
 
 import numpy as np
@@ -53,7 +54,8 @@ def test_many_small_messages_in_one_read_come_out_one_by_one() -> None:
         for i in range(300):
             a.send(Command.PUSH, -i - 1, [2 * i], {"kinds": "d"}, [np.full(3, i, np.float32)])
         got = []
-        for _ in range(10_000):
+        end = time.monotonic() + 20       # a bound in time: polls run fast on a quiet machine
+        while time.monotonic() < end:     # and slowly on a loaded one
             one = b.receive(None, 1)
             assert len(one) <= 1
             got += [(m, arrays[0].copy()) for m, arrays in one]

@@ -4,6 +4,7 @@ and the job ends as a run where nothing died: the same weights in dist_sync, eve
 applied once in dist_async."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -25,7 +26,7 @@ STEPS = 200
 
 def _job(out: Path, store_type: str, die: tuple[int, float] | list[tuple[int, float]] | None,
          every: int = 5, extra: dict[str, str] | None = None, servers: int = 2,
-         max_restarts: int | None = None) -> int:
+         max_restarts: int | None = None, stderr: io.StringIO | None = None) -> int:
     out.mkdir()
     if max_restarts is None:     # pskv-launch refuses restarts with nothing to restart from
         max_restarts = 1 if every or (extra or {}).get("PSKV_REPLICAS") == "1" else 0
@@ -42,6 +43,7 @@ def _job(out: Path, store_type: str, die: tuple[int, float] | list[tuple[int, fl
     try:
         result = launch([sys.executable, str(HERE / "train.py"), str(out), str(STEPS),
                          store_type], 2, servers, env=env, max_restarts=max_restarts, timeout=200,
+                        stderr=stderr,
                         server_command=[sys.executable, str(HERE / "server.py")])
     finally:
         shutil.rmtree(sockets, ignore_errors=True)
@@ -119,12 +121,18 @@ def test_replicas_without_restarts_the_launcher_keeps_the_job(tmp_path: Path,
     and pskv-launch goes on (one WARNING) instead of ending the job with the server's
     status; the weights are those of a run where nothing died."""
     assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
+    err = io.StringIO()
     with caplog.at_level("WARNING", logger="pskv.launch"):
         assert _job(tmp_path / "killed", "dist_sync", (1, 1.0), every=0, max_restarts=0,
-                    extra={"PSKV_REPLICAS": "1"}) == 0
+                    extra={"PSKV_REPLICAS": "1"}, stderr=err) == 0
     said = [r.getMessage() for r in caplog.records if "its backup serves its shard" in
             r.getMessage()]
     assert len(said) == 1 and said[0].startswith("server 1"), said
+    # the processes of the job: one WARNING for the handled failover (the scheduler's), its
+    # subject the server that died; the others log theirs at INFO
+    loud = [line for line in err.getvalue().splitlines()
+            if line.startswith("[") and (" WARNING " in line or " ERROR " in line)]
+    assert len(loud) == 1 and "server 1 is gone" in loud[0], err.getvalue()
     calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
     for k in calm:
         np.testing.assert_array_equal(killed[k], calm[k])
@@ -150,7 +158,9 @@ def test_worker_killed_restarts_with_its_rank_bit_identical(tmp_path: Path, seed
     # are dropped as it makes them again, then it goes on where it died
     rng = random.Random(seed)
     assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
-    assert _job(tmp_path / "killed", "dist_sync", None, every=0,
+    # periodic checkpoints on: pskv-launch refuses --max-restarts without a way for a
+    # server to come back, though here only a worker dies
+    assert _job(tmp_path / "killed", "dist_sync", None, every=5,
                 extra={"DIE_WORKER": str(rng.randrange(2)),
                        "DIE_STEP": str(rng.randrange(20, STEPS - 20))}) == 0
     calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")

@@ -131,7 +131,7 @@ def test_checks_reject_bad_pushes_and_change_nothing() -> None:
     with pytest.raises(ShapeMismatchError, match="row_sparse push to dense"):
         h.engine.check_push(0, "r", [np.zeros(1, np.int64), np.zeros((1,), np.float32)])
     with pytest.raises(KeyNotInitializedError, match="key 5"):
-        h.engine.entry(5, "push")
+        h.engine.value_of(5, "push")
     with pytest.raises(KeyAlreadyInitializedError, match="initialized twice"):
         h.engine.init(0, np.ones(4, np.float32))
     np.testing.assert_array_equal(h.value(0), np.zeros(4))

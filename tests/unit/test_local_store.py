@@ -45,7 +45,7 @@ def snapshot(kv: LocalKVStore) -> dict[str, Any]:
                      None if rows is None else rows.copy())
     return {"values": values, "updater": kv._engine.updater, "kind": kv._keys.kind,
             "ikey": {k: r.ikey for k, r in kv._keys.records.items()},
-            "gc": kv._devices.gc, "residual": {
+            "compressor": kv._devices.compressor, "residual": {
                 k: v.copy() for k, v in kv._devices._residual.items()}}
 
 
@@ -61,7 +61,7 @@ def assert_unchanged(kv: LocalKVStore, before: dict[str, Any]) -> None:
     assert after["updater"] is before["updater"]
     assert after["kind"] is before["kind"]
     assert after["ikey"] == before["ikey"]
-    assert after["gc"] is before["gc"]
+    assert after["compressor"] is before["compressor"]
     assert after["residual"].keys() == before["residual"].keys()
     for k, v in before["residual"].items():
         np.testing.assert_array_equal(after["residual"][k], v)

@@ -227,7 +227,7 @@ class Failover:
                 meta = self.links.await_reply(ts, f"server {backup} to take over shard "
                                                   f"{shard}")
                 self._resend(shard, meta.body)
-                log.warning("worker %d: server %d died; shard %d now on server %d",
+                log.info("worker %d: server %d died; shard %d now on server %d",
                             self.rank, server, shard, backup)
 
     def _resend(self, shard: int, body: Any) -> None:
@@ -246,8 +246,8 @@ class Failover:
             if cmd == Command.INIT and isinstance(body_, dict):
                 body_ = {**body_, "again": True}     # its keys may be there already
             self.links.send(host, cmd, ts, keys, self._tagged(shard, body_), arrays_)
-        log.warning("worker %d: sent %d pushes and %d requests for shard %d again to server "
-                    "%d", self.rank, len(pushes), len(requests), shard, host)
+        log.info("worker %d: sent %d pushes and %d requests for shard %d again to server %d",
+                 self.rank, len(pushes), len(requests), shard, host)
 
     def _rejoin(self, server: int) -> None:
         """``server`` was restarted: reconnect, prove this worker's rank again, and send it

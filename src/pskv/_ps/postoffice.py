@@ -176,6 +176,15 @@ class Postoffice:
                                     f"sent a bad reply: {err}") from None
             if meta.cmd == Command.ERROR:
                 msg = meta.body.get("msg") if isinstance(meta.body, dict) else None
+                if "proof of the cluster secret" in str(msg):
+                    # a scheduler that took the challenge but not the proof: another secret,
+                    # or another pskv job's scheduler on the same port
+                    raise ClusterError(
+                        f"{self.role}: the scheduler at {self.cfg.root_address} refused this "
+                        f"node's proof of the cluster secret ({short(msg, 500)}). Either "
+                        "PSKV_SECRET is not this job's, or that address is another pskv "
+                        "job's scheduler (two jobs on one port): give each job its own "
+                        "DMLC_PS_ROOT_PORT (pskv-launch --port).")
                 raise ClusterError(f"{self.role}: {short(msg, 2000)}. Check PSKV_SECRET "
                                    "and the cluster size (DMLC_NUM_SERVER/WORKER).")
             if meta.cmd == Command.CHALLENGE:
@@ -314,7 +323,7 @@ class Postoffice:
                 self._cond.notify_all()
         elif cmd == Command.NODE_FAILED and isinstance(body, dict) and body.get("failover") \
                 and isinstance(body.get("rank"), int):
-            log.warning("%s %d: %s; its backup takes over", self.role, self.rank,
+            log.info("%s %d: %s; its backup takes over", self.role, self.rank,
                         body.get("msg"))
             self._events.put(ServerLost(body["rank"]))
         elif cmd == Command.NODE_FAILED:
@@ -329,7 +338,7 @@ class Postoffice:
                     and 0 <= body["rank"] < len(self.servers) \
                     and isinstance(endpoints, dict) \
                     and all(isinstance(v, str) for v in endpoints.values()):
-                log.warning("%s %d: server %d was restarted", self.role, self.rank, body["rank"])
+                log.info("%s %d: server %d was restarted", self.role, self.rank, body["rank"])
                 servers = list(self.membership.servers)
                 servers[body["rank"]] = {str(k): v for k, v in endpoints.items()}
                 self.membership = dataclasses.replace(self.membership,

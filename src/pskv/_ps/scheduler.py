@@ -359,7 +359,10 @@ class Scheduler:
                 n.role == "server" and n.state == "dead" and n is not node
                 for n in self._members()):
             # its backup takes its shard over: the job goes on (docs/durability.md)
-            log.warning("scheduler: server %d %s; its backup takes over", node.rank, reason)
+            # the one WARNING of a handled failover (the nodes log theirs at INFO)
+            log.warning("scheduler: server %d %s; its backup takes over its shard, and the "
+                        "shards it backed up have no backup until it is back", node.rank,
+                        reason)
             for other in self._live():
                 if other is not node:
                     self._send(other.ident, Command.NODE_FAILED, 0,

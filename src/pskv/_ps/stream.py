@@ -26,9 +26,11 @@ import errno
 import math
 import os
 import select
+import secrets
 import socket
 import ssl
 import struct
+import sys
 import tempfile
 import time
 from typing import Any, Callable, Sequence
@@ -60,12 +62,37 @@ READ_BUFFER = 1 << 16
 Alloc = Callable[[int, np.dtype[Any], tuple[int, ...]], "np.ndarray | None"]
 
 
+#: Linux has abstract Unix sockets: names, not files, gone with the last process holding
+#: them, so a SIGKILLed server leaves nothing behind. "@name" is how pskv writes one.
+ABSTRACT = sys.platform.startswith("linux")
+
+
 def ipc_path(tag: str) -> str:
-    """A fresh path for a Unix socket in the temp directory."""
+    """A fresh address for a Unix socket: ``@pskv-TAG-RANDOM`` (abstract, Linux), else a
+    path in the temp directory."""
+    if ABSTRACT:
+        return f"@pskv-{tag}-{secrets.token_hex(8)}"
     fd, path = tempfile.mkstemp(prefix=f"pskv-{tag}-", suffix=".sock")
     os.close(fd)
     os.unlink(path)
     return path
+
+
+def _unix_address(path: str) -> str:
+    """The address to bind or connect to for ``path`` (``@name``: the abstract name)."""
+    return "\0" + path[1:] if path.startswith("@") else path
+
+
+def _same_user(sock: socket.socket) -> bool:
+    """Whether the peer of an accepted Unix connection runs as this user (SO_PEERCRED):
+    an abstract socket has no file mode, so this is the check a 0600 file made."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return False
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid == os.getuid()
 
 
 class StreamConn:
@@ -130,7 +157,7 @@ class StreamConn:
                 tls: ssl.SSLContext | None = None) -> StreamConn:
         """Connect to a server's Unix socket at ``path``, or TCP ``host:port`` (over TLS
         with ``tls``)."""
-        addr: str | tuple[str, int] = path
+        addr: str | tuple[str, int] = _unix_address(path)
         family = socket.AF_UNIX
         if path.startswith("tcp:"):
             host, _, port = path[4:].rpartition(":")
@@ -197,12 +224,13 @@ class StreamConn:
         else:
             bufs = [memoryview(prefix), memoryview(header)]
             bufs += [memoryview(a).cast("B") for a in frames[1:] if a.nbytes]
-        try:
-            while bufs:
+        first = 0                   # bufs[:first] are sent (no pop(0): a message of many
+        try:                        # frames would cost quadratic time)
+            while first < len(bufs):
                 try:
                     # TLS sockets have no sendmsg: one buffer (at most 1 MiB) at a time
-                    sent = self.sock.send(bufs[0][:1 << 20]) if self.tls else \
-                        self.sock.sendmsg(bufs[:_IOV_MAX])
+                    sent = self.sock.send(bufs[first][:1 << 20]) if self.tls else \
+                        self.sock.sendmsg(bufs[first:first + _IOV_MAX])
                 except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                     if not select.select([], [self.sock], [], self.timeout)[1]:
                         raise ClusterTimeoutError(
@@ -210,12 +238,12 @@ class StreamConn:
                             "not reading. Raise PSKV_REQUEST_TIMEOUT if it is just slow.") \
                             from None
                     continue
-                while sent and bufs:
-                    if sent >= bufs[0].nbytes:
-                        sent -= bufs[0].nbytes
-                        bufs.pop(0)
+                while sent and first < len(bufs):
+                    if sent >= bufs[first].nbytes:
+                        sent -= bufs[first].nbytes
+                        first += 1
                     else:
-                        bufs[0] = bufs[0][sent:]
+                        bufs[first] = bufs[first][sent:]
                         sent = 0
         except OSError as err:
             raise NodeFailedError(f"the connection to {self.peer} broke: {err}") from err
@@ -441,8 +469,9 @@ class StreamListener:
         self._tls = tls if path is None else None
         if path is not None:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.sock.bind(path)
-            os.chmod(path, 0o600)
+            self.sock.bind(_unix_address(path))
+            if not path.startswith("@"):
+                os.chmod(path, 0o600)
             self.endpoint = path
         else:
             assert host is not None
@@ -476,6 +505,10 @@ class StreamListener:
                     self.exhausted = True
                     return conns
                 continue                 # that one connection went away (ECONNABORTED)
+            if self._path is not None and self._path.startswith("@") \
+                    and not _same_user(sock):
+                sock.close()             # another user's process: an abstract socket's mode
+                continue
             name = f"a worker (fd {sock.fileno()})"
             if self._tls is not None:     # the handshake runs on the loop's reads
                 sock.setblocking(False)
@@ -491,7 +524,7 @@ class StreamListener:
     def close(self) -> None:
         """Stop listening (and remove a Unix socket's file)."""
         self.sock.close()
-        if self._path is not None:
+        if self._path is not None and not self._path.startswith("@"):
             try:
                 os.unlink(self._path)
             except OSError:

@@ -10,7 +10,7 @@ free again when ``send`` returns (every transport has written or copied them).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from ._args import as_numpy
 from ._held import Items
 from ._keys import KeyRecord
 from ._reduce import Reducer, sum_row_sparse
-from ._wire import parts, rows_by_server, target
+from ._placement import parts, rows_by_server, target
 
 __all__ = ["DataPath"]
 
@@ -51,7 +51,7 @@ class DataPath:
         self._reducer = reducer
         self._wait_all = wait_all
         #: the gradient compression of pushes (``set_gradient_compression``), or None
-        self.gc: Any = None
+        self.compressor: Any = None
         self._residual: dict[Key, np.ndarray] = {}
         self._sendbuf: dict[Key, np.ndarray] = {}
 
@@ -59,7 +59,7 @@ class DataPath:
     def _merged_dense(self, key: Key, info: KeyRecord, vals: list[Any]) -> np.ndarray:
         """The sum of ``vals``: the caller's own array when it is one array (every transport
         is done with it when push returns), else this key's send buffer."""
-        if len(vals) == 1 and self.gc is None:
+        if len(vals) == 1 and self.compressor is None:
             data = vals[0]._data if type(vals[0]) is NDArray else as_numpy(vals[0])
             if data.dtype == info.dtype and data.flags.c_contiguous:
                 return data
@@ -89,7 +89,7 @@ class DataPath:
                 continue
             data = self._merged_dense(k, info, vals)
             pieces = parts(info, data)
-            if self.gc is not None:
+            if self.compressor is not None:
                 res = self._residual.get(k)
                 if res is None:
                     res = self._residual[k] = np.zeros(info.size, np.float32)
@@ -97,11 +97,11 @@ class DataPath:
                 pieces = []
                 for seg in info.segments:
                     s, e = (seg.start, seg.stop) if len(info.segments) > 1 else (0, info.size)
-                    pieces.append(self.gc.compress(flat[s:e], res[s:e]))
+                    pieces.append(self.compressor.compress(flat[s:e], res[s:e]))
             for seg, part in zip(info.segments, pieces):
                 pk, kinds, arrays = per.setdefault(seg.server, ([], [], []))
                 pk.append(info.pskey)
-                kinds.append("c" if self.gc is not None else "d")
+                kinds.append("c" if self.compressor is not None else "d")
                 arrays.append(part)
         return {s: (pk, "".join(kinds), arrays) for s, (pk, kinds, arrays) in per.items()}
 
@@ -136,16 +136,16 @@ class DataPath:
         else:
             tss = {s: self._kv.request(s, cmd, pk, into=into[s]) for s, pk in per.items()}
         replies = dict(zip(tss, self._wait_all(list(tss.values()), "a pull reply")))
-        got: dict[int, list[np.ndarray]] = {}
+        got: dict[int, Iterator[np.ndarray]] = {}
         for s, (_meta, arrays) in replies.items():
             if len(arrays) != len(per[s]):
                 raise ClusterError(f"server {s} answered {len(arrays)} arrays for "
                                    f"{len(per[s])} keys (reported by server {s})")
-            got[s] = list(arrays)
+            got[s] = iter(arrays)    # in the order of per[s]: each key's segments in turn
         out: dict[Key, list[np.ndarray]] = {}
         for k in keys:
             info = self._records[k]
-            out[k] = [got[seg.server].pop(0) for seg in info.segments]
+            out[k] = [next(got[seg.server]) for seg in info.segments]
         return out
 
     def targets(self, keys: list[Key], groups: list[list[Any]],

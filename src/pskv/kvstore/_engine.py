@@ -21,11 +21,14 @@ from typing import Any, Callable, Literal, Protocol
 
 import numpy as np
 
-from ..errors import (ClusterError, ClusterTimeoutError, KeyAlreadyInitializedError, KeyNotInitializedError,
-                      KVStoreError, ShapeMismatchError, UnsupportedError)
+from .. import compression, optimizer
+from ..errors import (CheckpointError, ClusterError, ClusterTimeoutError,
+                      KeyAlreadyInitializedError, KeyNotInitializedError, KVStoreError,
+                      ShapeMismatchError, UnsupportedError)
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._types import Key, Updater
+from ._agree import check_optimizer_spec
 from ._reduce import sum_rows
 from ._snapshot import Reader, ShardCopy
 
@@ -129,7 +132,7 @@ class Engine:
         self._entries: dict[Key, _Entry] = {}
         self.updater: Updater | None = None
         self._opt_spec: Any = None
-        self.gc: Any = None
+        self.compressor: Any = None
         self._gc_params: Any = None
         #: told of each applied round or async push, before any request waiting for it
         #: is answered (a server's shard: its backup and its periodic checkpoints)
@@ -161,7 +164,7 @@ class Engine:
         self.stored[key] = stored
         return stored
 
-    def entry(self, key: Key, what: str, where: str = "this engine") -> NDArray:
+    def value_of(self, key: Key, what: str, where: str = "this engine") -> NDArray:
         """The stored value of ``key``, or KeyNotInitializedError."""
         entry = self._entries.get(key)
         if entry is None:
@@ -187,8 +190,6 @@ class Engine:
 
     def set_optimizer_spec(self, spec: Any) -> None:
         """Install the optimizer ``spec`` (JSON); identical repeats are no-ops."""
-        from .. import optimizer
-        from ._agree import check_optimizer_spec
         if spec != self._opt_spec:
             opt = optimizer.from_spec(spec)
             check_optimizer_spec(opt, spec)     # a spec that cannot update is refused now
@@ -197,9 +198,8 @@ class Engine:
 
     def set_compression(self, params: Any) -> None:
         """Decompress pushes of kind ``'c'`` with these gradient-compression params."""
-        from .. import compression
         if params != self._gc_params:
-            self.gc = compression.create(params)
+            self.compressor = compression.create(params)
             self._gc_params = params
 
     def states_updater(self, action: str, where: str = "this store") -> Any:
@@ -218,11 +218,11 @@ class Engine:
         entry = self._entries[key]
         stored, name = entry.stored, entry.name
         if kind == "c":
-            if self.gc is None:
+            if self.compressor is None:
                 raise UnsupportedError("a compressed push reached a server without gradient "
                                        "compression: call set_gradient_compression on every "
                                        "worker before init.", key=name)
-            if arrays[0].size != self.gc.packed_size(stored.size):
+            if arrays[0].size != self.compressor.packed_size(stored.size):
                 raise ShapeMismatchError(f"push to key {name!r}: {arrays[0].size} packed "
                                          f"words for {stored.size} values", key=name)
             return
@@ -285,7 +285,7 @@ class Engine:
             entry.sparse_parts.append((arrays[0].astype(np.int64), np.array(arrays[1])))
             return
         stored = entry.stored
-        value = self.gc.decompress(arrays[0], stored.size).reshape(stored.shape) \
+        value = self.compressor.decompress(arrays[0], stored.size).reshape(stored.shape) \
             if kind == "c" else arrays[0].reshape(stored.shape)
         if not self.sync:
             entry.merge = value
@@ -419,7 +419,6 @@ class Engine:
         ``counters``: also the rounds and per-worker push counts (a restarted server of the
         same job); else they keep counting this job's pushes (``kv.load_checkpoint``).
         """
-        from ..errors import CheckpointError
         plan = []
         for e in self._entries.values():
             meta = reader.key_meta(e.name)
@@ -437,7 +436,6 @@ class Engine:
         states = {e.name: reader.state(e.name, start, stop, e.stored.shape)
                   for e, start, stop in plan}
         if spec is not None:
-            from .. import optimizer
             self.updater = optimizer.get_updater(optimizer.from_spec(spec))
             self._opt_spec = spec
         upd = self.updater

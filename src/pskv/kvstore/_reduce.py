@@ -149,33 +149,33 @@ def sum_row_sparse(vals: list[Any]) -> RowSparseNDArray:
 class DeviceMerge:
     """The sum of the values pushed for one key, one per device, as MXNet's ``Comm``
     reduces them: row_sparse rows summed as rows, dense values summed in device order,
-    and with gradient compression (``gc``) each device's value quantized with its own
+    and with gradient compression (``compressor``) each device's value quantized with its own
     error-feedback residual, then dequantized, before the sum
     (``CommDevice::ReduceCompressed``)."""
 
     def __init__(self, reducer: Reducer) -> None:
         self.reducer = reducer
         #: the store's gradient compression, or None
-        self.gc: Any = None
+        self.compressor: Any = None
         self._residual: dict[tuple[Key, int], np.ndarray] = {}
         self._merge: dict[Key, np.ndarray] = {}
 
     def dense_values(self, key: Key, vals: list[Any]) -> list[np.ndarray]:
-        """``vals`` as dense arrays (compressed and decompressed with ``gc``)."""
+        """``vals`` as dense arrays (compressed and decompressed with ``compressor``)."""
         arrays = [v._dense() if isinstance(v, NDArray) else as_numpy(v) for v in vals]
-        if self.gc is None:
+        if self.compressor is None:
             return arrays
         out = []
         for i, a in enumerate(arrays):
             res = self._residual.get((key, i))
             if res is None:
                 res = self._residual[(key, i)] = np.zeros(a.shape, np.float32)
-            out.append(self.gc.roundtrip(np.asarray(a, np.float32), res))
+            out.append(self.compressor.roundtrip(np.asarray(a, np.float32), res))
         return out
 
     def assign(self, key: Key, vals: list[Any], stored: NDArray) -> None:
         """Set ``stored`` to the sum of ``vals`` (no updater)."""
-        if all(isinstance(v, RowSparseNDArray) for v in vals) and self.gc is None:
+        if all(isinstance(v, RowSparseNDArray) for v in vals) and self.compressor is None:
             merged = sum_row_sparse(vals)
             table = stored._data
             table[...] = 0
@@ -185,7 +185,7 @@ class DeviceMerge:
 
     def merged(self, key: Key, vals: list[Any], stored: NDArray) -> NDArray:
         """The sum of ``vals`` as an NDArray the updater may read but not keep."""
-        if all(isinstance(v, RowSparseNDArray) for v in vals) and self.gc is None:
+        if all(isinstance(v, RowSparseNDArray) for v in vals) and self.compressor is None:
             merged = sum_row_sparse(vals)
             merged._data.flags.writeable = False
             return merged

@@ -28,6 +28,7 @@ import zmq
 
 from ..errors import KVStoreError, NodeFailedError, ProtocolError
 from ..nd.ndarray import NDArray
+from ..optimizer.updater import decode_states, encode_states
 from ..nd.sparse import RowSparseNDArray
 from .._ps.auth import Verifier, prove
 from .._ps.config import ClusterConfig, advertised_host
@@ -126,11 +127,14 @@ class Replicator:
                 self._lost(err)
 
     def _lost(self, err: KVStoreError) -> None:
-        if isinstance(err, NodeFailedError):      # its link broke: the scheduler hears it
+        broke = isinstance(err, NodeFailedError)
+        if broke:      # its link broke: the scheduler hears it, and warns of the death once
             self._po.report_lost("server", self.backup)
-        log.error("server %d: the backup of shard %d (server %d) is lost (%s); the shard "
-                  "runs without a backup until it is back", self.me, self.shard,
-                  self.backup, err)
+        # a backup that is alive but dropped (it stopped answering) has no other warning
+        log.log(logging.INFO if broke else logging.WARNING,
+                "server %d: the backup of shard %d (server %d) is lost (%s); the shard "
+                "runs without a backup until it is back", self.me, self.shard, self.backup,
+                err)
         self.close()
         self.endpoints = None
 
@@ -186,10 +190,7 @@ def encode_copy(copy: ShardCopy, sync: bool) -> tuple[dict[str, Any], list[np.nd
     arrays = list(copy.arrays)
     states = None
     if copy.states is not None:
-        from ..optimizer.updater import Updater
-        holder = Updater.__new__(Updater)    # only its states: get_states(False) reads no more
-        holder.states = copy.states
-        arrays.append(np.frombuffer(holder.get_states(False), dtype=np.uint8))
+        arrays.append(np.frombuffer(encode_states(copy.states), dtype=np.uint8))
         states = len(arrays) - 1
     return ({"entries": copy.entries, "optimizer": copy.optimizer, "states": states,
              "compression": copy.compression, "sync": sync}, arrays)
@@ -197,7 +198,6 @@ def encode_copy(copy: ShardCopy, sync: bool) -> tuple[dict[str, Any], list[np.nd
 
 def install_copy(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     """Fill an empty ``engine`` from :func:`encode_copy` output."""
-    from ..optimizer.updater import _decode
     engine.sync = bool(body.get("sync", True))
     if body.get("compression") is not None:
         engine.set_compression(body["compression"])
@@ -209,7 +209,7 @@ def install_copy(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray])
         engine.set_counters(e["id"], int(e.get("round", 0)),
                             {int(w): int(n) for w, n in e.get("applied", [])})
     if body.get("states") is not None and engine.updater is not None:
-        states = _decode(arrays[int(body["states"])].tobytes())[0]
+        states = decode_states(arrays[int(body["states"])].tobytes())[0]
         upd: Any = engine.updater
         for name, st in states.items():
             upd.states[name] = st
@@ -243,7 +243,7 @@ class Backups:
             self._listeners[0].close()
             raise
         #: where primaries reach this server's backups (announced with its endpoints)
-        self.endpoints = {BACKUP_ENDPOINT + ("uds" if lis.endpoint.startswith("/") else "tcp"):
+        self.endpoints = {BACKUP_ENDPOINT + ("tcp" if lis.endpoint.startswith("tcp:") else "uds"):
                           lis.endpoint for lis in self._listeners}
         self._verifier = Verifier(PURPOSE, "", self._key_for)
         self.loop = ServeLoop("backups", self, self._verifier, cfg.request_timeout, None,
@@ -335,7 +335,7 @@ def _round(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> No
             len(arrays) != 1:
         raise ProtocolError("a replicated round needs its merged value's arrays")
     applied = {int(w): int(n) for w, n in body.get("applied", [])}
-    entry_shape = engine.entry(key, "replicate").shape
+    entry_shape = engine.value_of(key, "replicate").shape
     merged: NDArray = RowSparseNDArray(arrays[1], arrays[0].astype(np.int64), entry_shape) \
         if body.get("kind") == "r" else NDArray(arrays[0])
     engine.replay(key, merged, int(body["round"]), applied)

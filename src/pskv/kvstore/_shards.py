@@ -101,7 +101,7 @@ class Shards:
         if shard is None and self.backups is not None:
             engine = self.backups.take(index)
             if engine is not None:
-                log.warning("server %d: serves shard %d now, as its backup (its server died)",
+                log.info("server %d: serves shard %d now, as its backup (its server died)",
                             self.po.rank, index)
                 engine.num_workers = self.po.num_workers
                 shard = self.serve(index, engine)

@@ -31,6 +31,8 @@ import numpy as np
 from ..errors import CheckpointError
 from ..nd._npz import BadArchive, SafeNpz, read_bounded
 from ..nd.ndarray import NDArray
+from ..optimizer.base import from_spec
+from ..optimizer.updater import decode_states, encode_states
 from ._ckcheck import FORMAT, MANIFEST_BYTES, VERSION, check_entry, check_manifest, guarded
 
 __all__ = ["FORMAT", "MANIFEST", "Reader", "ShardCopy", "check_keys", "latest", "prune", "read_manifest",
@@ -89,10 +91,7 @@ def write_shard(copy: ShardCopy, directory: str, index: int) -> str:
     named: dict[str, np.ndarray] = {f"w{i}": a for i, a in enumerate(copy.arrays)}
     named[_META] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     if copy.states is not None:
-        from ..optimizer.updater import Updater
-        holder = Updater.__new__(Updater)    # only its states: get_states(False) reads no more
-        holder.states = copy.states
-        named[_STATES] = np.frombuffer(holder.get_states(False), dtype=np.uint8)
+        named[_STATES] = np.frombuffer(encode_states(copy.states), dtype=np.uint8)
     path = os.path.join(directory, shard_name(index))
     _replace_atomically(path, lambda f: np.savez(f, allow_pickle=False, **named))
     return path
@@ -304,10 +303,9 @@ class Reader:
     def _shard_states(self, shard: int) -> dict[Any, Any]:
         got = self._states.get(shard)
         if got is None:
-            from ..optimizer.updater import _decode
             f = self._file(shard)
             with guarded(self.directory):
-                got = _decode(f[_STATES].tobytes())[0] if _STATES in f else {}
+                got = decode_states(f[_STATES].tobytes())[0] if _STATES in f else {}
             self._states[shard] = got
         return got
 
@@ -354,7 +352,6 @@ class Reader:
             return self._merged_spec(specs)
 
     def _merged_spec(self, specs: list[dict[str, Any]]) -> Any:
-        from .. import optimizer
         spec = json.loads(json.dumps(specs[0]))
         state = spec.setdefault("state", {})
         state["num_update"] = max(int(s.get("state", {}).get("num_update", 0)) for s in specs)
@@ -365,7 +362,7 @@ class Reader:
                 for k, v in pairs:
                     into[json.dumps(k)] = [k, max(int(v), into.get(json.dumps(k), [k, 0])[1])]
         state["update_counts"] = [[dev, list(c.values())] for dev, c in merged.items()]
-        optimizer.from_spec(spec)          # one that cannot be built is refused here
+        from_spec(spec)                    # one that cannot be built is refused here
         return spec
 
     def compression(self) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import (KeyAlreadyInitializedError, KeyNotInitializedError, ShapeMismatchError,
-                      UnsupportedError, ValueTypeError)
+                      TableIdError, UnsupportedError, ValueTypeError)
 from ..nd.sparse import RowSparseNDArray
 from ..table import DynamicTable, TableSpec
 from .._types import Key
@@ -141,8 +141,8 @@ def _pairs(key: Any, value: Any) -> tuple[np.ndarray, np.ndarray]:
             ids.append(v._indices)
             grads.append(v._data)
         elif isinstance(v, tuple) and len(v) == 2:
-            ids.append(as_numpy(v[0]))
-            grads.append(as_numpy(v[1]))
+            ids.append(_array(key, v[0], "IDs"))
+            grads.append(_array(key, v[1], "gradients"))
         else:
             raise ValueTypeError(
                 f"push to table key {key!r} got a {type(v).__name__}; push (ids, grads) or a "
@@ -154,6 +154,16 @@ def _pairs(key: Any, value: Any) -> tuple[np.ndarray, np.ndarray]:
     except ValueError as err:
         raise ShapeMismatchError(f"push to table key {key!r}: the device values do not fit "
                                  f"together ({err}).", key=key) from err
+
+
+def _array(key: Any, obj: Any, what: str) -> np.ndarray:
+    """``obj`` as a NumPy array; ragged nested lists raise the table's error."""
+    try:
+        return as_numpy(obj)
+    except ValueError as err:
+        cls = TableIdError if what == "IDs" else ShapeMismatchError
+        raise cls(f"push to table key {key!r}: the {what} are ragged ({err}). Pass one "
+                  "array of IDs and one (len(ids), dim) array of gradients.", key=key) from err
 
 
 class TableMethods:

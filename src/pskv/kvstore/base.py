@@ -11,7 +11,9 @@ from types import TracebackType
 from typing import Any, TypeVar, overload
 
 from ..errors import ConfigError, UnsupportedError, ValueTypeError
+from ..optimizer import Optimizer
 from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
+from ._agree import check_optimizer_spec, check_optimizer_values
 from ._registry import STORES
 
 __all__ = ["KVStoreBase", "check_capability", "check_optimizer"]
@@ -186,8 +188,6 @@ def check_optimizer(optimizer: Any, *, need_spec: bool = False) -> dict[str, Any
     dict or None
         ``optimizer.to_spec()``, or None where it cannot be written as one.
     """
-    from ..optimizer import Optimizer
-    from ._agree import check_optimizer_spec, check_optimizer_values
     if not isinstance(optimizer, Optimizer):
         raise ValueTypeError(
             f"set_optimizer() takes a pskv.optimizer.Optimizer, got "

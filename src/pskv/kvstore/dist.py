@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, overload
 import numpy as np
 import zmq
 
+from .. import compression
 from ..errors import CheckpointError, ClusterError, KVStoreError, UnsupportedError, ValueTypeError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
@@ -40,7 +41,9 @@ from ._held import HeldPush
 from ._keys import KeyRecord, KeyTable
 from ._reduce import Reducer
 from ._snapshot import Reader, check_keys, write_manifest
-from ._wire import (assemble, check_agreement, init_spec, parts, read_states, write_states)
+from ._agree import check_agreement, init_spec
+from ._placement import assemble, parts
+from ._states import read_states, write_states
 from .base import KVStoreBase, check_capability, check_optimizer
 
 __all__ = ["DistKVStore"]
@@ -279,7 +282,7 @@ class DistKVStore(KVStoreBase):
             self._begin()
             keys, groups = normalize(key, value)
             self._check_bounds(keys, groups, "push")
-            self._keys.validate_push(keys, groups, self._path.gc is not None)
+            self._keys.validate_push(keys, groups, self._path.compressor is not None)
             self._push_validated(keys, groups)
 
     def _first_push(self) -> None:
@@ -292,8 +295,7 @@ class DistKVStore(KVStoreBase):
                 self._to_all(Command.COMMAND, command(Op.INITIAL))
 
     def _push_validated(self, keys: list[Key], groups: list[list[Any]]) -> None:
-        self._first_push()
-        self._send_held()
+        self._first_push()      # _begin() has sent a held push already
         items = self._path.items(keys, groups)
         if not self._held.hold(keys, items):
             self._path.send(items)
@@ -374,7 +376,7 @@ class DistKVStore(KVStoreBase):
             self._begin()
             keys, groups = normalize(key, value)
             okeys, ogroups = normalize(key, value if out is None else out, "out")
-            self._keys.validate_push(keys, groups, self._path.gc is not None)
+            self._keys.validate_push(keys, groups, self._path.compressor is not None)
             self._keys.validate_pull(okeys, ogroups)
             self._check_bounds(keys, groups, "pushpull")
             self._first_push()
@@ -425,17 +427,16 @@ class DistKVStore(KVStoreBase):
 
     def set_gradient_compression(self, compression_params: dict[str, Any]) -> None:
         """Compress pushes on the wire (2bit / 1bit); call on every worker before init."""
-        from .. import compression
         with self._lock:
             self._begin()
             if self._store:
                 raise UnsupportedError(
                     "set_gradient_compression must be called before the first init.",
                     store_type=self._type)
-            gc = compression.create(compression_params)
-            self._to_all(Command.COMMAND, command(Op.COMPRESSION,
-                                                  params=None if gc is None else gc.params))
-            self._path.gc = gc
+            compressor = compression.create(compression_params)
+            params = None if compressor is None else compressor.params
+            self._to_all(Command.COMMAND, command(Op.COMPRESSION, params=params))
+            self._path.compressor = compressor
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Gather every server's optimizer states into ``fname`` (NumPy arrays + JSON)."""

@@ -16,7 +16,10 @@ from typing import Any, overload
 
 import numpy as np
 
+from .. import compression
+from .. import optimizer as opt
 from ..errors import ConfigError, SparsePullIgnoredWarning, ValueTypeError, UnsupportedError
+from ..nd._npz import BadArchive, open_regular
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from ..table import TableSpec
@@ -141,7 +144,7 @@ class LocalKVStore(TableMethods, KVStoreBase):
             if self._tables.owns(key):
                 return self._tables.push(key, value, self._engine.updater)
             keys, groups = normalize(key, value)
-            self._keys.validate_push(keys, groups, self._devices.gc is not None)
+            self._keys.validate_push(keys, groups, self._devices.compressor is not None)
             self._push_validated(keys, groups)
 
     def _fast_push(self, key: Any, value: Any) -> bool:
@@ -150,7 +153,7 @@ class LocalKVStore(TableMethods, KVStoreBase):
         Everything the general path checks holds here by construction; anything else
         returns False and takes the general path.
         """
-        if self._engine.updater is not None or self._devices.gc is not None or self._keys.closed or \
+        if self._engine.updater is not None or self._devices.compressor is not None or self._keys.closed or \
                 (type(key) is not int and type(key) is not str):
             return False
         stored = self._store.get(key)
@@ -167,7 +170,7 @@ class LocalKVStore(TableMethods, KVStoreBase):
             small = PARALLEL_MIN
             for k, vals in zip(keys, groups):
                 stored = self._store[k]
-                if len(vals) == 1 and self._devices.gc is None and type(stored) is NDArray:
+                if len(vals) == 1 and self._devices.compressor is None and type(stored) is NDArray:
                     data = dense_data(vals[0])
                     if data is not None and data.size < small:
                         np.copyto(stored._data, data, casting="same_kind")
@@ -282,7 +285,7 @@ class LocalKVStore(TableMethods, KVStoreBase):
                 self._tables.refuse(key, "pushpull")
             keys, groups = normalize(key, value)
             okeys, ogroups = normalize(key, value if out is None else out, "out")
-            self._keys.validate_push(keys, groups, self._devices.gc is not None)
+            self._keys.validate_push(keys, groups, self._devices.compressor is not None)
             self._keys.validate_pull(okeys, ogroups)
             self._push_validated(keys, groups)
             self._pull_validated(okeys, ogroups, True)
@@ -397,7 +400,6 @@ class LocalKVStore(TableMethods, KVStoreBase):
         array([[-0.01, -0.01],
                [-0.01, -0.01]], dtype=float32)
         """
-        from .. import optimizer as opt
         check_optimizer(optimizer)      # the dist store's check: a bad one changes nothing
         self.set_updater(opt.get_updater(optimizer))
 
@@ -407,6 +409,7 @@ class LocalKVStore(TableMethods, KVStoreBase):
         The file holds NumPy arrays and JSON, never a pickle.
         """
         with self._lock:
+            self._tables.refuse_checkpoint("save the optimizer states of")
             data = self._engine.states_updater("save").get_states(dump_optimizer)
             tmp = f"{fname}.tmp{os.getpid()}"
             with open(tmp, "wb") as f:
@@ -417,7 +420,6 @@ class LocalKVStore(TableMethods, KVStoreBase):
         """Load optimizer states written by :meth:`save_optimizer_states`."""
         with self._lock:
             upd = self._engine.states_updater("load")
-            from ..nd._npz import BadArchive, open_regular
             try:
                 with open_regular(fname) as f:    # a FIFO would block: refused
                     data = f.read()
@@ -494,7 +496,6 @@ class LocalKVStore(TableMethods, KVStoreBase):
         compression_params : dict
             ``{'type': '2bit', 'threshold': 0.5}`` or ``{'type': '1bit', ...}``.
         """
-        from .. import compression
         with self._lock:
             self._keys.check_open()
             if "device" not in self._type:
@@ -507,7 +508,7 @@ class LocalKVStore(TableMethods, KVStoreBase):
                     "set_gradient_compression must be called before the first init; "
                     f"{len(self._store)} keys are initialized already. Create a new store.",
                     store_type=self._type)
-            self._devices.gc = compression.create(compression_params)
+            self._devices.compressor = compression.create(compression_params)
 
     # ---- misc ------------------------------------------------------------------------
     def is_capable(self, capability: str) -> bool:

@@ -248,7 +248,7 @@ class KVServer:
         items, pos = [], 0
         for k, kind in zip(keys, body["kinds"], strict=True):
             n = 2 if kind == "r" else 1
-            shard.engine.entry(k, "push", self._where())
+            shard.engine.value_of(k, "push", self._where())
             part = arrays[pos:pos + n]
             shard.engine.check_push(k, kind, part, self._where())
             items.append((k, kind, part))
@@ -282,7 +282,7 @@ class KVServer:
     def _on_pull(self, shard: Shard, conn: Connection,
                  worker: int, ts: int, keys: tuple[int, ...], body: Any, arrays: list[np.ndarray],
                  rows: list[np.ndarray] | None = None) -> None:
-        stored = [shard.engine.entry(k, "pull", self._where())._data for k in keys]
+        stored = [shard.engine.value_of(k, "pull", self._where())._data for k in keys]
         check_reply(stored, rows, self.cfg.max_reply_bytes, self._where())
         ticket = Ticket(conn, ts, Command.PULL, keys, rows)
         shard.engine.hold(ticket)
@@ -297,7 +297,7 @@ class KVServer:
             raise ProtocolError("row_sparse pull needs one row-id array per key")
         stored = []
         for k, rows in zip(keys, arrays):
-            stored.append(shard.engine.entry(k, "row_sparse_pull", self._where())._data)
+            stored.append(shard.engine.value_of(k, "row_sparse_pull", self._where())._data)
             n = stored[-1].shape[0] if stored[-1].ndim else 0
             if rows.dtype.kind not in "iu" or (rows.size and (rows.min() < 0 or rows.max() >= n)):
                 raise ShapeMismatchError(f"row_sparse_pull: row ids out of [0, {n})", key=k)

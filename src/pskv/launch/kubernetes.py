@@ -23,6 +23,7 @@ service account inside a cluster, else from ``~/.kube/config``.
 from __future__ import annotations
 
 import logging
+import os
 import secrets as _secrets
 import sys
 import time
@@ -226,7 +227,6 @@ def run_kubernetes(spec: LaunchSpec, *, core: Any = None, stdout: TextIO | None 
     With ``spec.dry_run`` only prints the manifests as YAML to `stdout`. `core` replaces
     the CoreV1Api made from the cluster's configuration (the tests pass a recorder).
     """
-    import os
     out = sys.stdout if stdout is None else stdout
     env = os.environ if environ is None else environ
     name = spec.job_name or f"pskv-{_secrets.token_hex(4)}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -58,8 +59,6 @@ class ProcessActor:
 
     def where(self) -> tuple[str, str]:
         """This node's IP (as Ray knows it) and host name."""
-        import socket
-
         import ray
         util: Any = ray.util  # untyped
         return str(util.get_node_ip_address()), socket.gethostname()

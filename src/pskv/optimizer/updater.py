@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, OptimizerStateError
+from ..nd._npz import BadArchive, SafeNpz
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .base import Optimizer, from_spec
 
-__all__ = ["OptimizerStateError", "Updater", "get_updater"]
+__all__ = ["OptimizerStateError", "Updater", "decode_states", "encode_states", "get_updater"]
 
 _FORMAT = "pskv.optimizer.states"
 _VERSION = 1
@@ -101,40 +102,8 @@ class Updater:
             Also save the optimizer: its arguments, learning rate schedule and update
             counts, as :meth:`Optimizer.to_spec`.
         """
-        arrays: dict[str, np.ndarray] = {}
-
-        def encode(state: Any) -> Any:
-            if state is None:
-                return None
-            if isinstance(state, RowSparseNDArray):
-                name = f"a{len(arrays)}"
-                arrays[name] = np.ascontiguousarray(state._data)
-                arrays[name + "_idx"] = np.ascontiguousarray(state._indices)
-                return {"row_sparse": name, "shape": list(state.shape)}
-            if isinstance(state, NDArray):
-                name = f"a{len(arrays)}"
-                arrays[name] = np.ascontiguousarray(state._data)
-                return {"array": name}
-            if isinstance(state, (tuple, list)):
-                kind = "tuple" if isinstance(state, tuple) else "list"
-                return {kind: [encode(s) for s in state]}
-            if isinstance(state, (bool, int, float, str)):
-                return {"value": state}
-            raise ConfigError(f"cannot save an optimizer state of type {type(state).__name__};"
-                              " states must be NDArrays, numbers, None or tuples of them.")
-
-        entries = []
-        for key, state in self.states.items():
-            if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, str)):
-                raise ConfigError(f"cannot save the state of key {key!r}: keys must be int or "
-                                  "str.")
-            entries.append({"key": key, "state": encode(state)})
-        meta = {"format": _FORMAT, "version": _VERSION, "states": entries,
-                "optimizer": self.optimizer.to_spec() if dump_optimizer else None}
-        arrays[_META] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
-        buf = io.BytesIO()
-        np.savez(buf, allow_pickle=False, **arrays)
-        return buf.getvalue()
+        return encode_states(self.states,
+                             self.optimizer.to_spec() if dump_optimizer else None)
 
     def set_states(self, states: bytes) -> None:
         """Load states saved by :meth:`get_states` (and the optimizer, if it was saved).
@@ -144,7 +113,7 @@ class Updater:
         OptimizerStateError
             If ``states`` is not a pskv optimizer-states archive (MXNet's pickles included).
         """
-        new_states, spec = _decode(states)
+        new_states, spec = decode_states(states)
         optimizer = self.optimizer
         if spec is not None:
             try:
@@ -157,6 +126,47 @@ class Updater:
         self.states_synced = dict.fromkeys(self.states, False)
 
 
+def encode_states(states: dict[Any, Any], optimizer_spec: dict[str, Any] | None = None) -> bytes:
+    """Per-key optimizer states (and an optimizer spec) as the bytes of the states format
+    (the module docstring): what :meth:`Updater.get_states` returns and
+    :func:`decode_states` reads; also how a server's checkpoint and its backup copies carry
+    an engine's states."""
+    arrays: dict[str, np.ndarray] = {}
+
+    def encode(state: Any) -> Any:
+        if state is None:
+            return None
+        if isinstance(state, RowSparseNDArray):
+            name = f"a{len(arrays)}"
+            arrays[name] = np.ascontiguousarray(state._data)
+            arrays[name + "_idx"] = np.ascontiguousarray(state._indices)
+            return {"row_sparse": name, "shape": list(state.shape)}
+        if isinstance(state, NDArray):
+            name = f"a{len(arrays)}"
+            arrays[name] = np.ascontiguousarray(state._data)
+            return {"array": name}
+        if isinstance(state, (tuple, list)):
+            kind = "tuple" if isinstance(state, tuple) else "list"
+            return {kind: [encode(s) for s in state]}
+        if isinstance(state, (bool, int, float, str)):
+            return {"value": state}
+        raise ConfigError(f"cannot save an optimizer state of type {type(state).__name__};"
+                          " states must be NDArrays, numbers, None or tuples of them.")
+
+    entries = []
+    for key, state in states.items():
+        if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, str)):
+            raise ConfigError(f"cannot save the state of key {key!r}: keys must be int or "
+                              "str.")
+        entries.append({"key": key, "state": encode(state)})
+    meta = {"format": _FORMAT, "version": _VERSION, "states": entries,
+            "optimizer": optimizer_spec}
+    arrays[_META] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    buf = io.BytesIO()
+    np.savez(buf, allow_pickle=False, **arrays)
+    return buf.getvalue()
+
+
 def _bad(why: str) -> OptimizerStateError:
     return OptimizerStateError(
         f"not a pskv optimizer-states file: {why}. Load only what "
@@ -164,10 +174,11 @@ def _bad(why: str) -> OptimizerStateError:
         "states cannot be loaded.")
 
 
-def _decode(blob: Any) -> tuple[dict[Any, Any], Any]:
+def decode_states(blob: Any) -> tuple[dict[Any, Any], Any]:
+    """The per-key states and the optimizer spec (or None) in bytes :func:`encode_states`
+    wrote; OptimizerStateError for anything else (MXNet's pickles included)."""
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise _bad(f"expected bytes, got {type(blob).__name__}")
-    from ..nd._npz import BadArchive, SafeNpz
     try:   # checked before read: stored members, shapes that fit them (no inflating)
         with SafeNpz(bytes(blob), "the states archive") as data:
             arrays = {name: data[name] for name in data.files}

@@ -7,6 +7,7 @@ the spec as JSON, the step, the counters and the row optimizer's layout. Nothing
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -36,11 +37,23 @@ def snapshot(table: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays["sightings"] = table._sightings.copy()
     rowopt = table._rowopt
     meta = {"format": FORMAT, "version": VERSION, "name": table.name,
-            "spec": table.spec.to_json(), "step": table.step, "counters": dict(table.counters),
+            "spec": _spec_json(table.spec), "step": table.step, "counters": dict(table.counters),
             "rowopt": None if rowopt is None else
             {"kind": rowopt.kind, "widths": list(rowopt.widths),
              "per_row_step": rowopt.per_row_step}}
     return arrays, meta
+
+
+def _spec_json(spec: TableSpec) -> dict[str, Any]:
+    """The spec as JSON; a custom eviction score cannot travel, so it is written as
+    ``policy: 'custom'`` (``from_state`` takes the spec from its caller)."""
+    cap = spec.capacity
+    if cap is None or cap.score is None:
+        return spec.to_json()
+    out = replace(spec, eviction=tuple(e for e in spec.eviction if e is not cap)).to_json()
+    out["eviction"].append({"type": "capacity", "max_rows": int(cap.max_rows),
+                            "policy": "custom"})
+    return out
 
 
 def _bad(name: Any, why: str) -> CheckpointError:
@@ -56,8 +69,10 @@ def restore(cls: Any, spec: TableSpec, arrays: dict[str, np.ndarray],
     if not isinstance(meta, dict) or meta.get("format") != FORMAT \
             or meta.get("version") != VERSION:
         raise _bad(name, "the metadata is not a pskv.table state")
-    if TableSpec.from_json(meta.get("spec")).dim != spec.dim:
-        raise _bad(name, f"it was saved with dim {meta['spec'].get('dim')}, not {spec.dim}")
+    saved = meta.get("spec")
+    dim = saved.get("dim") if isinstance(saved, dict) else None
+    if dim != spec.dim:
+        raise _bad(name, f"it was saved with dim {dim!r}, not {spec.dim}")
     ids = np.asarray(arrays.get("ids"))
     n = ids.shape[0] if ids.ndim == 1 else -1
     need = {"ids": (n,), "values": (n, spec.dim), "count": (n,), "last_step": (n,),

@@ -127,7 +127,11 @@ class DynamicTable:
 
     # ---- checks ------------------------------------------------------------------------
     def _check_ids(self, ids: Any, what: str) -> np.ndarray:
-        arr = np.asarray(ids)
+        try:
+            arr = np.asarray(ids)
+        except ValueError as err:     # ragged nested lists
+            raise TableIdError(f"{what} of table {self.name!r}: the IDs are ragged ({err}). "
+                               "Pass a flat int64 array.", key=self.name) from err
         if arr.dtype.kind not in "iu":
             raise TableIdError(
                 f"{what} of table {self.name!r} got IDs of dtype {arr.dtype}; IDs are "
@@ -382,31 +386,30 @@ class DynamicTable:
             window = (start + np.arange(max(int(max_rows), 0), dtype=np.int64)) % top
             self._cursor = (start + int(max_rows)) % top
         window = window[self._live[window]]
-        evicted = 0
+        old = np.zeros(window.size, bool)
         if ttl is not None and window.size:
-            old = np.zeros(window.size, bool)
             if ttl.steps is not None:
                 old |= self.step - self._last_step[window] > ttl.steps
             if ttl.seconds is not None:
                 old |= self._clock() - self._last_seconds[window] > ttl.seconds
-            if old.any():
-                self._evict(window[old])
-                self.counters["evicted_ttl"] += int(np.count_nonzero(old))
-                evicted += int(np.count_nonzero(old))
-                window = window[~old]
-        if cap is not None and len(self) > cap.max_rows and window.size:
-            excess = min(len(self) - cap.max_rows, window.size)
+        expired, window = window[old], window[~old]
+        victims = window[:0]
+        over = len(self) - expired.size - cap.max_rows if cap is not None else 0
+        if cap is not None and over > 0 and window.size:
+            # scored before anything is evicted: a custom score that raises changes nothing
             score = self._scores(cap, window)
-            victims = window[np.argsort(score, kind="stable")[:excess]]
-            self._evict(victims)
-            self.counters["evicted_capacity"] += excess
-            evicted += excess
-        return evicted
+            victims = window[np.argsort(score, kind="stable")[:min(over, window.size)]]
+        self._evict(np.concatenate([expired, victims]))
+        self.counters["evicted_ttl"] += expired.size
+        self.counters["evicted_capacity"] += victims.size
+        return int(expired.size + victims.size)
 
     def _scores(self, cap: Capacity, slots: np.ndarray) -> np.ndarray:
-        if cap.policy == "lru":
-            return self._last_step[slots].astype(np.float64) + \
-                1e-9 * np.argsort(np.argsort(self._last_seconds[slots]))
+        if cap.policy == "lru":     # rank by step, then seconds (exact at any step count)
+            rank = np.empty(slots.size, np.float64)
+            rank[np.lexsort((self._last_seconds[slots], self._last_step[slots]))] = \
+                np.arange(slots.size, dtype=np.float64)
+            return rank
         if cap.policy == "lfu":
             return self._count[slots].astype(np.float64)
         assert cap.score is not None

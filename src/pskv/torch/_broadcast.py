@@ -60,7 +60,7 @@ def _check_root(kv: Any, root_rank: int) -> None:
                           f"{kv.num_workers} workers (ranks 0 to {kv.num_workers - 1}).")
 
 
-def init_keys(kv: Any, keys: list[str], tensors: list[torch.Tensor], what: str,
+def init_keys(kv: Any, keys: list[str], tensors: list[Any], what: str,
                prefix: str) -> None:
     """``kv.init(keys, tensors)``; a key that exists already raises with the real fix.
 

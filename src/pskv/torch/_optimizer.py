@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from ..errors import ConfigError, UnsupportedError, ValueTypeError
 from ._broadcast import import_torch, init_keys, named_tensors
 from ._buckets import DEFAULT_BUCKET_CAP_MB, bucket_cap_bytes, check_same_layout
+from ._sparse import SparseParams, check_sparse_names
 from ._sync import HOOK_ATTR, Synchronizer
 
 if TYPE_CHECKING:
@@ -142,7 +143,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
         update_on_kvstore: bool = False, kv_optimizer: Any = None, op: str = "average",
         prefix: str = "opt/", bucket_cap_mb: float | None = DEFAULT_BUCKET_CAP_MB,
         overlap: bool = True, backward_passes_per_step: int = 1,
-        named_buffers: Any = None, broadcast_buffers: bool = True) -> torch.optim.Optimizer:
+        named_buffers: Any = None, broadcast_buffers: bool = True, sparse_params: Any = None,
+        sparse_as_dense: bool = False) -> torch.optim.Optimizer:
     """Wrap a torch optimizer so that ``step()`` first combines the gradients of all workers.
 
     A collective call: every worker constructs it the same way (it checks that every
@@ -187,13 +189,24 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
         ``step()``, one after another.
     backward_passes_per_step : int, default 1
         How many backward passes accumulate into ``.grad`` before the gradients are sent
-        (Horovod's argument); see also :meth:`no_sync`.
+        (Horovod's argument); see also the returned optimizer's ``no_sync()``.
     named_buffers : iterable of (str, torch.Tensor), optional
         ``model.named_buffers()``: with ``broadcast_buffers``, made rank 0's at the end of
         every ``step()`` (DDP broadcasts them before each forward; the next forward sees
         the same values). Only with ``update_on_kvstore=False``.
     broadcast_buffers : bool, default True
         Whether to broadcast ``named_buffers``.
+    sparse_params : iterable of str, optional
+        Names of parameters whose gradient is sparse (``nn.Embedding(sparse=True)``'s
+        ``weight``): each stays out of the buckets and gets a row_sparse key of its own
+        (``prefix + 'sparse/' + name``); at ``step()`` only the rows some worker touched
+        travel, and ``.grad`` becomes their combined gradient as a coalesced sparse tensor
+        (the same rows and values the dense path would give, without the zero rows).
+        With ``update_on_kvstore=True`` only on one worker.
+    sparse_as_dense : bool, default False
+        What a sparse gradient of a parameter not in ``sparse_params`` does: False raises
+        ConfigError (it would travel as every row of the table); True sends it dense
+        (Horovod's option of the same name).
 
     Returns
     -------
@@ -204,11 +217,14 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
     Raises
     ------
     ConfigError
-        For an unknown ``op``, no parameters, a ``bucket_cap_mb`` that is not positive, a
+        For an unknown ``op``, no parameters, a ``sparse_params`` name that is not a
+        parameter (or, at ``backward``, a sparse gradient outside ``sparse_params``), a
+        ``bucket_cap_mb`` that is not positive, a
         ``backward_passes_per_step`` below 1, ``update_on_kvstore`` and ``kv_optimizer``
         that do not fit together, or parameters that another DistributedOptimizer hooks.
     UnsupportedError
-        For buffers to broadcast with ``update_on_kvstore=True``.
+        For buffers to broadcast with ``update_on_kvstore=True``, or ``sparse_params`` with
+        ``update_on_kvstore=True`` on more than one worker.
     ValueTypeError
         For parameters that are not CPU tensors, or repeated names.
     ShapeMismatchError
@@ -245,15 +261,24 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
             "broadcast_buffers with update_on_kvstore=True: the store's optimizer would "
             "update the buffer keys too. Pass broadcast_buffers=False (each worker keeps its "
             "own buffers, as MXNet does), or use update_on_kvstore=False.")
-    names, params = [n for n, _ in named], [p for _, p in named]
+    all_names, all_params = [n for n, _ in named], [p for _, p in named]
+    sparse_at = check_sparse_names(sparse_params, all_names, all_params)
+    names = [n for i, n in enumerate(all_names) if i not in sparse_at]
+    params = [p for i, p in enumerate(all_params) if i not in sparse_at]
+    sparse = SparseParams(kv, [all_names[i] for i in sparse_at],
+                          [all_params[i] for i in sparse_at], prefix, update_on_kvstore,
+                          kv.num_workers if op == "average" else 1)
     sync = Synchronizer(kv, names, params, prefix, update_on_kvstore, op, cap_bytes, overlap,
-                        backward_passes_per_step)
+                        backward_passes_per_step, bool(sparse_as_dense))
+    sync.sparse = sparse if len(sparse) else None
     if kv.num_workers > 1:
-        check_same_layout(kv, prefix, names, params, "DistributedOptimizer")
+        check_same_layout(kv, prefix, all_names, all_params, "DistributedOptimizer")
     if update_on_kvstore:
         kv.set_optimizer(kv_optimizer)
-    init_keys(kv, [b.key for b in sync.buckets], sync.initial_values(),
-              "DistributedOptimizer", prefix)
+    if sync.buckets:
+        init_keys(kv, [b.key for b in sync.buckets], sync.initial_values(),
+                  "DistributedOptimizer", prefix)
+    sparse.init("DistributedOptimizer")
     bufs = _Buffers(kv, buffers, prefix) if buffers else None
     if bufs is not None:
         bufs.init("DistributedOptimizer", prefix)
@@ -268,7 +293,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
     base = type(optimizer) if optimizer is not None else th.optim.Optimizer
     cls = type(base.__name__, (_DistributedMixin, base), {"__module__": base.__module__})
     if optimizer is None:
-        wrapped = cls(params, {})
+        wrapped = cls(all_params, {})
     else:
         wrapped = object.__new__(cls)
         # share param_groups, state and hooks; not a step an LR scheduler put on the instance

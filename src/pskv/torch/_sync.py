@@ -40,7 +40,7 @@ class Synchronizer:
 
     def __init__(self, kv: Any, names: list[str], params: list[torch.Tensor], prefix: str,
                  update_on_kvstore: bool, op: str, cap_bytes: int | None, overlap: bool,
-                 backward_passes_per_step: int) -> None:
+                 backward_passes_per_step: int, sparse_as_dense: bool = False) -> None:
         th = import_torch()
         self.kv = kv
         self.names = names
@@ -51,6 +51,8 @@ class Synchronizer:
         self.divisor = kv.num_workers if op == "average" else 1
         self.passes = backward_passes_per_step
         self.overlap = overlap
+        self.sparse_as_dense = sparse_as_dense
+        self.sparse: Any = None             # the SparseParams, set by DistributedOptimizer
         self.skip = False
         self.no_sync_depth = 0
         self.buckets: list[Bucket] = []
@@ -84,19 +86,22 @@ class Synchronizer:
 
     def install_hooks(self) -> None:
         """Mark every parameter as ours and, with ``overlap``, hook its gradient."""
-        for p in self.params:
+        for p in self.params + self._sparse_params():
             setattr(p, HOOK_ATTR, self.prefix)
         if self.overlap:
             self.executor = ThreadPoolExecutor(1, thread_name_prefix="pskv-torch")
             self.handles = [p.register_post_accumulate_grad_hook(self._hook(i))
                             for i, p in enumerate(self.params)]
 
+    def _sparse_params(self) -> list[torch.Tensor]:
+        return [] if self.sparse is None else list(self.sparse.params)
+
     def close(self) -> None:
         """Remove the hooks and the marks, and stop the thread (after what is in flight)."""
         for handle in self.handles:
             handle.remove()
         self.handles = []
-        for p in self.params:
+        for p in self.params + self._sparse_params():
             if getattr(p, HOOK_ATTR, None) == self.prefix:
                 delattr(p, HOOK_ATTR)
         if self.executor is not None:
@@ -134,7 +139,14 @@ class Synchronizer:
                 "prefix=) after changing the model.", key=self.names[i],
                 shape=tuple(p.shape))
         if grad is not None and grad.layout != import_torch().strided:
-            grad = grad.to_dense()    # sparse gradients are sent dense, as before buckets
+            if not self.sparse_as_dense:
+                raise ConfigError(
+                    f"parameter {self.names[i]!r} got a sparse gradient "
+                    "(nn.Embedding(sparse=True)), which would travel dense: every row, "
+                    "every step. Pass sparse_params=[" + repr(self.names[i]) + "] to "
+                    "DistributedOptimizer (rows as row_sparse), or sparse_as_dense=True.",
+                    key=self.names[i])
+            grad = grad.to_dense()    # sparse_as_dense: Horovod's option of the same name
         return grad
 
     def ready(self, i: int) -> None:
@@ -196,6 +208,8 @@ class Synchronizer:
                         p.grad = bucket.view(j).view_as(p).clone()
                     else:
                         p.grad.copy_(bucket.view(j).view_as(p))
+        if self.sparse is not None:
+            self.sparse.synchronize()
 
     def reset(self) -> None:
         """Forget this step's progress (after a synchronize, or one that failed)."""

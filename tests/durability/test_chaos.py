@@ -1,0 +1,155 @@
+"""A chaos soak (issue #20): 3 servers and 3 workers under ``pskv-launch`` with replicas and
+restarts, a random server or worker SIGKILLed every few seconds while the job runs.
+
+dist_sync must end with the weights of the undisturbed run, bit for bit; dist_async must
+apply every push exactly once (the "n" key counts them); and after the job no process is
+left and no socket file. The short variant here runs in CI (a few kills); set
+``PSKV_CHAOS_SECONDS`` for a longer soak (``benchmarks/bench_chaos.py`` reports faults
+survived and the time lost per fault).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pskv.launch import LaunchResult, launch
+
+HERE = Path(__file__).parent / "scripts"
+#: the job's size: every role has 3 processes
+SIZE = 3
+#: seconds between two kills: room for a restarted server to start and copy back its shard
+#: before the next death (one backup per shard survives one death at a time)
+INTERVAL = 4.0
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@dataclass
+class Chaos:
+    """SIGKILLs a random server or worker of the job this process launched, every
+    `interval` seconds, until stopped; records what it killed."""
+
+    seed: int
+    interval: float = INTERVAL
+    kills: list[tuple[float, str]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def _victims(self) -> dict[int, str]:
+        """This process's children that are servers or workers: pid -> 'server 1'."""
+        out = {}
+        me = os.getpid()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+                if ppid != me:
+                    continue
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            except (OSError, ValueError, IndexError):
+                continue            # gone meanwhile
+            role = env.get(b"DMLC_ROLE", b"").decode()
+            rank = env.get(b"DMLC_SERVER_ID" if role == "server" else b"DMLC_WORKER_ID", b"")
+            if role in ("server", "worker"):
+                out[int(entry)] = f"{role} {rank.decode()}"
+        return out
+
+    def run(self) -> None:
+        rng = random.Random(self.seed)
+        start = time.monotonic()
+        while not self.stop.wait(self.interval * rng.uniform(0.8, 1.2)):
+            victims = self._victims()
+            if len(victims) < 2 * SIZE:
+                continue            # one is restarting: a second death now could lose a shard
+            pid = rng.choice(sorted(victims))
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self.kills.append((time.monotonic() - start, victims[pid]))
+
+
+def _job(out: Path, store_type: str, steps: int, chaos: Chaos | None) -> tuple[LaunchResult, float]:
+    out.mkdir()
+    env = {"PSKV_REPLICAS": "1", "PSKV_HEARTBEAT_TIMEOUT": "20", "PSKV_CONNECT_TIMEOUT": "60"}
+    sockets = tempfile.mkdtemp(prefix="pskv-chaos")
+    env["TMPDIR"] = sockets
+    thread = None
+    if chaos is not None:
+        thread = threading.Thread(target=chaos.run, name="chaos", daemon=True)
+        thread.start()
+    start = time.monotonic()
+    try:
+        result = launch([sys.executable, str(HERE / "train.py"), str(out), str(steps),
+                         store_type], SIZE, SIZE, env=env, max_restarts=100, timeout=500,
+                        server_command=[sys.executable, "-m", "pskv.server"])
+        elapsed = time.monotonic() - start
+    finally:
+        if chaos is not None and thread is not None:
+            chaos.stop.set()
+            thread.join(30)
+        left = sorted(p.name for p in Path(sockets).iterdir())
+        shutil.rmtree(sockets, ignore_errors=True)
+    assert left == [], f"files left in the job's temp directory: {left}"
+    return result, elapsed
+
+
+def _weights(out: Path) -> dict[str, np.ndarray]:
+    with np.load(out / "weights.npz") as data:
+        return {k: data[k] for k in data.files}
+
+
+def _steps() -> int:
+    return int(float(os.environ.get("PSKV_CHAOS_SECONDS", "0")) * 20) or 400
+
+
+@pytest.mark.parametrize("seed", [11])
+def test_sync_job_under_chaos_ends_with_the_calm_weights(tmp_path: Path, seed: int) -> None:
+    steps = _steps()
+    calm, calm_s = _job(tmp_path / "calm", "dist_sync", steps, None)
+    assert calm.returncode == 0
+    chaos = Chaos(seed)
+    result, chaos_s = _job(tmp_path / "chaos", "dist_sync", steps, chaos)
+    assert result.returncode == 0, (chaos.kills, result)
+    assert chaos.kills, "the job ended before anything was killed: raise its steps"
+    want, got = _weights(tmp_path / "calm"), _weights(tmp_path / "chaos")
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    _report("dist_sync", chaos, calm_s, chaos_s)
+
+
+@pytest.mark.parametrize("seed", [12])
+def test_async_job_under_chaos_applies_every_push_once(tmp_path: Path, seed: int) -> None:
+    steps = _steps()
+    chaos = Chaos(seed)
+    result, chaos_s = _job(tmp_path / "chaos", "dist_async", steps, chaos)
+    assert result.returncode == 0, (chaos.kills, result)
+    assert chaos.kills, "the job ended before anything was killed: raise its steps"
+    pushes = [json.loads((tmp_path / "chaos" / f"pushes-{r}.json").read_text())["pushes"]
+              for r in range(SIZE)]
+    assert pushes == [4 * steps] * SIZE     # every worker ran every step (a restarted one too)
+    # "n" starts at one and gains one per applied push of it: one per worker and step
+    np.testing.assert_array_equal(_weights(tmp_path / "chaos")["n"],
+                                  np.full(2, 1.0 + SIZE * steps))
+    _report("dist_async", chaos, None, chaos_s)
+
+
+def _report(mode: str, chaos: Chaos, calm_s: float | None, chaos_s: float) -> None:
+    lost = "" if calm_s is None else \
+        f", {max(0.0, chaos_s - calm_s) / len(chaos.kills):.1f} s lost per fault"
+    print(f"\nchaos {mode}: {len(chaos.kills)} faults survived in {chaos_s:.0f} s{lost}: "
+          + ", ".join(f"{who} at {t:.0f} s" for t, who in chaos.kills))
