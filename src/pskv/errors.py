@@ -23,6 +23,7 @@ __all__ = [
     "KeyNotInitializedError",
     "KeyTypeError",
     "LearningRateError",
+    "LimitError",
     "MXNetError",
     "NodeFailedError",
     "OptimizerStateError",
@@ -134,6 +135,15 @@ class ShapeMismatchError(KVStoreError, ValueError):
     """A shape, dtype, storage type or list length does not match.
 
     .. versionadded:: 0.1
+    """
+
+
+class LimitError(KVStoreError, ValueError):
+    """A request would make a server hold or send more than a limit of the job allows
+    (``PSKV_MAX_KEY_BYTES``, ``PSKV_MAX_KEYS_PER_MESSAGE``, ``PSKV_MAX_REPLY_BYTES``); the
+    message names the limit and the setting to raise. Nothing was changed.
+
+    .. versionadded:: 0.4
     """
 
 

@@ -82,14 +82,15 @@ def frame(header: bytes, payload: bytes = b"") -> bytes:
 
 
 def connect_stream(endpoint: str, timeout: float = 5.0) -> socket.socket:
-    """A raw socket to a server's stream endpoint (``tcp:host:port`` or a Unix path)."""
+    """A raw socket to a server's stream endpoint (``tcp:host:port``, a Unix path, or an
+    abstract Unix name ``@name``)."""
     if endpoint.startswith("tcp:"):
         host, _, port = endpoint[4:].rpartition(":")
         sock = socket.create_connection((host, int(port)), timeout)
     else:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
-        sock.connect(endpoint)
+        sock.connect("\0" + endpoint[1:] if endpoint.startswith("@") else endpoint)
     return sock
 
 

@@ -16,8 +16,8 @@ import pytest
 import pskv as mx
 from pskv._ps.message import Command, encode
 
-from .conftest import (Stranger, admitted_body, assert_unharmed, frame, hello_body,
-                       push_and_pull, stream_exchange)
+from .conftest import (Stranger, admitted_body, assert_unharmed, connect_stream, frame,
+                       hello_body, push_and_pull, stream_exchange)
 
 
 def test_stranger_without_secret_is_refused(thread_cluster: Any,
@@ -221,9 +221,8 @@ def test_truncated_message_on_the_same_host_socket_does_not_stall_the_server(
             if path is None:
                 missing.append(True)
             else:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock = connect_stream(path)
                 holder.append(sock)
-                sock.connect(path)
                 sock.sendall(frame(b'{"c": 22, "t": 4, "k": [2], '
                                        b'"a": [["float32", [3]]]}', b"\x00" * 4))  # 4 of 12
                 time.sleep(0.2)

@@ -21,8 +21,11 @@ __all__ = [
     "ENV_CHECKPOINT_KEEP", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REDUCE_THREADS", "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
-    "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_MESSAGE_BYTES", "ENV_METRICS_PORT", "ENV_METRICS_PUSHGATEWAY", "ENV_MAX_UNADMITTED",
-    "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY", "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS", "ENV_TRANSPORT", "ENV_WORKER_ID",
+    "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_KEY_BYTES", "ENV_MAX_KEYS_PER_MESSAGE",
+    "ENV_MAX_MESSAGE_BYTES", "ENV_MAX_REPLY_BYTES", "ENV_MAX_UNADMITTED", "ENV_METRICS_PORT",
+    "ENV_METRICS_PUSHGATEWAY", "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY",
+    "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS",
+    "ENV_TRANSPORT", "ENV_WORKER_ID",
     "ENV_MXNET_PYTHON", "ENV_MXNET_SRC", "ENV_PREFIX", "KNOWN_ENV",
     "Role", "advertised_host", "loopback_address", "reduce_threads", "unknown_env",
     "warn_unknown_env",
@@ -57,6 +60,11 @@ ENV_HANDSHAKE_TIMEOUT = "PSKV_HANDSHAKE_TIMEOUT"
 ENV_MAX_UNADMITTED = "PSKV_MAX_UNADMITTED"
 #: the largest message an admitted peer may send (and ZMQ_MAXMSGSIZE of a ZeroMQ data port)
 ENV_MAX_MESSAGE_BYTES = "PSKV_MAX_MESSAGE_BYTES"
+#: what one request may make a server hold or send (docs/security.md): the bytes of one key
+#: as declared (its whole shape; row ids included), keys in one message, one reply's bytes
+ENV_MAX_KEY_BYTES = "PSKV_MAX_KEY_BYTES"
+ENV_MAX_KEYS_PER_MESSAGE = "PSKV_MAX_KEYS_PER_MESSAGE"
+ENV_MAX_REPLY_BYTES = "PSKV_MAX_REPLY_BYTES"
 #: TLS for TCP links between workers and servers: a PEM certificate, its key, the job's CA
 ENV_TLS_CERT = "PSKV_TLS_CERT"
 ENV_TLS_KEY = "PSKV_TLS_KEY"
@@ -219,6 +227,11 @@ class ClusterConfig:
     handshake_timeout : seconds a connection may take to be admitted before it is closed
     max_unadmitted : connections not yet admitted that a node keeps at once
     max_message_bytes : the largest message an admitted peer may send
+    max_key_bytes : the most bytes one key may declare (its whole shape, with 8 bytes of row
+        id per row of a row_sparse key); checked on every init, placement and checkpoint
+    max_keys_per_message : the most keys one request may name
+    max_reply_bytes : the most bytes one pull's reply from one server may carry (row ids
+        asked for included)
     tls : (certificate, key, CA) PEM files for mutual TLS on TCP links between workers and
         servers (PSKV_TLS_CERT / _KEY / _CA); None: plain TCP
     checkpoint_dir : where servers write periodic checkpoints and where a restarted server
@@ -257,6 +270,9 @@ class ClusterConfig:
     handshake_timeout: float = 10.0
     max_unadmitted: int = 64
     max_message_bytes: int = 4 << 30
+    max_key_bytes: int = 1 << 36
+    max_keys_per_message: int = 1 << 16
+    max_reply_bytes: int = 4 << 30
     tls: tuple[str, str, str] | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
@@ -359,6 +375,12 @@ class ClusterConfig:
                                 "connections, e.g. 64.", 1),
             max_message_bytes=_int(env, ENV_MAX_MESSAGE_BYTES, 4 << 30, "Set it to a number "
                                    "of bytes, e.g. 4294967296.", 1 << 20),
+            max_key_bytes=_int(env, ENV_MAX_KEY_BYTES, 1 << 36, "Set it to a number of "
+                               "bytes, e.g. 68719476736.", 1),
+            max_keys_per_message=_int(env, ENV_MAX_KEYS_PER_MESSAGE, 1 << 16, "Set it to a "
+                                      "number of keys, e.g. 65536.", 1),
+            max_reply_bytes=_int(env, ENV_MAX_REPLY_BYTES, 4 << 30, "Set it to a number of "
+                                 "bytes, e.g. 4294967296.", 1),
             tls=_tls(env),
             checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
             checkpoint_every=_int(env, ENV_CHECKPOINT_EVERY, 0, "Set it to a number of rounds "

@@ -58,6 +58,7 @@ class _Node:
 @dataclass(slots=True)
 class _Barrier:
     waiting: dict[int, tuple[Connection, int, Any]] = field(default_factory=dict)
+    started: float = 0.0      # when its first member arrived
 
 
 class Scheduler:
@@ -303,6 +304,8 @@ class Scheduler:
     def _barrier(self, node: _Node, ts: int, body: dict[str, Any]) -> None:
         group = body["group"]
         bar = self._barriers.setdefault(group, _Barrier())
+        if not bar.waiting:
+            bar.started = time.monotonic()
         key = node.rank if group != "all" else (node.rank if node.role == "worker"
                                                  else -1 - node.rank)
         bar.waiting[key] = (node.ident, ts, body.get("payload"))
@@ -315,6 +318,32 @@ class Scheduler:
             del self._barriers[group]
             if self.metrics is not None:
                 self.metrics.barriers.inc()
+
+    def _expire_barriers(self, now: float) -> None:
+        """A barrier that waited almost ``PSKV_REQUEST_TIMEOUT`` (so before its first member
+        gives up by itself) fails for every member, naming who has not reached it."""
+        limit = self.cfg.request_timeout - min(5.0, 0.25 * self.cfg.request_timeout)
+        for group, bar in list(self._barriers.items()):
+            if not bar.waiting or now - bar.started <= limit:
+                continue
+            expected = ([("worker", r) for r in range(self.cfg.num_workers)]
+                        if group in ("worker", "all") else []) + \
+                ([("server", r) for r in range(self.cfg.num_servers)]
+                 if group in ("server", "all") else [])
+            keys = {r if role == "worker" or group == "server" else -1 - r: (role, r)
+                    for role, r in expected}
+            missing = [f"{role} {r}" for k, (role, r) in keys.items() if k not in bar.waiting]
+            there = [f"{role} {r}" for k, (role, r) in keys.items() if k in bar.waiting]
+            err = ClusterTimeoutError(
+                f"a barrier of the {group}s waited {now - bar.started:.1f} s for "
+                f"{', '.join(missing)}, which {'has' if len(missing) == 1 else 'have'} not "
+                f"reached it ({', '.join(there)} did): stuck, slow, or making other calls. "
+                "Check that every worker makes the same calls, or raise "
+                "PSKV_REQUEST_TIMEOUT.")
+            log.error("scheduler: %s", err)
+            for ident, bts, _ in bar.waiting.values():
+                self._send(ident, Command.ERROR, bts, error_body(err))
+            del self._barriers[group]
 
     def _goodbye(self, node: _Node) -> None:
         if node.state == "alive":
@@ -433,6 +462,7 @@ class Scheduler:
                                  "(it died or hangs)")
         if self._claims:
             self._settle_claims()
+        self._expire_barriers(now)
         for node in self._members():
             if node.dead_since and now - node.dead_since > self.cfg.connect_timeout \
                     and not self._failed:

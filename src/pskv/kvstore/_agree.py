@@ -91,6 +91,11 @@ def check_optimizer_values(optimizer: Any) -> None:
 def check_optimizer_spec(optimizer: Any, spec: dict[str, Any]) -> None:
     """Raise ConfigError if the servers could not run ``spec`` (``optimizer.to_spec()``)."""
     name = type(optimizer).__name__
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) \
+            or not isinstance(spec.get("kwargs", {}), dict):
+        raise ConfigError(f"set_optimizer: {name}.to_spec() returned {str(spec)[:200]}, not a "
+                          "spec {'name': str, 'kwargs': dict}. Return one from to_spec (or "
+                          "raise ConfigError there, for an optimizer that cannot travel).")
     try:
         json.dumps(spec, allow_nan=False)
     except (TypeError, ValueError) as err:

@@ -53,7 +53,7 @@ class CheckpointMethods:
         saved optimizer replaces it). Raises CheckpointError on every worker otherwise.
         """
         def restore(where: str) -> None:
-            reader = Reader(where)
+            reader = Reader(where, self._cfg.max_key_bytes)
             try:
                 check_keys(reader, list(self._store) + list(self._tables.tables), where)
             finally:
@@ -70,9 +70,8 @@ class CheckpointMethods:
             self._collective(call)
             error = None
             if self._po.rank == 0:
-                where = checkpoint_path(path)
-                try:
-                    action(where)
+                try:     # a path outside PSKV_CHECKPOINT_DIR is refused on every worker
+                    action(checkpoint_path(path, self._cfg.checkpoint_dir))
                 except (KVStoreError, OSError) as err:
                     error = f"{type(err).__name__}: {err}"
             self._finish_collective(f"{call} ({done})", error)

@@ -17,9 +17,12 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import CheckpointError, KVStoreError
-from .._ps.config import ClusterConfig
+from ..table import TableSpec
+from .._ps.config import ENV_CHECKPOINT_DIR, ClusterConfig
 from .._ps.message import Command
+from ._ckcheck import guarded
 from ._engine import Engine, EntryCopy
+from ._engine_tables import served_table
 from ._snapshot import Reader, ShardCopy, latest, prune, round_dir, write_manifest, write_shard
 
 __all__ = ["PeriodicCopies", "Snapshots", "checkpoint_path", "load_shard"]
@@ -144,10 +147,13 @@ class Snapshots:
         self._jobs = left
 
     def restore(self, engine: Engine, path: str) -> None:
-        """Set every key ``engine`` holds from the checkpoint in ``path``."""
-        reader = Reader(path)
+        """Set every key ``engine`` holds from the checkpoint in ``path`` (a worker named it:
+        it must lie where :func:`checkpoint_path` allows)."""
+        path = checkpoint_path(path, self.cfg.checkpoint_dir)
+        reader = Reader(path, self.cfg.max_key_bytes)
         try:
-            engine.restore(reader)
+            with guarded(path):
+                engine.restore(reader)
         finally:
             reader.close()
 
@@ -185,37 +191,43 @@ class PeriodicCopies:
             self._write(rnd, self.engine.shard_copy(list(pending.values())))
 
 
-def load_shard(engine: Engine, root: str, index: int, num_shards: int) -> int | None:
+def load_shard(engine: Engine, root: str, index: int, num_shards: int,
+               max_key_bytes: int = 1 << 36) -> int | None:
     """A restarted server's shard: every key of shard ``index`` of the newest complete
     checkpoint under ``root``, into an empty ``engine``; the checkpoint's round (None if
-    there is no checkpoint yet)."""
+    there is no checkpoint yet). CheckpointError for anything wrong in it."""
     path = latest(root)
     if path is None:
         return None
-    reader = Reader(path)
+    reader = Reader(path, max_key_bytes)
     try:
-        if reader.manifest["num_shards"] != num_shards:
-            raise CheckpointError(
-                f"the newest checkpoint {path!r} has {reader.manifest['num_shards']} shards, "
-                f"but this cluster has {num_shards} servers: a restarted server reloads its "
-                "own shard. Restart the job with as many servers, then load_checkpoint.")
-        for e in reader.metas[index]["entries"]:
-            if e.get("stype") == "table":       # its rows: engine.restore below
-                from ..table import TableSpec
-                from ._engine_tables import served_table
-                engine.init_table(e["id"], served_table(TableSpec.from_json(e["spec"]),
-                                                        e["key"], (index, num_shards)))
-                continue
-            start, stop, shape = int(e["start"]), int(e["stop"]), tuple(e["shape"])
-            sparse = e.get("stype") == "row_sparse"
-            part = _part_shape(shape, start, stop, sparse)
-            value = reader.value(e["key"], start, stop, part)
-            engine.init(e["id"], value, sparse, e["key"], place=(start, stop, shape))
-        engine.restore(reader, counters=True)
-        rnd = reader.manifest.get("round")
-        return int(rnd) if isinstance(rnd, int) else 0
+        with guarded(path):
+            return _load_shard(engine, reader, path, index, num_shards)
     finally:
         reader.close()
+
+
+def _load_shard(engine: Engine, reader: Reader, path: str, index: int,
+                num_shards: int) -> int:
+    """Shard ``index`` of ``reader`` into an empty ``engine``; its round."""
+    if reader.manifest["num_shards"] != num_shards:
+        raise CheckpointError(
+            f"the newest checkpoint {path!r} has {reader.manifest['num_shards']} shards, "
+            f"but this cluster has {num_shards} servers: a restarted server reloads its "
+            "own shard. Restart the job with as many servers, then load_checkpoint.")
+    for e in reader.metas[index]["entries"]:
+        if e.get("stype") == "table":       # its rows: engine.restore below
+            engine.init_table(e["id"], served_table(TableSpec.from_json(e["spec"]),
+                                                    e["key"], (index, num_shards)))
+            continue
+        start, stop, shape = int(e["start"]), int(e["stop"]), tuple(e["shape"])
+        sparse = e.get("stype") == "row_sparse"
+        part = _part_shape(shape, start, stop, sparse)
+        value = reader.value(e["key"], start, stop, part)
+        engine.init(e["id"], value, sparse, e["key"], place=(start, stop, shape))
+    engine.restore(reader, counters=True)
+    rnd = reader.manifest.get("round")
+    return int(rnd) if isinstance(rnd, int) else 0
 
 
 def _part_shape(shape: tuple[int, ...], start: int, stop: int, sparse: bool) -> tuple[int, ...]:
@@ -227,6 +239,22 @@ def _part_shape(shape: tuple[int, ...], start: int, stop: int, sparse: bool) -> 
     return (stop - start,)
 
 
-def checkpoint_path(path: str) -> str:
-    """``path`` as every server sees it (absolute: servers may run elsewhere)."""
-    return os.path.abspath(path)
+def checkpoint_path(path: str, root: str | None = None) -> str:
+    """``path`` as every server sees it (absolute: servers may run elsewhere).
+
+    With ``root`` (``PSKV_CHECKPOINT_DIR``), a path a worker names must lie under it once
+    symlinks are resolved: a server writes or reads a worker's checkpoint only there
+    (CheckpointError otherwise; docs/durability.md)."""
+    if "\x00" in path:
+        raise CheckpointError(f"checkpoint path {path!r} holds a NUL byte. Pass a directory "
+                              "path.")
+    where = os.path.abspath(path)
+    if root is not None:
+        base = os.path.realpath(root)
+        real = os.path.realpath(where)
+        if os.path.commonpath([base, real]) != base:
+            raise CheckpointError(
+                f"checkpoint path {path!r} is outside {ENV_CHECKPOINT_DIR}={root!r}: this "
+                "job's servers write and read checkpoints only under it. Pass a path under "
+                f"{root!r}, or start the job with another {ENV_CHECKPOINT_DIR}.")
+    return where

@@ -25,9 +25,10 @@ __all__ = ["cmd_lookup", "cmd_table_stats", "init_entries", "stats_reply"]
 
 
 def init_entries(engine: Engine, keys: tuple[int, ...], specs: list[dict[str, Any]],
-                 arrays: list[np.ndarray]) -> None:
+                 arrays: list[np.ndarray], places: list[Any] | None = None) -> None:
     """Init every entry of an INIT (or its replicated copy): arrays and table shards; all
-    checked and every table made first (a TableSpec that does not parse, a key held
+    checked (``places``: each entry's placement as ``bounds.check_init`` validated it)
+    and every table made first (a TableSpec that does not parse, a key held
     already, rows that cannot be reserved), then held."""
     tables: dict[int, Any] = {}
     for k, spec in zip(keys, specs):
@@ -49,9 +50,13 @@ def init_entries(engine: Engine, keys: tuple[int, ...], specs: list[dict[str, An
     for made in tables.values():
         if opt is not None:
             check_optimizer(made, opt)     # the row optimizer it would run (R12)
-    for k, spec, arr in zip(keys, specs, arrays):
+    for i, (k, spec, arr) in enumerate(zip(keys, specs, arrays)):
         if k in tables:
             engine.init_table(k, tables[k])
+            continue
+        if places is not None:
+            engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
+                        place=places[i])
             continue
         place = spec.get("place")
         engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),

@@ -33,14 +33,15 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError
+from ..nd._npz import BadArchive, SafeNpz, read_bounded
 from ..nd.ndarray import NDArray
+from ..optimizer.base import from_spec
 from ..optimizer.updater import decode_states, encode_states
+from ._ckcheck import FORMAT, MANIFEST_BYTES, VERSION, check_entry, check_manifest, guarded
 
 __all__ = ["FORMAT", "MANIFEST", "Reader", "ShardCopy", "check_keys", "latest", "prune", "read_manifest",
            "round_dir", "shard_name", "write_manifest", "write_shard"]
 
-FORMAT = "pskv.checkpoint"
-VERSION = 1
 MANIFEST = "manifest.json"
 _META = "__meta__"
 _STATES = "__states__"
@@ -116,29 +117,24 @@ def write_manifest(directory: str, num_shards: int, rnd: int | None,
 
 
 def read_manifest(directory: str) -> dict[str, Any]:
-    """The manifest of the checkpoint in ``directory``; CheckpointError if it is not one,
-    or if a shard it names is missing."""
+    """The manifest of the checkpoint in ``directory``; CheckpointError if it is not one
+    (checked: ``_ckcheck.check_manifest``), or if a shard it names is missing."""
     path = os.path.join(directory, MANIFEST)
     try:
-        with open(path, "rb") as f:
-            body = json.loads(f.read().decode("utf-8"))
+        body = json.loads(read_bounded(path, MANIFEST_BYTES).decode("utf-8"))
     except FileNotFoundError as err:
         raise CheckpointError(f"{directory!r} is not a pskv checkpoint: it has no {MANIFEST}. "
                               "Pass a directory kv.save_checkpoint wrote.") from err
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, BadArchive) as err:
         raise CheckpointError(f"cannot read {path!r}: {err}. Pass a directory "
                               "kv.save_checkpoint wrote.") from err
-    if not isinstance(body, dict) or body.get("format") != FORMAT \
-            or body.get("version") != VERSION or not isinstance(body.get("num_shards"), int) \
-            or body["num_shards"] < 1:
-        raise CheckpointError(f"{path!r} is not a manifest of pskv checkpoint version "
-                              f"{VERSION}. Pass a directory kv.save_checkpoint wrote.")
-    missing = [shard_name(i) for i in range(body["num_shards"])
-               if not os.path.exists(os.path.join(directory, shard_name(i)))]
-    if missing:
-        raise CheckpointError(f"checkpoint {directory!r} is incomplete: {missing[0]} (of "
-                              f"{body['num_shards']} shards) is missing. Load an earlier "
-                              "checkpoint, or wait until its servers have written it.")
+    check_manifest(body, path)
+    for i in range(body["num_shards"]):     # stops at the first missing one
+        if not os.path.exists(os.path.join(directory, shard_name(i))):
+            raise CheckpointError(f"checkpoint {directory!r} is incomplete: {shard_name(i)} "
+                                  f"(of {body['num_shards']} shards) is missing. Load an "
+                                  "earlier checkpoint, or wait until its servers have "
+                                  "written it.")
     return body
 
 
@@ -197,23 +193,46 @@ class Reader:
     ----------
     directory : str
         A complete checkpoint.
+    max_key_bytes : int
+        The most bytes a key of it may declare (``PSKV_MAX_KEY_BYTES``).
+
+    Everything in it is checked as it is opened (``_ckcheck``); any error is a
+    CheckpointError.
     """
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, max_key_bytes: int = 1 << 36) -> None:
         self.directory = directory
+        self.max_key_bytes = max_key_bytes
         self.manifest = read_manifest(directory)
-        self._files: dict[int, Any] = {}
+        self._files: dict[int, SafeNpz] = {}
         self._states: dict[int, dict[Any, Any]] = {}
+        try:
+            with guarded(directory):
+                self._index()
+        except BaseException:
+            self.close()
+            raise
+
+    def _index(self) -> None:
+        directory = self.directory
         self.metas: list[dict[str, Any]] = [self._meta(i)
                                             for i in range(self.manifest["num_shards"])]
         self.parts: dict[Any, list[_Part]] = {}
         for s, meta in enumerate(self.metas):
             for i, e in enumerate(meta["entries"]):
+                check_entry(e, i, self._file(s), directory, self.max_key_bytes)
                 self.parts.setdefault(e["key"], []).append(_Part(s, i, e["start"], e["stop"], e))
         for key, parts in self.parts.items():
             if parts[0].meta.get("stype") == "table":
                 continue        # stored by ID: every part is rows of its own IDs
             parts.sort(key=lambda p: p.start)
+            first = parts[0].meta
+            if any((p.meta["shape"], p.meta["dtype"], p.meta.get("stype", "default")) !=
+                   (first["shape"], first["dtype"], first.get("stype", "default"))
+                   for p in parts):
+                raise CheckpointError(f"checkpoint {directory!r}: the parts of key {key!r} "
+                                      "disagree on its shape or dtype. The checkpoint is "
+                                      "damaged.", key=key)
             units = _units(parts[0].meta)
             pos = 0
             for p in parts:
@@ -231,13 +250,13 @@ class Reader:
             f.close()
         self._files.clear()
 
-    def _file(self, shard: int) -> Any:
+    def _file(self, shard: int) -> SafeNpz:
         f = self._files.get(shard)
         if f is None:
             path = os.path.join(self.directory, shard_name(shard))
             try:
-                f = self._files[shard] = np.load(path, allow_pickle=False)
-            except (OSError, ValueError) as err:
+                f = self._files[shard] = SafeNpz(path, repr(path))
+            except (OSError, BadArchive) as err:
                 raise CheckpointError(f"cannot read {path!r}: {err}. The checkpoint is "
                                       "damaged; load an earlier one.") from err
         return f
@@ -245,8 +264,11 @@ class Reader:
     def _meta(self, shard: int) -> dict[str, Any]:
         f = self._file(shard)
         try:
+            shape, dtype = f.shape_of(_META)
+            if len(shape) != 1 or dtype != np.uint8:
+                raise BadArchive(f"{_META} is not bytes")
             meta = json.loads(f[_META].tobytes().decode("utf-8"))
-        except (KeyError, UnicodeDecodeError, ValueError) as err:
+        except (BadArchive, UnicodeDecodeError, ValueError, RecursionError) as err:
             raise CheckpointError(f"shard {shard} of {self.directory!r} has no readable "
                                   f"{_META}: {err}. The checkpoint is damaged.") from err
         if not isinstance(meta, dict) or meta.get("format") != FORMAT \
@@ -255,7 +277,8 @@ class Reader:
         return meta
 
     def _array(self, part: _Part) -> np.ndarray:
-        return np.asarray(self._file(part.shard)[f"w{part.index}"])
+        with guarded(self.directory):
+            return self._file(part.shard)[f"w{part.index}"]
 
     def key_meta(self, key: Any) -> dict[str, Any]:
         """What ``key`` was saved as (shape, dtype, stype, round); CheckpointError if absent."""
@@ -317,7 +340,8 @@ class Reader:
         got = self._states.get(shard)
         if got is None:
             f = self._file(shard)
-            got = decode_states(f[_STATES].tobytes())[0] if _STATES in f.files else {}
+            with guarded(self.directory):
+                got = decode_states(f[_STATES].tobytes())[0] if _STATES in f else {}
             self._states[shard] = got
         return got
 
@@ -330,6 +354,7 @@ class Reader:
         if any(t is None for t in trees):
             return None
         if len(parts) == 1 and (parts[0].start, parts[0].stop) == (start, stop):
+            _check_state(trees[0], shape, key, self.directory)
             return trees[0]
 
         def join(nodes: list[Any]) -> Any:
@@ -359,6 +384,10 @@ class Reader:
                                        if isinstance(m.get("optimizer"), dict)]
         if not specs:
             return None
+        with guarded(self.directory):
+            return self._merged_spec(specs)
+
+    def _merged_spec(self, specs: list[dict[str, Any]]) -> Any:
         spec = json.loads(json.dumps(specs[0]))
         state = spec.setdefault("state", {})
         state["num_update"] = max(int(s.get("state", {}).get("num_update", 0)) for s in specs)
@@ -369,6 +398,7 @@ class Reader:
                 for k, v in pairs:
                     into[json.dumps(k)] = [k, max(int(v), into.get(json.dumps(k), [k, 0])[1])]
         state["update_counts"] = [[dev, list(c.values())] for dev, c in merged.items()]
+        from_spec(spec)                    # one that cannot be built is refused here
         return spec
 
     def compression(self) -> Any:
@@ -387,6 +417,17 @@ def check_keys(reader: Reader, keys: list[Any], path: str) -> None:
             f"key {k!r} {where} checkpoint {path!r} but {'is' if missing else 'is not'} "
             f"initialized in this store ({len(missing)} such keys missing, {len(extra)} "
             "extra). Init exactly the checkpoint's keys before loading it.", key=k)
+
+
+def _check_state(tree: Any, shape: tuple[int, ...], key: Any, directory: str) -> None:
+    """CheckpointError unless every array of an optimizer state has the weight's shape."""
+    if isinstance(tree, (tuple, list)):
+        for node in tree:
+            _check_state(node, shape, key, directory)
+    elif isinstance(tree, NDArray) and tuple(tree.shape) != tuple(shape):
+        raise CheckpointError(f"checkpoint {directory!r}: the optimizer state of key {key!r} "
+                              f"has shape {tuple(tree.shape)}, its weight {tuple(shape)}. The "
+                              "checkpoint is damaged.", key=key)
 
 
 def _units(meta: dict[str, Any]) -> int:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, OptimizerStateError
+from ..nd._npz import BadArchive, SafeNpz
 
 __all__ = ["read_states", "write_states"]
 
@@ -25,13 +26,13 @@ def read_states(fname: str, num_servers: int) -> list[np.ndarray]:
     Raises ConfigError if the file cannot be read, and OptimizerStateError (the class a
     local store raises) if it is not a states file of a cluster with ``num_servers``.
     """
-    try:
-        with open(fname, "rb") as f, np.load(f, allow_pickle=False) as data:
-            return [np.array(data[f"server_{i}"]) for i in range(num_servers)]
+    try:   # a regular file, its members checked before read (nd._npz)
+        with SafeNpz(fname, repr(fname)) as data:
+            return [data[f"server_{i}"] for i in range(num_servers)]
     except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
         raise ConfigError(f"cannot read optimizer states from {fname!r}: {err}. "
                           "Check the path.") from err
-    except (OSError, KeyError, ValueError, EOFError) as err:
+    except (OSError, BadArchive) as err:
         raise OptimizerStateError(
             f"cannot load optimizer states from {fname!r}: {err}. Load a file saved "
             "by save_optimizer_states of a cluster with as many servers.") from err

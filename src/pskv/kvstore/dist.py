@@ -22,11 +22,12 @@ import numpy as np
 import zmq
 
 from .. import compression
-from ..errors import CheckpointError, ClusterError, KVStoreError, UnsupportedError
+from ..errors import CheckpointError, ClusterError, KVStoreError, UnsupportedError, ValueTypeError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
+from .._ps.bounds import check_declared, check_key_count
 from .._ps.config import ClusterConfig
-from .._ps.message import Command
+from .._ps.message import ALLOWED_DTYPES, Command
 from .._ps.ops import Op, command
 from .._ps.partition import place, ps_key
 from .._ps.postoffice import Postoffice
@@ -189,6 +190,7 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
             try:
                 keys, groups = normalize(key, value)
                 self._keys.validate_init(keys, groups)
+                self._check_bounds(keys, groups, "init")
                 specs = [init_spec(k, vals[0], self._by_pskey) for k, vals in zip(keys, groups)]
             except KVStoreError as err:
                 error = err
@@ -216,6 +218,25 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
             self._collective("init (values sent)")
             for k in keys:
                 self._by_pskey[self._keys.add(recs[k]).pskey] = k
+
+    def _check_bounds(self, keys: list[Key], groups: list[list[Any]], what: str) -> None:
+        """Refuse here what the servers would refuse (sizes: ``_ps/bounds.py``; an init's
+        dtype: the wire's), on every worker for an init, so that no server takes part of a
+        call another refuses (docs/security.md, all-or-nothing calls)."""
+        where = f"worker {self.rank}"
+        check_key_count(len(keys), self._cfg.max_keys_per_message, what, where)
+        if what == "init":
+            for k, vals in zip(keys, groups):
+                v = vals[0] if isinstance(vals[0], NDArray) else as_numpy(vals[0])
+                dtype = np.dtype(v.dtype)
+                if dtype.name not in ALLOWED_DTYPES:   # a server would drop the connection
+                    raise ValueTypeError(
+                        f"init of key {k!r}: dtype {dtype} cannot be sent to a server; a "
+                        f"{self._type!r} store holds {', '.join(sorted(ALLOWED_DTYPES))}. "
+                        "Cast the value first (e.g. value.astype('float32')).", key=k,
+                        store_type=self._type)
+                check_declared(k, tuple(v.shape), dtype.itemsize,
+                               isinstance(v, RowSparseNDArray), self._cfg.max_key_bytes, where)
 
     def _collective(self, call: str, payload: dict[str, Any] | None = None) \
             -> dict[str, dict[str, Any]]:
@@ -278,6 +299,7 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
                 self._first_push()
                 return self._tables.push(key, value, None)
             keys, groups = normalize(key, value)
+            self._check_bounds(keys, groups, "push")
             self._keys.validate_push(keys, groups, self._path.compressor is not None)
             self._push_validated(keys, groups)
 
@@ -362,6 +384,7 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
             if out is None:
                 return self._pull_new(key)
             keys, groups = normalize(key, out, "out")
+            self._check_bounds(keys, groups, "pull")
             self._keys.validate_pull(keys, groups)
             self._pull_validated(keys, groups, ignore_sparse)
             return None
@@ -377,6 +400,7 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
             okeys, ogroups = normalize(key, value if out is None else out, "out")
             self._keys.validate_push(keys, groups, self._path.compressor is not None)
             self._keys.validate_pull(okeys, ogroups)
+            self._check_bounds(keys, groups, "pushpull")
             self._first_push()
             items = self._path.items(keys, groups)
             # with out=None the reply overwrites the values: after they were sent
@@ -400,6 +424,7 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
             keys, groups = normalize(key, out, "out")
             rows = row_ids_by_key(key, keys, groups, row_ids)
             self._keys.validate_row_sparse_pull(key, out, row_ids, keys, groups, rows)
+            self._check_bounds(keys, groups, "row_sparse_pull")
             self._path.rows([(k, o, r) for k, outs in zip(keys, groups)
                              for o, r in zip(outs, rows[k])])
 

@@ -19,6 +19,7 @@ import numpy as np
 from .. import compression
 from .. import optimizer as opt
 from ..errors import ConfigError, SparsePullIgnoredWarning, ValueTypeError, UnsupportedError
+from ..nd._npz import BadArchive, open_regular
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from ..table import TableSpec
@@ -427,9 +428,9 @@ class LocalKVStore(TableMethods, KVStoreBase):
         with self._lock:
             upd = self._engine.states_updater("load")
             try:
-                with open(fname, "rb") as f:
+                with open_regular(fname) as f:    # a FIFO would block: refused
                     data = f.read()
-            except OSError as err:
+            except (OSError, BadArchive) as err:
                 raise ConfigError(f"cannot read optimizer states from {fname!r}: {err}. "
                                   "Check the path.") from err
             upd.set_states(data)

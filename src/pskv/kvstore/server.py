@@ -21,6 +21,7 @@ import zmq
 from ..errors import CheckpointError, ClusterError, KVStoreError, NodeFailedError, ProtocolError, \
     ShapeMismatchError
 from .._ps.auth import Verifier
+from .._ps.bounds import check_init, check_key_count, check_reply
 from .._ps.config import ClusterConfig, advertised_host
 from .._ps.membership import ServerRejoined
 from .._ps.metrics import ServerMetrics, start as start_metrics
@@ -34,7 +35,7 @@ from .._ps.tls import server_context
 from .._ps.transport import Connection
 from .._ps.zeromq import ZmqContext
 from ._engine import Engine, Ticket
-from ._durable import Snapshots, load_shard
+from ._durable import Snapshots, checkpoint_path, load_shard
 from ._replica import Backups
 from ._server_tables import cmd_lookup, cmd_table_stats, init_entries, stats_reply
 from ._shards import Shard, Shards
@@ -184,6 +185,8 @@ class KVServer:
             raise ProtocolError(f"server does not take {meta.cmd.name}")
         if self.metrics is not None:
             self.metrics.request(meta.cmd.name.lower(), sum(a.nbytes for a in arrays))
+        check_key_count(len(meta.keys), self.cfg.max_keys_per_message, meta.cmd.name,
+                        self._where())
         index = meta.body.get("shard") if isinstance(meta.body, dict) else None
         handler(self, self.shards.get(index), conn, worker, meta.ts, meta.keys, meta.body,
                 arrays)
@@ -263,11 +266,12 @@ class KVServer:
             kept = [i for i, k in enumerate(keys) if k not in shard.engine]
             keys = tuple(keys[i] for i in kept)
             specs, arrays = [specs[i] for i in kept], [arrays[i] for i in kept]
+        places = check_init(specs, arrays, self.cfg.max_key_bytes, self._where())
         for k, spec, arr in zip(keys, specs, arrays):
             if tuple(spec.get("shape", ())) != arr.shape:
                 raise ShapeMismatchError(f"INIT of key {spec.get('key')!r}: shape "
                                          f"{arr.shape} != declared {spec.get('shape')}")
-        init_entries(shard.engine, keys, specs, arrays)     # table keys too
+        init_entries(shard.engine, keys, specs, arrays, places)     # table keys too
         shard.forward(ReplOp.INIT, {"keys": list(keys), "entries": specs}, arrays)
         self._send(conn, Command.ACK, ts)
 
@@ -316,8 +320,8 @@ class KVServer:
     def _on_pull(self, shard: Shard, conn: Connection,
                  worker: int, ts: int, keys: tuple[int, ...], body: Any, arrays: list[np.ndarray],
                  rows: list[np.ndarray] | None = None) -> None:
-        for k in keys:
-            shard.engine.value_of(k, "pull", self._where())
+        stored = [shard.engine.value_of(k, "pull", self._where())._data for k in keys]
+        check_reply(stored, rows, self.cfg.max_reply_bytes, self._where())
         ticket = Ticket(conn, ts, Command.PULL, keys, rows)
         shard.engine.hold(ticket)
         for k in keys:
@@ -329,10 +333,13 @@ class KVServer:
                      arrays: list[np.ndarray]) -> None:
         if len(arrays) != len(keys):
             raise ProtocolError("row_sparse pull needs one row-id array per key")
+        stored = []
         for k, rows in zip(keys, arrays):
-            n = shard.engine.value_of(k, "row_sparse_pull", self._where()).shape[0]
+            stored.append(shard.engine.value_of(k, "row_sparse_pull", self._where())._data)
+            n = stored[-1].shape[0] if stored[-1].ndim else 0
             if rows.dtype.kind not in "iu" or (rows.size and (rows.min() < 0 or rows.max() >= n)):
                 raise ShapeMismatchError(f"row_sparse_pull: row ids out of [0, {n})", key=k)
+        check_reply(stored, arrays, self.cfg.max_reply_bytes, self._where())  # before copies
         self._on_pull(shard, conn, worker, ts, keys, body, arrays,
                       rows=[r.astype(np.int64) for r in arrays])
 
@@ -343,6 +350,8 @@ class KVServer:
         if not isinstance(op, Op):   # replication ops go to the backups' listener, never here
             raise ProtocolError(f"unknown command {body.get('op')!r} on a server's worker "
                                 "port (replication ops go to the backups' listener)")
+        if op in (Op.CHECKPOINT, Op.RESTORE):   # a worker's path: only where the job allows
+            body = {**body, "path": checkpoint_path(body["path"], self.cfg.checkpoint_dir)}
         if op.replicated is not None:
             shard.forward(op.replicated, body, arrays)     # the backup first: then here
         reply = self._commands[op](self, shard, conn, worker, ts, body, arrays)
@@ -480,7 +489,8 @@ class KVServer:
         checkpoint, before rejoining (the workers then send what it does not include)."""
         root = self.cfg.checkpoint_dir
         rnd = None if root is None else load_shard(self.shards.own, root, rank,
-                                                   self.cfg.num_servers)
+                                                   self.cfg.num_servers,
+                                                   self.cfg.max_key_bytes)
         if rnd is None:
             raise CheckpointError(
                 f"server {rank} was restarted but has nothing to reload: no complete "

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import io
 import json
-import zipfile
 from typing import Any
 
 import numpy as np
 
 from ..errors import ConfigError, OptimizerStateError
+from ..nd._npz import BadArchive, SafeNpz
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .base import Optimizer, from_spec
@@ -179,10 +179,10 @@ def decode_states(blob: Any) -> tuple[dict[Any, Any], Any]:
     wrote; OptimizerStateError for anything else (MXNet's pickles included)."""
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise _bad(f"expected bytes, got {type(blob).__name__}")
-    try:
-        with np.load(io.BytesIO(bytes(blob)), allow_pickle=False) as data:
+    try:   # checked before read: stored members, shapes that fit them (no inflating)
+        with SafeNpz(bytes(blob), "the states archive") as data:
             arrays = {name: data[name] for name in data.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as err:
+    except BadArchive as err:
         raise _bad(f"it is not a NumPy .npz archive without pickles ({err})") from err
     meta_raw = arrays.pop(_META, None)
     if meta_raw is None or meta_raw.dtype != np.uint8 or meta_raw.ndim != 1:

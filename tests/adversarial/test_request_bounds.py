@@ -1,0 +1,162 @@
+"""Memory bombs from an admitted worker: every size a request implies is bounded first.
+
+A few bytes of header can declare a huge key (a row_sparse INIT of shape (2**34, 0) costs
+no bytes on the wire but a row id per row on the server), a huge placement (recorded in
+checkpoints), a reply far larger than the request (row ids that repeat one wide row, a key
+named many times) or many keys. Each is refused with a LimitError (or ShapeMismatchError
+for a placement that lies) naming the setting, before the server allocates; the cluster
+goes on. The limits are set small here so that the unfixed code's allocations stay small.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pskv as mx
+from pskv._ps.message import Command
+from pskv.errors import KeyNotInitializedError, LimitError, ShapeMismatchError
+
+from .conftest import assert_unharmed, push_and_pull
+from .test_limits import _peak_rss
+
+LIMITS = dict(max_key_bytes=1 << 20, max_reply_bytes=1 << 20, max_keys_per_message=64)
+
+
+def _ask(kv: Any, cmd: Command, keys: list[int], body: Any,
+         arrays: list[np.ndarray]) -> BaseException | None:
+    """Send a raw request as this (admitted) worker; the error it got, None if accepted."""
+    ts = kv._kv.request(0, cmd, keys, body, arrays)
+    try:
+        kv._kv.wait(ts, timeout=10)
+    except mx.KVStoreError as err:
+        return err
+    return None
+
+
+def _init(key: int, shape: tuple[int, ...], part: np.ndarray, sparse: bool = False,
+          place: Any = None) -> tuple[Command, list[int], Any, list[np.ndarray]]:
+    spec: dict[str, Any] = {"key": key, "shape": list(part.shape),
+                            "stype": "row_sparse" if sparse else "default"}
+    if place is not None:
+        spec["place"] = place
+    return Command.INIT, [key], {"entries": [spec]}, [part]
+
+
+@pytest.mark.timeout(90)
+def test_declared_shapes_and_placements_are_bounded_before_allocation(
+        thread_cluster: Any) -> None:
+    cluster = thread_cluster(2, 1, **LIMITS)
+    got: dict[str, Any] = {}
+    go = threading.Event()
+
+    def fn(kv: Any) -> Any:
+        kv.init(1, mx.nd.zeros((3,)))
+        if kv.rank == 0:
+            attacks = {
+                # 150 bytes on the wire; the unfixed server asks for 128 GiB of row ids
+                "rsp 2**34 rows": _init(50, (1 << 34, 0), np.empty((1 << 34, 0), np.float32),
+                                        sparse=True),
+                # 32 MiB of row ids on the unfixed server (under 1 MiB allowed)
+                "rsp 2**22 rows": _init(51, (1 << 22, 0), np.empty((1 << 22, 0), np.float32),
+                                        sparse=True),
+                "placement 10**12": _init(52, (3,), np.ones(3, np.float32),
+                                          place=[0, 3, [10 ** 12]]),
+                "placement past its key": _init(53, (3,), np.ones(3, np.float32),
+                                                place=[5, 8, [6]]),
+                "placement not a list": _init(54, (3,), np.ones(3, np.float32), place="x"),
+                "placement negative": _init(55, (3,), np.ones(3, np.float32),
+                                            place=[0, 3, [-3]]),
+            }
+            before = _peak_rss(reset=True)
+            for name, (cmd, keys, body, arrays) in attacks.items():
+                got[name] = _ask(kv, cmd, keys, body, arrays)
+            got["grew"] = _peak_rss() - before
+            for key in range(50, 56):    # nothing was initialized
+                got[f"pull {key}"] = _ask(kv, Command.PULL, [key], None, [])
+            go.set()
+        else:
+            go.wait(30)
+        return push_and_pull(kv)
+
+    res = cluster.run(fn, timeout=60)
+    print(json.dumps({"process grew by MiB under the INIT bombs":
+                      round(got.pop("grew") / 2 ** 20, 1)}))
+    assert_unharmed(cluster, res, np.full(3, 2.0), 15)
+    for name in ("rsp 2**34 rows", "rsp 2**22 rows", "placement 10**12"):
+        assert isinstance(got[name], LimitError), (name, got[name])
+        assert "PSKV_MAX_KEY_BYTES" in str(got[name]), got[name]
+        assert "(reported by server 0)" in str(got[name]), got[name]
+    for name in ("placement past its key", "placement not a list", "placement negative"):
+        assert isinstance(got[name], ShapeMismatchError), (name, got[name])
+    for key in range(50, 56):
+        assert isinstance(got[f"pull {key}"], KeyNotInitializedError), got[f"pull {key}"]
+
+
+@pytest.mark.timeout(90)
+def test_replies_and_key_counts_are_bounded(thread_cluster: Any) -> None:
+    cluster = thread_cluster(2, 1, **LIMITS)
+    got: dict[str, Any] = {}
+    go = threading.Event()
+
+    def fn(kv: Any) -> Any:
+        kv.init(1, mx.nd.zeros((3,)))
+        # 4 rows of 64 KiB each (256 KiB, within the limits)
+        kv.init(7, mx.nd.ones((4, 16384)).tostype("row_sparse"))
+        if kv.rank == 0:
+            pk = kv._store[7].pskey
+            before = _peak_rss(reset=True)
+            # 64 ids of one row: 4 MiB of reply from 512 bytes of request
+            got["narrow ids"] = _ask(kv, Command.RSP_PULL, [pk], None,
+                                     [np.zeros(64, np.int64)])
+            # 1-byte ids: the unfixed server copies them to int64 first (8 bytes each)
+            got["uint8 ids"] = _ask(kv, Command.RSP_PULL, [pk], None,
+                                    [np.zeros(256, np.uint8)])
+            # one key named 20 times: 5 MiB of reply
+            got["key 20 times"] = _ask(kv, Command.PULL, [pk] * 20, None, [])
+            got["65 keys"] = _ask(kv, Command.PULL, list(range(1000, 1065)), None, [])
+            got["grew"] = _peak_rss() - before
+            # what a worker may ask is still answered
+            out = mx.nd.zeros((4, 16384)).tostype("row_sparse")
+            kv.row_sparse_pull(7, out=out, row_ids=mx.nd.array([0, 3]))
+            got["rows"] = out.asnumpy()[[0, 3]].sum()
+            go.set()
+        else:
+            go.wait(30)
+        return push_and_pull(kv)
+
+    res = cluster.run(fn, timeout=60)
+    print(json.dumps({"process grew by MiB under the reply bombs":
+                      round(got.pop("grew") / 2 ** 20, 1)}))
+    assert_unharmed(cluster, res, np.full(3, 2.0), 15)
+    for name in ("narrow ids", "uint8 ids", "key 20 times"):
+        assert isinstance(got[name], LimitError), (name, got[name])
+        assert "PSKV_MAX_REPLY_BYTES" in str(got[name]), got[name]
+    assert isinstance(got["65 keys"], LimitError), got["65 keys"]
+    assert "PSKV_MAX_KEYS_PER_MESSAGE" in str(got["65 keys"]), got["65 keys"]
+    assert got["rows"] == 2 * 16384
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_refuses_what_the_servers_would_on_every_worker(thread_cluster: Any) -> None:
+    # a key over PSKV_MAX_KEY_BYTES: refused before anything is sent, on every worker (init
+    # is collective), and nothing was initialized
+    cluster = thread_cluster(2, 2, **LIMITS)
+
+    def fn(kv: Any) -> Any:
+        with pytest.raises(LimitError, match="PSKV_MAX_KEY_BYTES") as info:
+            kv.init([3, 4], [mx.nd.zeros((4,)), mx.nd.zeros((1 << 19,))])
+        with pytest.raises(LimitError, match="PSKV_MAX_KEYS_PER_MESSAGE"):
+            kv.pull(list(range(65)), out=[mx.nd.zeros((1,))] * 65)
+        kv.init(1, mx.nd.zeros((3,)))
+        with pytest.raises(KeyNotInitializedError):
+            kv.pull(3, out=mx.nd.zeros((4,)))
+        return str(info.value), push_and_pull(kv)
+
+    res = cluster.run(fn)
+    for rank, (msg, _value) in res.items():
+        assert "(reported by" not in msg, msg
+    assert_unharmed(cluster, {r: v for r, (_m, v) in res.items()}, np.full(3, 2.0), 15)
