@@ -168,6 +168,21 @@ def test_worker_killed_restarts_with_its_rank_bit_identical(tmp_path: Path, seed
         np.testing.assert_array_equal(killed[k], calm[k])
 
 
+def test_worker_restarted_after_a_failover_finds_the_shards_on_their_backups(
+        tmp_path: Path) -> None:
+    """Server 1 dies (its backup, server 0, takes shard 1 over), then a worker dies and is
+    restarted: it must send shard 1 to server 0, where it is now, not to the restarted
+    server 1 (a backup now); the scheduler tells it at admission (found by the chaos soak,
+    test_chaos.py)."""
+    assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
+    assert _job(tmp_path / "killed", "dist_sync", (1, 0.5), every=0,
+                extra={"PSKV_REPLICAS": "1", "DIE_WORKER": "1",
+                       "DIE_STEP": str(STEPS - 30)}) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
 @pytest.mark.parametrize("replicas", ["0", "1"])
 def test_three_servers_split_keys(tmp_path: Path, replicas: str) -> None:
     # keys split across three servers (bound 500 elements); any one of them killed

@@ -62,6 +62,10 @@ class Membership:
         A server's key for the replication links between servers.
     rejoin : bool
         Whether this node is a restarted one that took a dead node's rank.
+    hosts : tuple of int
+        Which server serves each shard now (``hosts[shard]``; with replicas a shard whose
+        server died is served by its backup): a restarted worker starts from it. Empty
+        before admission and for servers.
     """
 
     rank: int = -1
@@ -74,3 +78,4 @@ class Membership:
     worker_keys: tuple[bytes, ...] = field(default=(), repr=False)
     server_key: bytes = field(default=b"", repr=False)
     rejoin: bool = False
+    hosts: tuple[int, ...] = ()

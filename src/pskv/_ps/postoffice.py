@@ -139,6 +139,11 @@ class Postoffice:
         """Whether this node is a restarted one that took a dead node's rank."""
         return self.membership.rejoin
 
+    @property
+    def hosts(self) -> tuple[int, ...]:
+        """Which server serves each shard, as of admission (:class:`Membership`)."""
+        return self.membership.hosts
+
     def next_event(self) -> Event | None:
         """The next change other components act on (a lost or restarted server), or None."""
         try:
@@ -206,7 +211,8 @@ class Postoffice:
             mode=got.get("mode", self.membership.mode), key=str(got.get("key", "")).encode(),
             worker_keys=tuple(k.encode() for k in got.get("worker_keys", [])),
             server_key=str(got.get("server_key", "")).encode(),
-            rejoin=bool(got.get("rejoin", False)))
+            rejoin=bool(got.get("rejoin", False)),
+            hosts=tuple(got.get("hosts", ())))
         self._thread = threading.Thread(target=self._loop, name=f"pskv-{self.role}-control",
                                         daemon=True)
         self._thread.start()

@@ -29,6 +29,7 @@ from .config import ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_ID, ClusterConfig
 from .limits import CONTROL_BYTES
 from .message import Command, Meta, error_body
 from .metrics import SchedulerMetrics, start as start_metrics
+from .replay import backup_of
 from .serve import ServeLoop
 from .transport import Connection
 from .zeromq import ZmqContext
@@ -114,6 +115,8 @@ class Scheduler:
         self._keys: list[str] = []
         #: the key servers prove themselves to each other with (never sent to a worker)
         self._server_key = new_key()
+        #: shard -> the server that serves it (its backup once it died, with replicas)
+        self._hosts = list(range(cfg.num_servers))
         #: restarted nodes waiting to take a rank whose holder is not yet found dead:
         #: conn -> (the holder, HELLO ts, HELLO body, since)
         self._claims: dict[Connection, tuple[_Node, int, dict[str, Any], float]] = {}
@@ -230,6 +233,7 @@ class Scheduler:
             "job": self.job, "mode": self._mode}
         if node.role == "worker":
             body["key"] = self._keys[node.rank]
+            body["hosts"] = list(self._hosts)
         else:
             body["worker_keys"] = self._keys
             body["server_key"] = self._server_key
@@ -376,6 +380,10 @@ class Scheduler:
                                {"role": "server", "rank": node.rank, "failover": True,
                                 "msg": f"server {node.rank} {reason}"})
             node.state = "dead"
+            # the workers move its shards by the same rule (failover.py); a worker
+            # restarted later learns the result at admission
+            self._hosts = [backup_of(shard, host, len(self._hosts)) if host == node.rank
+                           else host for shard, host in enumerate(self._hosts)]
             if self.cfg.max_restarts:
                 node.dead_since = time.monotonic()
             return

@@ -293,4 +293,8 @@ def admit_reply(body: Any) -> dict[str, Any]:
         raise _fail(meta, "worker_keys", "a list of strings", keys)
     if not isinstance(got.get("rejoin", False), bool):
         raise _fail(meta, "rejoin", "true or false", got.get("rejoin"))
+    hosts = got.get("hosts", [])
+    if not isinstance(hosts, list) or (hosts and len(hosts) != got["num_servers"]) or not all(
+            type(h) is int and 0 <= h < got["num_servers"] for h in hosts):
+        raise _fail(meta, "hosts", "one server rank per shard", hosts)
     return got

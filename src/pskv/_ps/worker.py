@@ -38,6 +38,7 @@ from .auth import prove
 from .config import ClusterConfig
 from .failover import Failover, applied_counts
 from .message import Command, Meta, error_from_body
+from .ops import Op, command
 from .metrics import WorkerMetrics, start as start_metrics
 from .postoffice import Postoffice
 from .tls import client_context
@@ -101,12 +102,22 @@ class KVWorker:
                     tss[s] = self.request(s, Command.HELLO, body=self._proof(meta.body))
                 else:
                     tss[s] = 0
+            hosts = list(po.hosts) or list(range(len(self._conns)))
             for s, ts in enumerate(tss):
                 meta = self.wait(ts, timeout=cfg.connect_timeout)[0] if ts else replies[s][0]
-                if po.rejoin and self.failover is not None:
+                if po.rejoin and self.failover is not None and hosts[s] == s:
                     # a restarted worker: the pushes its first run made are applied; the
                     # same pushes made again as it catches up are dropped (durability.md)
                     self.failover.pushes.applied_before(s, applied_counts(meta.body))
+            if po.rejoin and self.failover is not None:
+                for shard, host in enumerate(hosts):
+                    if host != shard:   # its backup serves it now: ask that one
+                        ts = self.request(host, Command.COMMAND,
+                                          body=command(Op.APPLIED, shard=shard))
+                        meta = self.wait(ts, timeout=cfg.connect_timeout)[0]
+                        self.failover.pushes.applied_before(shard, applied_counts(meta.body))
+                # set after the handshakes, which go to each server itself
+                self.failover.host = hosts
             self.metrics = start_metrics(cfg, lambda: WorkerMetrics(po.rank, po.job))
         except BaseException:
             self.close()
