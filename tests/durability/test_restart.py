@@ -168,6 +168,18 @@ def test_worker_killed_restarts_with_its_rank_bit_identical(tmp_path: Path, seed
         np.testing.assert_array_equal(killed[k], calm[k])
 
 
+@pytest.mark.parametrize("servers", [2, 3])
+def test_worker_killed_with_replicas_restarts_bit_identical(tmp_path: Path,
+                                                            servers: int) -> None:
+    """With backups on (no checkpoints), a restarted worker catches up as without them."""
+    assert _job(tmp_path / "calm", "dist_sync", None, every=0, servers=servers) == 0
+    assert _job(tmp_path / "killed", "dist_sync", None, every=0, servers=servers,
+                extra={"PSKV_REPLICAS": "1", "DIE_WORKER": "1", "DIE_STEP": "120"}) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
 def test_worker_restarted_after_a_failover_finds_the_shards_on_their_backups(
         tmp_path: Path) -> None:
     """Server 1 dies (its backup, server 0, takes shard 1 over), then a worker dies and is
