@@ -4,9 +4,9 @@ restarts, a random server or worker SIGKILLed every few seconds while the job ru
 dist_sync must end with the weights of the undisturbed run (to the last bits that the
 order of three workers' float sums changes; the counting key bit for bit); dist_async must
 apply every push exactly once (the "n" key counts them); and after the job no process is
-left and no socket file. The short variant here runs in CI (a few kills); set
-``CHAOS_SECONDS`` for a longer soak (``benchmarks/bench_chaos.py`` reports faults
-survived and the time lost per fault).
+left and no socket file. The short variant here runs in CI (a few faults); for a soak of
+several minutes run ``CHAOS_SECONDS=300 python -m pytest -s tests/durability/test_chaos.py``:
+each test prints the faults it survived and the time lost per fault.
 """
 from __future__ import annotations
 
