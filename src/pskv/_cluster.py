@@ -19,7 +19,7 @@ from ._ps.config import ClusterConfig, Role
 from ._ps.scheduler import Scheduler
 from .errors import ClusterTimeoutError
 from .kvstore.dist import DistKVStore
-from .kvstore.server import KVServer
+from .kvstore._server import KVServer
 
 __all__ = ["InprocCluster"]
 

@@ -15,10 +15,10 @@ import pytest
 
 from pskv._ps.config import ENV_ROOT_URI
 from pskv.launch._net import free_port
-from pskv.launch.kubernetes import ENV_USE_KUBERNETES
-from pskv.launch.local import local_processes
-from pskv.launch.spec import LaunchSpec, ProcessSpec
-from pskv.launch.supervise import run_processes
+from pskv.launch._kubernetes import ENV_USE_KUBERNETES
+from pskv.launch._local import local_processes
+from pskv.launch._spec import LaunchSpec, ProcessSpec
+from pskv.launch._supervise import run_processes
 from pskv.testing import launch_reports
 
 pytestmark = pytest.mark.dist

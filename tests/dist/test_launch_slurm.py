@@ -26,8 +26,8 @@ import pytest
 
 from pskv._ps.config import Role
 from pskv.launch._net import free_port
-from pskv.launch.spec import ProcessSpec
-from pskv.launch.supervise import run_processes
+from pskv.launch._spec import ProcessSpec
+from pskv.launch._supervise import run_processes
 from pskv.testing import launch_reports
 
 pytestmark = pytest.mark.dist
@@ -198,7 +198,7 @@ def test_supervisor_names_the_host_of_a_failed_process(
     # the report every launcher built on the supervisor gives (ssh, slurm)
     procs = [ProcessSpec(Role.WORKER, 1, (sys.executable, "-c", "raise SystemExit(3)"),
                          host="node7")]
-    with caplog.at_level(logging.ERROR, logger="pskv.launch.supervise"):
+    with caplog.at_level(logging.ERROR, logger="pskv.launch._supervise"):
         result = run_processes(procs, stdout=io.StringIO(), stderr=io.StringIO())
     assert result.returncode == 3
     assert result.failed is not None and result.failed.host == "node7"

@@ -20,9 +20,9 @@ from pskv.kvstore._engine import Engine, Ticket
 from pskv.kvstore._snapshot import (MANIFEST, Reader, latest, prune, round_dir, shard_name,
                                     write_manifest, write_shard)
 from pskv.launch import parse_args
-from pskv.launch.spec import LaunchSpec
-from pskv.launch.supervise import run_processes
-from pskv.launch.spec import ProcessSpec
+from pskv.launch._spec import LaunchSpec
+from pskv.launch._supervise import run_processes
+from pskv.launch._spec import ProcessSpec
 
 
 def _env(**extra: str) -> dict[str, str]:

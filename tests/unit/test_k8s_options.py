@@ -16,7 +16,7 @@ from pskv._ps.config import ENV_CHECKPOINT_DIR
 from pskv.errors import ConfigError
 from pskv.launch import LaunchSpec, launch, parse_args
 from pskv.launch._k8s_options import CHECKPOINT_MOUNT, PodOptions, pod_options
-from pskv.launch.kubernetes import job_manifests
+from pskv.launch._kubernetes import job_manifests
 
 BASE = ["--launcher", "kubernetes", "--image", "img", "--job-name", "j", "-n", "2", "-s", "1"]
 

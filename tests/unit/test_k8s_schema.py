@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pskv.launch import parse_args
-from pskv.launch.kubernetes import job_manifests
+from pskv.launch._kubernetes import job_manifests
 
 client = pytest.importorskip(
     "kubernetes.client",

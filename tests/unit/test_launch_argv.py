@@ -18,13 +18,13 @@ from pskv._ps.config import (ENV_NODE_HOST, ENV_NUM_SERVER, ENV_NUM_WORKER, ENV_
 from pskv.errors import ConfigError
 from pskv.launch import LaunchSpec, build_processes, main, parse_args
 from pskv.launch._net import free_port, guess_host_ip
-from pskv.launch.env import cluster_env, forwarded_env, get_secret, parse_env_pair
-from pskv.launch.hosts import Host, parse_hostfile, place, read_hostfile
-from pskv.launch.local import local_processes
-from pskv.launch.mpi import mpi_processes, mpirun_argv
-from pskv.launch.spec import DEFAULT_SERVER_COMMAND
-from pskv.launch.ssh import SSH_OPTIONS, remote_command, ssh_processes
-from pskv.launch.supervise import exit_status
+from pskv.launch._env import cluster_env, forwarded_env, get_secret, parse_env_pair
+from pskv.launch._hosts import Host, parse_hostfile, place, read_hostfile
+from pskv.launch._local import local_processes
+from pskv.launch._mpi import mpi_processes, mpirun_argv
+from pskv.launch._spec import DEFAULT_SERVER_COMMAND
+from pskv.launch._ssh import SSH_OPTIONS, remote_command, ssh_processes
+from pskv.launch._supervise import exit_status
 
 SSH = ("ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes")
 

@@ -8,7 +8,7 @@ import pytest
 import pskv
 from pskv.errors import ConfigError
 from pskv.launch import build_processes, main, parse_args
-from pskv.launch.hosts import Host, parse_host_list
+from pskv.launch._hosts import Host, parse_host_list
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

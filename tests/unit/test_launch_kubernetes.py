@@ -23,7 +23,7 @@ from pskv._ps.config import (ENV_NODE_HOST, ENV_NUM_SERVER, ENV_NUM_WORKER, ENV_
                              ENV_WORKER_ID, ClusterConfig, Role)
 from pskv.errors import ConfigError
 from pskv.launch import LaunchSpec, main, parse_args
-from pskv.launch.kubernetes import (DEFAULT_PORT, ENV_USE_KUBERNETES, POD_COMMAND_SERVER,
+from pskv.launch._kubernetes import (DEFAULT_PORT, ENV_USE_KUBERNETES, POD_COMMAND_SERVER,
                                     job_manifests, run_kubernetes, to_yaml)
 
 try:
@@ -278,7 +278,7 @@ def test_a_failed_pod_stops_the_job_and_is_named(caplog: pytest.LogCaptureFixtur
                 else pod_state(m, "Running") for name, m in pods.items()]
 
     api = FakeCoreV1Api(script)
-    with caplog.at_level(logging.ERROR, logger="pskv.launch.kubernetes"):
+    with caplog.at_level(logging.ERROR, logger="pskv.launch._kubernetes"):
         result, out = run(api)
     assert result.returncode == 3 and result.reason == "failed"
     assert result.failed is not None

@@ -9,7 +9,7 @@ import pytest
 
 from pskv.errors import ConfigError
 from pskv.launch import LaunchSpec, parse_args
-from pskv.launch.ray import LOCAL_OBJECT_STORE_BYTES, _connect, run_ray
+from pskv.launch._ray import LOCAL_OBJECT_STORE_BYTES, _connect, run_ray
 
 
 class FakeRay:

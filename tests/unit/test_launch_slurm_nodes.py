@@ -15,7 +15,7 @@ from pskv._ps.config import (ENV_NUM_SERVER, ENV_NUM_WORKER, ENV_ROLE, ENV_ROOT_
                              ENV_ROOT_URI, ENV_SECRET, ENV_SERVER_ID, ENV_WORKER_ID, Role)
 from pskv.errors import ConfigError
 from pskv.launch import LaunchSpec, build_processes, main, parse_args
-from pskv.launch.slurm import (SRUN_OPTIONS, allocation_nodelist, expand_nodelist,
+from pskv.launch._slurm import (SRUN_OPTIONS, allocation_nodelist, expand_nodelist,
                                parse_nodelist, scheduler_port, slurm_processes, srun_argv)
 
 
@@ -116,7 +116,7 @@ def test_srun_options_share_cpus_and_export_all() -> None:
 
 
 def test_build_processes_reads_the_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("pskv.launch.slurm.subprocess.run", fake_scontrol("c1\nc2\n"))
+    monkeypatch.setattr("pskv.launch._slurm.subprocess.run", fake_scontrol("c1\nc2\n"))
     spec = LaunchSpec(("w",), 1, 1, launcher="slurm", port=7777, secret="s")
     procs = build_processes(spec, environ={"SLURM_JOB_ID": "5",
                                            "SLURM_JOB_NODELIST": "c[1-2]"})

@@ -175,7 +175,7 @@ def test_version_is_defined_once() -> None:
 # ---- the API reference ----------------------------------------------------------------------
 PUBLIC_MODULES = ["pskv", "pskv.kv", "pskv.nd", "pskv.nd.sparse", "pskv.np", "pskv.context",
                   "pskv.optimizer", "pskv.lr_scheduler", "pskv.compression", "pskv.errors", "pskv.table",
-                  "pskv.launch", "pskv.server", "pskv.torch", "pskv.testing",
+                  "pskv.launch", "pskv.server", "pskv.torch", "pskv.testing", "pskv.top",
                   "pskv.examples.train", "pskv.examples.train_torch",
                   "pskv.examples.sparse_logreg", "pskv.tour"]
 
@@ -217,3 +217,86 @@ def test_reference_builds_without_warnings(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "html" / "kvstore.html").exists()
+
+
+# ---- the public surface, pinned -------------------------------------------------------------
+#: modules with a public name that have no reference page of their own, and why each stays
+#: public; every other module is private by name (a leading underscore)
+NOT_API_PAGES = {
+    "pskv.base": "MXNet's module name (from mxnet.base import MXNetError)",
+    "pskv.ndarray": "MXNet's module name (import mxnet.ndarray as nd)",
+    "pskv.test_utils": "MXNet's module name (mxnet.test_utils)",
+    "pskv.examples": "the examples, each run as python -m pskv.examples.NAME",
+    "pskv.examples.custom_store": "an example (python -m)",
+    "pskv.examples.dist_sync_sgd": "an example (python -m)",
+    "pskv.examples.quickstart_local": "an example (python -m)",
+    "pskv.kvstore.base": "the store classes' modules, as MXNet's mxnet.kvstore.base",
+    "pskv.kvstore.dist": "the dist store's class, re-exported by pskv.kv",
+    "pskv.kvstore.local": "the local store's class, re-exported by pskv.kv",
+    "pskv.nd.creation": "part of pskv.nd (MXNet's mxnet.ndarray has submodules too)",
+    "pskv.nd.ndarray": "MXNet's mxnet.ndarray.ndarray",
+    "pskv.nd.ops": "part of pskv.nd",
+    "pskv.nd.random": "MXNet's mxnet.ndarray.random",
+    "pskv.optimizer.adadelta": "one optimizer, re-exported by pskv.optimizer",
+    "pskv.optimizer.adagrad": "one optimizer, re-exported by pskv.optimizer",
+    "pskv.optimizer.adam": "one optimizer, re-exported by pskv.optimizer",
+    "pskv.optimizer.base": "the Optimizer base and registry, re-exported by pskv.optimizer",
+    "pskv.optimizer.ftrl": "one optimizer, re-exported by pskv.optimizer",
+    "pskv.optimizer.rmsprop": "one optimizer, re-exported by pskv.optimizer",
+    "pskv.optimizer.sgd": "one optimizer family, re-exported by pskv.optimizer",
+    "pskv.optimizer.test": "MXNet's Test optimizer, re-exported by pskv.optimizer",
+    "pskv.optimizer.updater": "the updater and its states format, as mxnet.optimizer",
+    "pskv.table.dynamic": "DynamicTable, re-exported by pskv.table",
+    "pskv.table.spec": "the table spec and policies, re-exported by pskv.table",
+}
+#: each public module's __all__, one "module name" per line: a change to the public surface
+#: is a change to this file, made on purpose (the test prints the lines to put in it)
+SURFACE_FILE = Path(__file__).with_name("public_surface.txt")
+
+
+def _public_modules() -> list[str]:
+    import pkgutil
+    names = ["pskv"] + [m.name for m in pkgutil.walk_packages(pskv.__path__, "pskv.")
+                        if not any(p.startswith("_") for p in m.name.split(".")[1:])]
+    return sorted(names)
+
+
+def _surface() -> list[str]:
+    return sorted(f"{name} {public}" for name in _public_modules()
+                  for public in importlib.import_module(name).__all__)
+
+
+def test_every_public_module_is_api_or_says_why_not() -> None:
+    """A module is API (a reference page), or in NOT_API_PAGES with a reason, or private
+    by name: nothing is public by accident."""
+    api = {"pskv.kvstore" if m == "pskv.kv" else m for m in PUBLIC_MODULES}
+    unexplained = sorted(set(_public_modules()) - api - set(NOT_API_PAGES))
+    assert not unexplained, ("make these private (a leading underscore) or explain them in "
+                             f"NOT_API_PAGES: {unexplained}")
+    stale = sorted(set(NOT_API_PAGES) - set(_public_modules()))
+    assert not stale, f"NOT_API_PAGES names modules that are gone: {stale}"
+
+
+def test_what_a_package_reexports_has_one_home() -> None:
+    """The public names of a package's implementation modules are the package's: each is
+    the same object there (so users and docs name one place)."""
+    for name, why in NOT_API_PAGES.items():
+        if "re-exported by" not in why:
+            continue
+        home = why.rsplit("re-exported by ", 1)[1].split()[0]
+        package = importlib.import_module("pskv.kvstore" if home == "pskv.kv" else home)
+        mod = importlib.import_module(name)
+        for public in mod.__all__:
+            assert getattr(package, public, None) is getattr(mod, public), (
+                f"{name}.{public} is not re-exported by {package.__name__}")
+
+
+def test_the_public_surface_is_pinned() -> None:
+    got = _surface()
+    want = SURFACE_FILE.read_text().split("\n")
+    want = [line for line in want if line and not line.startswith("#")]
+    added, removed = sorted(set(got) - set(want)), sorted(set(want) - set(got))
+    assert not added and not removed, (
+        f"the public surface changed: added {added}, removed {removed}. If on purpose, "
+        f"update {SURFACE_FILE.name} (and docs/api.md)")
+

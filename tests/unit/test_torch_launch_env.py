@@ -10,12 +10,12 @@ import pytest
 
 from pskv._ps.config import Role
 from pskv.launch import LaunchSpec
-from pskv.launch.env import OMP_NOTICE, TORCH_NAMES, local_ranks
-from pskv.launch.hosts import Host
-from pskv.launch.local import local_processes
-from pskv.launch.ssh import ssh_processes
-from pskv.launch.slurm import slurm_processes
-from pskv.launch.mpi import mpi_processes
+from pskv.launch._env import OMP_NOTICE, TORCH_NAMES, local_ranks
+from pskv.launch._hosts import Host
+from pskv.launch._local import local_processes
+from pskv.launch._ssh import ssh_processes
+from pskv.launch._slurm import slurm_processes
+from pskv.launch._mpi import mpi_processes
 
 NOTICE_START = "Setting OMP_NUM_THREADS environment variable for each process to be 1"
 
@@ -26,7 +26,7 @@ def envs(procs: Any) -> dict[tuple[Role, int | None], dict[str, str]]:
 
 def test_local_workers_get_torchruns_variables(caplog: pytest.LogCaptureFixture) -> None:
     spec = LaunchSpec(("python", "t.py"), 3, 1, server_command=("srv",))
-    with caplog.at_level(logging.INFO, logger="pskv.launch.env"):
+    with caplog.at_level(logging.INFO, logger="pskv.launch._env"):
         by = envs(local_processes(spec, port=9000, secret="s", environ={}))
     for rank in range(3):
         env = by[(Role.WORKER, rank)]
@@ -45,7 +45,7 @@ def test_a_users_omp_num_threads_wins_and_no_notice(where: str,
     pairs = (("OMP_NUM_THREADS", "4"),)
     spec = LaunchSpec(("t",), 2, 1, env=pairs if where == "env" else (),
                       env_worker=pairs if where == "env_worker" else ())
-    with caplog.at_level(logging.INFO, logger="pskv.launch.env"):
+    with caplog.at_level(logging.INFO, logger="pskv.launch._env"):
         by = envs(local_processes(spec, port=9000, secret="s", environ=environ))
     assert by[(Role.WORKER, 0)].get("OMP_NUM_THREADS") == (None if where == "environ" else "4")
     assert not any(NOTICE_START in r.getMessage() for r in caplog.records)

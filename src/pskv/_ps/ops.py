@@ -9,7 +9,7 @@ A COMMAND's JSON body names an ``op`` and carries that op's fields. Two families
 
 Invariant: an op travels as its ``.value`` string and is read back only through
 :func:`parse`, which returns the enum member (or None for anything else); validation
-(``validate.py``) and dispatch (``kvstore/server.py``, ``kvstore/_replica.py``) are tables
+(``validate.py``) and dispatch (``kvstore/_server.py``, ``kvstore/_replica.py``) are tables
 keyed by these enums, so no op name is spelt anywhere else.
 """
 from __future__ import annotations

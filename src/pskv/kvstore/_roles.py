@@ -21,7 +21,7 @@ def run_node(cfg: ClusterConfig, stop: threading.Event | None = None) -> int:
         from .._ps.scheduler import Scheduler
         return Scheduler(cfg, stop).run()
     if cfg.role == Role.SERVER:
-        from .server import KVServer
+        from ._server import KVServer
         return KVServer(cfg, stop).run()
     raise ConfigError(f"run_node() runs a scheduler or a server, not a {cfg.role.value}. "
                       "Workers create a store with pskv.kv.create('dist_sync').")

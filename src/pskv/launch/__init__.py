@@ -20,16 +20,16 @@ from typing import Mapping, NoReturn, Sequence, TextIO
 
 from ..errors import ConfigError
 from ._net import free_port, guess_host_ip
-from .env import get_secret, parse_env_pair
-from .hosts import is_host_list, parse_host_list, read_hostfile
-from .local import local_processes
-from .mpi import mpi_processes
+from ._env import get_secret, parse_env_pair
+from ._hosts import is_host_list, parse_host_list, read_hostfile
+from ._local import local_processes
+from ._mpi import mpi_processes
 from ._k8s_options import pod_options
-from .spec import (DEFAULT_SERVER_COMMAND, INHERITING, LAUNCHERS, LauncherName, LaunchSpec,
+from ._spec import (DEFAULT_SERVER_COMMAND, INHERITING, LAUNCHERS, LauncherName, LaunchSpec,
                    ProcessSpec, backed_up, check_restarts)
-from .slurm import build_slurm
-from .ssh import ssh_processes
-from .supervise import CommandError, LaunchResult, ProcessResult, run_processes
+from ._slurm import build_slurm
+from ._ssh import ssh_processes
+from ._supervise import CommandError, LaunchResult, ProcessResult, run_processes
 from .._ps.config import LOG_LEVELS, log_level, warn_unknown_env
 
 __all__ = ["LaunchResult", "LaunchSpec", "ProcessResult", "build_processes", "launch",
@@ -44,8 +44,8 @@ def build_processes(spec: LaunchSpec, *, environ: Mapping[str, str] | None = Non
 
     Picks what the spec leaves open: a free port, the job secret and, for ssh and mpi, this
     machine's address; for slurm, reads the allocation's nodes. Nothing is started. The
-    kubernetes and ray launchers start no process here: see `pskv.launch.kubernetes` and
-    `pskv.launch.ray`.
+    kubernetes and ray launchers start no process here: see `pskv.launch._kubernetes` and
+    `pskv.launch._ray`.
 
     Parameters
     ----------
@@ -104,10 +104,10 @@ def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
                       **dict(spec.env_worker)}, "pskv-launch")
     check_restarts(spec, os.environ)
     if spec.launcher == "kubernetes":
-        from .kubernetes import run_kubernetes
+        from ._kubernetes import run_kubernetes
         return run_kubernetes(spec, stdout=stdout, stderr=stderr)
     if spec.launcher == "ray":
-        from .ray import run_ray
+        from ._ray import run_ray
         return run_ray(spec, stdout=stdout, stderr=stderr)
     procs = build_processes(spec)
     w, s = spec.num_workers, spec.num_servers

@@ -12,8 +12,8 @@ from .._ps.config import (ENV_CHECKPOINT_DIR, ENV_CONNECT_TIMEOUT, ENV_MAX_RESTA
                           ENV_NODE_HOST, ENV_SECRET, Role)
 from ..errors import ConfigError
 from ._k8s_options import CHECKPOINT_MOUNT, PodOptions, RolePods, Volume
-from .env import cluster_env
-from .spec import DEFAULT_SERVER_COMMAND, LaunchSpec
+from ._env import cluster_env
+from ._spec import DEFAULT_SERVER_COMMAND, LaunchSpec
 
 __all__ = ["DEFAULT_PORT", "ENV_USE_KUBERNETES", "LABEL_JOB", "LABEL_RANK", "LABEL_ROLE",
            "Manifest", "POD_COMMAND_SERVER", "RESTART_COUNT_FILE", "job_manifests",

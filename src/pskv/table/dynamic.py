@@ -20,7 +20,7 @@ from ._rowopt import RowOptimizer, row_optimizer
 from .spec import (Capacity, Constant, CountAdmission, Normal, ProbabilityAdmission, ReadOnly,
                    RowMeta, TableSpec, Uniform, now)
 
-__all__ = ["COUNTERS", "DynamicTable", "initial_values"]
+__all__ = ["DynamicTable", "initial_values"]
 
 #: the counters :meth:`DynamicTable.stats` reports besides ``rows`` and ``step`` (R14)
 COUNTERS = ("lookups", "misses", "inserts", "refusals", "evicted_ttl", "evicted_capacity",

@@ -25,7 +25,7 @@ from typing import IO, Callable, Sequence, TextIO
 from .._ps.config import ENV_MAX_RESTARTS, ENV_RESTART, Role
 from ..errors import CommandError, ConfigError  # CommandError: re-exported here too
 from ._output import Console, Output
-from .spec import ProcessSpec
+from ._spec import ProcessSpec
 
 __all__ = ["CommandError", "EXIT_TIMEOUT", "LaunchResult", "ProcessResult", "exit_status", "run_processes"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from .._ps.config import Role
-from .env import cluster_env, forwarded_env, scheduler_here
-from .spec import LaunchSpec, ProcessSpec
+from ._env import cluster_env, forwarded_env, scheduler_here
+from ._spec import LaunchSpec, ProcessSpec
 
 __all__ = ["mpirun_argv", "mpi_processes"]
 

@@ -17,7 +17,7 @@ from .._ps.config import (ENV_BIGARRAY_BOUND, ENV_NODE_HOST, ENV_NUM_SERVER, ENV
                           ENV_ROLE, ENV_ROOT_PORT, ENV_ROOT_URI, ENV_SECRET, ENV_SERVER_ID,
                           ENV_WORKER_ID, ENV_LOG_LEVEL, Role)
 from ..errors import ConfigError
-from .spec import ENV_NAME, LaunchSpec, ProcessSpec, check_env_name
+from ._spec import ENV_NAME, LaunchSpec, ProcessSpec, check_env_name
 
 __all__ = ["ENV_LOCAL_RANK", "ENV_LOCAL_WORLD_SIZE", "ENV_OMP_NUM_THREADS", "ENV_RANK",
            "ENV_WORLD_SIZE", "FORWARD_NAMES", "FORWARD_PREFIX", "OMP_NOTICE", "TORCH_NAMES",

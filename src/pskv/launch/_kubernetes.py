@@ -34,9 +34,9 @@ from ..errors import ConfigError
 from ._k8s_manifest import (DEFAULT_PORT, ENV_USE_KUBERNETES, LABEL_JOB, LABEL_RANK,
                             LABEL_ROLE, POD_COMMAND_SERVER, Manifest, job_manifests,
                             restart_policy, to_yaml)
-from .env import get_secret
-from .spec import LaunchSpec
-from .supervise import EXIT_TIMEOUT, LaunchResult, ProcessResult, exit_status
+from ._env import get_secret
+from ._spec import LaunchSpec
+from ._supervise import EXIT_TIMEOUT, LaunchResult, ProcessResult, exit_status
 
 __all__ = ["DEFAULT_PORT", "ENV_USE_KUBERNETES", "KubernetesJob", "POD_COMMAND_SERVER",
            "job_manifests", "run_kubernetes", "to_yaml"]

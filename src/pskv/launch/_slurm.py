@@ -24,9 +24,9 @@ from typing import Callable, Mapping, Sequence
 from .._ps.config import Role
 from ..errors import ConfigError
 from ._net import free_port
-from .env import cluster_env, local_ranks, omp_default
-from .hosts import Host, place
-from .spec import LaunchSpec, ProcessSpec
+from ._env import cluster_env, local_ranks, omp_default
+from ._hosts import Host, place
+from ._spec import LaunchSpec, ProcessSpec
 
 __all__ = ["NODELIST_ENV", "SRUN_OPTIONS", "allocation_nodelist", "build_slurm",
            "expand_nodelist",

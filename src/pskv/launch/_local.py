@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from .._ps.config import Role
-from .env import cluster_env, local_ranks, omp_default
-from .spec import LaunchSpec, ProcessSpec
+from ._env import cluster_env, local_ranks, omp_default
+from ._spec import LaunchSpec, ProcessSpec
 
 __all__ = ["LOCAL_HOST", "local_processes"]
 
@@ -16,7 +16,7 @@ def local_processes(spec: LaunchSpec, *, port: int, secret: str,
                     environ: Mapping[str, str] | None = None) -> list[ProcessSpec]:
     """Scheduler, servers and workers of `spec`, all on this machine at 127.0.0.1.
 
-    Workers get torchrun's variables (`pskv.launch.env.cluster_env`); with `environ` (the
+    Workers get torchrun's variables (`pskv.launch._env.cluster_env`); with `environ` (the
     launcher's environment) also ``OMP_NUM_THREADS=1`` where torchrun would set it.
 
     Examples

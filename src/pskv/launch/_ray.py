@@ -29,9 +29,9 @@ from typing import Any, Mapping, Sequence, TextIO
 
 from .._ps.config import Role
 from ..errors import ConfigError
-from .env import cluster_env, get_secret
-from .spec import LaunchSpec
-from .supervise import EXIT_TIMEOUT, LaunchResult, ProcessResult, exit_status
+from ._env import cluster_env, get_secret
+from ._spec import LaunchSpec
+from ._supervise import EXIT_TIMEOUT, LaunchResult, ProcessResult, exit_status
 
 __all__ = ["LOCAL_OBJECT_STORE_BYTES", "ProcessActor", "RayJob", "run_ray"]
 

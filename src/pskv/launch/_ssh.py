@@ -17,9 +17,9 @@ import shlex
 from typing import Mapping, Sequence
 
 from .._ps.config import ENV_NODE_HOST, ENV_SECRET, Role
-from .env import cluster_env, forwarded_env, local_ranks, omp_default, scheduler_here
-from .hosts import Host, place
-from .spec import LaunchSpec, ProcessSpec
+from ._env import cluster_env, forwarded_env, local_ranks, omp_default, scheduler_here
+from ._hosts import Host, place
+from ._spec import LaunchSpec, ProcessSpec
 
 __all__ = ["SSH_OPTIONS", "remote_command", "ssh_processes"]
 
