@@ -14,6 +14,7 @@ only when metrics are on (``pip install 'pskv[metrics]'``).
 """
 from __future__ import annotations
 
+import bisect
 import errno
 import hashlib
 import logging
@@ -37,6 +38,83 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 _LABELS = ("job", "role", "rank")
 #: requests timed at most at once by a worker (a lost reply's entry is dropped beyond it)
 _MAX_TIMED = 1 << 16
+
+
+class _Child:
+    """One labelled counter or histogram: plain numbers behind a plain lock. The library's
+    own children cost microseconds a call in the hot path (issue #18's cost aim is 3 %);
+    these are read only when ``/metrics`` is scraped (:class:`_Family`)."""
+
+    __slots__ = ("bounds", "counts", "lock", "sum", "value")
+
+    def __init__(self, bounds: tuple[float, ...] | None) -> None:
+        self.lock = threading.Lock()
+        self.value = 0.0
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1) if bounds is not None else []
+        self.sum = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        with self.lock:
+            self.value += amount
+
+    def observe(self, value: float) -> None:
+        assert self.bounds is not None
+        i = bisect.bisect_left(self.bounds, value)
+        with self.lock:
+            self.counts[i] += 1
+            self.sum += value
+
+
+class _Family:
+    """A counter or histogram family of :class:`_Child` values, turned into the library's
+    metric families at scrape time (``collect``, a custom collector's method)."""
+
+    def __init__(self, kind: str, name: str, doc: str, labels: Sequence[str],
+                 buckets: Sequence[float] | None = None) -> None:
+        self.kind, self.name, self.doc, self.labelnames = kind, name, doc, tuple(labels)
+        self.bounds = tuple(buckets) if kind == "Histogram" else None
+        if self.bounds is not None and not self.bounds:
+            self.bounds = LATENCY_BUCKETS
+        self.children: dict[tuple[str, ...], _Child] = {}
+        self._lock = threading.Lock()
+
+    def labels(self, *values: str) -> _Child:
+        child = self.children.get(values)
+        if child is None:
+            with self._lock:
+                child = self.children.setdefault(values, _Child(self.bounds))
+        return child
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+        if self.bounds is None:
+            family: Any = CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
+            for values, child in list(self.children.items()):
+                family.add_metric(list(values), child.value)
+            return family
+        family = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
+        for values, child in list(self.children.items()):
+            with child.lock:
+                counts, total = list(child.counts), child.sum
+            cumulative, running = [], 0
+            for bound, n in zip((*self.bounds, float("inf")), counts):
+                running += n
+                cumulative.append(("+Inf" if bound == float("inf") else repr(float(bound)),
+                                   running))
+            family.add_metric(list(values), cumulative, sum_value=total)
+        return family
+
+
+class _Families:
+    """The custom collector of a node's :class:`_Family` series."""
+
+    def __init__(self) -> None:
+        self.families: list[_Family] = []
+
+    def collect(self) -> Any:
+        for family in list(self.families):
+            yield family.collect()
 
 
 def job_label(job: str) -> str:
@@ -65,6 +143,8 @@ class NodeMetrics:
     def __init__(self, role: str, rank: int, job: str) -> None:
         from prometheus_client import CollectorRegistry, ProcessCollector
         self.registry = CollectorRegistry(auto_describe=True)
+        self._families = _Families()
+        self.registry.register(self._families)      # type: ignore[arg-type]
         # process_* (CPU, resident memory, open fds): the process this node runs in
         ProcessCollector(registry=self.registry)
         self.name = f"{role} {rank}" if role != "scheduler" else "the scheduler"
@@ -78,6 +158,10 @@ class NodeMetrics:
     # ---- series ----------------------------------------------------------------------
     def _series(self, kind: str, name: str, doc: str, extra: Sequence[str] = (),
                 **kw: Any) -> Any:
+        if kind in ("Counter", "Histogram"):      # the hot path's: plain numbers
+            family = _Family(kind, name, doc, (*_LABELS, *extra), kw.get("buckets", ()))
+            self._families.families.append(family)
+            return family
         import prometheus_client
         cls = getattr(prometheus_client, kind)
         return cls(name, doc, (*_LABELS, *extra), registry=self.registry, **kw)
