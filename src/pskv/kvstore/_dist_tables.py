@@ -19,9 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import ClusterError, KVStoreError, ShapeMismatchError, ValueTypeError
-from ..nd.sparse import RowSparseNDArray
-from ..table import DynamicTable, TableSpec, shard_of
+from ..errors import ClusterError, KVStoreError
+from ..table import TableSpec, shard_of
 from .._ps.message import Command, error_body, error_from_body
 from .._ps.ops import Op, command
 from .._ps.worker import KVWorker
@@ -29,7 +28,7 @@ from .._types import Key
 from .._ps.partition import ps_key
 from ._args import as_numpy, check_key
 from ._engine_tables import check_optimizer
-from ._tables import Tables, _pairs
+from ._tables import Tables, _pairs, rsp_outs
 from ._agree import check_agreement, init_spec
 
 __all__ = ["DistTables", "init_table"]
@@ -129,29 +128,13 @@ class DistTables(Tables):
     def row_sparse_pull(self, key: Any, out: Any, row_ids: Any) -> None:
         """Training lookup of ``row_ids`` into row_sparse ``out`` (a list: one each)."""
         table = self.get(key, "row_sparse_pull from table")
-        outs = out if isinstance(out, (list, tuple)) else [out]
-        rows = row_ids if isinstance(row_ids, (list, tuple)) else [row_ids] * len(outs)
-        if len(rows) != len(outs) or not outs:
-            raise ShapeMismatchError(
-                f"row_sparse_pull of table {key!r} got {len(rows)} row_ids for {len(outs)} "
-                "outs. Pass one row_ids per out, or one for all.", key=key)
-        _check_outs(key, table, list(outs))
+        outs, rows = rsp_outs(key, table, out, row_ids)
         ids = [np.unique(table._check_ids(as_numpy(r), "row_sparse_pull")) for r in rows]
         for o, r in zip(outs, ids):
             values, _found = self.lookup(key, r, True)
             o._data = values.astype(o.dtype, copy=False)
             o._indices = r
             o._full_shape = (max(o.shape[0], 1), table.spec.dim)
-
-
-def _check_outs(key: Any, table: DynamicTable, outs: list[Any]) -> None:
-    for o in outs:
-        if not isinstance(o, RowSparseNDArray) or o.shape[1:] != (table.spec.dim,):
-            raise ValueTypeError(
-                f"row_sparse_pull of table {key!r} needs row_sparse outs of shape "
-                f"(any, {table.spec.dim}), got {type(o).__name__} "
-                f"{getattr(o, 'shape', '')}. Use mx.nd.sparse.zeros('row_sparse', "
-                f"(1, {table.spec.dim})).", key=key)
 
 
 def init_table(store: Any, key: Any, spec: TableSpec) -> None:

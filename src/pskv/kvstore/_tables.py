@@ -21,7 +21,7 @@ from ._engine_tables import restore_from, table_copy
 from ._keys import KeyTable
 from ._snapshot import Reader, ShardCopy
 
-__all__ = ["TableMethods", "Tables"]
+__all__ = ["TableMethods", "Tables", "rsp_outs"]
 
 
 class Tables:
@@ -98,19 +98,7 @@ class Tables:
     def row_sparse_pull(self, key: Any, out: Any, row_ids: Any) -> None:
         """Training lookup of ``row_ids`` into row_sparse ``out`` (a list: one each)."""
         table = self.get(key, "row_sparse_pull from table")
-        outs = out if isinstance(out, (list, tuple)) else [out]
-        rows = row_ids if isinstance(row_ids, (list, tuple)) else [row_ids] * len(outs)
-        if len(rows) != len(outs) or not outs:
-            raise ShapeMismatchError(
-                f"row_sparse_pull of table {key!r} got {len(rows)} row_ids for {len(outs)} "
-                "outs. Pass one row_ids per out, or one for all.", key=key)
-        for o in outs:
-            if not isinstance(o, RowSparseNDArray) or o.shape[1:] != (table.spec.dim,):
-                raise ValueTypeError(
-                    f"row_sparse_pull of table {key!r} needs row_sparse outs of shape "
-                    f"(any, {table.spec.dim}), got {type(o).__name__} "
-                    f"{getattr(o, 'shape', '')}. Use mx.nd.sparse.zeros('row_sparse', "
-                    f"(1, {table.spec.dim})).", key=key)
+        outs, rows = rsp_outs(key, table, out, row_ids)
         ids = [np.unique(table._check_ids(as_numpy(r), "row_sparse_pull")) for r in rows]
         for o, r in zip(outs, ids):
             values, _found = table.lookup(r, train=True)
@@ -249,3 +237,23 @@ class TableMethods:
         with self._lock:
             self._table_begin()
             return self._tables.stats(key)
+
+
+def rsp_outs(key: Any, table: DynamicTable, out: Any,
+             row_ids: Any) -> tuple[list[Any], list[Any]]:
+    """A table's ``row_sparse_pull`` arguments as (outs, one row_ids each), checked: one
+    row_ids per out (or one for all), row_sparse outs of the table's width."""
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    rows = list(row_ids) if isinstance(row_ids, (list, tuple)) else [row_ids] * len(outs)
+    if len(rows) != len(outs) or not outs:
+        raise ShapeMismatchError(
+            f"row_sparse_pull of table {key!r} got {len(rows)} row_ids for {len(outs)} "
+            "outs. Pass one row_ids per out, or one for all.", key=key)
+    for o in outs:
+        if not isinstance(o, RowSparseNDArray) or o.shape[1:] != (table.spec.dim,):
+            raise ValueTypeError(
+                f"row_sparse_pull of table {key!r} needs row_sparse outs of shape "
+                f"(any, {table.spec.dim}), got {type(o).__name__} "
+                f"{getattr(o, 'shape', '')}. Use mx.nd.sparse.zeros('row_sparse', "
+                f"(1, {table.spec.dim})).", key=key)
+    return outs, rows
