@@ -72,6 +72,22 @@ def test_round_counts_distinct_workers() -> None:
     np.testing.assert_array_equal(h.value(0), np.full(2, 15.0))
 
 
+def test_pushes_held_count_those_in_open_and_deferred_rounds() -> None:
+    """What a restarted worker may skip: its pushes applied, and (dist_sync) the one in the
+    open round and those deferred to the next. Counting only applied ones let a worker
+    killed after a push and restarted push it again: twice in the round (the chaos soak)."""
+    h = Harness(2)
+    h.engine.init(0, np.zeros(2, np.float32))
+    assert h.engine.applied_by(0) == [[0, 0]]
+    h.push(0, 0, np.ones(2), ts=1)                        # waits in round 1
+    h.push(0, 0, np.ones(2), ts=2)                        # deferred to round 2
+    assert h.engine.applied_by(0) == [[0, 2]] and h.engine.applied_by(1) == [[0, 0]]
+    h.push(1, 0, np.ones(2), ts=3)                        # closes round 1
+    assert h.engine.applied_by(0) == [[0, 2]] and h.engine.applied_by(1) == [[0, 1]]
+    h.push(1, 0, np.ones(2), ts=4)                        # closes round 2
+    assert h.engine.applied_by(0) == [[0, 2]] and h.engine.applied_by(1) == [[0, 2]]
+
+
 def test_pull_after_own_push_waits_for_the_round() -> None:
     h = Harness(2)
     h.engine.init(0, np.zeros(2, np.float32))

@@ -456,9 +456,19 @@ class Engine:
         return all(e.round == 0 for e in self._entries.values())
 
     def applied_by(self, worker: int) -> list[list[Any]]:
-        """``[key, pushes of worker applied]`` for every key: what a worker that sends its
-        pushes again (to a restarted server) may skip."""
-        return [[k, e.applied.get(worker, 0)] for k, e in self._entries.items()]
+        """``[key, pushes of worker held]`` for every key: what a worker that sends its
+        pushes again (a restarted worker, or one whose server died) may skip.
+
+        A push held is one applied, or (``dist_sync``) one waiting in the key's open round
+        or deferred to the next: a worker killed after such a push and restarted must not
+        push it again, or the round would get it twice (the chaos soak found this)."""
+        out = []
+        for k, e in self._entries.items():
+            held = e.applied.get(worker, 0)
+            if self.sync:
+                held += (worker in e.pushers) + sum(1 for d in e.deferred if d[0] == worker)
+            out.append([k, held])
+        return out
 
     def restore(self, reader: Reader, counters: bool = False) -> None:
         """Set every key this engine holds from a checkpoint (its part of each key, on
