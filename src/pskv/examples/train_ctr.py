@@ -45,8 +45,8 @@ from ._data import shard
 from ._report import Progress, epoch_line, plural, run_title, summary_line
 from .sparse_logreg import auc, logistic_loss, sigmoid
 
-__all__ = ["DENSE_NAMES", "build_parser", "dense_gradients", "forward", "init_dense",
-           "main", "parse_args", "table_spec", "train"]
+__all__ = ["DENSE_NAMES", "TABLE", "build_parser", "dense_gradients", "forward",
+           "init_dense", "main", "parse_args", "plot_curves", "table_spec", "train"]
 
 #: the MLP's parameters (dense keys), in the order they are pushed and pulled
 DENSE_NAMES = ("fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
