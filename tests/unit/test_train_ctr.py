@@ -28,10 +28,12 @@ def test_auc_near_its_ceiling_with_the_table_bounded() -> None:
     days = np.diff(log.train_day_bounds)
     assert len(hist) == 3 and res["steps"] == sum(-(-days // args.batch_size))
     assert res["samples"] == days.sum()
+    # within a few points of what the generating model's own probabilities reach: 3 after
+    # the first day (whose model starts from nothing)
+    assert hist[-1]["ceiling_auc"] - hist[-1]["test_auc"] < 0.03, hist
     for h in hist:
-        # within a few points of what the generating model's own probabilities reach
         assert 0.7 < h["ceiling_auc"] < 0.9, h
-        assert h["ceiling_auc"] - h["test_auc"] < 0.04, h
+        assert h["ceiling_auc"] - h["test_auc"] < 0.06, h
         assert h["rows"] <= args.capacity, h                # after every push's sweep
     last = hist[-1]
     assert last["rows"] == args.capacity                    # full, and held there
