@@ -322,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hist = result["history"]
         if rank == 0 and args.plot and hist:
             plot_curves(args.plot, hist, run_title("CTR model", kv.type, nw, args.batch_size,
-                                                   args.lr, args.epochs))
+                                                   args.lr, args.epochs), args.capacity)
     except ModuleNotFoundError as err:
         if err.name != "matplotlib":
             raise
@@ -345,9 +345,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if hist and all(np.isfinite(h["test_loss"]) for h in hist) else 1
 
 
-def plot_curves(path: str, history: Sequence[dict[str, float]], title: str) -> None:
+def plot_curves(path: str, history: Sequence[dict[str, float]], title: str,
+                capacity: int | None = None) -> None:
     """Save three panels to the image ``path``: the training loss, the test AUC with its
-    ceiling, and the table's rows with the capacity, per epoch (matplotlib's Agg canvas)."""
+    ceiling, and the table's rows (with ``capacity``, if given) and inserts, per epoch.
+
+    ``history`` is :func:`train`'s. Uses matplotlib's Agg canvas directly: no GUI backend
+    or global pyplot state is touched.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -367,7 +372,10 @@ def plot_curves(path: str, history: Sequence[dict[str, float]], title: str) -> N
                  label="rows")
     ax_rows.plot(epochs, [h["inserts"] for h in history], marker=".", color="tab:orange",
                  label="inserted so far")
+    if capacity is not None:
+        ax_rows.axhline(capacity, ls="--", color="tab:gray", label="capacity")
     ax_rows.set(title="embedding table", xlabel="epoch (day)", ylabel="rows")
+    ax_rows.set_ylim(bottom=0)
     ax_rows.legend(loc="upper left")
     for ax in (ax_loss, ax_auc, ax_rows):
         ax.grid(True, alpha=0.3)
