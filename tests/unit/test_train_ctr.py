@@ -171,6 +171,53 @@ def test_bad_flags_exit_2_with_a_message(flags: list[str], words: str,
     assert words in capsys.readouterr().err
 
 
+def test_numpy_alone_is_enough(monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    # without the examples extra: a terminal gets plain progress lines, not a tqdm bar,
+    # and --plot is refused before any training, naming what to install
+    import io
+
+    from pskv.examples import _report
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    ticks = iter(range(100))
+    monkeypatch.setattr(_report, "_clock", lambda: float(next(ticks)))
+    stream = Tty()
+    bar = _report.Progress(3, "epoch 1/1", stream=stream)
+    bar.update()
+    bar.close()
+    assert stream.getvalue() == "epoch 1/1: 1/3 batches (33%)\n"
+    assert tc.main(SMALL + ["--plot", "x.png"]) == 2
+    out = capsys.readouterr()
+    assert "pip install 'pskv[examples]'" in out.err and out.out == ""
+    assert tc.main(["--samples-per-day", "2000", "--epochs", "1", "--capacity", "100",
+                    "--quiet"]) == 0
+
+
+def test_flags_are_the_shared_ones() -> None:
+    from pskv.examples import train as tr
+
+    def flags(parser: Any) -> dict[str, Any]:
+        return {o: a for a in parser._actions for o in a.option_strings}
+
+    mine, theirs = flags(tc.build_parser()), flags(tr.build_parser())
+    for f in ("--kv-store", "--epochs", "--batch-size", "--lr", "--seed", "--max-steps",
+              "--plot", "--quiet"):
+        assert mine[f].help.split("(")[0] == theirs[f].help.split("(")[0], f
+    assert mine["--kv-store"].choices == theirs["--kv-store"].choices
+    assert "--update-on-kvstore" not in mine            # the servers run the optimizer
+
+
+def test_max_steps_stops_early() -> None:
+    res = tc.train(_args("--max-steps", "7"), mx.kv.create("local"))
+    assert res["steps"] == 7 and len(res["history"]) == 1
+
+
 def test_dist_store_without_the_launcher_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert tc.main(["--kv-store", "dist_async", "--samples-per-day", "1000"]) == 2
     assert "pskv-launch" in capsys.readouterr().err

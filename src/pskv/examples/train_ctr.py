@@ -29,6 +29,7 @@ the table's size and counters. The flags and the lines are those of
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from collections.abc import Sequence
@@ -300,6 +301,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     store that cannot start.
     """
     args = parse_args(argv)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:   # before training
+        print("train_ctr: --plot needs matplotlib, which is not installed. Install the "
+              "examples extra (pip install 'pskv[examples]'), or leave --plot out.",
+              file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     log = _make_log(args)
     try:
@@ -323,12 +329,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rank == 0 and args.plot and hist:
             plot_curves(args.plot, hist, run_title("CTR model", kv.type, nw, args.batch_size,
                                                    args.lr, args.epochs), args.capacity)
-    except ModuleNotFoundError as err:
-        if err.name != "matplotlib":
-            raise
-        print("train_ctr: --plot needs matplotlib, which is not installed. Install the "
-              "examples extra: pip install 'pskv[examples]'.", file=sys.stderr)
-        return 2
     finally:
         kv.close()
     train_s = result["train_seconds"]
