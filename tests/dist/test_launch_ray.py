@@ -7,6 +7,7 @@ daemons included: they inherit the launcher's environment).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -90,3 +91,18 @@ def test_first_failure_stops_all_and_is_named() -> None:
                               "time.sleep(120)")
     assert rc == 3, out + err
     assert "worker 1 on " in err and "exited with status 3" in err
+
+
+def test_a_local_ray_job_lives_on_loopback() -> None:
+    """A local Ray started for the job: the scheduler and every listener on 127.0.0.1, as
+    under the local launcher (Ray's node address is the machine's external one)."""
+    rc, out, err = launch_ray("-n", "2", "-s", "1", "--log-level", "info", sys.executable,
+                              "-c", "import os; print('root', os.environ['DMLC_PS_ROOT_URI'])\n"
+                              "import pskv as mx, numpy as np\n"
+                              "kv = mx.kv.create('dist_sync'); kv.init(0, np.ones(3))\n"
+                              "kv.push(0, np.ones(3)); kv.pull(0, out=np.zeros(3))")
+    assert rc == 0, out + err
+    assert "scheduler at 127.0.0.1:" in err, err
+    assert out.count("root 127.0.0.1") == 2, out
+    listeners = re.findall(r"tcp:([0-9.]+):\d+", out + err)
+    assert listeners and set(listeners) == {"127.0.0.1"}, out + err

@@ -4,8 +4,9 @@
 ``RAY_ADDRESS`` or, when it is unset, starts a local one for the job and stops it after
 (``pip install 'pskv[ray]'``). Every process of the job gets an actor that asks for no CPU
 and is placed with Ray's SPREAD strategy, so the processes spread over the nodes. The
-scheduler's actor goes first: it reports its node's IP and a free port there, which become
-``DMLC_PS_ROOT_URI``/``DMLC_PS_ROOT_PORT`` of every process. Each actor then runs its
+scheduler's actor reports its node's IP and a free port there, which become
+``DMLC_PS_ROOT_URI``/``DMLC_PS_ROOT_PORT`` of every process (127.0.0.1 on a local Ray
+started for the job, as under the local launcher). Each actor then runs its
 command (``python -m pskv.server`` or the worker command) with ``subprocess``, and the
 launcher polls them: output comes back prefixed (``[worker 1 on 10.0.0.5]``-style reports
 on failure), the first process that exits non-zero stops the others, and the exit status
@@ -30,6 +31,7 @@ from typing import Any, Mapping, Sequence, TextIO
 from .._ps.config import Role
 from ..errors import ConfigError
 from ._env import cluster_env, get_secret
+from ._local import LOCAL_HOST
 from ._spec import LaunchSpec
 from ._supervise import EXIT_TIMEOUT, LaunchResult, ProcessResult, exit_status
 
@@ -63,10 +65,10 @@ class ProcessActor:
         util: Any = ray.util  # untyped
         return str(util.get_node_ip_address()), socket.gethostname()
 
-    def free_port(self) -> int:
-        """A TCP port free on this node now."""
+    def free_port(self, loopback: bool = False) -> int:
+        """A TCP port free on this node now (on 127.0.0.1 with `loopback`)."""
         from ._net import free_port
-        return free_port("0.0.0.0")
+        return free_port(LOCAL_HOST if loopback else "0.0.0.0")
 
     def _pump(self, pipe: Any, is_stderr: bool) -> None:
         with pipe:
@@ -154,8 +156,8 @@ class RayJob:
     """One job on a connected Ray: place the actors, start, watch, stop (see module doc)."""
 
     def __init__(self, ray: Any, spec: LaunchSpec, secret: str, stdout: TextIO,
-                 stderr: TextIO) -> None:
-        self.ray, self.spec, self.secret = ray, spec, secret
+                 stderr: TextIO, local: bool = False) -> None:
+        self.ray, self.spec, self.secret, self.local = ray, spec, secret, local
         self.stdout, self.stderr = stdout, stderr
         remote = ray.remote(num_cpus=0, scheduling_strategy="SPREAD", max_restarts=0)
         self.actor_class = remote(ProcessActor)
@@ -167,27 +169,39 @@ class RayJob:
         return proc
 
     def start(self) -> None:
-        """Place every actor, learn the scheduler's address, start every process."""
+        """Place every actor, learn the scheduler's address, start every process.
+
+        All actors are created in one wave and all processes started together (the nodes
+        wait for the scheduler themselves, as under the local launcher): each round trip
+        through Ray costs an actor start or a call, so they overlap. On a local Ray
+        started for this job (`local`) every process is on this machine and the job
+        lives on 127.0.0.1, as under the local launcher; Ray's node address is the
+        machine's external one, which would expose the job's ports to the network.
+        """
         ray, spec = self.ray, self.spec
         sched = self._new(Role.SCHEDULER, 0)
-        ip, _ = ray.get(sched.actor.where.remote())
-        port = spec.port or ray.get(sched.actor.free_port.remote())
         for i in range(spec.num_servers or 0):
             self._new(Role.SERVER, i)
         for i in range(spec.num_workers):
             self._new(Role.WORKER, i)
+        port_ref = None if spec.port else sched.actor.free_port.remote(self.local)
         wheres = ray.get([p.actor.where.remote() for p in self.procs])
         for p, (node_ip, _host) in zip(self.procs, wheres, strict=True):
-            p.host = str(node_ip)
+            p.host = LOCAL_HOST if self.local else str(node_ip)
+        ip = sched.host
+        port = spec.port or ray.get(port_ref)
         logger.info("scheduler at %s:%d; %d processes on %d Ray node(s)", ip, port,
-                    len(self.procs), len({p.host for p in self.procs}))
+                    len(self.procs), len({w[0] for w in wheres}))
+        refs = []
         for p in self.procs:
             env = cluster_env(spec, p.role, root_uri=str(ip), port=int(port),
                               secret=self.secret,
                               rank=None if p.role is Role.SCHEDULER else p.rank)
             argv = spec.command if p.role is Role.WORKER else spec.server_command
+            refs.append(p.actor.start.remote(list(argv), env))
+        for p, ref in zip(self.procs, refs, strict=True):
             try:
-                p.pid = int(ray.get(p.actor.start.remote(list(argv), env)))
+                p.pid = int(ray.get(ref))
             except ray.exceptions.RayTaskError as err:
                 cause = getattr(err, "cause", None) or err
                 raise ConfigError(f"cannot start {p.where}: {cause}") from err
@@ -308,7 +322,7 @@ def run_ray(spec: LaunchSpec, *, stdout: TextIO | None = None, stderr: TextIO | 
     ray = ray_module
     started_here = _connect(ray, env)
     job = RayJob(ray, spec, get_secret(spec, env), sys.stdout if stdout is None else stdout,
-                 sys.stderr if stderr is None else stderr)
+                 sys.stderr if stderr is None else stderr, local=started_here)
     try:
         try:
             job.start()
