@@ -243,22 +243,24 @@ class Scheduler:
 
     def _settle_claims(self) -> None:
         """Let each waiting restart take its rank once the holder is dead; refuse those
-        whose holder stays alive (someone claiming a live rank) or was taken already."""
+        whose holder stays alive (someone claiming a live rank) or was taken already.
+
+        Dead means what it means everywhere else (``tick``): a peer's connection to it
+        broke and no GOODBYE came within :data:`LOST_GRACE`, or it sent no heartbeat for
+        ``PSKV_HEARTBEAT_TIMEOUT``. A node that is merely quiet for a while (a GC pause,
+        swap) keeps its rank: a claim waits at most as long as that rule can take."""
         now = time.monotonic()
-        # a live node heartbeats every interval: one silent for three is dead (a restart's
-        # HELLO comes before the heartbeat timeout would say so)
-        silent = max(3 * self.cfg.heartbeat_interval, 1.0)
+        wait = max(0.8 * self.cfg.handshake_timeout,
+                   self.cfg.heartbeat_timeout + LOST_GRACE + 2 * self.cfg.heartbeat_interval)
         for ident, (old, ts, body, since) in list(self._claims.items()):
             why = None
-            if old.state == "alive" and self._nodes.get(old.ident) is old and \
-                    now - old.last_seen > silent:
-                self._fail(old, f"was restarted (silent for {now - old.last_seen:.1f} s)")
             if self._nodes.get(old.ident) is not old:
                 why = f"{old.role} {old.rank} rejoined already"
-            elif old.state == "alive" and now - since > 0.8 * self.cfg.handshake_timeout:
+            elif old.state == "alive" and now - since > wait:
                 why = (f"{old.role} {old.rank} is alive: a restarted node takes a rank only "
                        "once the node that held it is found dead")
             elif old.state == "alive":
+                self.loop.hold(ident)       # still undecided: not a handshake that stalled
                 continue
             del self._claims[ident]
             if why is None:
