@@ -20,7 +20,7 @@ import zmq
 
 from ..errors import CheckpointError, ClusterError, KVStoreError, NodeFailedError, ProtocolError, \
     ShapeMismatchError
-from .._ps.auth import Verifier
+from .._ps.auth import Verifier, server_proof
 from .._ps.bounds import check_init, check_key_count, check_reply
 from .._ps.config import ClusterConfig, advertised_host
 from .._ps.membership import ServerRejoined
@@ -172,9 +172,14 @@ class KVServer:
             log.info("%s: worker %d connected again", self.loop.name, rank)
         else:
             log.debug("%s: worker %d connected", self.loop.name, rank)
-        # what of this worker's pushes is applied here: a restarted worker skips those
-        self._send(conn, Command.ACK, meta.ts,
-                   {"applied": self.shards.get(None).engine.applied_by(rank)})
+        # what of this worker's pushes is applied here: a restarted worker skips those; and
+        # this server's proof of its own rank, under the key only it and that worker hold
+        reply: dict[str, Any] = {"applied": self.shards.get(None).engine.applied_by(rank)}
+        nonce, wnonce = meta.body.get("nonce"), meta.body.get("wnonce")
+        if isinstance(nonce, str) and isinstance(wnonce, str):
+            reply["proof"] = server_proof(self._key_for("worker", rank), self.po.job,
+                                          self.po.rank, rank, nonce, wnonce)
+        self._send(conn, Command.ACK, meta.ts, reply)
         return rank
 
     def handle(self, conn: Connection, worker: Any, meta: Meta,
