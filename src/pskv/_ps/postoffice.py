@@ -26,11 +26,11 @@ import zmq
 from ..errors import ClusterError, ClusterTimeoutError, NodeFailedError, ProtocolError
 from . import validate
 from .auth import prove
-from .crypt import derive, unseal
+from .crypt import curve_keys, derive, unseal
 from .config import ClusterConfig
 from .membership import Event, Membership, ServerLost, ServerRejoined, frozen_servers
 from .message import Command, decode, error_from_body, short
-from .zeromq import ZmqContext, recv_message, send_message
+from .zeromq import ZmqContext, curve_client, recv_message, send_message
 
 __all__ = ["Postoffice"]
 
@@ -66,6 +66,9 @@ class Postoffice:
         self._endpoints = {**endpoints, "host": self.host} if endpoints else {}
         self._ident = f"{self.role}-{os.getpid()}-{id(self):x}".encode()
         self._sock = zctx.socket(zmq.DEALER, identity=self._ident)
+        if cfg.encrypt and cfg.transport != "inproc":
+            assert cfg.secret is not None        # ClusterConfig checks it
+            curve_client(self._sock, curve_keys(cfg.secret, "scheduler")[0])
         self._wake_addr = f"inproc://pskv-po-{id(self):x}"
         self._wake_rx = zctx.socket(zmq.PAIR)
         self._wake_rx.bind(self._wake_addr)

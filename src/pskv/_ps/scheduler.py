@@ -25,7 +25,7 @@ import zmq
 from ..errors import (ClusterError, ClusterTimeoutError, ConfigError, KVStoreError,
                       ProtocolError)
 from .auth import Verifier, new_key
-from .crypt import derive, seal
+from .crypt import curve_keys, derive, seal
 from .config import ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_ID, ClusterConfig
 from .limits import CONTROL_BYTES
 from .message import Command, Meta, error_body
@@ -33,9 +33,9 @@ from .metrics import SchedulerMetrics, start as start_metrics
 from .replay import backup_of
 from .serve import ServeLoop
 from .transport import Connection
-from .zeromq import ZmqContext
+from .zeromq import ZmqContext, curve_server
 
-__all__ = ["LOST_GRACE", "Scheduler"]
+__all__ = ["LOST_GRACE", "Scheduler", "scheduler_curve"]
 
 log = logging.getLogger(__name__)
 #: seconds a node whose connection broke has to say GOODBYE before it is reported failed
@@ -84,6 +84,13 @@ class Scheduler:
         self._sock.setsockopt(zmq.MAXMSGSIZE, CONTROL_BYTES)
         # a connection that never completes ZeroMQ's own handshake is closed by libzmq
         self._sock.setsockopt(zmq.HANDSHAKE_IVL, int(cfg.handshake_timeout * 1000))
+        if cfg.encrypt and cfg.transport != "inproc":
+            # PSKV_ENCRYPT=1: CURVE, with a key pair only the secret's holders can derive
+            try:
+                curve_server(self._sock, scheduler_curve(cfg)[1])
+            except BaseException:
+                self._zctx.close()
+                raise
         bind_host = cfg.root_uri if cfg.node_host == "127.0.0.1" and _is_ip(cfg.root_uri) \
             else cfg.node_host
         try:
@@ -561,6 +568,12 @@ class Scheduler:
                     os.unlink(real)
             except OSError:
                 pass
+
+
+def scheduler_curve(cfg: ClusterConfig) -> tuple[bytes, bytes]:
+    """(public, secret) CURVE keys of the scheduler's port under PSKV_ENCRYPT=1."""
+    assert cfg.secret is not None
+    return curve_keys(cfg.secret, "scheduler")
 
 
 def _is_ip(host: str) -> bool:

@@ -140,7 +140,7 @@ class KVWorker:
 
     def _connect(self, rank: int, ep: Mapping[str, str]) -> Connection:
         conn = connect(self.cfg, ep, ep.get("host") == socket.gethostname(), f"server {rank}",
-                       self._zctx, self._tls)
+                       self._zctx, self._tls, (self.po.key_for(rank), "worker", self.po.rank))
         self._zmq = self._zmq or not isinstance(conn.pollable(), int)
         self._server_of[conn.pollable()] = rank
         self._poller.register(conn.pollable(), zmq.POLLIN)
