@@ -193,3 +193,42 @@ def test_a_byte_changed_on_the_wire(encrypt: bool, thread_cluster: Any) -> None:
         assert isinstance(out["error"], KVStoreError), out
     cluster.stop.set()
     cluster.join(20)
+
+
+@pytest.mark.timeout(60)
+def test_with_the_switch_a_peer_in_clear_gets_nothing(thread_cluster: Any) -> None:
+    """The scheduler's port speaks CURVE only (a plain ZeroMQ peer gets no answer), and a
+    server's stream ports take sealed messages only (a HELLO in clear closes the link)."""
+    from pskv._ps.message import Command, encode
+    from .conftest import Stranger, frame, hello_body, stream_exchange
+    cluster = thread_cluster(1, 1, transport="tcp", encrypt=True)
+    got: dict[str, Any] = {}
+
+    def fn(kv: Any) -> Any:
+        kv.init(1, mx.nd.zeros((3,)))
+        s = Stranger(cluster.cfg.root_address)
+        try:
+            got["scheduler"] = s.ask(encode(Command.HELLO, 1, body=hello_body()), timeout=2)
+        finally:
+            s.close()
+        head = encode(Command.HELLO, 1, body=hello_body(rank=0))[0]
+        got["server"] = stream_exchange(kv._po.servers[0]["tcp"], frame(head))
+        kv.push(1, mx.nd.ones((3,)))
+        return kv.pull(1).asnumpy()
+
+    res = cluster.run(fn)
+    assert got["scheduler"] is None, got
+    assert b"CHALLENGE" not in got["server"] and b'"nonce"' not in got["server"], got
+    assert not got["server"].endswith(b"<open>"), got
+    assert_unharmed(cluster, res, np.ones(3, np.float32))
+
+
+def test_the_switch_needs_the_secret() -> None:
+    from pskv._ps.config import ClusterConfig, Role
+    from pskv.errors import ConfigError
+    with pytest.raises(ConfigError, match="PSKV_SECRET"):
+        ClusterConfig(role=Role.WORKER, encrypt=True)
+    with pytest.raises(ConfigError, match="PSKV_ENCRYPT='yes'"):
+        ClusterConfig.from_env({"DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1",
+                                "DMLC_PS_ROOT_PORT": "9", "DMLC_NUM_SERVER": "1",
+                                "DMLC_NUM_WORKER": "1", "PSKV_ENCRYPT": "yes"})
