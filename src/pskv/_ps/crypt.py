@@ -172,6 +172,20 @@ class Aead:
         self._ctx = self._lib.EVP_CIPHER_CTX_new()
         if not self._ctx:  # pragma: no cover - out of memory
             raise MemoryError("EVP_CIPHER_CTX_new")
+        self._mode = ""          # "e" or "d" once the key schedule is set up for it
+        self._tag = ctypes.create_string_buffer(TAG)
+        self._rest = ctypes.create_string_buffer(32)
+
+    def _init(self, mode: str) -> None:
+        """Set the next nonce (and, the first time in this direction, the key)."""
+        lib = self._lib
+        init = lib.EVP_EncryptInit_ex if mode == "e" else lib.EVP_DecryptInit_ex
+        if self._mode != mode:
+            if init(self._ctx, lib.EVP_aes_256_gcm(), None, self._key, None) != 1:
+                raise ProtocolError("AES-GCM setup failed")  # pragma: no cover
+            self._mode = mode
+        if init(self._ctx, None, None, None, self._nonce()) != 1:
+            raise ProtocolError("AES-GCM setup failed")  # pragma: no cover
 
     def __del__(self) -> None:
         ctx, self._ctx = getattr(self, "_ctx", None), None
@@ -195,29 +209,25 @@ class Aead:
     def seal(self, buf: bytearray | memoryview, aad: bytes = b"") -> bytes:
         """Encrypt ``buf`` in place; return the 16-byte tag."""
         lib, n = self._lib, ctypes.c_int(0)
-        if lib.EVP_EncryptInit_ex(self._ctx, lib.EVP_aes_256_gcm(), None, self._key,
-                                  self._nonce()) != 1:
-            raise ProtocolError("AES-GCM setup failed")  # pragma: no cover
+        self._init("e")
         if aad:
             lib.EVP_EncryptUpdate(self._ctx, None, ctypes.byref(n), aad, len(aad))
         self._run(lib.EVP_EncryptUpdate, buf)
-        tag, rest = ctypes.create_string_buffer(TAG), ctypes.create_string_buffer(32)
-        lib.EVP_EncryptFinal_ex(self._ctx, rest, ctypes.byref(n))
-        lib.EVP_CIPHER_CTX_ctrl(self._ctx, _CTRL_GCM_GET_TAG, TAG, tag)
-        return tag.raw
+        lib.EVP_EncryptFinal_ex(self._ctx, self._rest, ctypes.byref(n))
+        lib.EVP_CIPHER_CTX_ctrl(self._ctx, _CTRL_GCM_GET_TAG, TAG, self._tag)
+        return self._tag.raw
 
     def open(self, buf: bytearray | memoryview, tag: bytes, aad: bytes = b"") -> None:
         """Decrypt ``buf`` in place; raise ProtocolError unless ``tag`` verifies."""
         lib, n = self._lib, ctypes.c_int(0)
-        if lib.EVP_DecryptInit_ex(self._ctx, lib.EVP_aes_256_gcm(), None, self._key,
-                                  self._nonce()) != 1:
-            raise ProtocolError("AES-GCM setup failed")  # pragma: no cover
+        self._init("d")
         if aad:
             lib.EVP_DecryptUpdate(self._ctx, None, ctypes.byref(n), aad, len(aad))
         self._run(lib.EVP_DecryptUpdate, buf)
-        want = ctypes.create_string_buffer(bytes(tag), TAG)
-        lib.EVP_CIPHER_CTX_ctrl(self._ctx, _CTRL_GCM_SET_TAG, TAG, want)
-        if lib.EVP_DecryptFinal_ex(self._ctx, ctypes.create_string_buffer(32),
-                                   ctypes.byref(n)) != 1:
+        if len(tag) != TAG:
+            raise ProtocolError("a message whose tag is not 16 bytes")
+        ctypes.memmove(self._tag, bytes(tag), TAG)
+        lib.EVP_CIPHER_CTX_ctrl(self._ctx, _CTRL_GCM_SET_TAG, TAG, self._tag)
+        if lib.EVP_DecryptFinal_ex(self._ctx, self._rest, ctypes.byref(n)) != 1:
             raise ProtocolError("a message that does not verify (changed, replayed or "
                                 "reordered on the way, or another key)")
