@@ -126,7 +126,9 @@ def _libcrypto() -> Any:
             pass
         path = path or ctypes.util.find_library("crypto")
         try:
-            lib = ctypes.CDLL(path) if path else None
+            if not path:
+                raise OSError("no libcrypto")
+            lib: Any = ctypes.CDLL(path)
             lib.EVP_aes_256_gcm  # noqa: B018 - present in OpenSSL 1.1 and 3
         except (OSError, AttributeError, TypeError):
             raise ConfigError("PSKV_ENCRYPT=1 needs OpenSSL's libcrypto (the one Python's "

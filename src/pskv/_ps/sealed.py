@@ -58,7 +58,7 @@ class SealedConn(StreamConn):
         self._hello: dict[str, Any] | None = None   # the first message's clear fields
         self._lock = threading.Lock()
 
-    @property                                        # type: ignore[override]
+    @property
     def max_bytes(self) -> int | None:
         """Bytes one message may carry (the sealed one a little more)."""
         return None if self._limit is None else self._limit + OVERHEAD + 64
@@ -87,7 +87,7 @@ class SealedConn(StreamConn):
         header = frames[0]
         size = _LEN.size + len(header) + sum(a.nbytes for a in frames[1:])
         buf = np.empty(size + TAG, np.uint8)
-        _LEN.pack_into(buf, 0, len(header))
+        buf[:_LEN.size] = np.frombuffer(_LEN.pack(len(header)), np.uint8)
         pos = _LEN.size
         buf[pos:pos + len(header)] = np.frombuffer(header, np.uint8)
         pos += len(header)
@@ -96,7 +96,7 @@ class SealedConn(StreamConn):
                 buf[pos:pos + a.nbytes] = np.frombuffer(memoryview(a).cast("B"), np.uint8)
                 pos += a.nbytes
         with self._lock:        # nonces in the order the messages go out
-            buf[size:] = np.frombuffer(self._tx.seal(memoryview(buf)[:size]), np.uint8)
+            buf[size:] = np.frombuffer(self._tx.seal(buf.data[:size]), np.uint8)
             clear, self._hello = self._hello, None
             super().send(Command.SEALED, 0, (), clear, [buf])
 

@@ -84,7 +84,7 @@ def connect(cfg: ClusterConfig, endpoints: Mapping[str, str], same_host: bool, p
         conn.initiate(*seal)
         return conn
     return ZmqConn(zmq_context, endpoints["zmq"], cfg.request_timeout, peer,
-                   data_curve(cfg)[0] if cfg.encrypt else None)
+                   data_curve(cfg)[0] if cfg.encrypt and cfg.transport == "zmq" else None)
 
 
 def data_curve(cfg: ClusterConfig) -> tuple[bytes, bytes]:
