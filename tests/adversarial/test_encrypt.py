@@ -53,11 +53,12 @@ class Capture:
         return b"\n".join(self.frames)
 
 
-def _job(thread_cluster: Any, encrypt: bool) -> tuple[bytes, list[bytes], bytes]:
-    """A job over TCP with a backup per shard, captured: (what crossed the loopback, every
-    pair key the workers hold, the bytes of the array worker 0 pushed)."""
+def _job(thread_cluster: Any, encrypt: bool, transport: str = "tcp") \
+        -> tuple[bytes, list[bytes], bytes]:
+    """A job over TCP (or ZeroMQ) with a backup per shard, captured: (what crossed the
+    loopback, every pair key the workers hold, the bytes of the array worker 0 pushed)."""
     pushed = np.random.default_rng(7).random(4096).astype(np.float32)
-    cluster = thread_cluster(2, 2, transport="tcp", replicas=1, encrypt=encrypt)
+    cluster = thread_cluster(2, 2, transport=transport, replicas=1, encrypt=encrypt)
     keys: list[bytes] = []
     cap = Capture()
     try:
@@ -81,8 +82,10 @@ def _pieces(data: bytes) -> list[bytes]:
 
 
 @pytest.mark.timeout(90)
-def test_without_the_switch_no_key_material_crosses_in_clear(thread_cluster: Any) -> None:
-    wire, keys, pushed = _job(thread_cluster, encrypt=False)
+@pytest.mark.parametrize("transport", ["tcp", "zmq"])
+def test_without_the_switch_no_key_material_crosses_in_clear(transport: str,
+                                                             thread_cluster: Any) -> None:
+    wire, keys, pushed = _job(thread_cluster, encrypt=False, transport=transport)
     # the capture works: the pushed array is there, in clear
     assert any(p in wire for p in _pieces(pushed))
     # the scheduler's ADMIT sealed every pair key: none crossed the link readable
@@ -91,8 +94,10 @@ def test_without_the_switch_no_key_material_crosses_in_clear(thread_cluster: Any
 
 
 @pytest.mark.timeout(90)
-def test_with_the_switch_neither_keys_nor_arrays_cross_in_clear(thread_cluster: Any) -> None:
-    wire, keys, pushed = _job(thread_cluster, encrypt=True)
+@pytest.mark.parametrize("transport", ["tcp", "zmq"])
+def test_with_the_switch_neither_keys_nor_arrays_cross_in_clear(transport: str,
+                                                                thread_cluster: Any) -> None:
+    wire, keys, pushed = _job(thread_cluster, encrypt=True, transport=transport)
     assert len(wire) > 40_000, len(wire)          # the job's traffic was captured
     for key in keys:
         assert key not in wire and bytes.fromhex(key.decode()) not in wire
