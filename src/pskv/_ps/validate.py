@@ -60,7 +60,7 @@ def _hello(meta: Meta, arrays: list[np.ndarray]) -> None:
     body = _body(meta)
     _str(meta, body, "role", ROLES)
     _int(meta, body, "rank", 0, _MAX_RANK, optional=True)
-    for field in ("host", "proof", "nonce"):
+    for field in ("host", "proof", "nonce", "wnonce"):
         _str(meta, body, field, optional=True)
     _str(meta, body, "mode", _STORE_MODES, optional=True)
     _int(meta, body, "pid", 0, 1 << 31, optional=True)
@@ -288,9 +288,10 @@ def admit_reply(body: Any) -> dict[str, Any]:
         raise _fail(meta, "servers", "one table of endpoints per server", servers)
     for field in ("key", "mode", "server_key"):
         _str(meta, got, field, optional=True)
-    keys = got.get("worker_keys", [])
-    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-        raise _fail(meta, "worker_keys", "a list of strings", keys)
+    for field in ("worker_keys", "keys"):
+        keys = got.get(field, [])
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise _fail(meta, field, "a list of strings", keys)
     if not isinstance(got.get("rejoin", False), bool):
         raise _fail(meta, "rejoin", "true or false", got.get("rejoin"))
     hosts = got.get("hosts", [])

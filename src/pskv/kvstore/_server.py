@@ -10,6 +10,7 @@ earlier push of that worker is applied; nothing waits forever.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -20,7 +21,7 @@ import zmq
 
 from ..errors import CheckpointError, ClusterError, KVStoreError, NodeFailedError, ProtocolError, \
     ShapeMismatchError
-from .._ps.auth import Verifier
+from .._ps.auth import Verifier, server_proof
 from .._ps.bounds import check_init, check_key_count, check_reply
 from .._ps.config import ClusterConfig, advertised_host
 from .._ps.membership import ServerRejoined
@@ -31,9 +32,10 @@ from .._ps.postoffice import Postoffice
 from .._ps.serve import ServeLoop
 from .._ps.stragglers import OpenRound, StragglerWatch
 from .._ps.stream import StreamListener, ipc_path
+from .._ps.sealed import SealedConn
 from .._ps.tls import server_context
-from .._ps.transport import Connection
-from .._ps.zeromq import ZmqContext
+from .._ps.transport import Connection, data_curve
+from .._ps.zeromq import ZmqContext, curve_server
 from ._engine import Engine, Ticket
 from ._durable import Snapshots, checkpoint_path, load_shard
 from ._replica import Backups
@@ -76,6 +78,8 @@ class KVServer:
                 router.setsockopt(zmq.SNDHWM, 0)
                 router.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_bytes)
                 router.setsockopt(zmq.HANDSHAKE_IVL, int(cfg.handshake_timeout * 1000))
+                if cfg.encrypt and cfg.transport == "zmq":
+                    curve_server(router, data_curve(cfg)[1])
             if cfg.transport == "inproc":     # a thread of an in-process cluster
                 assert router is not None
                 endpoints = {"zmq": f"inproc://pskv-server-{id(self):x}"}
@@ -93,6 +97,9 @@ class KVServer:
             self._close()
             raise
         self._verifier = Verifier("server", "", self._key_for)
+        if cfg.encrypt:        # every worker link sealed under its pair key (sealed.py)
+            for lis in self._listeners:
+                lis.make_conn = functools.partial(SealedConn, key_for=self._key_for)
         self._rank_of: dict[Connection, int] = {}
         self._connected = 0                       # worker admissions so far (log lines)
         self.loop = ServeLoop("server", self, self._verifier, cfg.request_timeout, router,
@@ -172,9 +179,14 @@ class KVServer:
             log.info("%s: worker %d connected again", self.loop.name, rank)
         else:
             log.debug("%s: worker %d connected", self.loop.name, rank)
-        # what of this worker's pushes is applied here: a restarted worker skips those
-        self._send(conn, Command.ACK, meta.ts,
-                   {"applied": self.shards.get(None).engine.applied_by(rank)})
+        # what of this worker's pushes is applied here: a restarted worker skips those; and
+        # this server's proof of its own rank, under the key only it and that worker hold
+        reply: dict[str, Any] = {"applied": self.shards.get(None).engine.applied_by(rank)}
+        nonce, wnonce = meta.body.get("nonce"), meta.body.get("wnonce")
+        if isinstance(nonce, str) and isinstance(wnonce, str):
+            reply["proof"] = server_proof(self._key_for("worker", rank), self.po.job,
+                                          self.po.rank, rank, nonce, wnonce)
+        self._send(conn, Command.ACK, meta.ts, reply)
         return rank
 
     def handle(self, conn: Connection, worker: Any, meta: Meta,
