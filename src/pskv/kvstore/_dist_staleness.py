@@ -103,8 +103,9 @@ class StalenessMethods:
             self._kv.flush()
 
     def _tick(self, clock: int) -> None:
-        """Tell every server this worker's clock (behind its pushes, on the same links)."""
-        self._to_servers(command(Op.CLOCK, clock=clock))
+        """Tell every server this worker's clock (behind its pushes, on the same links), and
+        the bound again (a server restarted without replicas learns it back)."""
+        self._to_servers(command(Op.CLOCK, clock=clock, bound=self._bounds[1]))
 
     def _to_servers(self, body: dict[str, Any], wait: bool = False) -> None:
         """Send a COMMAND to every server: answered (``wait``) or one-way."""
