@@ -216,3 +216,26 @@ def test_bad_bounds_raise_on_every_worker_and_change_nothing(run_threads: Any) -
         assert "worker 0: 0, worker 1: 1" in differ
         assert "whole number" in flt
         assert after == ((1, None), 1, None, [1.0, 1.0])     # no optimizer: assigned
+
+
+def test_a_worker_in_a_barrier_holds_no_one_back(run_threads: Any) -> None:
+    """Workers with unequal numbers of steps before a barrier (data shards of unequal
+    size): the one waiting in the barrier does not hold the other's reads, and both
+    count again after it."""
+    def fn(kv: Any) -> list[int]:
+        kv.set_staleness(None, global_bound=1)
+        kv.init("emb", TableSpec(dim=2))
+        ids = np.array([kv.rank], np.int64)
+        clocks = []
+        for epoch in range(2):
+            for _ in range(3 if kv.rank == 0 else 8):
+                kv.push("emb", (ids, np.ones((1, 2), np.float32)))
+                kv.lookup("emb", ids)
+            kv.barrier()
+            clocks.append(kv._stale.clock)
+        return clocks
+
+    # a worker 0 still counted in its barrier would stop worker 1 at clock 5 until the
+    # 2 s timeout, and fail its lookup
+    assert ok(run_threads(fn, store_type="dist_async", round_timeout=2.0)) == {
+        0: [3, 6], 1: [8, 16]}

@@ -118,7 +118,7 @@ def test_s5_a_stuck_worker_times_the_read_out_naming_it_and_the_key() -> None:
     [(item, err)] = g.expired(10.0)
     assert item == "r" and isinstance(err, StalenessTimeoutError)
     text = str(err)
-    assert "a lookup of table 'emb' of worker 0 (clock 3)" in text
+    assert "a lookup of table 'emb' by worker 0 (clock 3)" in text
     assert "for worker 2 (clock 0)" in text and "worker 1" not in text
     assert "server 0" in text and "PSKV_ROUND_TIMEOUT" in text
     assert g.parked == []

@@ -136,7 +136,7 @@ class ClockGate:
             late = self.behind(p.worker) or [w for w in self.live() if w != p.worker]
             names = ", ".join(f"worker {w} (clock {self.clocks.get(w, 0)})" for w in late)
             out.append((p.item, StalenessTimeoutError(
-                f"{p.what} of worker {p.worker} (clock {self.clocks.get(p.worker, 0)}) waited "
+                f"{p.what} by worker {p.worker} (clock {self.clocks.get(p.worker, 0)}) waited "
                 f"{now - p.since:.1f} s on {self.where} for {names}: the global staleness "
                 f"bound is {self.bound} pushes. A worker is stuck or much slower: check it, "
                 "or raise the bound (kv.set_staleness(..., global_bound=K), "
@@ -181,7 +181,7 @@ class ClockGate:
 
     def _gone_error(self, worker: int, what: str, w: int) -> KVStoreError:
         return NodeFailedError(
-            f"{what} of worker {worker} (clock {self.clocks.get(worker, 0)}) waits on "
+            f"{what} by worker {worker} (clock {self.clocks.get(worker, 0)}) waits on "
             f"{self.where} for worker {w} (clock {self.clocks.get(w, 0)}, more than the "
             f"global staleness bound of {self.bound} pushes behind), which is gone: "
             f"{self.gone[w]}. A worker that finishes must close its store (kv.close()) so "

@@ -514,7 +514,8 @@ class DistKVStore(StalenessMethods, TableMethods, CheckpointMethods, KVStoreBase
         ``dist_async``: every worker's earlier pushes are applied before anyone leaves it.
         ``dist_sync``: earlier pushes are sent first but not waited for, since their rounds
         may need pushes other workers make after the barrier; a pull after the barrier
-        still returns the round that includes this worker's push.
+        still returns the round that includes this worker's push. A worker waiting here
+        holds no one back under a global staleness bound (docs/embeddings.md S5).
         """
         with self._collective_lock, self._lock:
             self._begin()
@@ -524,7 +525,15 @@ class DistKVStore(StalenessMethods, TableMethods, CheckpointMethods, KVStoreBase
                 else:
                     with self._unlocked():
                         self._kv.flush()
-            self._collective("barrier")
+            bounded = self._stale is not None and self._stale.global_bound is not None
+            if bounded:
+                self._leave_bound()   # workers with more steps before it may finish them
+            try:
+                self._collective("barrier")
+            finally:
+                if bounded:
+                    assert self._stale is not None
+                    self._tick(self._stale.clock)    # counted again, at its own clock
 
     _barrier = barrier
 
