@@ -239,3 +239,23 @@ def test_a_worker_in_a_barrier_holds_no_one_back(run_threads: Any) -> None:
     # 2 s timeout, and fail its lookup
     assert ok(run_threads(fn, store_type="dist_async", round_timeout=2.0)) == {
         0: [3, 6], 1: [8, 16]}
+
+
+def test_a_dist_sync_server_refuses_a_global_bound_and_goes_on(run_threads: Any) -> None:
+    from pskv._ps.message import Command
+    from pskv._ps.ops import Op, command
+    from pskv.errors import ProtocolError
+
+    def fn(kv: Any) -> Any:
+        kv.init("w", mx.nd.zeros((2,)))
+        ts = kv._kv.request(0, Command.COMMAND, body=command(Op.CLOCK, clock=0, bound=1))
+        try:
+            kv._kv.wait(ts)
+            got: Any = None
+        except ProtocolError as err:
+            got = str(err)
+        kv.push("w", mx.nd.ones((2,)))
+        return got, kv.pull("w").asnumpy().tolist()
+
+    for got, value in ok(run_threads(fn)).values():
+        assert "dist_async only" in got and value == [2.0, 2.0]
