@@ -567,4 +567,3 @@ class DistKVStore(StalenessMethods, TableMethods, CheckpointMethods, KVStoreBase
     def __repr__(self) -> str:
         return (f"<DistKVStore type={self._type!r} rank={self.rank}/{self.num_workers} "
                 f"keys={len(self._store)}>")
-
