@@ -259,3 +259,27 @@ def test_a_dist_sync_server_refuses_a_global_bound_and_goes_on(run_threads: Any)
 
     for got, value in ok(run_threads(fn)).values():
         assert "dist_async only" in got and value == [2.0, 2.0]
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(60)
+def test_a_worker_killed_under_a_global_bound_is_named_at_once(local_cluster: Any) -> None:
+    """Real processes, SIGKILL: rank 0's pull waits on the server for rank 1 (global bound
+    0, PSKV_GLOBAL_STALENESS); the server sees rank 1's link break and fails the wait
+    naming it, well before any timeout (PSKV_ROUND_TIMEOUT is 60 s here)."""
+    cluster = local_cluster(2, 1, env={"PSKV_GLOBAL_STALENESS": "0",
+                                       "PSKV_ROUND_TIMEOUT": "60"})
+    cluster.start("fail_node.py", "async-worker-dies")
+    end = time.monotonic() + 30
+    while time.monotonic() < end and {r["rank"] for p in cluster.workers
+                                      for r in p.reports() if r.get("event") == "ready"} \
+            != {0, 1}:
+        time.sleep(0.05)
+    time.sleep(0.3)                        # rank 0's pull now waits for rank 1
+    killed_at = time.time()
+    cluster.worker_by_rank(1).kill()
+    cluster.wait(30)
+    [err] = [r for p in cluster.workers for r in p.reports() if "error" in r]
+    assert err["rank"] == 0 and err["error"] == "NodeFailedError", err
+    assert "worker 1" in err["msg"], err
+    assert err["time"] - killed_at < 20, err     # not the 60 s timeout
