@@ -25,7 +25,7 @@ __all__ = [
     "ENV_MAX_MESSAGE_BYTES", "ENV_MAX_REPLY_BYTES", "ENV_MAX_UNADMITTED", "ENV_METRICS_PORT",
     "ENV_METRICS_PUSHGATEWAY", "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY",
     "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS",
-    "ENV_TRANSPORT", "ENV_WORKER_ID",
+    "ENV_TRANSPORT", "ENV_WORKER_ID", "ENV_STALENESS", "ENV_GLOBAL_STALENESS",
     "ENV_MXNET_PYTHON", "ENV_MXNET_SRC", "ENV_PREFIX", "KNOWN_ENV",
     "Role", "advertised_host", "loopback_address", "reduce_threads", "unknown_env",
     "warn_unknown_env",
@@ -88,6 +88,10 @@ LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 ENV_METRICS_PORT = "PSKV_METRICS_PORT"
 #: a Prometheus Pushgateway (host:port) each node pushes its metrics to when it ends
 ENV_METRICS_PUSHGATEWAY = "PSKV_METRICS_PUSHGATEWAY"
+#: the default staleness bounds of a store (kv.set_staleness; docs/embeddings.md): unacked
+#: push calls a read may run ahead of, and pushes a worker may be ahead of the slowest one
+ENV_STALENESS = "PSKV_STALENESS"
+ENV_GLOBAL_STALENESS = "PSKV_GLOBAL_STALENESS"
 #: threads a store's Reducer sums and copies big arrays with (local and dist stores)
 ENV_REDUCE_THREADS = "PSKV_REDUCE_THREADS"
 #: the test suite's (docs/env.md, "Tests"): an MXNet 1.9.1 python and source checkout

@@ -191,6 +191,17 @@ def _table_key(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> No
         raise ProtocolError(f"{body['op']} carries no arrays, got {len(arrays)}")
 
 
+def _clock(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """A worker's clock (``_ps/staleness.py``): ``clock``, ``bound`` (null: none) and
+    ``leave``, each optional."""
+    _int(meta, body, "clock", 0, 1 << 62, optional=True)
+    _int(meta, body, "bound", 0, 1 << 62, optional=True)
+    if not isinstance(body.get("leave", False), bool):
+        raise _fail(meta, "leave", "true or false", body.get("leave"))
+    if arrays:
+        raise ProtocolError(f"{body['op']} carries no arrays, got {len(arrays)}")
+
+
 def _nothing(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     """No field beyond the op."""
 
@@ -231,6 +242,7 @@ _OPS: dict[Op | ReplOp, Callable[[Meta, dict[str, Any], list[np.ndarray]], None]
     Op.OPTIMIZER: _spec("spec", nullable=False), Op.COMPRESSION: _spec("params", True),
     Op.SAVE: _dump, Op.LOAD: _state_bytes, Op.CHECKPOINT: _path, Op.RESTORE: _path,
     Op.APPLIED: _nothing, Op.INITIAL: _nothing, Op.LOOKUP: _lookup, Op.TABLE_STATS: _table_key,
+    Op.CLOCK: _clock,
     ReplOp.STATE: _r_entries, ReplOp.ROUND: _r_round, ReplOp.INIT: _r_init,
     ReplOp.OPTIMIZER: _spec("spec", nullable=True), ReplOp.COMPRESSION: _spec("params", True),
     ReplOp.LOAD: _state_bytes, ReplOp.RESTORE: _path, ReplOp.NOOP: _nothing,
