@@ -18,14 +18,14 @@ from ..errors import ConfigError
 
 __all__ = [
     "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_CHECKPOINT_DIR", "ENV_CHECKPOINT_EVERY",
-    "ENV_CHECKPOINT_KEEP", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
+    "ENV_CHECKPOINT_KEEP", "ENV_ENCRYPT", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REDUCE_THREADS", "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_KEY_BYTES", "ENV_MAX_KEYS_PER_MESSAGE",
     "ENV_MAX_MESSAGE_BYTES", "ENV_MAX_REPLY_BYTES", "ENV_MAX_UNADMITTED", "ENV_METRICS_PORT",
     "ENV_METRICS_PUSHGATEWAY", "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY",
     "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS",
-    "ENV_TRANSPORT", "ENV_WORKER_ID",
+    "ENV_TRANSPORT", "ENV_WORKER_ID", "ENV_STALENESS", "ENV_GLOBAL_STALENESS",
     "ENV_MXNET_PYTHON", "ENV_MXNET_SRC", "ENV_PREFIX", "KNOWN_ENV",
     "Role", "advertised_host", "loopback_address", "reduce_threads", "unknown_env",
     "warn_unknown_env",
@@ -69,6 +69,9 @@ ENV_MAX_REPLY_BYTES = "PSKV_MAX_REPLY_BYTES"
 ENV_TLS_CERT = "PSKV_TLS_CERT"
 ENV_TLS_KEY = "PSKV_TLS_KEY"
 ENV_TLS_CA = "PSKV_TLS_CA"
+#: 1: every link of the job encrypted and authenticated per message, keys derived from
+#: PSKV_SECRET (ZeroMQ: CURVE; stream links: AES-256-GCM; docs/security.md)
+ENV_ENCRYPT = "PSKV_ENCRYPT"
 #: periodic checkpoints (docs/durability.md): where, every how many rounds, how many kept
 ENV_CHECKPOINT_DIR = "PSKV_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY = "PSKV_CHECKPOINT_EVERY"
@@ -85,6 +88,10 @@ LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 ENV_METRICS_PORT = "PSKV_METRICS_PORT"
 #: a Prometheus Pushgateway (host:port) each node pushes its metrics to when it ends
 ENV_METRICS_PUSHGATEWAY = "PSKV_METRICS_PUSHGATEWAY"
+#: the default staleness bounds of a store (kv.set_staleness; docs/embeddings.md): unacked
+#: push calls a read may run ahead of, and pushes a worker may be ahead of the slowest one
+ENV_STALENESS = "PSKV_STALENESS"
+ENV_GLOBAL_STALENESS = "PSKV_GLOBAL_STALENESS"
 #: threads a store's Reducer sums and copies big arrays with (local and dist stores)
 ENV_REDUCE_THREADS = "PSKV_REDUCE_THREADS"
 #: the test suite's (docs/env.md, "Tests"): an MXNet 1.9.1 python and source checkout
@@ -234,6 +241,8 @@ class ClusterConfig:
         asked for included)
     tls : (certificate, key, CA) PEM files for mutual TLS on TCP links between workers and
         servers (PSKV_TLS_CERT / _KEY / _CA); None: plain TCP
+    encrypt : every link encrypted and authenticated per message, with keys derived from
+        the secret (PSKV_ENCRYPT=1; needs ``secret``)
     checkpoint_dir : where servers write periodic checkpoints and where a restarted server
         reloads its shard from (PSKV_CHECKPOINT_DIR); None: no periodic checkpoints
     checkpoint_every : rounds between periodic checkpoints (PSKV_CHECKPOINT_EVERY)
@@ -274,6 +283,7 @@ class ClusterConfig:
     max_keys_per_message: int = 1 << 16
     max_reply_bytes: int = 4 << 30
     tls: tuple[str, str, str] | None = None
+    encrypt: bool = False
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     checkpoint_keep: int = 3
@@ -293,6 +303,10 @@ class ClusterConfig:
                 f"{ENV_NUM_SERVER} and {ENV_NUM_WORKER}, or start with pskv-launch -n W -s S.")
         if not 0 < self.root_port < 65536:
             raise ConfigError(f"{ENV_ROOT_PORT}={self.root_port} is not a TCP port (1-65535).")
+        if self.encrypt and not self.secret:
+            raise ConfigError(f"{ENV_ENCRYPT}=1 derives every link's keys from the cluster "
+                              f"secret, and {ENV_SECRET} is not set. Set it (pskv-launch sets "
+                              f"one per job), or unset {ENV_ENCRYPT}.")
         if self.replicas not in (0, 1):
             raise ConfigError(f"{ENV_REPLICAS}={self.replicas}: pskv keeps at most one backup "
                               "of each shard. Set it to 1 or 0.")
@@ -382,6 +396,7 @@ class ClusterConfig:
             max_reply_bytes=_int(env, ENV_MAX_REPLY_BYTES, 4 << 30, "Set it to a number of "
                                  "bytes, e.g. 4294967296.", 1),
             tls=_tls(env),
+            encrypt=_switch(env, ENV_ENCRYPT),
             checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
             checkpoint_every=_int(env, ENV_CHECKPOINT_EVERY, 0, "Set it to a number of rounds "
                                   f"between checkpoints (with {ENV_CHECKPOINT_DIR}), or 0."),
@@ -416,6 +431,16 @@ def _tls(env: Mapping[str, str]) -> tuple[str, str, str] | None:
         raise ConfigError(f"{ENV_TLS_CERT}, {ENV_TLS_KEY} and {ENV_TLS_CA} go together: set "
                           "all three (PEM files) for TLS between workers and servers, or none.")
     return files[0], files[1], files[2]
+
+
+def _switch(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip()
+    if raw in ("", "0"):
+        return False
+    if raw == "1":
+        return True
+    raise ConfigError(f"{name}={raw!r} is not 0 or 1. Set it to 1 to switch it on, or unset "
+                      "it.")
 
 
 def _transport(raw: str) -> str:
