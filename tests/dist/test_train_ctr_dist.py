@@ -1,4 +1,5 @@
-"""The CTR example on a parameter server: 2 workers x 2 servers, in dist_async."""
+"""The CTR example on a parameter server: 2 workers x 2 servers, in dist_async with
+staleness bounds."""
 from __future__ import annotations
 
 import re
@@ -15,12 +16,21 @@ SMALL = ["--samples-per-day", "25000", "--epochs", "3", "--capacity", "1000"]
 
 def test_async_reaches_the_ceiling_with_a_bounded_table(
         run_threads: Callable[..., dict[int, Any]]) -> None:
-    args = tc.parse_args(SMALL + ["--kv-store", "dist_async"])
-    results = run_threads(lambda kv: tc.train(args, kv), num_workers=2, num_servers=2,
-                          store_type="dist_async")
+    # both staleness bounds on: each worker reads its own writes (K = 0), and no worker
+    # runs more than 2 push calls (one step) ahead of the other
+    args = tc.parse_args(SMALL + ["--kv-store", "dist_async", "--staleness", "0",
+                                  "--global-staleness", "2"])
+
+    def run(kv: Any) -> dict[str, Any]:
+        res = tc.train(args, kv)
+        res["bounds"] = kv._bounds                   # what set_staleness recorded
+        return res
+
+    results = run_threads(run, num_workers=2, num_servers=2, store_type="dist_async")
     for r in results.values():
         if isinstance(r, BaseException):
             raise r
+        assert r["bounds"] == (0, 2)
     for rank, r in results.items():
         hist = r["history"]
         assert len(hist) == 3, hist
@@ -51,10 +61,11 @@ def _launch(*flags: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_cli_under_the_launcher() -> None:
-    proc = _launch()
+    proc = _launch("--staleness", "1", "--global-staleness", "4")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "dist_async, 2 workers, 3 days of 25,000 samples" in out, out
+    assert "staleness bound 1, global bound 4; table:" in out, out
     lines = re.findall(r"\[worker 0\] (epoch \d/3: .*)", out)
     assert len(lines) == 3, out                      # rank 0: one line per epoch
     for i, ln in enumerate(lines):

@@ -162,6 +162,9 @@ def test_plot_writes_an_image(tmp_path: Any, capsys: pytest.CaptureFixture[str])
     (["--samples-per-day", "x"], "--samples-per-day: 'x' is not an integer"),
     (["--eviction", "fifo"], "--eviction: invalid choice: 'fifo'"),
     (["--dim", "0"], "--dim: '0' must be at least 1"),
+    (["--staleness", "-1"], "--staleness: '-1' must be at least 0"),
+    (["--staleness", "1.5"], "--staleness: '1.5' is not a whole number or 'none'"),
+    (["--global-staleness", "-2"], "--global-staleness: '-2' must be at least 0"),
 ])
 def test_bad_flags_exit_2_with_a_message(flags: list[str], words: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -169,6 +172,35 @@ def test_bad_flags_exit_2_with_a_message(flags: list[str], words: str,
         tc.parse_args(flags)
     assert info.value.code == 2
     assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, want, words", [
+    ([], (2, None), "staleness bound 2;"),
+    (["--staleness", "0", "--global-staleness", "3"], (0, 3),
+     "staleness bound 0, global bound 3;"),
+    (["--staleness", "none"], (None, None), "no staleness bound;"),
+])
+def test_staleness_flags_set_the_bounds(flags: list[str], want: tuple[Any, Any],
+                                         words: str, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    calls: list[tuple[Any, Any]] = []
+    real = mx.kv.create
+
+    def create(name: str) -> Any:
+        kv = real(name)
+        set_staleness = kv.set_staleness
+
+        def spy(bound: Any, *, global_bound: Any = None) -> None:
+            calls.append((bound, global_bound))
+            set_staleness(bound, global_bound=global_bound)
+        kv.set_staleness = spy
+        return kv
+
+    monkeypatch.setattr(mx.kv, "create", create)
+    assert tc.main(["--samples-per-day", "2000", "--epochs", "1", "--capacity", "100",
+                    *flags]) == 0
+    assert calls == [want]                                  # once, before any push
+    assert words in capsys.readouterr().out.splitlines()[0]
 
 
 def test_numpy_alone_is_enough(monkeypatch: pytest.MonkeyPatch,

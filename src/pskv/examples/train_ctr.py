@@ -178,6 +178,10 @@ def train(args: argparse.Namespace, kv: Any, log: ClickLog | None = None,
     kv.init(TABLE, table_spec(args))
     kv.init(names, [mx.nd.array(init[n]) for n in names])
     kv.set_optimizer(mx.optimizer.create(args.optimizer, learning_rate=args.lr))
+    # dist_async: a lookup or pull runs at most --staleness push calls ahead of this worker's
+    # acknowledged pushes, and (SSP) at most --global-staleness ahead of the slowest worker;
+    # collective, like init. A local or dist_sync store holds any bound already.
+    kv.set_staleness(args.staleness, global_bound=args.global_staleness)
     outs = [mx.nd.zeros(init[n].shape) for n in names]
     history: list[dict[str, float]] = []
     steps = samples = global_samples = 0
@@ -247,6 +251,14 @@ def train(args: argparse.Namespace, kv: Any, log: ClickLog | None = None,
             "global_samples_per_s": global_samples * rate}
 
 
+def _bounds_text(args: argparse.Namespace) -> str:
+    """The staleness bounds in words."""
+    one = "no staleness bound" if args.staleness is None else \
+        f"staleness bound {args.staleness}"
+    return one if args.global_staleness is None else \
+        f"{one}, global bound {args.global_staleness}"
+
+
 def _epoch_text(h: dict[str, float], args: argparse.Namespace) -> str:
     """The shared epoch line, then the ceiling and the table's size and counters."""
     return (epoch_line(int(h["epoch"]), args.epochs, h["train_loss"], "auc", h["test_auc"],
@@ -257,6 +269,20 @@ def _epoch_text(h: dict[str, float], args: argparse.Namespace) -> str:
 
 
 # ---- command line -------------------------------------------------------------------------------
+def _bound(text: str) -> int | None:
+    """An argparse type: a staleness bound, a whole number of at least 0, or ``none``."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number or 'none'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0 (0 reads your own "
+                                         "writes), or 'none'")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m pskv.examples.train_ctr`` (the shared flags, then
     its own; no ``--update-on-kvstore``: the servers always run the optimizer)."""
@@ -279,6 +305,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-count", type=_cli.positive_int, default=2,
                    help="an ID gets a row at its N-th sighting: CountAdmission(N) "
                         "(default: 2)")
+    p.add_argument("--staleness", type=_bound, default=2, metavar="K",
+                   help="per-worker staleness bound, kv.set_staleness(K): a lookup or pull "
+                        "runs at most K of this worker's push calls (two a step: the "
+                        "table's and the MLP's) ahead of the acknowledged ones; 0 reads its "
+                        "own writes, 'none' sets no bound (default: 2)")
+    p.add_argument("--global-staleness", type=_bound, default=None, metavar="K",
+                   help="global (SSP) bound, kv.set_staleness(..., global_bound=K): a worker "
+                        "reads only while at most K push calls ahead of the slowest one "
+                        "(default: none)")
     p.add_argument("--optimizer", default="adagrad", choices=["adagrad", "adam", "sgd"],
                    help="the servers' optimizer, for the table and the MLP "
                         "(default: adagrad)")
@@ -320,9 +355,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"CTR model on a synthetic click log: {kv.type}, {plural(nw, 'worker')}, "
                   f"{plural(args.epochs, 'day')} of {args.samples_per_day:,} samples "
                   f"({seen:,} distinct IDs), batch {args.batch_size} per worker, "
-                  f"{args.optimizer} lr {args.lr:g}; table: dim {args.dim}, "
-                  f"CountAdmission({args.min_count}), Capacity({args.capacity:,}, "
-                  f"{args.eviction!r}) (log made in {time.perf_counter() - t0:.2f} s)",
+                  f"{args.optimizer} lr {args.lr:g}, {_bounds_text(args)}; table: dim "
+                  f"{args.dim}, CountAdmission({args.min_count}), Capacity("
+                  f"{args.capacity:,}, {args.eviction!r}) (log made in "
+                  f"{time.perf_counter() - t0:.2f} s)",
                   flush=True)
         result = train(args, kv, log, verbose=True)
         hist = result["history"]
