@@ -66,7 +66,7 @@ def test_cli_under_the_launcher() -> None:
     assert proc.returncode == 0, out
     assert "dist_async, 2 workers, 3 days of 25,000 samples" in out, out
     assert "staleness bound 1, global bound 4; table:" in out, out
-    lines = re.findall(r"\[worker 0\] (epoch \d/3: .*)", out)
+    lines = re.findall(r"\[worker 0\] (epoch \d/3: loss .*)", out)
     assert len(lines) == 3, out                      # rank 0: one line per epoch
     for i, ln in enumerate(lines):
         m = re.search(r"test auc (0\.\d+) .* ceiling (0\.\d+)  table ([\d,]+)/1,000 rows", ln)
