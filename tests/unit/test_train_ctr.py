@@ -187,7 +187,7 @@ def test_staleness_flags_set_the_bounds(flags: list[str], want: tuple[Any, Any],
     real = mx.kv.create
 
     def create(name: str) -> Any:
-        kv = real(name)
+        kv: Any = real(name)
         set_staleness = kv.set_staleness
 
         def spy(bound: Any, *, global_bound: Any = None) -> None:
