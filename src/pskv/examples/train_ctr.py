@@ -2,11 +2,12 @@
 
 The model is the usual recommender shape. Each sample has a user, an item and a context
 ID (raw 64-bit IDs, new ones appearing all the time: see ``_clicklog``); each ID has a
-``--dim`` row in one dynamic table ``'emb'`` (:class:`pskv.table.TableSpec`) that grows as
-IDs are admitted (``CountAdmission(--min-count)``: an ID gets a row at its n-th sighting,
-so the one-off tail never takes memory) and is bounded by eviction
-(``Capacity(--capacity, --eviction)``); the three rows and their three pairwise dot
-products feed a NumPy MLP (``fc1 -> ReLU -> fc2 -> logit``) whose weights are dense keys.
+row in one dynamic table ``'emb'`` (:class:`pskv.table.TableSpec`) that grows as IDs are
+admitted (``CountAdmission(--min-count)``: an ID gets a row at its n-th sighting, so the
+one-off tail never takes memory) and is bounded by eviction (``Capacity(--capacity,
+--eviction)``). A row is the ID's first-order weight, added to the logit, and a ``--dim``
+vector; the three vectors and their three pairwise dot products feed a NumPy MLP
+(``fc1 -> ReLU -> fc2``) whose weights are dense keys.
 Each step, every worker
 
 1. takes its shard of the global batch (``num_workers * --batch-size`` samples, in time
@@ -17,6 +18,11 @@ Each step, every worker
 4. pushes ``(ids[found], grads[found])`` to the table and the MLP's gradients to their
    keys; the servers run the optimizer (AdaGrad by default) on both, and sweep the table.
 
+In ``dist_async`` the workers never wait for each other's pushes; ``--staleness K``
+(``kv.set_staleness(K)``, default 2: one step's two push calls) bounds how far a worker's
+lookups and pulls may run ahead of its own acknowledged pushes, and ``--global-staleness``
+how far ahead of the slowest worker (SSP).
+
 After each day every worker evaluates the day's held-out samples with read-only lookups
 (``train=False``: nothing is inserted) and rank 0 prints the test AUC next to the
 *ceiling*, the AUC of the generating model's own probabilities on the same samples, and
@@ -25,6 +31,10 @@ the table's size and counters. The flags and the lines are those of
 
     python -m pskv.examples.train_ctr --kv-store local --plot ctr.png
     pskv-launch -n 2 -s 2 python -m pskv.examples.train_ctr --kv-store dist_async
+    pskv-launch -n 2 -s 2 python -m pskv.examples.train_ctr --kv-store dist_async \
+        --staleness 0 --global-staleness 4
+
+See ``docs/embeddings.md`` ("The example").
 """
 from __future__ import annotations
 
