@@ -23,7 +23,8 @@ import time
 from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError
-from .config import ENV_METRICS_PORT, ENV_METRICS_PUSHGATEWAY, ClusterConfig
+from .config import (ENV_METRICS_PORT, ENV_METRICS_PUSHGATEWAY, ClusterConfig,
+                     advertised_host)
 
 __all__ = ["NodeMetrics", "PORT_TRIES", "SchedulerMetrics", "ServerMetrics",
            "WorkerMetrics", "job_label", "start"]
@@ -107,14 +108,24 @@ class _Family:
 
 
 class _Families:
-    """The custom collector of a node's :class:`_Family` series."""
+    """The custom collector of a node's :class:`_Family` series and of the ``collectors``
+    that read its state when scraped (each a callable yielding metric families)."""
 
     def __init__(self) -> None:
         self.families: list[_Family] = []
+        self.collectors: list[Callable[[], Any]] = []
 
     def collect(self) -> Any:
         for family in list(self.families):
             yield family.collect()
+        for collector in list(self.collectors):
+            try:
+                families = list(collector())
+            except Exception:  # noqa: BLE001 - a scrape never fails the node, nor the scrape
+                log.warning("metrics: a collector failed; its series are left out of this "
+                            "scrape", exc_info=True)
+                continue
+            yield from families
 
 
 def job_label(job: str) -> str:
@@ -144,12 +155,15 @@ class NodeMetrics:
         from prometheus_client import CollectorRegistry, ProcessCollector
         self.registry = CollectorRegistry(auto_describe=True)
         self._families = _Families()
+        self._collectors = self._families.collectors
         self.registry.register(self._families)      # type: ignore[arg-type]
         # process_* (CPU, resident memory, open fds): the process this node runs in
         ProcessCollector(registry=self.registry)
         self.name = f"{role} {rank}" if role != "scheduler" else "the scheduler"
         self._values = (job_label(job), role, str(rank))
         self.port: int | None = None
+        #: the address it serves on, as other hosts reach it (the listing pskv-top reads)
+        self.host = ""
         #: where :meth:`close` pushes the series (PSKV_METRICS_PUSHGATEWAY), if anywhere
         self.gateway: str | None = None
         self._httpd: Any = None
@@ -192,6 +206,7 @@ class NodeMetrics:
                                             name=f"pskv-metrics {self.name}", daemon=True)
             self._thread.start()
             self.port = port
+            self.host = host
             log.info("%s: metrics at http://%s:%d/metrics", self.name, host, port)
             return port
         log.error("%s", ConfigError(
@@ -232,113 +247,264 @@ class NodeMetrics:
             self._thread = None
 
 
-class ServerMetrics(NodeMetrics):
-    """A server's series: requests and bytes by command, round waits, keys held."""
+class _Calls:
+    """One wire command's requests, array bytes each way and latency histogram (a worker's
+    request to reply; unused on a server), as plain numbers read when ``/metrics`` is
+    scraped. The hot path only adds to them (docs/observability.md, "What metrics cost")."""
 
-    def __init__(self, rank: int, job: str, keys: Callable[[], float]) -> None:
+    __slots__ = ("counts", "received", "requests", "sent", "sum")
+
+    def __init__(self) -> None:
+        self.requests = self.sent = self.received = 0
+        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.sum = 0.0
+
+
+def _label(cmd: Any) -> str:
+    """The ``command`` label of a wire command (an enum member) or a name."""
+    return str(getattr(cmd, "name", cmd)).lower()
+
+
+def _histogram(cumulative_of: list[int], bounds: Sequence[float]) -> list[tuple[str, int]]:
+    """Per-bucket counts as Prometheus' cumulative ``(le, count)`` pairs."""
+    out, running = [], 0
+    for bound, n in zip((*bounds, float("inf")), cumulative_of):
+        running += n
+        out.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
+    return out
+
+
+class ServerMetrics(NodeMetrics):
+    """A server's series: requests and bytes by command, round waits, keys, tables and
+    replication.
+
+    The hooks (:meth:`request`, :meth:`replied`, :meth:`round_closed`) are called by the
+    serve loop's thread only, so they add to plain numbers without a lock; what the server
+    holds (keys, per-key pushes, tables, backups) is read from ``state()`` when scraped.
+    """
+
+    def __init__(self, rank: int, job: str, state: Callable[[], dict[str, Any]],
+                 top_keys: int = 10, keys: Sequence[str] = ()) -> None:
         super().__init__("server", rank, job)
-        self._requests = self._series("Counter", "pskv_server_requests_total",
-                                      "Requests received, by command", ("command",))
-        self._received = self._series("Counter", "pskv_server_received_bytes_total",
-                                      "Array bytes received in requests, by command",
-                                      ("command",))
-        self._sent = self._series("Counter", "pskv_server_sent_bytes_total",
-                                  "Array bytes sent in replies, by command", ("command",))
-        self.round_wait = self._bound(self._series(
-            "Histogram", "pskv_round_wait_seconds",
-            "Seconds from a dist_sync round's first push to its last",
-            buckets=LATENCY_BUCKETS))
-        self._last = self._series("Counter", "pskv_round_last_pusher_total",
-                                  "Sync rounds closed by this worker's push (it was last)",
-                                  ("worker",))
+        self._state, self._top, self._named = state, top_keys, frozenset(keys)
+        self._calls: dict[Any, _Calls] = {}
+        self._wait = _Calls()
+        self._last: dict[int, int] = {}
         self.stragglers = self._bound(self._series(
             "Counter", "pskv_straggler_warnings_total",
             "Straggler lines logged (rounds that waited, workers often last)"))
-        self._bound(self._series("Gauge", "pskv_server_keys",
-                                 "Keys (key parts) held, every shard served")).set_function(keys)
         self.checkpoint = self._bound(self._series(
             "Histogram", "pskv_checkpoint_write_seconds",
             "Seconds to write this server's shard of a checkpoint (on a writer thread)",
             buckets=(0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)))
-        self._by: dict[tuple[int, str], Any] = {}
+        self._collectors.append(self._collect)
 
-    def _child(self, which: int, metric: Any, label: str) -> Any:
-        child = self._by.get((which, label))
-        if child is None:
-            child = self._by[(which, label)] = self._bound(metric, label)
-        return child
+    def _add(self, cmd: Any) -> _Calls:
+        return self._calls.setdefault(cmd, _Calls())
 
-    def request(self, command: str, nbytes: int) -> None:
-        """One request of ``command`` with ``nbytes`` of arrays."""
-        self._child(0, self._requests, command).inc()
-        if nbytes:
-            self._child(1, self._received, command).inc(nbytes)
+    def request(self, cmd: Any, arrays: Sequence[Any]) -> None:
+        """One request of wire command ``cmd`` carrying ``arrays``."""
+        nbytes = 0
+        for a in arrays:
+            nbytes += a.nbytes
+        calls = self._calls.get(cmd) or self._add(cmd)
+        calls.requests += 1
+        calls.received += nbytes
 
-    def replied(self, command: str, nbytes: int) -> None:
-        """A reply to ``command`` with ``nbytes`` of arrays."""
-        self._child(2, self._sent, command).inc(nbytes)
+    def replied(self, cmd: Any, arrays: Sequence[Any]) -> None:
+        """A reply to ``cmd`` carrying ``arrays``."""
+        nbytes = 0
+        for a in arrays:
+            nbytes += a.nbytes
+        calls = self._calls.get(cmd) or self._add(cmd)
+        calls.sent += nbytes
 
     def round_closed(self, worker: int, waited: float) -> None:
         """``worker``'s push closed a sync round that waited ``waited`` seconds."""
-        self.round_wait.observe(waited)
-        self._child(3, self._last, str(worker)).inc()
+        wait = self._wait
+        wait.counts[bisect.bisect_left(LATENCY_BUCKETS, waited)] += 1
+        wait.sum += waited
+        last = self._last
+        last[worker] = last.get(worker, 0) + 1
+
+    def _collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+        me = list(self._values)
+        by = [*_LABELS, "command"]
+        requests = CounterMetricFamily("pskv_server_requests", "Requests received, by "
+                                       "command", labels=by)
+        received = CounterMetricFamily("pskv_server_received_bytes", "Array bytes received "
+                                       "in requests, by command", labels=by)
+        sent = CounterMetricFamily("pskv_server_sent_bytes", "Array bytes sent in replies, "
+                                   "by command", labels=by)
+        for cmd, calls in list(self._calls.items()):
+            requests.add_metric([*me, _label(cmd)], calls.requests)
+            received.add_metric([*me, _label(cmd)], calls.received)
+            sent.add_metric([*me, _label(cmd)], calls.sent)
+        yield from (requests, received, sent)
+        wait = HistogramMetricFamily("pskv_round_wait_seconds", "Seconds from a dist_sync "
+                                     "round's first push to its last", labels=_LABELS)
+        wait.add_metric(me, _histogram(list(self._wait.counts), LATENCY_BUCKETS),
+                        sum_value=self._wait.sum)
+        yield wait
+        last = CounterMetricFamily("pskv_round_last_pusher", "Sync rounds closed by this "
+                                   "worker's push (it was last)", labels=[*_LABELS, "worker"])
+        for worker, n in sorted(list(self._last.items())):
+            last.add_metric([*me, str(worker)], n)
+        yield last
+        yield from self._collect_state(me)
+
+    def _collect_state(self, me: list[str]) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        state = self._state()
+        yield _gauge("pskv_server_keys", "Keys (key parts) held, every shard served", me,
+                     state["keys"])
+        # per key: a bounded set (the top ones by bytes pushed, and those named)
+        per_key: dict[str, tuple[int, int]] = state["per_key"]
+        ranked = sorted(per_key.items(), key=lambda kv: -kv[1][0] * kv[1][1])
+        chosen = dict(ranked[:self._top])
+        chosen.update((k, v) for k, v in per_key.items() if k in self._named)
+        by_key = [*_LABELS, "key"]
+        pushes = CounterMetricFamily("pskv_key_pushes", "Pushes of this key applied here "
+                                     "(its top keys and PSKV_METRICS_KEYS)", labels=by_key)
+        pushed = CounterMetricFamily("pskv_key_pushed_bytes", "Bytes of this key's pushes "
+                                     "applied here (pushes x its size here)", labels=by_key)
+        for key, (n, size) in sorted(chosen.items()):
+            pushes.add_metric([*me, key], n)
+            pushed.add_metric([*me, key], n * size)
+        yield from (pushes, pushed)
+        by_table = [*_LABELS, "key"]
+        rows = GaugeMetricFamily("pskv_table_rows", "Rows a table key holds here",
+                                 labels=by_table)
+        counters = {c: CounterMetricFamily(f"pskv_table_{c}", doc, labels=by_table)
+                    for c, doc in _TABLE_COUNTERS.items()}
+        for key, stats in sorted(state["tables"].items()):
+            rows.add_metric([*me, key], stats.get("rows", 0))
+            for c, family in counters.items():
+                family.add_metric([*me, key], stats.get(c, 0))
+        yield rows
+        yield from counters.values()
+        by_shard = [*_LABELS, "shard", "backup"]
+        up = GaugeMetricFamily("pskv_replication_backup_up", "1 while the backup of a shard "
+                               "served here is connected, else 0", labels=by_shard)
+        lag = GaugeMetricFamily("pskv_replication_pending_changes", "Changes of a shard sent "
+                                "to its backup and not acknowledged yet", labels=by_shard)
+        for shard, backup, is_up, pending in state["backups"]:
+            up.add_metric([*me, str(shard), str(backup)], 1 if is_up else 0)
+            lag.add_metric([*me, str(shard), str(backup)], pending)
+        yield from (up, lag)
+
+
+#: a table's counters (DynamicTable.stats), exported as pskv_table_<name>_total
+_TABLE_COUNTERS = {
+    "lookups": "IDs looked up in a table key (training and eval lookups)",
+    "misses": "IDs looked up that the table did not hold",
+    "inserts": "Rows inserted (admitted IDs)",
+    "refusals": "Unknown IDs the admission policy refused",
+    "evictions": "Rows evicted (TTL and capacity)",
+}
+
+
+def _gauge(name: str, doc: str, labels: list[str], value: float) -> Any:
+    from prometheus_client.core import GaugeMetricFamily
+    family = GaugeMetricFamily(name, doc, labels=_LABELS)
+    family.add_metric(labels, value)
+    return family
 
 
 class WorkerMetrics(NodeMetrics):
-    """A worker's series: requests, bytes, and request latency by command."""
+    """A worker's series: requests, bytes, and request latency by command; re-sends.
 
-    def __init__(self, rank: int, job: str) -> None:
+    :meth:`sent` and :meth:`received` run on whichever threads send and read, so they add
+    to plain numbers under one lock (one acquisition per call).
+    """
+
+    def __init__(self, rank: int, job: str,
+                 resent: Callable[[], tuple[int, int]] | None = None) -> None:
         super().__init__("worker", rank, job)
-        self._requests = self._series("Counter", "pskv_worker_requests_total",
-                                      "Requests sent to servers, by command", ("command",))
-        self._sent = self._series("Counter", "pskv_worker_sent_bytes_total",
-                                  "Array bytes sent to servers, by command", ("command",))
-        self._received = self._series("Counter", "pskv_worker_received_bytes_total",
-                                      "Array bytes received from servers, by command",
-                                      ("command",))
-        self._latency = self._series(
-            "Histogram", "pskv_worker_request_seconds",
-            "Seconds from a request to its server's reply, by command (a pull waits for "
-            "its round; a flush for every push before it to be applied)", ("command",),
-            buckets=LATENCY_BUCKETS)
-        self._by: dict[tuple[int, str], Any] = {}
-        self._started: dict[int, tuple[str, float]] = {}
+        self._calls: dict[Any, _Calls] = {}
+        self._started: dict[int, tuple[_Calls, float]] = {}
         self._lock = threading.Lock()
+        self._resent = resent
+        self._collectors.append(self._collect)
 
-    def _child(self, which: int, metric: Any, label: str) -> Any:
-        child = self._by.get((which, label))
-        if child is None:
-            child = self._by[(which, label)] = self._bound(metric, label)
-        return child
+    def _add(self, cmd: Any) -> _Calls:
+        with self._lock:
+            return self._calls.setdefault(cmd, _Calls())
 
-    def sent(self, ts: int, command: str, nbytes: int) -> None:
-        """Request ``ts`` of ``command`` left with ``nbytes`` of arrays (a push's negative
-        ts is answered only when it fails: it is not timed)."""
-        self._child(0, self._requests, command).inc()
-        if nbytes:
-            self._child(1, self._sent, command).inc(nbytes)
-        if ts > 0:
-            with self._lock:
-                if len(self._started) >= _MAX_TIMED:
-                    self._started.clear()
-                self._started[ts] = (command, time.monotonic())
+    def sent(self, ts: int, cmd: Any, arrays: Sequence[Any]) -> None:
+        """Request ``ts`` of wire command ``cmd`` left with ``arrays`` (a push's negative ts
+        is answered only when it fails: it is not timed)."""
+        nbytes = 0
+        for a in arrays:
+            nbytes += a.nbytes
+        calls = self._calls.get(cmd) or self._add(cmd)
+        started = self._started
+        now = time.monotonic() if ts > 0 else 0.0
+        with self._lock:
+            calls.requests += 1
+            calls.sent += nbytes
+            if ts > 0:
+                if len(started) >= _MAX_TIMED:
+                    started.clear()
+                started[ts] = (calls, now)
 
-    def received(self, ts: int, nbytes: int) -> None:
-        """The reply to ``ts`` came with ``nbytes`` of arrays."""
+    def received(self, ts: int, arrays: Sequence[Any]) -> None:
+        """The reply to ``ts`` came with ``arrays``."""
+        now = time.monotonic()
+        nbytes = 0
+        for a in arrays:
+            nbytes += a.nbytes
         with self._lock:
             started = self._started.pop(ts, None)
-        if started is None:
-            return
-        command, t0 = started
-        self._child(2, self._latency, command).observe(time.monotonic() - t0)
-        if nbytes:
-            self._child(3, self._received, command).inc(nbytes)
+            if started is None:
+                return
+            calls, t0 = started
+            calls.counts[bisect.bisect_left(LATENCY_BUCKETS, now - t0)] += 1
+            calls.sum += now - t0
+            calls.received += nbytes
+
+    def _collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+        me, by = list(self._values), [*_LABELS, "command"]
+        requests = CounterMetricFamily("pskv_worker_requests", "Requests sent to servers, "
+                                       "by command", labels=by)
+        sent = CounterMetricFamily("pskv_worker_sent_bytes", "Array bytes sent to servers, "
+                                   "by command", labels=by)
+        received = CounterMetricFamily("pskv_worker_received_bytes", "Array bytes received "
+                                       "from servers, by command", labels=by)
+        latency = HistogramMetricFamily(
+            "pskv_worker_request_seconds", "Seconds from a request to its server's reply, "
+            "by command (a pull waits for its round; a flush for every push before it to "
+            "be applied)", labels=by)
+        with self._lock:
+            rows = [(_label(cmd), c.requests, c.sent, c.received, list(c.counts), c.sum)
+                    for cmd, c in self._calls.items()]
+        for label, n, out, into, counts, total in rows:
+            requests.add_metric([*me, label], n)
+            sent.add_metric([*me, label], out)
+            received.add_metric([*me, label], into)
+            if n and any(counts):
+                latency.add_metric([*me, label], _histogram(counts, LATENCY_BUCKETS),
+                                   sum_value=total)
+        yield from (requests, sent, received, latency)
+        pushes, requests_again = self._resent() if self._resent is not None else (0, 0)
+        resent = CounterMetricFamily("pskv_worker_resent", "Pushes and requests sent again "
+                                     "to a server that was restarted or took a dead one's "
+                                     "shard", labels=[*_LABELS, "what"])
+        resent.add_metric([*me, "push"], pushes)
+        resent.add_metric([*me, "request"], requests_again)
+        yield resent
 
 
 class SchedulerMetrics(NodeMetrics):
-    """The scheduler's series: nodes alive, missed heartbeats, barriers."""
+    """The scheduler's series: nodes alive, missed heartbeats, barriers, restarts, and
+    every node's state and metrics port (``nodes()``: ``(role, rank, state, host, port)``
+    of each node; port 0: it serves no metrics), which ``pskv-top`` reads."""
 
-    def __init__(self, job: str, alive: Callable[[str], float]) -> None:
+    def __init__(self, job: str, alive: Callable[[str], float],
+                 nodes: Callable[[], list[tuple[str, int, str, str, int]]] | None = None
+                 ) -> None:
         super().__init__("scheduler", 0, job)
         gauge = self._series("Gauge", "pskv_scheduler_nodes_alive",
                              "Nodes admitted and alive, by the node's role", ("node_role",))
@@ -352,6 +518,21 @@ class SchedulerMetrics(NodeMetrics):
             "Nodes found dead (heartbeats stopped, connection lost, not restarted)"))
         self.barriers = self._bound(self._series(
             "Counter", "pskv_scheduler_barriers_total", "Barriers completed"))
+        self.restarts = self._bound(self._series(
+            "Counter", "pskv_scheduler_restarts_total",
+            "Nodes that rejoined under their rank after a restart"))
+        self._nodes = nodes
+        self._collectors.append(self._collect)
+
+    def _collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+        family = GaugeMetricFamily(
+            "pskv_scheduler_node_info", "1 for each node the scheduler admitted: its state "
+            "and where it serves /metrics (metrics_port 0: nowhere)",
+            labels=[*_LABELS, "node_role", "node_rank", "state", "host", "metrics_port"])
+        for role, rank, state, host, port in (self._nodes() if self._nodes else []):
+            family.add_metric([*self._values, role, str(rank), state, host, str(port)], 1)
+        yield family
 
 
 def _http_server(host: str, port: int, app: Any) -> Any:
@@ -376,9 +557,10 @@ def _http_server(host: str, port: int, app: Any) -> Any:
     return make_server(host, port, app, Server, handler_class=Quiet)
 
 
-def start(cfg: ClusterConfig, make: Callable[[], NodeMetrics]) -> Any:
+def start(cfg: ClusterConfig, make: Callable[[], NodeMetrics], po: Any = None) -> Any:
     """The node's metrics when ``cfg.metrics_port`` or ``cfg.metrics_pushgateway`` asks for
-    them (serving on the port, pushed at close); else None.
+    them (serving on the port, pushed at close); else None. ``po``: the node's Postoffice,
+    whose heartbeats then tell the scheduler where (``metrics_port``, ``metrics_host``).
 
     A missing ``prometheus_client`` or no free port is logged (one ERROR line) and the
     node goes on without metrics.
@@ -399,4 +581,8 @@ def start(cfg: ClusterConfig, make: Callable[[], NodeMetrics]) -> Any:
         host = "127.0.0.1" if cfg.transport == "inproc" else cfg.node_host
         if metrics.serve(host, cfg.metrics_port) is None and metrics.gateway is None:
             return None
+        if host == "0.0.0.0":
+            metrics.host = advertised_host(host, cfg.root_uri)
+        if po is not None and metrics.port is not None:
+            po.metrics_host, po.metrics_port = metrics.host, metrics.port
     return metrics

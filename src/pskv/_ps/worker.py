@@ -118,7 +118,9 @@ class KVWorker:
                         self.failover.pushes.applied_before(shard, applied_counts(meta.body))
                 # set after the handshakes, which go to each server itself
                 self.failover.host = hosts
-            self.metrics = start_metrics(cfg, lambda: WorkerMetrics(po.rank, po.job))
+            fo = self.failover
+            self.metrics = start_metrics(cfg, lambda: WorkerMetrics(
+                po.rank, po.job, (lambda: fo.resent) if fo is not None else None), po)
         except BaseException:
             self.close()
             raise
@@ -163,7 +165,7 @@ class KVWorker:
         if time.monotonic() - self._last_read > READ_EVERY:
             self.poll_links()     # keep the servers' replies from piling up
         if self.metrics is not None:
-            self.metrics.sent(ts, cmd.name.lower(), sum(a.nbytes for a in arrays))
+            self.metrics.sent(ts, cmd, arrays)
         if fo is None:
             self._send(server, cmd, ts, keys, body, arrays)
         else:
@@ -326,7 +328,7 @@ class KVWorker:
                     self._done[meta.ts] = result
                     self._cond.notify_all()
                 if self.metrics is not None:
-                    self.metrics.received(meta.ts, sum(a.nbytes for a in arrays))
+                    self.metrics.received(meta.ts, arrays)
 
     def poll_links(self) -> None:
         """Read whatever has arrived, without waiting, unless another thread is reading: a

@@ -435,6 +435,13 @@ class Engine:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def observed(self) -> list[tuple[Key, int, int, tables.ServedTable | None]]:
+        """Per key held: the user's key, pushes applied, bytes of the value held, its
+        table (or None). For metrics, read from another thread: a copy of the entries."""
+        return [(e.name, sum(list(e.applied.values())), e.stored.size * e.stored.dtype.itemsize,
+                 e.table)
+                for e in list(self._entries.values())]
+
     def copy_entry(self, key: Key) -> EntryCopy:
         """A copy of one key: its metadata, its value (a table shard's: its arrays by
         name), its optimizer state."""

@@ -36,6 +36,7 @@ from .._ps.transport import Connection
 from .._ps.zeromq import ZmqContext
 from ._engine import Engine, Ticket
 from ._durable import Snapshots, checkpoint_path, load_shard
+from ._observed import server_state
 from ._replica import Backups
 from ._server_tables import cmd_lookup, cmd_table_stats, init_entries, stats_reply
 from ._shards import Shard, Shards
@@ -184,7 +185,7 @@ class KVServer:
         if handler is None:
             raise ProtocolError(f"server does not take {meta.cmd.name}")
         if self.metrics is not None:
-            self.metrics.request(meta.cmd.name.lower(), sum(a.nbytes for a in arrays))
+            self.metrics.request(meta.cmd, arrays)
         check_key_count(len(meta.keys), self.cfg.max_keys_per_message, meta.cmd.name,
                         self._where())
         index = meta.body.get("shard") if isinstance(meta.body, dict) else None
@@ -227,7 +228,7 @@ class KVServer:
         else:
             values = engine.values(ticket)
             if self.metrics is not None:
-                self.metrics.replied(ticket.cmd.name.lower(), sum(a.nbytes for a in values))
+                self.metrics.replied(ticket.cmd, values)
             self._send(ticket.peer, Command.DATA, ticket.ts, arrays=values)
 
     def _answer_error(self, ticket: Ticket, err: KVStoreError) -> None:
@@ -440,7 +441,8 @@ class KVServer:
             if self.backups is not None:
                 self.backups.start(self.po)
             self.metrics = start_metrics(self.cfg, lambda: ServerMetrics(
-                self.po.rank, self.po.job, self._keys_held))
+                self.po.rank, self.po.job, lambda: server_state(self.shards),
+                self.cfg.metrics_top_keys, self.cfg.metrics_keys), self.po)
             if self.metrics is not None:
                 self.snapshots.written = self.metrics.checkpoint.observe
             log.info("server %d: serving dist_%s for %d workers at %s", self.po.rank,
@@ -498,10 +500,6 @@ class KVServer:
                 "PSKV_CHECKPOINT_EVERY so that a restarted server can rejoin.")
         log.warning("server %d: restarted; reloaded %d keys from the checkpoint of round %d",
                     rank, len(self.shards.own), rnd)
-
-    def _keys_held(self) -> float:
-        """Keys (parts) held in every shard served here (read by the metrics thread)."""
-        return float(sum(len(shard.engine) for shard in list(self.shards.served.values())))
 
     def _close(self) -> None:
         if getattr(self, "metrics", None) is not None:
