@@ -258,7 +258,7 @@ def view(prev: Snapshot | None, cur: Snapshot, width: int = 100) -> list[str]:
         lines.append("last to push: no sync round closed this interval")
     if len(slow) > 1:
         who = ", ".join(f"worker {r} {1000 * t:.2f} ms" for t, r in sorted(slow)[::-1][:5])
-        lines.append(f"slowest workers (mean request wait): {who}")
+        lines.append(f"mean request wait: {who} (the last to push waits least)")
     dt = cur.at - prev.at if prev is not None else 0.0
     hot = _delta_by(prev, cur, "pskv_key_pushed_bytes_total") if dt > 0 else {}
     hot = {k: v for k, v in hot.items() if v > 0}
