@@ -121,6 +121,8 @@ def test_every_node_serves_metrics_while_the_job_runs(run_threads: Any, tmp_path
     assert _value(series, "pskv_server_received_bytes_total", command="pushpull") == 6 * 4000
     assert _value(series, "pskv_server_sent_bytes_total", command="pushpull") == 6 * 4000
     assert _value(series, "pskv_round_wait_seconds_count", role="server") == 3
+    assert _value(series, "pskv_round_apply_seconds_count", role="server") == 3
+    assert _value(series, "pskv_server_waiting_requests", role="server") == 0
     assert _value(series, "pskv_checkpoint_write_seconds_count", role="server") >= 1
     assert all("\nprocess_resident_memory_bytes " in text for text in texts.values())
     for rank in ("0", "1"):

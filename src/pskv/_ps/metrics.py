@@ -15,6 +15,7 @@ only when metrics are on (``pip install 'pskv[metrics]'``).
 from __future__ import annotations
 
 import bisect
+import collections
 import errno
 import hashlib
 import logging
@@ -25,6 +26,7 @@ from typing import Any, Callable, Sequence
 from ..errors import ConfigError
 from .config import (ENV_METRICS_PORT, ENV_METRICS_PUSHGATEWAY, ClusterConfig,
                      advertised_host)
+from .message import Command
 
 __all__ = ["NodeMetrics", "PORT_TRIES", "SchedulerMetrics", "ServerMetrics",
            "WorkerMetrics", "job_label", "start"]
@@ -287,9 +289,11 @@ class ServerMetrics(NodeMetrics):
                  top_keys: int = 10, keys: Sequence[str] = ()) -> None:
         super().__init__("server", rank, job)
         self._state, self._top, self._named = state, top_keys, frozenset(keys)
-        self._calls: dict[Any, _Calls] = {}
-        self._wait = _Calls()
-        self._last: dict[int, int] = {}
+        # subscripts, not method calls, in the hooks: a missing command or worker is made
+        # on first use (by the one thread that writes)
+        self._calls: collections.defaultdict[Any, _Calls] = collections.defaultdict(_Calls)
+        self._wait, self._apply = _Calls(), _Calls()
+        self._last: collections.defaultdict[int, int] = collections.defaultdict(int)
         self.stragglers = self._bound(self._series(
             "Counter", "pskv_straggler_warnings_total",
             "Straggler lines logged (rounds that waited, workers often last)"))
@@ -299,15 +303,12 @@ class ServerMetrics(NodeMetrics):
             buckets=(0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)))
         self._collectors.append(self._collect)
 
-    def _add(self, cmd: Any) -> _Calls:
-        return self._calls.setdefault(cmd, _Calls())
-
     def request(self, cmd: Any, arrays: Sequence[Any]) -> None:
         """One request of wire command ``cmd`` carrying ``arrays``."""
         nbytes = 0
         for a in arrays:
             nbytes += a.nbytes
-        calls = self._calls.get(cmd) or self._add(cmd)
+        calls = self._calls[cmd]
         calls.requests += 1
         calls.received += nbytes
 
@@ -316,16 +317,20 @@ class ServerMetrics(NodeMetrics):
         nbytes = 0
         for a in arrays:
             nbytes += a.nbytes
-        calls = self._calls.get(cmd) or self._add(cmd)
-        calls.sent += nbytes
+        self._calls[cmd].sent += nbytes
 
     def round_closed(self, worker: int, waited: float) -> None:
         """``worker``'s push closed a sync round that waited ``waited`` seconds."""
         wait = self._wait
         wait.counts[bisect.bisect_left(LATENCY_BUCKETS, waited)] += 1
         wait.sum += waited
-        last = self._last
-        last[worker] = last.get(worker, 0) + 1
+        self._last[worker] += 1
+
+    def applied_in(self, seconds: float) -> None:
+        """A sync round's update (the sum applied, the optimizer run) took ``seconds``."""
+        apply = self._apply
+        apply.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        apply.sum += seconds
 
     def _collect(self) -> Any:
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
@@ -338,6 +343,8 @@ class ServerMetrics(NodeMetrics):
         sent = CounterMetricFamily("pskv_server_sent_bytes", "Array bytes sent in replies, "
                                    "by command", labels=by)
         for cmd, calls in list(self._calls.items()):
+            if not (calls.requests or calls.sent):
+                continue
             requests.add_metric([*me, _label(cmd)], calls.requests)
             received.add_metric([*me, _label(cmd)], calls.received)
             sent.add_metric([*me, _label(cmd)], calls.sent)
@@ -347,6 +354,12 @@ class ServerMetrics(NodeMetrics):
         wait.add_metric(me, _histogram(list(self._wait.counts), LATENCY_BUCKETS),
                         sum_value=self._wait.sum)
         yield wait
+        apply = HistogramMetricFamily("pskv_round_apply_seconds", "Seconds a dist_sync "
+                                      "round's update took (the sum applied, the optimizer "
+                                      "run)", labels=_LABELS)
+        apply.add_metric(me, _histogram(list(self._apply.counts), LATENCY_BUCKETS),
+                         sum_value=self._apply.sum)
+        yield apply
         last = CounterMetricFamily("pskv_round_last_pusher", "Sync rounds closed by this "
                                    "worker's push (it was last)", labels=[*_LABELS, "worker"])
         for worker, n in sorted(list(self._last.items())):
@@ -359,6 +372,9 @@ class ServerMetrics(NodeMetrics):
         state = self._state()
         yield _gauge("pskv_server_keys", "Keys (key parts) held, every shard served", me,
                      state["keys"])
+        yield _gauge("pskv_server_waiting_requests", "Requests held for rounds to close "
+                     "(pushes and pulls of open rounds, deferred pushes)", me,
+                     state.get("waiting", 0))
         # per key: a bounded set (the top ones by bytes pushed, and those named)
         per_key: dict[str, tuple[int, int]] = state["per_key"]
         ranked = sorted(per_key.items(), key=lambda kv: -kv[1][0] * kv[1][1])
@@ -422,15 +438,14 @@ class WorkerMetrics(NodeMetrics):
     def __init__(self, rank: int, job: str,
                  resent: Callable[[], tuple[int, int]] | None = None) -> None:
         super().__init__("worker", rank, job)
-        self._calls: dict[Any, _Calls] = {}
+        # one record per wire command made now, so that the hooks only read the dict (a
+        # command of another kind is made on first use, under the lock)
+        self._calls: collections.defaultdict[Any, _Calls] = collections.defaultdict(
+            _Calls, {cmd: _Calls() for cmd in Command})
         self._started: dict[int, tuple[_Calls, float]] = {}
         self._lock = threading.Lock()
         self._resent = resent
         self._collectors.append(self._collect)
-
-    def _add(self, cmd: Any) -> _Calls:
-        with self._lock:
-            return self._calls.setdefault(cmd, _Calls())
 
     def sent(self, ts: int, cmd: Any, arrays: Sequence[Any]) -> None:
         """Request ``ts`` of wire command ``cmd`` left with ``arrays`` (a push's negative ts
@@ -438,14 +453,14 @@ class WorkerMetrics(NodeMetrics):
         nbytes = 0
         for a in arrays:
             nbytes += a.nbytes
-        calls = self._calls.get(cmd) or self._add(cmd)
         started = self._started
         now = time.monotonic() if ts > 0 else 0.0
         with self._lock:
+            calls = self._calls[cmd]
             calls.requests += 1
             calls.sent += nbytes
             if ts > 0:
-                if len(started) >= _MAX_TIMED:
+                if len(started) >= _MAX_TIMED:     # replies that never came (a lost server)
                     started.clear()
                 started[ts] = (calls, now)
 
@@ -479,7 +494,7 @@ class WorkerMetrics(NodeMetrics):
             "be applied)", labels=by)
         with self._lock:
             rows = [(_label(cmd), c.requests, c.sent, c.received, list(c.counts), c.sum)
-                    for cmd, c in self._calls.items()]
+                    for cmd, c in self._calls.items() if c.requests]
         for label, n, out, into, counts, total in rows:
             requests.add_metric([*me, label], n)
             sent.add_metric([*me, label], out)

@@ -150,6 +150,9 @@ class Engine:
         #: ``closed(key, worker, waited)``: ``worker``'s push closed a sync round of the
         #: user's ``key`` ``waited`` seconds after its first push (stragglers, metrics)
         self.closed: Callable[[Key, int, float], object] | None = None
+        #: ``applied_in(seconds)``: a sync round's update (``finish``: the sum applied, the
+        #: optimizer run) took that long, timed from ``closed`` (metrics)
+        self.applied_in: Callable[[float], object] | None = None
 
     # ---- keys ------------------------------------------------------------------------
     def __contains__(self, key: object) -> bool:
@@ -319,9 +322,10 @@ class Engine:
             ticket.remaining += 1
             entry.waiting.append(ticket)
         if len(entry.pushers) == self.num_workers:
+            now = self._clock()
             if self.closed is not None:
-                self.closed(entry.name, worker, self._clock() - entry.started)
-            self._close_round(key, entry)
+                self.closed(entry.name, worker, now - entry.started)
+            self._close_round(key, entry, now)
 
     # ---- the two steps of a round (override both for a server that does no arithmetic,
     # ---- as the benchmarks' EmptyHandler does) -----------------------------------------
@@ -397,9 +401,11 @@ class Engine:
         assert entry.merge is not None
         return entry.stored._new(entry.merge)      # the stored value's context
 
-    def _close_round(self, key: Key, entry: _Entry) -> None:
+    def _close_round(self, key: Key, entry: _Entry, now: float = 0.0) -> None:
         try:
             self.finish(key)
+            if self.applied_in is not None and now:
+                self.applied_in(self._clock() - now)
         except Exception as err:  # the update failed: its pushers hear why; the key goes on
             entry.round += 1
             self._fail_entry(entry, err if isinstance(err, KVStoreError) else ClusterError(
@@ -435,11 +441,13 @@ class Engine:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def observed(self) -> list[tuple[Key, int, int, tables.ServedTable | None]]:
+    def observed(self) -> list[tuple[Key, int, int, tables.ServedTable | None, int]]:
         """Per key held: the user's key, pushes applied, bytes of the value held, its
-        table (or None). For metrics, read from another thread: a copy of the entries."""
+        table (or None), requests waiting for its rounds (pushes and pulls of the open
+        round, deferred pushes). For metrics, read from another thread: a copy of the
+        entries."""
         return [(e.name, sum(list(e.applied.values())), e.stored.size * e.stored.dtype.itemsize,
-                 e.table)
+                 e.table, len(e.waiting) + len(e.pulls) + len(e.deferred))
                 for e in list(self._entries.values())]
 
     def copy_entry(self, key: Key) -> EntryCopy:

@@ -14,18 +14,19 @@ __all__ = ["server_state"]
 
 
 def server_state(shards: Shards) -> dict[str, Any]:
-    """``keys`` held (key parts), ``per_key`` ``str(key) -> (pushes applied, bytes of the
+    """``keys`` held (key parts), ``waiting`` requests held for rounds, ``per_key`` ``str(key) -> (pushes applied, bytes of the
     part held)``, ``tables`` ``str(key) -> stats`` and ``backups`` ``(shard, backup, up,
     changes not acknowledged)``, over every shard this server serves (not the shards it
     only backs up: their pushes are counted by their primary)."""
-    keys = 0
+    keys = waiting = 0
     per_key: dict[str, tuple[int, int]] = {}
     tables: dict[str, dict[str, int]] = {}
     backups = []
     for shard in list(shards.served.values()):
         engine = shard.engine
         keys += len(engine)
-        for name, pushes, nbytes, table in engine.observed():
+        for name, pushes, nbytes, table, held in engine.observed():
+            waiting += held
             label = str(name)
             if table is not None:
                 stats = table.stats()
@@ -38,4 +39,4 @@ def server_state(shards: Shards) -> dict[str, Any]:
         repl = shard.replicator
         if repl is not None:
             backups.append((shard.index, repl.backup, repl.up, repl.pending))
-    return {"keys": keys, "per_key": per_key, "tables": tables, "backups": backups}
+    return {"keys": keys, "waiting": waiting, "per_key": per_key, "tables": tables, "backups": backups}

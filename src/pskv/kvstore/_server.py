@@ -120,6 +120,9 @@ class KVServer:
         holder.append(engine)
         engine.closed = lambda key, worker, waited: self._round_closed(
             key, worker, waited, engine.num_workers)
+        # metrics on: the update of each sync round is timed (off: not even the clock read)
+        metrics = getattr(self, "metrics", None)
+        engine.applied_in = metrics.applied_in if metrics is not None else None
         return engine
 
     def _round_closed(self, key: Any, worker: int, waited: float, num_workers: int) -> None:
@@ -445,6 +448,7 @@ class KVServer:
                 self.cfg.metrics_top_keys, self.cfg.metrics_keys), self.po)
             if self.metrics is not None:
                 self.snapshots.written = self.metrics.checkpoint.observe
+                own.applied_in = self.metrics.applied_in
             log.info("server %d: serving dist_%s for %d workers at %s", self.po.rank,
                      self.po.mode or "sync", self.po.num_workers,
                      ", ".join(sorted(self._endpoints.values())))
