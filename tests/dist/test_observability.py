@@ -349,3 +349,34 @@ def test_pskv_top_at_the_schedulers_own_port_is_one_line_and_harms_nothing(
     assert value == 2.0 and results[1][1] == 2.0
     assert got.returncode == 2 and got.stderr.count("\n") == 1, got.stderr
     assert got.stderr.startswith("pskv-top: ") and "PSKV_METRICS_PORT" in got.stderr
+
+
+def test_a_heartbeat_tells_the_metrics_port_and_garbage_is_ignored() -> None:
+    """What a node's heartbeat says of its metrics port is listed; anything else in a
+    heartbeat's body is ignored: the heartbeat is still answered, nothing is raised."""
+    import time
+
+    from pskv._ps.config import ClusterConfig, Role
+    from pskv._ps.message import Command, Meta
+    from pskv._ps.scheduler import Scheduler, _Node
+    from pskv.launch._net import free_port
+    sched = Scheduler(ClusterConfig(Role.SCHEDULER, root_port=free_port()))
+    sent: list[Command] = []
+    sched._send = lambda ident, cmd, ts=0, body=None: sent.append(cmd)  # type: ignore
+    node = _Node("conn", "worker", 0, {}, time.monotonic())  # type: ignore[arg-type]
+    sched._nodes["conn"] = node  # type: ignore[index]
+    try:
+        for body in (None, [1], "x", {"metrics": "9400"}, {"metrics": 70000},
+                     {"metrics": True}, {"metrics": -1}, {"metrics": 9400.0}):
+            sched.handle("conn", node, Meta(Command.HEARTBEAT, body=body), [])  # type: ignore
+            assert node.metrics_port == 0, body
+        sched.handle("conn", node, Meta(Command.HEARTBEAT, body={  # type: ignore[arg-type]
+            "metrics": 9401, "metrics_host": 7}), [])
+        assert (node.metrics_port, node.metrics_host) == (9401, "")
+        sched.handle("conn", node, Meta(Command.HEARTBEAT, body={  # type: ignore[arg-type]
+            "metrics": 9402, "metrics_host": "10.0.0.7"}), [])
+        assert sched._listing() == [("worker", 0, "alive", "10.0.0.7", 9402)]
+        assert sent == [Command.HEARTBEAT_ACK] * 10
+    finally:
+        sched.loop.close()
+        sched._zctx.close()

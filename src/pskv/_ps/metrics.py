@@ -76,7 +76,7 @@ class _Family:
     def __init__(self, kind: str, name: str, doc: str, labels: Sequence[str],
                  buckets: Sequence[float] | None = None) -> None:
         self.kind, self.name, self.doc, self.labelnames = kind, name, doc, tuple(labels)
-        self.bounds = tuple(buckets) if kind == "Histogram" else None
+        self.bounds = tuple(buckets or ()) if kind == "Histogram" else None
         if self.bounds is not None and not self.bounds:
             self.bounds = LATENCY_BUCKETS
         self.children: dict[tuple[str, ...], _Child] = {}
@@ -158,7 +158,7 @@ class NodeMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._families = _Families()
         self._collectors = self._families.collectors
-        self.registry.register(self._families)      # type: ignore[arg-type]
+        self.registry.register(self._families)
         # process_* (CPU, resident memory, open fds): the process this node runs in
         ProcessCollector(registry=self.registry)
         self.name = f"{role} {rank}" if role != "scheduler" else "the scheduler"
