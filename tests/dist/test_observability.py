@@ -141,12 +141,12 @@ def test_a_port_in_use_is_skipped_and_a_full_range_logged(
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test the metrics endpoints")
     import socket
-    from pskv._ps import metrics
+    from pskv._ps import metrics, series
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     held.listen()
     port = held.getsockname()[1]
-    m = metrics.WorkerMetrics(0, "job")
+    m = series.WorkerMetrics(0, "job")
     try:
         got = m.serve("127.0.0.1", port)
         assert got is not None and got != port and port < got < port + metrics.PORT_TRIES
@@ -155,7 +155,7 @@ def test_a_port_in_use_is_skipped_and_a_full_range_logged(
         m.close()
     monkeypatch.setattr(metrics, "PORT_TRIES", 1)
     caplog.set_level(logging.ERROR, logger="pskv._ps.metrics")
-    other = metrics.WorkerMetrics(1, "job")
+    other = series.WorkerMetrics(1, "job")
     try:
         assert other.serve("127.0.0.1", port) is None
     finally:

@@ -40,7 +40,7 @@ def test_off_unless_asked() -> None:
 def test_without_prometheus_client_the_node_goes_on(monkeypatch: pytest.MonkeyPatch,
                                                      caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)   # import fails
-    from pskv._ps.metrics import WorkerMetrics
+    from pskv._ps.series import WorkerMetrics
     caplog.set_level(logging.ERROR, logger="pskv._ps.metrics")
     assert start(ClusterConfig(Role.WORKER, metrics_port=9400),
                  lambda: WorkerMetrics(0, "job")) is None
@@ -75,7 +75,7 @@ def _state(keys: int = 0, per_key: dict[str, tuple[int, int]] | None = None,
 def test_server_series() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test metrics")
-    from pskv._ps.metrics import ServerMetrics
+    from pskv._ps.series import ServerMetrics
     m = ServerMetrics(1, "job", lambda: {**_state(keys=7), "waiting": 2})
     m.request(Command.PUSH, [_nbytes(400)])
     m.request(Command.PUSH, [_nbytes(100), _nbytes(300)])
@@ -102,7 +102,7 @@ def test_server_series() -> None:
 def test_worker_times_answered_requests_only() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test metrics")
-    from pskv._ps.metrics import WorkerMetrics
+    from pskv._ps.series import WorkerMetrics
     m = WorkerMetrics(0, "job")
     m.sent(-1, Command.PUSH, [_nbytes(100)])     # a push: counted, not timed
     m.sent(2, Command.PULL, [])
@@ -121,7 +121,7 @@ def test_worker_times_answered_requests_only() -> None:
 def test_scheduler_series() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test metrics")
-    from pskv._ps.metrics import SchedulerMetrics
+    from pskv._ps.series import SchedulerMetrics
     m = SchedulerMetrics("job", lambda role: 2 if role == "worker" else 1)
     m.missed.inc()
     got = _samples(m.registry)
@@ -142,7 +142,7 @@ def _with(base: tuple[tuple[str, str], ...], **labels: str) -> tuple[tuple[str, 
 def test_per_key_series_are_bounded_to_the_top_keys_and_those_named() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test metrics")
-    from pskv._ps.metrics import ServerMetrics
+    from pskv._ps.series import ServerMetrics
     # 50 keys; key i was pushed i times, 4 bytes each: the busiest are k49, k48, k47
     per_key = {f"k{i}": (i, 4) for i in range(50)}
     m = ServerMetrics(0, "job", lambda: _state(per_key=per_key), top_keys=3, keys=["k1"])
@@ -174,7 +174,7 @@ def test_the_per_key_settings() -> None:
 def test_table_and_replication_series() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test metrics")
-    from pskv._ps.metrics import ServerMetrics
+    from pskv._ps.series import ServerMetrics
     stats = {"rows": 5, "lookups": 9, "misses": 6, "inserts": 5, "refusals": 1,
              "evictions": 2}
     m = ServerMetrics(0, "job", lambda: _state(tables={"emb": stats},
@@ -191,7 +191,7 @@ def test_table_and_replication_series() -> None:
 def test_worker_resent_series() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test metrics")
-    from pskv._ps.metrics import WorkerMetrics
+    from pskv._ps.series import WorkerMetrics
     got = _samples(WorkerMetrics(2, "job", lambda: (4, 1)).registry)
     base = _base("worker", 2)
     assert got[("pskv_worker_resent_total", _with(base, what="push"))] == 4
@@ -201,7 +201,7 @@ def test_worker_resent_series() -> None:
 def test_scheduler_lists_every_node_and_counts_restarts() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test metrics")
-    from pskv._ps.metrics import SchedulerMetrics
+    from pskv._ps.series import SchedulerMetrics
     nodes = [("server", 0, "alive", "127.0.0.1", 9401), ("worker", 0, "dead", "", 0)]
     m = SchedulerMetrics("job", lambda role: 1, lambda: nodes)
     m.restarts.inc()
@@ -225,7 +225,7 @@ def test_the_hooks_take_few_calls() -> None:
                         "(prometheus_client) to test metrics")
     import cProfile
     import pstats
-    from pskv._ps.metrics import ServerMetrics, WorkerMetrics
+    from pskv._ps.series import ServerMetrics, WorkerMetrics
     server = ServerMetrics(0, "job", _state)
     worker = WorkerMetrics(0, "job")
     value = [_nbytes(64)]

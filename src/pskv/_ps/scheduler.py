@@ -28,7 +28,8 @@ from .auth import Verifier, new_key
 from .config import ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_ID, ClusterConfig
 from .limits import CONTROL_BYTES
 from .message import Command, Meta, error_body
-from .metrics import SchedulerMetrics, start as start_metrics
+from .metrics import start as start_metrics
+from .series import SchedulerMetrics
 from .replay import backup_of
 from .serve import ServeLoop
 from .transport import Connection

@@ -39,7 +39,8 @@ from .config import ClusterConfig
 from .failover import Failover, applied_counts
 from .message import Command, Meta, error_from_body
 from .ops import Op, command
-from .metrics import WorkerMetrics, start as start_metrics
+from .metrics import start as start_metrics
+from .series import WorkerMetrics
 from .postoffice import Postoffice
 from .tls import client_context
 from .transport import Alloc, Connection, connect

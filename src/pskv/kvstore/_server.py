@@ -24,7 +24,8 @@ from .._ps.auth import Verifier
 from .._ps.bounds import check_init, check_key_count, check_reply
 from .._ps.config import ClusterConfig, advertised_host
 from .._ps.membership import ServerRejoined
-from .._ps.metrics import ServerMetrics, start as start_metrics
+from .._ps.metrics import start as start_metrics
+from .._ps.series import ServerMetrics
 from .._ps.message import Command, Meta, kind_arrays
 from .._ps.ops import Op, ReplOp, parse
 from .._ps.postoffice import Postoffice
