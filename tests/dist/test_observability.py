@@ -380,3 +380,34 @@ def test_a_heartbeat_tells_the_metrics_port_and_garbage_is_ignored() -> None:
     finally:
         sched.loop.close()
         sched._zctx.close()
+
+
+def test_replication_series_of_a_job_with_backups(run_threads: Any) -> None:
+    """With PSKV_REPLICAS=1 each server's shard has a backup on the other: both are up,
+    and every change is acknowledged by the time the workers' pulls are answered."""
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to test the metrics endpoints")
+    from pskv.launch._net import free_port
+    first = free_port()
+
+    def train(kv: Any) -> Any:
+        for key in ("a", "b", "c", "d"):
+            kv.init(key, np.zeros(10, np.float32))
+        for key in ("a", "b", "c", "d"):
+            kv.push(key, np.ones(10, np.float32))
+            kv.pull(key, out=np.zeros(10, np.float32))
+        kv._barrier()
+        texts = _scrape(first, 8) if kv.rank == 0 else None
+        kv._barrier()
+        return texts
+
+    results = run_threads(train, num_workers=2, num_servers=2, metrics_port=first,
+                          replicas=1)
+    series = _series(results[0])
+    for shard, backup in (("0", "1"), ("1", "0")):
+        assert _value(series, "pskv_replication_backup_up", shard=shard, backup=backup) == 1
+        assert _value(series, "pskv_replication_pending_changes", shard=shard,
+                      backup=backup) == 0
+    # four keys over two servers: every push is counted once, by the shard's primary
+    pushes = sum(v for n, _lab, v in series if n == "pskv_key_pushes_total")
+    assert pushes == 4 * 2
