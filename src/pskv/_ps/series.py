@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import heapq
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -150,9 +151,10 @@ class ServerMetrics(NodeMetrics):
                      state.get("waiting", 0))
         # per key: a bounded set (the top ones by bytes pushed, and those named)
         per_key: dict[str, tuple[int, int]] = state["per_key"]
-        ranked = sorted(per_key.items(), key=lambda kv: -kv[1][0] * kv[1][1])
-        chosen = dict(ranked[:self._top])
-        chosen.update((k, v) for k, v in per_key.items() if k in self._named)
+        # O(keys) per scrape, on the metrics thread; never on the hot path
+        chosen = dict(heapq.nlargest(self._top, per_key.items(),
+                                     key=lambda kv: kv[1][0] * kv[1][1]))
+        chosen.update((k, per_key[k]) for k in self._named if k in per_key)
         by_key = [*LABELS, "key"]
         pushes = CounterMetricFamily("pskv_key_pushes", "Pushes of this key applied here "
                                      "(its top keys and PSKV_METRICS_KEYS)", labels=by_key)
