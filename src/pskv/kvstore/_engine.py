@@ -322,8 +322,9 @@ class Engine:
             ticket.remaining += 1
             entry.waiting.append(ticket)
         if len(entry.pushers) == self.num_workers:
-            now = self._clock()
+            now = 0.0
             if self.closed is not None:
+                now = self._clock()
                 self.closed(entry.name, worker, now - entry.started)
             self._close_round(key, entry, now)
 
@@ -404,14 +405,14 @@ class Engine:
     def _close_round(self, key: Key, entry: _Entry, now: float = 0.0) -> None:
         try:
             self.finish(key)
-            if self.applied_in is not None and now:
-                self.applied_in(self._clock() - now)
         except Exception as err:  # the update failed: its pushers hear why; the key goes on
             entry.round += 1
             self._fail_entry(entry, err if isinstance(err, KVStoreError) else ClusterError(
                 f"the update of key {entry.name!r} failed: {type(err).__name__}: {err}",
                 key=entry.name))
             return
+        if self.applied_in is not None and now:     # outside the try: not the update's
+            self.applied_in(self._clock() - now)
         entry.round += 1
         for worker in entry.pushers:
             entry.applied[worker] = entry.applied.get(worker, 0) + 1

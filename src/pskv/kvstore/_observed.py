@@ -14,10 +14,11 @@ __all__ = ["server_state"]
 
 
 def server_state(shards: Shards) -> dict[str, Any]:
-    """``keys`` held (key parts), ``waiting`` requests held for rounds, ``per_key`` ``str(key) -> (pushes applied, bytes of the
-    part held)``, ``tables`` ``str(key) -> stats`` and ``backups`` ``(shard, backup, up,
-    changes not acknowledged)``, over every shard this server serves (not the shards it
-    only backs up: their pushes are counted by their primary)."""
+    """``keys`` held (key parts), ``waiting`` requests held for rounds, ``per_key``
+    ``str(key) -> (pushes applied, bytes of the part held)``, ``tables`` ``str(key) ->
+    stats`` and ``backups`` ``(shard, backup, up, changes not acknowledged)``, over every
+    shard this server serves (not the shards it only backs up: their pushes are counted by
+    their primary)."""
     keys = waiting = 0
     per_key: dict[str, tuple[int, int]] = {}
     tables: dict[str, dict[str, int]] = {}
@@ -39,4 +40,5 @@ def server_state(shards: Shards) -> dict[str, Any]:
         repl = shard.replicator
         if repl is not None:
             backups.append((shard.index, repl.backup, repl.up, repl.pending))
-    return {"keys": keys, "waiting": waiting, "per_key": per_key, "tables": tables, "backups": backups}
+    return {"keys": keys, "waiting": waiting, "per_key": per_key, "tables": tables,
+            "backups": backups}
