@@ -23,6 +23,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import _common
 import numpy as np
@@ -97,7 +98,8 @@ def profile(iters: int = 2000) -> dict[str, dict[str, float]]:
 
         def profiled(self: threading.Thread) -> None:
             prof = cProfile.Profile()
-            target, args = getattr(self, "_target", None), getattr(self, "_args", ())
+            target = getattr(self, "_target", None)
+            args: tuple[Any, ...] = getattr(self, "_args", ())
             name = (f"{args[0].role.value}" if target is run_node else
                     "scrapes" if "_scrape" in self.name or "process_request" in self.name
                     else "metrics endpoints" if self.name.startswith("pskv-metrics")
@@ -144,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = {16: "64 B", 65536: "256 KB"} if args.quick else SIZES
     rounds = 1 if args.quick else args.rounds
-    rows, data = [], {"machine": _common.machine_info(), "commit": _common.commit_info(),
+    rows: list[list[str]] = []
+    data: dict[str, Any] = {"machine": _common.machine_info(), "commit": _common.commit_info(),
                       "command": _common.command_line(argv), "when": _common.timestamp(),
                       "results": {}}
     for size, label in sizes.items():
