@@ -147,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = {16: "64 B", 65536: "256 KB"} if args.quick else SIZES
     rounds = 1 if args.quick else args.rounds
     rows: list[list[str]] = []
-    data: dict[str, Any] = {"machine": _common.machine_info(), "commit": _common.commit_info(),
-                      "command": _common.command_line(argv), "when": _common.timestamp(),
-                      "results": {}}
+    data: dict[str, Any] = {
+        "machine": _common.machine_info(), "commit": _common.commit_info(),
+        "command": _common.command_line(argv), "when": _common.timestamp(), "results": {}}
     for size, label in sizes.items():
         iters = 20 if args.quick else (2000 if size <= 1024 else 20)
         off: list[float] = []
