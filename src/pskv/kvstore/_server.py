@@ -205,7 +205,13 @@ class KVServer:
         self.stragglers.summary()
         if named and self.metrics is not None:
             self.metrics.stragglers.inc(len(named))
+        if self.metrics is not None:        # a shard taken over from a backup: timed too
+            self.shards.each_engine(self._timed)
         self.shards.each_engine(lambda engine: engine.check_rounds(self.cfg.round_timeout))
+
+    def _timed(self, engine: Engine) -> None:
+        if engine.applied_in is None and self.metrics is not None:
+            engine.applied_in = self.metrics.applied_in
 
     def dropped(self, conn: Connection) -> None:
         """A worker's connection is gone: tell the scheduler (a worker that closed said
