@@ -25,8 +25,9 @@ _MAX_TIMED = 1 << 16
 
 class _Calls:
     """One wire command's requests, array bytes each way and latency histogram (a worker's
-    request to reply; unused on a server), as plain numbers read when ``/metrics`` is
-    scraped. The hot path only adds to them (docs/observability.md, "What metrics cost")."""
+    request to reply; a server's round waits and apply times use one each), as plain
+    numbers read when ``/metrics`` is scraped. The hot path only adds to them
+    (docs/observability.md, "What metrics cost")."""
 
     __slots__ = ("counts", "received", "requests", "sent", "sum")
 
@@ -41,10 +42,10 @@ def _label(cmd: Any) -> str:
     return str(getattr(cmd, "name", cmd)).lower()
 
 
-def _histogram(cumulative_of: list[int], bounds: Sequence[float]) -> list[tuple[str, int]]:
+def _histogram(counts: list[int], bounds: Sequence[float]) -> list[tuple[str, int]]:
     """Per-bucket counts as Prometheus' cumulative ``(le, count)`` pairs."""
     out, running = [], 0
-    for bound, n in zip((*bounds, float("inf")), cumulative_of):
+    for bound, n in zip((*bounds, float("inf")), counts):
         running += n
         out.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
     return out
@@ -54,8 +55,8 @@ class ServerMetrics(NodeMetrics):
     """A server's series: requests and bytes by command, round waits, keys, tables and
     replication.
 
-    The hooks (:meth:`request`, :meth:`replied`, :meth:`round_closed`) are called by the
-    serve loop's thread only, so they add to plain numbers without a lock; what the server
+    The hooks (:meth:`request`, :meth:`replied`, :meth:`round_closed`, :meth:`applied_in`)
+    are called by the serve loop's thread only, so they add to plain numbers without a lock; what the server
     holds (keys, per-key pushes, tables, backups) is read from ``state()`` when scraped.
     """
 
