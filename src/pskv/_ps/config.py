@@ -23,7 +23,8 @@ __all__ = [
     "ENV_REDUCE_THREADS", "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_KEY_BYTES", "ENV_MAX_KEYS_PER_MESSAGE",
     "ENV_MAX_MESSAGE_BYTES", "ENV_MAX_REPLY_BYTES", "ENV_MAX_UNADMITTED", "ENV_METRICS_PORT",
-    "ENV_METRICS_PUSHGATEWAY", "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY",
+    "ENV_METRICS_KEYS", "ENV_METRICS_PUSHGATEWAY", "ENV_METRICS_TOP_KEYS",
+    "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY",
     "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS",
     "ENV_TRANSPORT", "ENV_WORKER_ID", "ENV_STALENESS", "ENV_GLOBAL_STALENESS",
     "ENV_MXNET_PYTHON", "ENV_MXNET_SRC", "ENV_PREFIX", "KNOWN_ENV",
@@ -92,6 +93,10 @@ ENV_METRICS_PUSHGATEWAY = "PSKV_METRICS_PUSHGATEWAY"
 #: push calls a read may run ahead of, and pushes a worker may be ahead of the slowest one
 ENV_STALENESS = "PSKV_STALENESS"
 ENV_GLOBAL_STALENESS = "PSKV_GLOBAL_STALENESS"
+#: how many keys (those that moved most bytes) each server exports per-key series for
+ENV_METRICS_TOP_KEYS = "PSKV_METRICS_TOP_KEYS"
+#: keys (comma-separated) each server exports per-key series for, besides the top ones
+ENV_METRICS_KEYS = "PSKV_METRICS_KEYS"
 #: threads a store's Reducer sums and copies big arrays with (local and dist stores)
 ENV_REDUCE_THREADS = "PSKV_REDUCE_THREADS"
 #: the test suite's (docs/env.md, "Tests"): an MXNet 1.9.1 python and source checkout
@@ -254,6 +259,10 @@ class ClusterConfig:
         this one upward (PSKV_METRICS_PORT; docs/observability.md); 0: no metrics
     metrics_pushgateway : a Pushgateway (``host:port``) each node pushes its metrics to
         when it ends, for short jobs (PSKV_METRICS_PUSHGATEWAY); None: no push
+    metrics_top_keys : each server exports per-key series for this many of its keys, those
+        that moved most bytes (PSKV_METRICS_TOP_KEYS; at most 1000)
+    metrics_keys : keys each server exports per-key series for besides the top ones, as
+        ``str(key)`` (PSKV_METRICS_KEYS, comma-separated; at most 100)
     replicas : 1 keeps a copy of every shard on the next server, which takes over when its
         primary dies (PSKV_REPLICAS); 0: none
     """
@@ -292,6 +301,8 @@ class ClusterConfig:
     replicas: int = 0
     metrics_port: int = 0
     metrics_pushgateway: str | None = None
+    metrics_top_keys: int = 10
+    metrics_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -318,6 +329,14 @@ class ClusterConfig:
             raise ConfigError(f"{ENV_METRICS_PORT}={self.metrics_port} is not a TCP port "
                               "(1-65535). Set it to the first port nodes may serve /metrics "
                               "on, e.g. 9400, or unset it.")
+        if not 0 <= self.metrics_top_keys <= 1000:
+            raise ConfigError(f"{ENV_METRICS_TOP_KEYS}={self.metrics_top_keys}: at most 1000 "
+                              "keys per server get per-key series (each is a series per "
+                              "key). Set it to e.g. 10, or 0 for none.")
+        if len(self.metrics_keys) > 100:
+            raise ConfigError(f"{ENV_METRICS_KEYS} names {len(self.metrics_keys)} keys: at "
+                              "most 100 get per-key series. Name fewer (the busiest are "
+                              f"shown anyway, see {ENV_METRICS_TOP_KEYS}).")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ConfigError(f"{ENV_CHECKPOINT_EVERY}={self.checkpoint_every} needs "
                               f"{ENV_CHECKPOINT_DIR}: set it to a directory every server can "
@@ -409,6 +428,10 @@ class ClusterConfig:
             metrics_port=_int(env, ENV_METRICS_PORT, 0, "Set it to the first port nodes may "
                               "serve Prometheus /metrics on, e.g. 9400, or unset it."),
             metrics_pushgateway=env.get(ENV_METRICS_PUSHGATEWAY) or None,
+            metrics_top_keys=_int(env, ENV_METRICS_TOP_KEYS, 10, "Set it to how many keys "
+                                  "per server get per-key series, e.g. 10, or 0 for none."),
+            metrics_keys=tuple(k.strip() for k in env.get(ENV_METRICS_KEYS, "").split(",")
+                               if k.strip()),
         )
 
     def with_role(self, role: Role) -> ClusterConfig:

@@ -95,6 +95,10 @@ class Postoffice:
         #: number of the last sealed message opened (each is opened once)
         self._seal = b""
         self._sealed = 0
+        #: the port this node serves /metrics on, told to the scheduler with each heartbeat
+        #: (which lists it for pskv-top), and on which address; None: no metrics
+        self.metrics_port: int | None = None
+        self.metrics_host = ""
 
     # ---- the membership, read-only ---------------------------------------------------------
     @property
@@ -338,7 +342,10 @@ class Postoffice:
                     self._on_message(meta.cmd, meta.ts, meta.body)
             now = time.monotonic()
             if now - last_beat >= interval:
-                send_message(self._sock, Command.HEARTBEAT, 0, copy=True)
+                port = self.metrics_port
+                send_message(self._sock, Command.HEARTBEAT, 0, copy=True,
+                             body=None if port is None else {
+                                 "metrics": port, "metrics_host": self.metrics_host})
                 last_beat = now
             if now - last_ack > self.cfg.heartbeat_timeout and self.failure is None:
                 self._set_failure(f"the scheduler at {self.cfg.root_address} stopped answering "

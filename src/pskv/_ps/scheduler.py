@@ -29,7 +29,8 @@ from .crypt import curve_keys, derive, seal
 from .config import ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_ID, ClusterConfig
 from .limits import CONTROL_BYTES
 from .message import Command, Meta, error_body
-from .metrics import SchedulerMetrics, start as start_metrics
+from .metrics import start as start_metrics
+from .series import SchedulerMetrics
 from .replay import backup_of
 from .serve import ServeLoop
 from .transport import Connection
@@ -59,6 +60,8 @@ class _Node:
     #: secret), and the number of the next sealed message (crypt.seal)
     seal: bytes = field(default=b"", repr=False)
     sealed: int = 0
+    metrics_port: int = 0       # where it serves /metrics, as its heartbeats say (0: not)
+    metrics_host: str = ""
 
 
 @dataclass(slots=True)
@@ -327,6 +330,8 @@ class Scheduler:
             self._epochs[node.rank] += 1    # new pair keys: the old incarnation's are void
         self._nodes[ident] = node
         log.warning("scheduler: %s %d rejoined (restarted)", node.role, node.rank)
+        if self.metrics is not None:
+            self.metrics.restarts.inc()
         self.loop.admit_now(ident, node)
         self._send(ident, Command.ADMIT, ts, self._admission(node, rejoin=True))
         for other in self._live():
@@ -468,6 +473,11 @@ class Scheduler:
         node.last_seen = time.monotonic()
         if meta.cmd == Command.HEARTBEAT:
             self._send(conn, Command.HEARTBEAT_ACK, meta.ts)
+            body = meta.body if isinstance(meta.body, dict) else {}
+            port, host = body.get("metrics"), body.get("metrics_host")
+            if type(port) is int and 0 < port < 65536:     # anything else: ignored
+                node.metrics_port = port
+                node.metrics_host = host if isinstance(host, str) and len(host) < 256 else ""
         elif meta.cmd == Command.BARRIER:
             self._barrier(node, meta.ts, meta.body)
         elif meta.cmd == Command.GOODBYE:
@@ -538,7 +548,8 @@ class Scheduler:
         tick = min(0.1, self.cfg.heartbeat_interval / 2)
         self.metrics = start_metrics(self.cfg, lambda: SchedulerMetrics(
             self.job, lambda role: sum(1 for n in list(self._nodes.values())
-                                       if n.role == role and n.state == "alive")))
+                                       if n.role == role and n.state == "alive"),
+            self._listing))
         try:
             self.loop.run(lambda: self._stop.is_set() or self._code is not None,
                           int(tick * 1000), tick)
@@ -549,6 +560,12 @@ class Scheduler:
             self.loop.close()
             self._zctx.close()
             self._remove_dead_sockets()
+
+    def _listing(self) -> list[tuple[str, int, str, str, int]]:
+        """Each admitted node's role, rank, state, host and metrics port (for pskv-top;
+        read by the metrics thread)."""
+        return [(n.role, n.rank, n.state, n.metrics_host, n.metrics_port)
+                for n in list(self._nodes.values()) if n.rank >= 0]
 
     def _remove_dead_sockets(self) -> None:
         """Remove the Unix socket files of this host's servers that died (a SIGKILLed

@@ -39,7 +39,8 @@ from .config import ClusterConfig
 from .failover import Failover, applied_counts
 from .message import Command, Meta, error_from_body
 from .ops import Op, command
-from .metrics import WorkerMetrics, start as start_metrics
+from .metrics import start as start_metrics
+from .series import WorkerMetrics
 from .postoffice import Postoffice
 from .tls import client_context
 from .transport import Alloc, Connection, connect
@@ -126,7 +127,9 @@ class KVWorker:
                         self.failover.pushes.applied_before(shard, applied_counts(meta.body))
                 # set after the handshakes, which go to each server itself
                 self.failover.host = hosts
-            self.metrics = start_metrics(cfg, lambda: WorkerMetrics(po.rank, po.job))
+            fo = self.failover
+            self.metrics = start_metrics(cfg, lambda: WorkerMetrics(
+                po.rank, po.job, (lambda: fo.resent) if fo is not None else None), po)
         except BaseException:
             self.close()
             raise
@@ -171,7 +174,7 @@ class KVWorker:
         if time.monotonic() - self._last_read > READ_EVERY:
             self.poll_links()     # keep the servers' replies from piling up
         if self.metrics is not None:
-            self.metrics.sent(ts, cmd.name.lower(), sum(a.nbytes for a in arrays))
+            self.metrics.sent(ts, cmd, arrays)
         if fo is None:
             self._send(server, cmd, ts, keys, body, arrays)
         else:
@@ -339,7 +342,7 @@ class KVWorker:
                     self._done[meta.ts] = result
                     self._cond.notify_all()
                 if self.metrics is not None:
-                    self.metrics.received(meta.ts, sum(a.nbytes for a in arrays))
+                    self.metrics.received(meta.ts, arrays)
 
     def poll_links(self) -> None:
         """Read whatever has arrived, without waiting, unless another thread is reading: a

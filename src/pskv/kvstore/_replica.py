@@ -76,6 +76,11 @@ class Replicator:
         """Whether the backup is connected (else changes are not replicated)."""
         return self._conn is not None
 
+    @property
+    def pending(self) -> int:
+        """Changes sent to the backup and not acknowledged yet (replication lag)."""
+        return len(self._outstanding)
+
     def _connect(self, endpoints: dict[str, str]) -> None:
         """Connect to the backup, say HELLO (as a server), send it the whole shard."""
         tls = client_context(*self.cfg.tls) if self.cfg.tls is not None else None

@@ -25,7 +25,8 @@ from .._ps.auth import Verifier, server_proof
 from .._ps.bounds import check_init, check_key_count, check_reply
 from .._ps.config import ClusterConfig, advertised_host
 from .._ps.membership import ServerRejoined
-from .._ps.metrics import ServerMetrics, start as start_metrics
+from .._ps.metrics import start as start_metrics
+from .._ps.series import ServerMetrics
 from .._ps.message import Command, Meta, kind_arrays
 from .._ps.ops import Op, ReplOp, parse
 from .._ps.postoffice import Postoffice
@@ -39,6 +40,7 @@ from .._ps.transport import Connection, data_curve
 from .._ps.zeromq import ZmqContext, curve_server
 from ._engine import Engine, Ticket
 from ._durable import Snapshots, checkpoint_path, load_shard
+from ._observed import server_state
 from ._replica import Backups
 from ._server_staleness import cmd_clock, park_read
 from ._server_tables import cmd_lookup, cmd_table_stats, init_entries, stats_reply
@@ -130,6 +132,9 @@ class KVServer:
         holder.append(engine)
         engine.closed = lambda key, worker, waited: self._round_closed(
             key, worker, waited, engine.num_workers)
+        # metrics on: the update of each sync round is timed (off: not even the clock read)
+        metrics = getattr(self, "metrics", None)
+        engine.applied_in = metrics.applied_in if metrics is not None else None
         return engine
 
     def _round_closed(self, key: Any, worker: int, waited: float, num_workers: int) -> None:
@@ -200,7 +205,7 @@ class KVServer:
         if handler is None:
             raise ProtocolError(f"server does not take {meta.cmd.name}")
         if self.metrics is not None:
-            self.metrics.request(meta.cmd.name.lower(), sum(a.nbytes for a in arrays))
+            self.metrics.request(meta.cmd, arrays)
         check_key_count(len(meta.keys), self.cfg.max_keys_per_message, meta.cmd.name,
                         self._where())
         index = meta.body.get("shard") if isinstance(meta.body, dict) else None
@@ -237,11 +242,17 @@ class KVServer:
         self.stragglers.summary()
         if named and self.metrics is not None:
             self.metrics.stragglers.inc(len(named))
+        if self.metrics is not None:        # a shard taken over from a backup: timed too
+            self.shards.each_engine(self._timed)
         self.shards.each_engine(lambda engine: engine.check_rounds(self.cfg.round_timeout))
         if self.gate.parked:
             # below the workers' own deadline, so that the named error reaches them first
             self._fail_parked(self.gate.expired(min(self.cfg.round_timeout,
                                                     self.cfg.request_timeout / 2)))
+
+    def _timed(self, engine: Engine) -> None:
+        if engine.applied_in is None and self.metrics is not None:
+            engine.applied_in = self.metrics.applied_in
 
     def dropped(self, conn: Connection) -> None:
         """A worker's connection is gone: tell the scheduler (a worker that closed said
@@ -271,7 +282,7 @@ class KVServer:
         else:
             values = engine.values(ticket)
             if self.metrics is not None:
-                self.metrics.replied(ticket.cmd.name.lower(), sum(a.nbytes for a in values))
+                self.metrics.replied(ticket.cmd, values)
             self._send(ticket.peer, Command.DATA, ticket.ts, arrays=values)
 
     def _answer_error(self, ticket: Ticket, err: KVStoreError) -> None:
@@ -485,9 +496,11 @@ class KVServer:
             if self.backups is not None:
                 self.backups.start(self.po)
             self.metrics = start_metrics(self.cfg, lambda: ServerMetrics(
-                self.po.rank, self.po.job, self._keys_held))
+                self.po.rank, self.po.job, lambda: server_state(self.shards),
+                self.cfg.metrics_top_keys, self.cfg.metrics_keys), self.po)
             if self.metrics is not None:
                 self.snapshots.written = self.metrics.checkpoint.observe
+                own.applied_in = self.metrics.applied_in
             log.info("server %d: serving dist_%s for %d workers at %s", self.po.rank,
                      self.po.mode or "sync", self.po.num_workers,
                      ", ".join(sorted(self._endpoints.values())))
@@ -544,10 +557,6 @@ class KVServer:
                 "PSKV_CHECKPOINT_EVERY so that a restarted server can rejoin.")
         log.warning("server %d: restarted; reloaded %d keys from the checkpoint of round %d",
                     rank, len(self.shards.own), rnd)
-
-    def _keys_held(self) -> float:
-        """Keys (parts) held in every shard served here (read by the metrics thread)."""
-        return float(sum(len(shard.engine) for shard in list(self.shards.served.values())))
 
     def _close(self) -> None:
         if getattr(self, "metrics", None) is not None:
