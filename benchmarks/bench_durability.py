@@ -4,6 +4,17 @@ Run from the repository root::
 
     python benchmarks/bench_durability.py            # full run, several minutes on 2 cores
     python benchmarks/bench_durability.py --quick    # smoke run, well under a minute
+    python benchmarks/bench_durability.py --cpu --steps 10      # CPU seconds per step
+    python benchmarks/bench_durability.py --cpu --profile prof  # and cProfile dumps
+
+CPU (``--cpu``): the same jobs, but what is reported is the CPU time (user + system, from
+``/proc``) that every process of the job (scheduler, servers with their backup threads,
+workers) spent over the timed steps, per step, and the replication cost it predicts,
+``1 - cpu(replicas 0) / cpu(replicas 1)``: on a CPU-bound machine (these jobs on 2 cores)
+that is the share of throughput replication takes, and unlike steps/s it barely moves
+when other programs load the machine. With ``--profile DIR`` every thread of every server
+and worker runs under cProfile (``_profiled.py``), one dump per thread in
+``DIR/<workload>-r<replicas>/``; merge them with ``pstats``.
 
 Throughput: one ``dist_sync`` job per (workload, replicas) through ``pskv.launch.launch``
 (a scheduler, 2 servers, 2 workers on this machine, the default transport); each worker
@@ -24,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -48,8 +60,31 @@ def shapes_of(workload: str, quick: bool) -> list[tuple[int, ...]]:
 
 
 # ---- the worker side (run by pskv-launch) ------------------------------------------------
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` (all its threads) has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def job_cpu_seconds() -> float:
+    """CPU seconds used so far by every process of this job: the launcher's children (the
+    scheduler, the servers and the workers are all started by one ``launch``)."""
+    launcher, total = os.getppid(), 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == launcher:
+                total += _cpu_seconds(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue        # it exited meanwhile
+    return total
+
+
 def worker(out: str, workload: str, steps: int, quick: bool) -> None:
-    """Time ``steps`` push+pull steps; rank 0 writes seconds per step to ``out``."""
+    """Time ``steps`` push+pull steps; rank 0 writes seconds per step to ``out``, and the
+    job's CPU seconds per step over them (every process of the job)."""
     import pskv as mx
     kv = mx.kv.create("dist_sync")
     shapes = shapes_of(workload, quick)
@@ -59,32 +94,61 @@ def worker(out: str, workload: str, steps: int, quick: bool) -> None:
     grads = [mx.nd.ones(s) for s in shapes]
     outs = [mx.nd.zeros(s) for s in shapes]
     times = []
+    cpu0 = 0.0
     for step in range(steps + 1):           # the first step warms up
+        if step == 1:
+            kv.barrier()                     # every process is past its warm-up
+            time.sleep(0.2)                  # a backup applies the last round after its ack
+            cpu0 = job_cpu_seconds() if kv.rank == 0 else 0.0
         t0 = time.perf_counter()
         kv.push(keys, grads)
         kv.pull(keys, out=outs)
         if step:
             times.append(time.perf_counter() - t0)
     kv.barrier()
+    time.sleep(0.2)
     if kv.rank == 0:
-        Path(out).write_text(json.dumps({"seconds_per_step": statistics.median(times)}))
+        cpu = (job_cpu_seconds() - cpu0) / steps
+        Path(out).write_text(json.dumps({"seconds_per_step": statistics.median(times),
+                                         "cpu_seconds_per_step": cpu}))
     kv.close()
 
 
 # ---- the driver ----------------------------------------------------------------------------
-def throughput(workload: str, replicas: int, steps: int, quick: bool) -> float:
-    """Steps per second of one job."""
+def run_job(workload: str, replicas: int, steps: int, quick: bool,
+            profile: str | None = None) -> dict[str, float]:
+    """One job: its rank 0's seconds per step (median) and the job's CPU seconds per step.
+    ``profile``: a directory for cProfile dumps of every thread of its servers and workers."""
     from pskv.launch import launch
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "result.json")
         argv = [sys.executable, __file__, "--worker", out, workload, str(steps)]
         if quick:
             argv.append("--quick")
-        result = launch(argv, 2, 2, env={"PSKV_REPLICAS": str(replicas)}, timeout=900)
+        extra: dict[str, Any] = {}
+        if profile is not None:
+            where = str(Path(profile) / f"{workload}-r{replicas}")
+            wrap = [sys.executable, str(Path(__file__).with_name("_profiled.py")), where]
+            argv = wrap + argv[1:]
+            extra["server_command"] = wrap + ["-m", "pskv.server"]
+        result = launch(argv, 2, 2, env={"PSKV_REPLICAS": str(replicas)}, timeout=900,
+                        **extra)
         if result.returncode != 0:
             raise RuntimeError(f"the {workload} job with PSKV_REPLICAS={replicas} failed "
                                f"with status {result.returncode}")
-        return 1.0 / float(json.loads(Path(out).read_text())["seconds_per_step"])
+        got: dict[str, float] = json.loads(Path(out).read_text())
+        return got
+
+
+def throughput(workload: str, replicas: int, steps: int, quick: bool) -> float:
+    """Steps per second of one job."""
+    return 1.0 / run_job(workload, replicas, steps, quick)["seconds_per_step"]
+
+
+def cpu_per_step(workload: str, replicas: int, steps: int, quick: bool,
+                 profile: str | None) -> float:
+    """CPU seconds per step of one job, summed over all its processes."""
+    return run_job(workload, replicas, steps, quick, profile)["cpu_seconds_per_step"]
 
 
 def snapshot_pause(workload: str, quick: bool, repeats: int) -> dict[str, float]:
@@ -135,9 +199,54 @@ copy of the shard (values and momentum); the write happens on a thread.
 """
 
 
+def cpu_main(args: argparse.Namespace) -> int:
+    """``--cpu``: CPU seconds per step, replicas 0 and 1, and the cost they predict."""
+    steps = args.steps or (2 if args.quick else 10)
+    rounds = args.rounds or 1
+    rows, data = [], {"machine": _common.machine_info(), "commit": _common.commit_info(),
+                      "command": _common.command_line(), "time": _common.timestamp(),
+                      "steps": steps, "rounds": rounds, "results": {}}
+    for workload in args.workload or ("resnet50", "64mb"):
+        got: dict[int, list[float]] = {0: [], 1: []}
+        for _ in range(rounds):
+            for replicas in (0, 1):
+                got[replicas].append(cpu_per_step(workload, replicas, steps, args.quick,
+                                                  args.profile))
+        base, repl = statistics.median(got[0]), statistics.median(got[1])
+        cost = 1 - base / repl
+        data["results"][workload] = {"cpu_seconds_per_step": {"replicas_0": got[0],
+                                                              "replicas_1": got[1]},
+                                     "predicted_cost": cost}
+        rows.append([workload, f"{base:.3f}", f"{repl:.3f}", f"{cost:.0%}",
+                     "PASS" if cost <= 0.25 else "MISS"])
+    header = ["workload", "CPU s/step, replicas 0", "CPU s/step, replicas 1",
+              "predicted cost", "<= 25%"]
+    print(_common.text_table(header, rows))
+    if args.write:
+        c = data["commit"]
+        commit = f"{c['commit']}{' (result files modified)' if c.get('dirty') else ''}"
+        _common.write_results("bench_durability_cpu", data, (
+            f"# bench_durability --cpu\n\n- command: `{data['command']}`\n- commit: {commit}; "
+            f"run at {data['time']}\n- jobs: as bench_durability.md; {steps} timed steps, "
+            f"{rounds} job(s) per replicas setting, the median\n- CPU: user + system seconds "
+            "of every process of the job over the timed steps, per step; predicted cost = "
+            "1 - cpu(replicas 0) / cpu(replicas 1)\n\n" + _common.md_table(header, rows)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a smoke run")
+    p.add_argument("--cpu", action="store_true",
+                   help="report CPU seconds per step of the whole job instead of steps/s")
+    p.add_argument("--steps", type=int, default=0, help="timed steps per job")
+    p.add_argument("--rounds", type=int, default=0, help="jobs per replicas setting")
+    p.add_argument("--workload", action="append", choices=("resnet50", "64mb"),
+                   help="only this workload (repeatable)")
+    p.add_argument("--profile", metavar="DIR",
+                   help="with --cpu: cProfile every thread of the servers and workers")
+    p.add_argument("--write", action="store_true",
+                   help="with --cpu: write results/bench_durability_cpu.{json,md}")
     p.add_argument("--worker", nargs=3, metavar=("OUT", "WORKLOAD", "STEPS"),
                    help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -145,11 +254,14 @@ def main(argv: list[str] | None = None) -> int:
         out, workload, steps = args.worker
         worker(out, workload, int(steps), args.quick)
         return 0
+    if args.cpu:
+        return cpu_main(args)
     steps, rounds, repeats = (2, 1, 3) if args.quick else (30, 3, 10)
+    steps, rounds = args.steps or steps, args.rounds or rounds
     rows, data = [], {"machine": _common.machine_info(), "commit": _common.commit_info(),
                       "command": _common.command_line(), "time": _common.timestamp(),
                       "results": {}}
-    for workload in ("resnet50", "64mb"):
+    for workload in args.workload or ("resnet50", "64mb"):
         got: dict[int, list[float]] = {0: [], 1: []}
         for _ in range(rounds):
             for replicas in (0, 1):
