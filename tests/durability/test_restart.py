@@ -93,6 +93,18 @@ def test_sync_replicas_failover_bit_identical(tmp_path: Path, seed: int) -> None
         np.testing.assert_array_equal(killed[k], calm[k])
 
 
+def test_sync_replicas_failover_with_pushpull_bit_identical(tmp_path: Path) -> None:
+    """A pushpull's push is kept by reference until its reply (no copy): a server killed
+    while the workers overwrite their gradient buffers every step still ends the job
+    with the undisturbed run's weights."""
+    assert _job(tmp_path / "calm", "dist_sync", None) == 0
+    assert _job(tmp_path / "killed", "dist_sync", _die(6), every=0,
+                extra={"PSKV_REPLICAS": "1", "TRAIN_PUSHPULL": "1"}) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
 def test_replicas_over_zeromq_the_scheduler_reports_the_death(tmp_path: Path) -> None:
     # ZeroMQ does not show a broken link: the workers learn of it from the scheduler
     assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0

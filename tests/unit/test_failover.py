@@ -212,3 +212,72 @@ def test_recover_is_not_reentrant_and_takes_its_own_events_first() -> None:
 def test_applied_counts_ignores_malformed_pairs() -> None:
     assert applied_counts({"applied": [[1, 2], [3], "x", [4, True], [5, 6]]}) == {1: 2, 5: 6}
     assert applied_counts({"applied": "all"}) == {}
+
+
+# ---- a PUSHPULL's push is borrowed, not copied (replicas) ----------------------------------
+def _pushpull(fo: Failover, shard: int, pk: int, value: np.ndarray, ts: int) -> None:
+    fo.send(shard, Command.PUSHPULL, ts, [pk], {"kinds": "d"}, [value])
+
+
+def _kept(fo: Failover, shard: int) -> list[np.ndarray]:
+    return [arrays[0] for _pk, _k, arrays in fo.pushes.since(shard, {})]
+
+
+def test_a_pushpull_keeps_the_callers_array_until_its_reply_lets_it_go() -> None:
+    fo, links = _failover()
+    grad = np.full(4, 3.0, np.float32)
+    _pushpull(fo, 0, 7, grad, 1)
+    assert _kept(fo, 0)[0] is grad          # no copy while the call waits for its reply
+    fo.answered(1, ok=True)                 # applied and backed up
+    fo.settle()
+    with pytest.raises(NodeFailedError, match="no longer keeps push 1"):
+        fo.pushes.since(0, {})
+
+
+def test_a_pushpull_push_still_kept_when_the_call_returns_is_copied_then() -> None:
+    fo, links = _failover()
+    grad = np.full(4, 3.0, np.float32)
+    _pushpull(fo, 0, 7, grad, 1)
+    fo.answered(1, ok=False)                # an ERROR: the push may not be applied
+    fo.settle()                             # the call returns: the caller may change grad
+    grad[:] = -1.0
+    kept = _kept(fo, 0)
+    assert kept[0] is not grad and kept[0].tolist() == [3.0] * 4
+    links.take()
+    fo.recover(lambda: None if fo.host[0] != 0 else ServerLost(0))
+    again = [a for s, c, _ts, _k, _b, a in links.take() if c == Command.PUSH]
+    assert [a[0].tolist() for a in again] == [[3.0] * 4]
+
+
+def test_a_server_lost_during_a_pushpull_gets_the_borrowed_push_again() -> None:
+    fo, links = _failover()
+    grad = np.full(4, 5.0, np.float32)
+    _pushpull(fo, 0, 7, grad, 1)
+    links.take()
+    fo.recover(lambda: None if fo.host[0] != 0 else ServerLost(0))   # before any reply
+    sent = links.take()
+    assert [(s, c) for s, c, *_ in sent[1:]] == [(1, Command.PUSH), (1, Command.PULL)]
+    assert sent[1][5][0].tolist() == [5.0] * 4
+    fo.answered(1, ok=True)                 # the backup's reply
+    fo.settle()
+    grad[:] = 0.0
+    with pytest.raises(NodeFailedError):
+        fo.pushes.since(0, {})
+
+
+def test_a_borrowed_array_never_becomes_a_buffer_of_later_copies() -> None:
+    fo, links = _failover()
+    grad = np.full(4, 1.0, np.float32)
+    _pushpull(fo, 0, 7, grad, 1)
+    fo.answered(1, ok=True)
+    fo.settle()
+    fo.send(0, Command.PUSH, -2, [7], {"kinds": "d"}, [np.full(4, 9.0, np.float32)])
+    assert grad.tolist() == [1.0] * 4       # the copy of push 2 went elsewhere
+
+
+def test_without_replicas_a_pushpull_push_is_copied_at_once() -> None:
+    fo, links = _failover(replicas=False)
+    grad = np.full(4, 3.0, np.float32)
+    _pushpull(fo, 0, 7, grad, 1)
+    kept = _kept(fo, 0)
+    assert kept[0] is not grad and kept[0].tolist() == [3.0] * 4

@@ -140,7 +140,10 @@ class Failover:
               arrays: Sequence[np.ndarray]) -> None:
         if cmd in (Command.PUSH, Command.PUSHPULL):
             kinds = body.get("kinds", "") if isinstance(body, dict) else ""
-            self.pushes.record(shard, keys, kinds, arrays)
+            # a PUSHPULL's caller waits for its reply, which (with replicas) lets the push
+            # go: borrowed, not copied, until the caller settles (PushLog)
+            self.pushes.record(shard, keys, kinds, arrays,
+                               borrow=self.replicas and cmd == Command.PUSHPULL)
         if cmd == Command.COMMAND and parse(body) is Op.COMPRESSION:
             self._setup[Op.COMPRESSION] = body
         if self.replicas and cmd in (Command.PULL, Command.PUSHPULL, Command.FLUSH):
@@ -156,6 +159,12 @@ class Failover:
         if self.host[shard] == shard:
             return body
         return {**(body if isinstance(body, dict) else {}), "shard": shard}
+
+    def settle(self) -> None:
+        """A call that sent PUSHPULLs returns: copy the pushes it lent that are still kept
+        (no reply let them go: an error, a timeout), since its caller may change them."""
+        with self._lock:
+            self.pushes.settle()
 
     def skip_applied(self, server: int, keys: Sequence[int], body: Any,
                      arrays: Sequence[np.ndarray]) -> tuple[list[int], Any, list[np.ndarray]]:

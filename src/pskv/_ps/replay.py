@@ -38,18 +38,27 @@ POOL_DEPTH = 64
 
 
 class PushLog:
-    """The last ``keep`` pushes of each key to each server (copies).
+    """The last ``keep`` pushes of each key to each server (copies, or borrowed arrays).
 
     The copies go into buffers that forgotten pushes gave back (a pool per shape and
     dtype): a fresh buffer would cost the kernel zero-filling every page before the copy,
     as much again as the copy itself for big keys.
+
+    A push made inside a call that waits for its reply (``pushpull``) is *borrowed*: the
+    log keeps the caller's own arrays, which cannot change before the call returns, and
+    the call :meth:`settle` s before it returns: whatever borrowed push is still kept
+    then (its reply did not let it go) is copied. Invariant: outside such a call, the log
+    holds no borrowed array.
     """
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
         self._pool: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
         self._count: dict[tuple[int, int], int] = {}
-        self._log: dict[tuple[int, int], deque[tuple[int, str, list[np.ndarray]]]] = {}
+        #: (server, ps_key) -> (push number, kind, arrays, borrowed), oldest first
+        self._log: dict[tuple[int, int], deque[tuple[int, str, list[np.ndarray], bool]]] = {}
+        #: (server, ps_key) of the logs that may hold borrowed pushes (until :meth:`settle`)
+        self._borrowed: set[tuple[int, int]] = set()
         self._skip: dict[tuple[int, int], int] = {}
         #: whether pushes are still being dropped (a restarted worker catching up)
         self.skipping = False
@@ -89,8 +98,11 @@ class PushLog:
         return out_keys, {**rest, "kinds": "".join(out_kinds)}, out_arrays
 
     def record(self, server: int, keys: Sequence[int], kinds: str,
-               arrays: Sequence[np.ndarray]) -> None:
-        """One push message (``kinds``: one letter per key; ``r`` carries two arrays)."""
+               arrays: Sequence[np.ndarray], borrow: bool = False) -> None:
+        """One push message (``kinds``: one letter per key; ``r`` carries two arrays).
+
+        ``borrow``: keep ``arrays`` themselves, not copies; the caller must not change
+        them until it has called :meth:`settle` (a call that waits for the reply)."""
         pos = 0
         for pk, kind in zip(keys, kinds, strict=True):
             n = kind_arrays(kind)
@@ -103,9 +115,25 @@ class PushLog:
                 if log is None:
                     log = self._log[(server, pk)] = deque()
                 if len(log) == self.keep:
-                    self._give_back(log.popleft()[2])
-                log.append((j, kind, [self._copy(a) for a in arrays[pos:pos + n]]))
+                    self._give_back(log.popleft())
+                part = arrays[pos:pos + n]
+                if borrow:
+                    self._borrowed.add((server, pk))
+                    log.append((j, kind, list(part), True))
+                else:
+                    log.append((j, kind, [self._copy(a) for a in part], False))
             pos += n
+
+    def settle(self) -> None:
+        """Copy every borrowed push still kept (its caller is about to return)."""
+        for where in self._borrowed:
+            log = self._log.get(where)
+            if log and any(entry[3] for entry in log):
+                kept = [(j, kind, [self._copy(a) for a in arrays], False) if borrowed else
+                        (j, kind, arrays, False) for j, kind, arrays, borrowed in log]
+                log.clear()
+                log.extend(kept)
+        self._borrowed.clear()
 
     def _copy(self, a: np.ndarray) -> np.ndarray:
         free = self._pool.get((a.shape, a.dtype.str))
@@ -113,8 +141,11 @@ class PushLog:
         np.copyto(buf, a)
         return buf
 
-    def _give_back(self, arrays: list[np.ndarray]) -> None:
-        for a in arrays:
+    def _give_back(self, entry: tuple[int, str, list[np.ndarray], bool]) -> None:
+        """A push let go: its copies go back to the pool (a borrowed one is the caller's)."""
+        if entry[3]:
+            return
+        for a in entry[2]:
             free = self._pool.setdefault((a.shape, a.dtype.str), [])
             if len(free) < POOL_DEPTH:
                 free.append(a)
@@ -131,7 +162,7 @@ class PushLog:
         for pk, n in counts.items():
             log = self._log.get((server, pk))
             while log and log[0][0] <= n:
-                self._give_back(log.popleft()[2])
+                self._give_back(log.popleft())
 
     def since(self, server: int, applied: dict[int, int]) \
             -> list[tuple[int, str, list[np.ndarray]]]:
@@ -151,6 +182,6 @@ class PushLog:
                     f"{have + 1} (it keeps the last {self.keep}, and with PSKV_REPLICAS=1 "
                     "none acknowledged). Lower PSKV_CHECKPOINT_EVERY, or pull each key "
                     "after pushing it.")
-            out.extend((j, pk, kind, arrays) for j, kind, arrays in log if j > have)
+            out.extend((j, pk, kind, arrays) for j, kind, arrays, _b in log if j > have)
         out.sort(key=lambda item: item[0])
         return [(pk, kind, arrays) for _j, pk, kind, arrays in out]

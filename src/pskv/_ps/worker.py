@@ -181,6 +181,12 @@ class KVWorker:
             fo.send(server, cmd, ts, keys, body, arrays)
         return ts
 
+    def settle(self) -> None:
+        """Before a call that sent PUSHPULLs returns: copy the arrays failover borrowed
+        from it and still keeps (``Failover.settle``); nothing without failover."""
+        if self.failover is not None:
+            self.failover.settle()
+
     def push(self, server: int, cmd: Command, keys: Sequence[int], body: Any,
              arrays: Sequence[np.ndarray]) -> int:
         """Send a push. No reply comes unless it fails; ``flush`` waits until it is applied.

@@ -129,13 +129,17 @@ class DataPath:
                 per.setdefault(seg.server, []).append(info.pskey)
                 into.setdefault(seg.server, []).append(
                     None if t is None else t if flat is None else flat[seg.start:seg.stop])
-        if push is not None:
-            tss = {s: self._kv.request(s, cmd, pk, {"kinds": kinds}, arrays,
-                                       into=into.get(s))
-                   for s, (pk, kinds, arrays) in push.items()}
-        else:
-            tss = {s: self._kv.request(s, cmd, pk, into=into[s]) for s, pk in per.items()}
-        replies = dict(zip(tss, self._wait_all(list(tss.values()), "a pull reply")))
+        try:
+            if push is not None:
+                tss = {s: self._kv.request(s, cmd, pk, {"kinds": kinds}, arrays,
+                                           into=into.get(s))
+                       for s, (pk, kinds, arrays) in push.items()}
+            else:
+                tss = {s: self._kv.request(s, cmd, pk, into=into[s]) for s, pk in per.items()}
+            replies = dict(zip(tss, self._wait_all(list(tss.values()), "a pull reply")))
+        finally:
+            if push is not None:     # failover may have kept the pushes' arrays, not copies
+                self._kv.settle()
         got: dict[int, Iterator[np.ndarray]] = {}
         for s, (_meta, arrays) in replies.items():
             if len(arrays) != len(per[s]):

@@ -6,6 +6,8 @@ dist_sync runs SGD with momentum (so optimizer states matter); dist_async runs S
 learning rate -1 (each push is added to the weights) and pushes ones to key "n" every
 step, so "n" counts the pushes the servers applied. With DIE_WORKER and DIE_STEP set, that
 worker SIGKILLs itself in the middle of that step on its first run (after pushing one key).
+With TRAIN_PUSHPULL=1 each step is one ``pushpull`` per key from a gradient array that is
+overwritten in place every step (as a framework's backward pass does), not push and pull.
 """
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ def main() -> None:
     pushes = 0
     die = os.environ.get("PSKV_RESTART", "0") == "0" \
         and os.environ.get("DIE_WORKER") == str(kv.rank)
+    pushpull = os.environ.get("TRAIN_PUSHPULL") == "1"
+    grads = {k: mx.nd.zeros(SHAPES[k]) for k in keys}
+    weights = {k: mx.nd.zeros(SHAPES[k]) for k in keys}
     for step in range(steps):
         for i, k in enumerate(keys):
             if die and step == int(os.environ["DIE_STEP"]) and i == 1:
@@ -40,10 +45,15 @@ def main() -> None:
             rng = np.random.default_rng([step, kv.rank, len(k), ord(k[-1])])
             grad = np.ones(SHAPES[k], np.float32) if k == "n" else \
                 rng.standard_normal(SHAPES[k]).astype(np.float32)
-            kv.push(k, mx.nd.array(grad))
+            if pushpull:
+                grads[k][:] = grad           # the same buffer every step, as backward fills
+                kv.pushpull(k, grads[k], out=weights[k])
+            else:
+                kv.push(k, mx.nd.array(grad))
             pushes += 1
-        for k in keys:
-            kv.pull(k)
+        if not pushpull:
+            for k in keys:
+                kv.pull(k)
         time.sleep(0.01)
     kv.barrier()
     if kv.rank == 0:
