@@ -82,7 +82,8 @@ def job_cpu_seconds() -> float:
     return total
 
 
-def worker(out: str, workload: str, steps: int, quick: bool) -> None:
+def worker(out: str, workload: str, steps: int, quick: bool, loop: str = "push-pull",
+           warmup: int = 1) -> None:
     """Time ``steps`` push+pull steps; rank 0 writes seconds per step to ``out``, and the
     job's CPU seconds per step over them (every process of the job)."""
     import pskv as mx
@@ -95,15 +96,18 @@ def worker(out: str, workload: str, steps: int, quick: bool) -> None:
     outs = [mx.nd.zeros(s) for s in shapes]
     times = []
     cpu0 = 0.0
-    for step in range(steps + 1):           # the first step warms up
-        if step == 1:
+    for step in range(steps + warmup):      # the first steps warm up (buffers, pools, logs)
+        if step == warmup:
             kv.barrier()                     # every process is past its warm-up
             time.sleep(0.2)                  # a backup applies the last round after its ack
             cpu0 = job_cpu_seconds() if kv.rank == 0 else 0.0
         t0 = time.perf_counter()
-        kv.push(keys, grads)
-        kv.pull(keys, out=outs)
-        if step:
+        if loop == "pushpull":
+            kv.pushpull(keys, grads, out=outs)
+        else:
+            kv.push(keys, grads)
+            kv.pull(keys, out=outs)
+        if step >= warmup:
             times.append(time.perf_counter() - t0)
     kv.barrier()
     time.sleep(0.2)
@@ -116,13 +120,15 @@ def worker(out: str, workload: str, steps: int, quick: bool) -> None:
 
 # ---- the driver ----------------------------------------------------------------------------
 def run_job(workload: str, replicas: int, steps: int, quick: bool,
-            profile: str | None = None) -> dict[str, float]:
+            profile: str | None = None, loop: str = "push-pull",
+            warmup: int = 1) -> dict[str, float]:
     """One job: its rank 0's seconds per step (median) and the job's CPU seconds per step.
     ``profile``: a directory for cProfile dumps of every thread of its servers and workers."""
     from pskv.launch import launch
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "result.json")
-        argv = [sys.executable, __file__, "--worker", out, workload, str(steps)]
+        argv = [sys.executable, __file__, "--worker", out, workload, str(steps),
+                "--loop", loop, "--warmup", str(warmup)]
         if quick:
             argv.append("--quick")
         extra: dict[str, Any] = {}
@@ -146,9 +152,12 @@ def throughput(workload: str, replicas: int, steps: int, quick: bool) -> float:
 
 
 def cpu_per_step(workload: str, replicas: int, steps: int, quick: bool,
-                 profile: str | None) -> float:
+                 profile: str | None, loop: str) -> float:
     """CPU seconds per step of one job, summed over all its processes."""
-    return run_job(workload, replicas, steps, quick, profile)["cpu_seconds_per_step"]
+    # warmed up past the first whole states a backup gets (kvstore/_backup_log.py), so
+    # that its buffers are reused as they are in a long job
+    return run_job(workload, replicas, steps, quick, profile, loop,
+                   warmup=6)["cpu_seconds_per_step"]
 
 
 def snapshot_pause(workload: str, quick: bool, repeats: int) -> dict[str, float]:
@@ -205,21 +214,21 @@ def cpu_main(args: argparse.Namespace) -> int:
     rounds = args.rounds or 1
     rows, data = [], {"machine": _common.machine_info(), "commit": _common.commit_info(),
                       "command": _common.command_line(), "time": _common.timestamp(),
-                      "steps": steps, "rounds": rounds, "results": {}}
+                      "steps": steps, "rounds": rounds, "loop": args.loop, "results": {}}
     for workload in args.workload or ("resnet50", "64mb"):
         got: dict[int, list[float]] = {0: [], 1: []}
         for _ in range(rounds):
             for replicas in (0, 1):
                 got[replicas].append(cpu_per_step(workload, replicas, steps, args.quick,
-                                                  args.profile))
+                                                  args.profile, args.loop))
         base, repl = statistics.median(got[0]), statistics.median(got[1])
         cost = 1 - base / repl
         data["results"][workload] = {"cpu_seconds_per_step": {"replicas_0": got[0],
                                                               "replicas_1": got[1]},
                                      "predicted_cost": cost}
-        rows.append([workload, f"{base:.3f}", f"{repl:.3f}", f"{cost:.0%}",
-                     "PASS" if cost <= 0.25 else "MISS"])
-    header = ["workload", "CPU s/step, replicas 0", "CPU s/step, replicas 1",
+        rows.append([f"{workload} ({args.loop})", f"{base:.3f}", f"{repl:.3f}",
+                     f"{cost:.0%}", "PASS" if cost <= 0.25 else "MISS"])
+    header = ["workload (loop)", "CPU s/step, replicas 0", "CPU s/step, replicas 1",
               "predicted cost", "<= 25%"]
     print(_common.text_table(header, rows))
     if args.write:
@@ -245,14 +254,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="only this workload (repeatable)")
     p.add_argument("--profile", metavar="DIR",
                    help="with --cpu: cProfile every thread of the servers and workers")
+    p.add_argument("--loop", choices=("push-pull", "pushpull"), default="push-pull",
+                   help="with --cpu: each step is kv.push then kv.pull (default), or one "
+                        "kv.pushpull (what gluon's Trainer calls)")
     p.add_argument("--write", action="store_true",
                    help="with --cpu: write results/bench_durability_cpu.{json,md}")
+    p.add_argument("--warmup", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--worker", nargs=3, metavar=("OUT", "WORKLOAD", "STEPS"),
                    help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         out, workload, steps = args.worker
-        worker(out, workload, int(steps), args.quick)
+        worker(out, workload, int(steps), args.quick, args.loop, args.warmup)
         return 0
     if args.cpu:
         return cpu_main(args)

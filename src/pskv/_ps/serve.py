@@ -94,6 +94,8 @@ class ServeLoop:
                  max_message_bytes: int = 4 << 30) -> None:
         self.name = name
         self.handler = handler
+        #: where a message's arrays land (a handler's ``alloc_for(meta)``; else reused buffers)
+        self._alloc_for = getattr(handler, "alloc_for", None)
         self._verifier = verifier
         self._timeout = timeout
         self._router = router
@@ -275,7 +277,7 @@ class ServeLoop:
         for _ in range(64):             # whatever has arrived, a bounded batch
             try:
                 # one message at a time: the next one may reuse this one's buffers
-                got = conn.receive(None, 1)
+                got = conn.receive(self._alloc_for, 1)
             except ProtocolError as err:
                 if conn in self.admitted:
                     log.warning("%s: %s; closing it", self.name, err)

@@ -209,8 +209,20 @@ def _nothing(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None
 def _r_round(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     _int(meta, body, "key", -(1 << 63), 1 << 63)
     _int(meta, body, "round", 0, 1 << 62)
-    _str(meta, body, "kind", ("d", "r", "t"))
+    _str(meta, body, "kind", ("d", "r", "t", "l", "f"))
     _pairs(meta, body, "applied")
+    # the optimizer's counts of a dense round (kvstore/_backup_log.py): both or neither
+    _int(meta, body, "count", 0, 1 << 62, optional=True)
+    _int(meta, body, "nu", 0, 1 << 62, optional=True)
+    if ("count" in body) != ("nu" in body) or body["kind"] in "lf" and "count" not in body:
+        raise ProtocolError("a replicated round carries both update counts or neither "
+                            "(a logged round or a whole state: both)")
+    if body["kind"] == "f":     # a key's value, then its state's arrays
+        if not _state_shape(body.get("state"), 0) or not arrays:
+            raise ProtocolError("a whole key's state is described by null, \"a\" or a "
+                                "list of those (at most 4 deep, 16 wide) and carries its "
+                                "value")
+        return
     if body["kind"] == "t":     # a table shard's changed rows: one array per named field
         fields = body.get("fields")
         if not isinstance(fields, list) or len(fields) != len(arrays) or not all(
@@ -220,6 +232,14 @@ def _r_round(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None
         return
     if len(arrays) != (2 if body["kind"] == "r" else 1):
         raise ProtocolError("a replicated round carries its merged value's arrays")
+
+
+def _state_shape(desc: Any, depth: int) -> bool:
+    """Whether ``desc`` describes an optimizer state as ``_backup_log`` writes it."""
+    if desc is None or desc == "a":
+        return True
+    return isinstance(desc, list) and depth < 4 and len(desc) <= 16 and \
+        all(_state_shape(d, depth + 1) for d in desc)
 
 
 def _r_entries(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:

@@ -21,6 +21,7 @@ import functools
 import logging
 import socket
 import time
+import zlib
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
@@ -42,6 +43,8 @@ from .._ps.tls import client_context, server_context
 from .._ps.transport import Connection, connect
 from .._ps.zeromq import ZmqContext
 from .._types import Key
+from ._backup_log import (LOG_ROUNDS, BufferPool, RoundLog, counts_of, describe_state,
+                          state_arrays)
 from ._engine import Engine
 from ._engine_tables import TableRound, restore_table, served_table
 from ._server_tables import init_entries
@@ -197,8 +200,33 @@ class Replicator:
                       [np.ascontiguousarray(merged._indices), np.ascontiguousarray(merged._data)],
                       wait=False)
         else:       # acknowledged before any answer: KVServer._send drains first
-            self.send(ReplOp.ROUND, {**counters, "kind": "d"}, [np.ascontiguousarray(merged._data)],
-                      wait=False)
+            body, arrays = self._dense(key, merged, rnd, counters)
+            self.send(ReplOp.ROUND, body, arrays, wait=False)
+
+    def _dense(self, key: Key, merged: NDArray, rnd: int,
+               counters: dict[str, Any]) -> tuple[dict[str, Any], list[np.ndarray]]:
+        """A dense round for the backup: to be logged (``"l"``), or every LOG_ROUNDS-th
+        round of the key its whole value and state instead (``"f"``), with the
+        optimizer's counts (``_backup_log``); applied at once (``"d"``) where the log
+        cannot carry the key's state."""
+        body: dict[str, Any] = {**counters, "kind": "d"}
+        arrays = [np.ascontiguousarray(merged._data)]
+        counts = counts_of(self.engine, key)
+        if counts is None:
+            return body, arrays
+        body["count"], body["nu"] = counts
+        upd: Any = self.engine.updater
+        state = upd.states.get(self.engine.entry_name(key))
+        try:
+            desc = describe_state(state)
+        except ValueError:
+            return body, arrays
+        if (rnd + zlib.crc32(repr(key).encode())) % LOG_ROUNDS:
+            body["kind"] = "l"
+            return body, arrays
+        body.update(kind="f", state=desc)
+        stored = self.engine.value_of(key, "replicate")
+        return body, [np.ascontiguousarray(stored._data), *state_arrays(state)]
 
 
 def encode_copy(copy: ShardCopy, sync: bool) -> tuple[dict[str, Any], list[np.ndarray]]:
@@ -271,6 +299,9 @@ class Backups:
         self._make = make_engine
         self.lock = threading.Lock()
         self.engines: dict[int, Engine] = {}
+        #: each copy's rounds not applied yet (``_backup_log``), and the buffers they land in
+        self.logs: dict[int, RoundLog] = {}
+        self._pool = BufferPool()
         self._po: Postoffice | None = None
         tls = server_context(*cfg.tls) if cfg.tls is not None else None
         self._listeners = [StreamListener(host=cfg.node_host,
@@ -326,9 +357,25 @@ class Backups:
         self.loop.close()
 
     def take(self, shard: int) -> Engine | None:
-        """The copy of ``shard``, to serve it (its primary died); it is no longer updated."""
+        """The copy of ``shard``, to serve it (its primary died), with every round it
+        logged applied; it is no longer updated."""
         with self.lock:
+            log_ = self.logs.pop(shard, None)
+            if log_ is not None:
+                log_.flush()
             return self.engines.pop(shard, None)
+
+    def alloc_for(self, meta: Meta) -> Any:
+        """Where the arrays of a round to be logged land: buffers of the pool, which the
+        log then keeps without a copy (ServeLoop calls this for each message)."""
+        body = meta.body
+        if meta.cmd == Command.COMMAND and isinstance(body, dict) and \
+                body.get("kind") in ("l", "f") and parse(body) is ReplOp.ROUND:
+            return self._land
+        return None
+
+    def _land(self, index: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
+        return self._pool.take(dtype, shape)
 
     # ---- the Handler of the ServeLoop ----------------------------------------------------
     def admit(self, conn: Connection, meta: Meta) -> int:
@@ -349,19 +396,26 @@ class Backups:
             return
         with self.lock:
             if op is ReplOp.ROUND and shard in self.engines:
-                # the round is safe once it is here: acknowledge, then apply (still under
-                # the lock, so a takeover sees it applied) while the primary answers
+                # the round is safe once it is here: acknowledge, then log or apply it
+                # (still under the lock, so a takeover sees it) while the primary answers
                 self.loop.send(conn, Command.ACK, meta.ts)
-                apply_change(self.engines[shard], op, body, arrays)
+                if body.get("kind") in ("t", "r"):
+                    self.logs[shard].flush()        # in turn with the logged rounds
+                    apply_change(self.engines[shard], op, body, arrays)
+                    self.logs[shard].synced()
+                else:
+                    self.logs[shard].round(body, arrays)
                 return
             if op is ReplOp.STATE:
                 engine = self.engines[shard] = self._make()
+                self.logs[shard] = RoundLog(engine, self._pool)
                 install_copy(engine, body, arrays)
             else:
                 engine = self.engines.get(shard)
                 if engine is None:
                     raise ProtocolError(f"{op} for shard {shard}, which this server does not "
                                         "back up (its whole copy, r_state, comes first)")
+                self.logs[shard].flush()            # every logged round before the change
                 apply_change(engine, op, body, arrays)
         self.loop.send(conn, Command.ACK, meta.ts)
 
