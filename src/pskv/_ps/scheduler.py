@@ -33,6 +33,7 @@ from .metrics import start as start_metrics
 from .series import SchedulerMetrics
 from .replay import backup_of
 from .serve import ServeLoop
+from .stragglers import JobStragglers, parse_beat
 from .transport import Connection
 from .zeromq import ZmqContext, curve_server
 
@@ -142,6 +143,8 @@ class Scheduler:
         self._failed = False
         #: Prometheus series when PSKV_METRICS_PORT asks for them (``run`` starts them)
         self.metrics: SchedulerMetrics | None = None
+        #: workers often last across every server's sync rounds (servers' heartbeats)
+        self.stragglers = JobStragglers(cfg.straggler_seconds, cfg.num_workers)
         self._shutdown_sent = 0.0
         self._ending = 0.0
 
@@ -478,6 +481,10 @@ class Scheduler:
             if type(port) is int and 0 < port < 65536:     # anything else: ignored
                 node.metrics_port = port
                 node.metrics_host = host if isinstance(host, str) and len(host) < 256 else ""
+            if node.role == "server" and "last" in body:
+                flagged = self.stragglers.add(parse_beat(body["last"], self.cfg.num_workers))
+                if flagged and self.metrics is not None:
+                    self.metrics.stragglers.inc(len(flagged))
         elif meta.cmd == Command.BARRIER:
             self._barrier(node, meta.ts, meta.body)
         elif meta.cmd == Command.GOODBYE:
