@@ -26,6 +26,7 @@ from ..errors import CheckpointError, ClusterError, KVStoreError, UnsupportedErr
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._ps.bounds import check_declared, check_key_count
+from .._ps.collective import Collective
 from .._ps.config import ClusterConfig
 from .._ps.message import ALLOWED_DTYPES, Command
 from .._ps.ops import Op, command
@@ -36,6 +37,7 @@ from .._ps.worker import KVWorker
 from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
 from ..table import TableSpec
 from ._args import as_numpy, normalize, row_ids_by_key
+from ._collective import Choice, key_list
 from ._dist_checkpoints import CheckpointMethods
 from ._dist_tables import DistTables, init_table
 from ._datapath import DataPath
@@ -44,7 +46,7 @@ from ._keys import KeyRecord, KeyTable
 from ._reduce import Reducer
 from ._snapshot import Reader, check_keys, write_manifest
 from ._agree import check_agreement, init_spec
-from ._placement import assemble, parts
+from ._placement import assemble, parts, target
 from ._states import read_states, write_states
 from ._tables import TableMethods
 from .base import KVStoreBase, check_capability, check_optimizer
@@ -100,6 +102,9 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
         self._by_pskey: dict[int, Key] = {}
         self._held = HeldPush(cfg.coalesce_bytes if self._sync else 0)
         self._initial_sent = False
+        #: which keys are summed among the workers (docs/collective.md), and the links
+        self._choice = Choice(name, cfg, self._po.num_workers)
+        self._coll: Collective | None = None
         self._lock.release()
         # a strong reference: a store dropped without close() must still say goodbye at
         # exit, or the scheduler takes the silent worker for dead and exits 1
@@ -179,6 +184,12 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
         ``TableSpec`` (``pskv.table``) declares a table key on every server.
         """
         if isinstance(value, TableSpec):
+            for k in (key if isinstance(key, (list, tuple)) else [key]):
+                if self._choice.prefs.get(k):
+                    raise UnsupportedError(
+                        f"key {k!r} was set to take the collective path (set_collective), "
+                        "but a table key stays on the servers. Call "
+                        f"set_collective({k!r}, False) first.", key=k, store_type=self._type)
             return init_table(self, key, value)
         with self._collective_lock, self._lock:
             self._begin()
@@ -192,8 +203,10 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
                 self._keys.validate_init(keys, groups)
                 self._check_bounds(keys, groups, "init")
                 specs = [init_spec(k, vals[0], self._by_pskey) for k, vals in zip(keys, groups)]
+                coll = self._collective_keys(keys, groups, specs)
             except KVStoreError as err:
                 error = err
+                coll = []
             if self._po.rejoin:
                 # a worker restarted by --max-restarts: the keys are on the servers already,
                 # and the other workers are past init; place them as the first run did
@@ -204,20 +217,151 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
                     self._by_pskey[self._keys.add(self._place(keys[i], groups[i][0])).pskey] \
                         = keys[i]
                 return
+            extra: dict[str, Any] = {}
+            if coll:
+                extra = {"collective": coll}
+                if self._coll is None or not self._coll.connected:
+                    extra["peer"] = self._collective_path().listen()
             payloads = self._collective("init", {
                 "specs": specs, "error": None if error is None else
-                f"{type(error).__name__}: {error}"})
+                f"{type(error).__name__}: {error}", **extra})
             if error is not None:
                 raise error
             assert specs is not None
             check_agreement(payloads, specs, self.rank)
+            self._check_collective_agreement(payloads, coll)
             order = sorted(range(len(keys)), key=lambda i: specs[i][0])
             recs = {keys[i]: self._place(keys[i], groups[i][0]) for i in order}
             if self.rank == 0:
                 self._send_init(keys, groups, recs)
             self._collective("init (values sent)")
+            if coll:
+                self._link_collective(payloads, recs, set(coll))
             for k in keys:
                 self._by_pskey[self._keys.add(recs[k]).pskey] = k
+
+    # ---- the collective path (docs/collective.md) -------------------------------------------
+    def _collective_keys(self, keys: list[Key], groups: list[list[Any]],
+                         specs: list[Any]) -> list[int]:
+        """The ps_keys of this init that take the collective path (sorted)."""
+        out = []
+        for k, vals, spec in zip(keys, groups, specs):
+            v = vals[0] if isinstance(vals[0], NDArray) else as_numpy(vals[0])
+            sparse = isinstance(v, RowSparseNDArray)
+            nbytes = int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
+            if self._choice.decide(k, sparse, nbytes):
+                out.append(int(spec[0]))
+        return sorted(out)
+
+    def _collective_path(self) -> Collective:
+        if self._coll is None:
+            po = self._po
+            self._coll = Collective(self._cfg, po.rank, po.num_workers, po.job, po.check,
+                                    lambda rank: po.report_lost("worker", rank))
+        return self._coll
+
+    def _check_collective_agreement(self, payloads: dict[str, dict[str, Any]],
+                                    mine: list[int]) -> None:
+        """Raise on every worker unless all put the same keys of this init on the path."""
+        for r, p in sorted(payloads.items(), key=lambda rp: int(rp[0])):
+            theirs = sorted((p or {}).get("collective") or [])
+            if theirs != mine:
+                diff = sorted(set(theirs) ^ set(mine))
+                name = self._key_of_pskey(diff[0], payloads)
+                raise ClusterError(
+                    f"workers disagree on the collective path: key {name!r} takes it on "
+                    f"worker {self.rank if diff[0] in mine else r} and not on worker "
+                    f"{r if diff[0] in mine else self.rank}. Give every worker the same "
+                    "PSKV_COLLECTIVE_BYTES and the same set_collective, set_optimizer and "
+                    "set_gradient_compression calls before init.", key=name,
+                    store_type=self._type)
+
+    @staticmethod
+    def _key_of_pskey(pskey: int, payloads: dict[str, dict[str, Any]]) -> Any:
+        for p in payloads.values():
+            for spec in (p or {}).get("specs") or []:
+                if spec[0] == pskey:
+                    return spec[1]
+        return pskey
+
+    def _link_collective(self, payloads: dict[str, dict[str, Any]],
+                         recs: dict[Key, KeyRecord], coll: set[int]) -> None:
+        """Link to the other workers (the first time) and take this init's keys."""
+        path = self._collective_path()
+        if not path.connected:
+            peers = {int(r): p.get("peer") for r, p in payloads.items()
+                     if int(r) != self.rank and p}
+            path.connect(peers)   # type: ignore[arg-type]
+        for k, rec in recs.items():
+            if rec.pskey in coll:
+                rec.collective = True
+                path.add_key(k, rec.pskey, rec.size, rec.dtype)
+
+    def _from_peers(self, key: Key) -> bool:
+        """Whether a pull of ``key`` reads the collective path (it was pushed there; until
+        then the servers hold its initial value)."""
+        rec = self._store[key]
+        return rec.collective and self._coll is not None and \
+            self._coll.pushed(rec.pskey) > 0
+
+    def _fetch_collective(self, keys: list[Key], groups: list[list[Any]]) \
+            -> dict[Key, list[np.ndarray]]:
+        """Each key's last round from the collective path, as ``DataPath.fetch`` gives
+        the servers' (read straight into an out where one fits)."""
+        assert self._coll is not None
+        out: dict[Key, list[np.ndarray]] = {}
+        for k, outs in zip(keys, groups):
+            rec = self._store[k]
+            t = target(rec, outs)
+            if t is None:
+                t = np.empty(rec.shape, rec.dtype)
+            flat = t.reshape(-1)
+            with self._unlocked():
+                self._coll.pull(rec.pskey, flat)
+            out[k] = [t] if len(rec.segments) == 1 else \
+                [flat[seg.start:seg.stop] for seg in rec.segments]
+        return out
+
+    def set_collective(self, key: KeyArg, enabled: bool = True) -> None:
+        """Choose the collective path for ``key`` (True) or the servers (False), whatever
+        its size; call it on every worker, before ``init`` of the key.
+
+        On the collective path a ``dist_sync`` key's pushes are summed among the workers
+        themselves, chunk by chunk, each chunk by one worker in worker-rank order, so the
+        round's value is the same bits as the servers' (docs/collective.md). Without a call,
+        dense keys of at least ``PSKV_COLLECTIVE_BYTES`` bytes take it (0, the default: none).
+
+        Parameters
+        ----------
+        key : int, str, or list of them
+        enabled : bool
+
+        Raises
+        ------
+        UnsupportedError
+            ``enabled`` for a ``dist_async`` store or a single worker, or for a key already
+            initialized (a row_sparse or table key stays on the servers; a dense one must be
+            chosen before its init).
+        """
+        keys = key_list(key)
+        with self._lock:
+            self._begin()
+            for k in keys:
+                rec = self._store.get(k)
+                if self._tables.owns(k):
+                    raise UnsupportedError(
+                        f"set_collective({k!r}): {k!r} is a table key, which stays on the "
+                        "servers (the collective path sums dense keys).", key=k,
+                        store_type=self._type)
+                if rec is not None:
+                    raise UnsupportedError(
+                        f"set_collective({k!r}): key {k!r} is initialized already"
+                        + (" and row_sparse, which stays on the servers (the collective "
+                           "path sums dense keys)." if rec.sparse else
+                           f" ({'on the collective path' if rec.collective else 'on the servers'}). "
+                           "Call set_collective before kv.init of the key, on every worker."),
+                        key=k, store_type=self._type)
+            self._choice.prefer(keys, enabled)
 
     def _check_bounds(self, keys: list[Key], groups: list[list[Any]], what: str) -> None:
         """Refuse here what the servers would refuse (sizes: ``_ps/bounds.py``; an init's
@@ -314,6 +458,18 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
 
     def _push_validated(self, keys: list[Key], groups: list[list[Any]]) -> None:
         self._first_push()      # _begin() has sent a held push already
+        if self._coll is not None:
+            peers = [i for i, k in enumerate(keys) if self._store[k].collective]
+            if peers:
+                rest = [i for i in range(len(keys)) if i not in set(peers)]
+                if rest:
+                    self._push_validated([keys[i] for i in rest], [groups[i] for i in rest])
+                for i in peers:
+                    rec = self._store[keys[i]]
+                    flat = self._path.merged(keys[i], groups[i]).reshape(-1)
+                    with self._unlocked():
+                        self._coll.push(rec.pskey, flat)
+                return
         items = self._path.items(keys, groups)
         if not self._held.hold(keys, items):
             self._path.send(items)
@@ -322,6 +478,15 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
     def _pull_validated(self, keys: list[Key], groups: list[list[Any]],
                         ignore_sparse: bool, fetched: dict[Key, list[np.ndarray]]
                         | None = None) -> None:
+        if fetched is None and self._coll is not None:
+            peers = [i for i, k in enumerate(keys) if self._from_peers(k)]
+            if peers:
+                rest = [i for i in range(len(keys)) if i not in set(peers)]
+                if rest:
+                    self._pull_validated([keys[i] for i in rest], [groups[i] for i in rest],
+                                         ignore_sparse)
+                keys, groups = [keys[i] for i in peers], [groups[i] for i in peers]
+                fetched = self._fetch_collective(keys, groups)
         wanted = [k for k, outs in zip(keys, groups)
                   if any(not (ignore_sparse and isinstance(o, RowSparseNDArray)) for o in outs)]
         if fetched is None and self._held:
@@ -350,7 +515,12 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
     def _pull_new(self, key: Any) -> Any:
         self._send_held()
         many, records = self._keys.pull_new_keys(key)
-        parts = self._path.fetch(list(dict.fromkeys(r.key for r in records)))
+        uniq = list(dict.fromkeys(r.key for r in records))
+        peers = [k for k in uniq if self._coll is not None and self._from_peers(k)]
+        parts = self._path.fetch([k for k in uniq if k not in peers]) \
+            if len(peers) < len(uniq) else {}
+        if peers:
+            parts.update(self._fetch_collective(peers, [[] for _ in peers]))
         result = []
         for rec in records:
             data = np.empty(rec.shape, rec.dtype)
@@ -402,6 +572,12 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
             self._keys.validate_pull(okeys, ogroups)
             self._check_bounds(keys, groups, "pushpull")
             self._first_push()
+            if self._coll is not None and any(self._store[k].collective for k in keys):
+                # the collective keys' pushes are written when this returns: then the pull
+                # may land in the values (out=None)
+                self._push_validated(keys, groups)
+                self._pull_validated(okeys, ogroups, True)
+                return
             items = self._path.items(keys, groups)
             # with out=None the reply overwrites the values: after they were sent
             targets = self._path.targets(okeys, ogroups) if out is not None else {}
@@ -438,8 +614,26 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
         spec = check_optimizer(optimizer, need_spec=True)   # refused here, alike on every worker
         with self._lock:
             self._begin()
+            coll = [rec for rec in self._store.values() if rec.collective]
+            pushed = [rec.key for rec in coll if self._coll is not None and
+                      self._coll.pushed(rec.pskey)]
+            if pushed:
+                raise UnsupportedError(
+                    f"set_optimizer after pushes of key {pushed[0]!r} on the collective "
+                    "path: the servers never saw them, so they cannot update its weights. "
+                    "Call set_optimizer before the first push (before init keeps every key "
+                    "on the servers), or keep the key on the servers with "
+                    f"set_collective({pushed[0]!r}, False) before its init.", key=pushed[0],
+                    store_type=self._type)
             self._to_all(Command.COMMAND, command(Op.OPTIMIZER, spec=spec))
             self._tables.optimizer = optimizer
+            # the keys that were to be summed among the workers go back to the servers,
+            # which hold their initial values (MXNet's Module inits, then sets the optimizer)
+            self._choice.optimizer = True
+            for rec in coll:
+                rec.collective = False
+                assert self._coll is not None
+                self._coll.drop_key(rec.pskey)
 
     def set_updater(self, updater: Updater) -> None:
         """Not available in dist stores: the update runs on the servers. Use set_optimizer."""
@@ -462,6 +656,7 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
             params = None if compressor is None else compressor.params
             self._to_all(Command.COMMAND, command(Op.COMPRESSION, params=params))
             self._path.compressor = compressor
+            self._choice.compression = compressor is not None
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Gather every server's optimizer states into ``fname`` (NumPy arrays + JSON)."""
@@ -512,6 +707,8 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
             except KVStoreError as err:
                 log.warning("worker %d: closing with unacknowledged pushes: %s", self.rank, err)
             finally:
+                if self._coll is not None:
+                    self._coll.close(min(self._cfg.request_timeout, 10.0))
                 self._po.goodbye()
                 self._po.close()
                 self._kv.close()
