@@ -120,7 +120,6 @@ class CollectiveMethods:
     _tables: Any
     _unlocked: Callable[[], contextlib.AbstractContextManager[None]]
     _begin: Callable[..., None]
-    rank: int
 
     def _collective_keys(self, keys: list[Key], groups: list[list[Any]],
                          specs: list[Any]) -> list[int]:
@@ -151,8 +150,8 @@ class CollectiveMethods:
                 name = self._key_of_pskey(diff[0], payloads)
                 raise ClusterError(
                     f"workers disagree on the collective path: key {name!r} takes it on "
-                    f"worker {self.rank if diff[0] in mine else r} and not on worker "
-                    f"{r if diff[0] in mine else self.rank}. Give every worker the same "
+                    f"worker {self._po.rank if diff[0] in mine else r} and not on worker "
+                    f"{r if diff[0] in mine else self._po.rank}. Give every worker the same "
                     "PSKV_COLLECTIVE_BYTES and the same set_collective, set_optimizer and "
                     "set_gradient_compression calls before init.", key=name,
                     store_type=self._type)
@@ -175,7 +174,7 @@ class CollectiveMethods:
         try:
             if not path.connected:
                 peers = {int(r): p.get("peer") for r, p in payloads.items()
-                         if int(r) != self.rank and p}
+                         if int(r) != self._po.rank and p}
                 path.connect(peers)   # type: ignore[arg-type]
         except BaseException:
             for pk in coll:

@@ -184,7 +184,7 @@ class DistKVStore(CollectiveMethods, TableMethods, CheckpointMethods, KVStoreBas
         """
         if isinstance(value, TableSpec):
             for k in (key if isinstance(key, (list, tuple)) else [key]):
-                if self._choice.prefs.get(k):
+                if type(k) in (int, str) and self._choice.prefs.get(k):  # type: ignore[arg-type]
                     raise UnsupportedError(
                         f"key {k!r} was set to take the collective path (set_collective), "
                         "but a table key stays on the servers. Call "
