@@ -5,6 +5,7 @@ misuse raises a KVStoreError subclass; a worker whose links break is named at on
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 
 import numpy as np
@@ -237,3 +238,41 @@ def test_a_worker_whose_links_break_is_named_at_once(thread_cluster: Any) -> Non
     assert results[2] == "dead"
     for r in (0, 1):
         assert isinstance(results[r], str), results[r]
+
+
+# ---- real processes ---------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [3])
+def test_processes_print_the_same_digest_with_and_without_the_path(local_cluster: Any,
+                                                                   workers: int) -> None:
+    digests = {}
+    for env in ({}, {"PSKV_COLLECTIVE_BYTES": "4096"}):
+        cluster = local_cluster(workers, 1, env=env).start("collective_sum.py")
+        codes = cluster.wait(60)
+        assert set(codes.values()) == {0}, cluster.dump()
+        reports = [r for p in cluster.workers for r in p.reports()]
+        assert sorted(r["rank"] for r in reports) == list(range(workers)), cluster.dump()
+        assert {tuple(r["collective"]) for r in reports} == \
+            {("big", "mid") if env else ()}, reports
+        digests[bool(env)] = {r["digest"] for r in reports}
+    assert len(digests[False]) == 1 and digests[True] == digests[False]
+
+
+def test_a_worker_killed_mid_collective_is_named_on_the_others(local_cluster: Any) -> None:
+    # a request timeout far beyond the test's bound: the error must come from the broken link
+    cluster = local_cluster(2, 1, env={"PSKV_COLLECTIVE_BYTES": "64",
+                                       "PSKV_REQUEST_TIMEOUT": "300"})
+    cluster.start("fail_node.py", "worker-dies")
+    end = time.monotonic() + 30
+    while time.monotonic() < end and not all(
+            any(r.get("event") == "ready" for r in p.reports()) for p in cluster.workers):
+        time.sleep(0.05)
+    victim = cluster.worker_by_rank(1)
+    time.sleep(0.3)                        # rank 0 is now waiting for rank 1's push
+    victim.kill()
+    codes = cluster.wait(40)
+    errors = [r for p in cluster.workers for r in p.reports() if "error" in r]
+    assert len(errors) == 1, cluster.dump()
+    err = errors[0]
+    assert err["rank"] == 0 and err["error"] == "NodeFailedError", err
+    assert "worker 1" in err["msg"], err
+    assert codes[cluster.worker_by_rank(0).label] == 3
