@@ -276,3 +276,44 @@ def test_a_worker_killed_mid_collective_is_named_on_the_others(local_cluster: An
     assert err["rank"] == 0 and err["error"] == "NodeFailedError", err
     assert "worker 1" in err["msg"], err
     assert codes[cluster.worker_by_rank(0).label] == 3
+
+
+# ---- pskv.torch ---------------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [2, 3])
+def test_distributed_optimizer_weights_are_the_same_bits_on_the_collective_path(
+        run_threads: Any, workers: int) -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed: pip install torch")
+    import threading
+
+    import pskv.torch as pt
+    lock = threading.Lock()      # torch's default generator is global to the threads
+
+    def fn(kv: Any) -> Any:
+        with lock:
+            torch.manual_seed(3)
+            model = torch.nn.Sequential(torch.nn.Linear(5, 40), torch.nn.Tanh(),
+                                        torch.nn.Linear(40, 40), torch.nn.Tanh(),
+                                        torch.nn.Linear(40, 3))
+        opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1,
+                                                      momentum=0.9),
+                                      model.named_parameters(), kv, bucket_cap_mb=0.004)
+        g = torch.Generator().manual_seed(11)
+        for _ in range(3):
+            x, y = torch.randn(8 * workers, 5, generator=g), torch.randint(0, 3, (8 * workers,),
+                                                                           generator=g)
+            rows = slice(8 * kv.rank, 8 * kv.rank + 8)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[rows]) * 10.0 ** kv.rank,
+                                              y[rows]).backward()
+            opt.step()
+        on_path = sum(rec.collective for rec in kv._store.values())
+        return [p.detach().clone() for p in model.parameters()], on_path
+
+    servers = ok(run_threads(fn, num_workers=workers))
+    path = ok(run_threads(fn, num_workers=workers, collective_bytes=2000))
+    for r in range(workers):
+        assert servers[r][1] == 0 and 0 < path[r][1], (servers[r][1], path[r][1])
+        for a, b in zip(path[r][0], servers[r][0]):
+            assert torch.equal(a, b)
+        for a, b in zip(path[r][0], path[0][0]):
+            assert torch.equal(a, b)
