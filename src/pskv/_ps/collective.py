@@ -193,7 +193,7 @@ class Collective:
             self._conns.clear()
             raise
         for p, conn in self._conns.items():
-            conn.max_bytes = None
+            conn.max_bytes = self.cfg.max_message_bytes
             self._by_fd[conn.fileno()] = p
             self._poll.register(conn.fileno(), select.POLLIN)
         self._poll.register(self._wake_r, select.POLLIN)
@@ -428,6 +428,14 @@ class Collective:
             pass
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as err:  # a bug here must fail the calls, not leave them waiting
+            log.exception("worker %d: the collective thread failed", self.rank)
+            self._fail(ClusterError, f"worker {self.rank}: the collective path's thread "
+                       f"failed: {type(err).__name__}: {err}")
+
+    def _loop(self) -> None:
         writing: set[int] = set()
         while True:
             with self._cond:
