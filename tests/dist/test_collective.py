@@ -204,6 +204,18 @@ def test_bad_input_raises_kvstore_errors(run_threads: Any) -> None:
     mx.kv.create("local").set_collective("w", True)      # a local store keeps its keys
 
 
+def test_a_checkpoint_of_a_store_with_collective_keys_is_refused(run_threads: Any,
+                                                                  tmp_path: Any) -> None:
+    def fn(kv: Any) -> str:
+        kv.init("w", np.zeros(64, np.float32))
+        with pytest.raises(UnsupportedError, match="save_checkpoint: key 'w' is summed") \
+                as info:
+            kv.save_checkpoint(str(tmp_path / "ck"))
+        return str(info.value)
+
+    ok(run_threads(fn, collective_bytes=8))
+
+
 def test_workers_that_choose_differently_raise_on_every_worker(thread_cluster: Any) -> None:
     cluster = thread_cluster(2)
     configs = [cluster.worker_config(collective_bytes=8), cluster.worker_config()]
