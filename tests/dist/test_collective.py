@@ -229,6 +229,27 @@ def test_workers_that_choose_differently_raise_on_every_worker(thread_cluster: A
         assert "disagree on the collective path: key 'w'" in str(results[r])
 
 
+def test_a_message_out_of_order_fails_both_sides_not_the_thread(run_threads: Any) -> None:
+    from pskv._ps.message import Command
+
+    def fn(kv: Any) -> str:
+        kv.init("w", np.zeros(64, np.float32))
+        pskey = kv._store["w"].pskey
+        if kv.rank == 1:            # a push of round 5 before round 1: against the rules
+            with kv._coll._cond:
+                kv._coll._queue(0, Command.PUSH, 5, pskey, np.ones(32, np.float32))
+            kv._coll._wake()
+        with pytest.raises(ClusterError) as info:
+            for _ in range(100):    # the refusal reaches worker 1 within a round or two
+                kv.push("w", np.ones(64, np.float32))
+                kv.pull("w")
+        return str(info.value)
+
+    res = ok(run_threads(fn, collective_bytes=8))
+    assert "worker 1 sent key 'w': round 5 after round 0" in res[0], res[0]
+    assert "round 5 after round 0" in res[1] and "reported by worker 0" in res[1], res[1]
+
+
 def test_a_worker_whose_links_break_is_named_at_once(thread_cluster: Any) -> None:
     cluster = thread_cluster(3, request_timeout=60.0, collective_bytes=8)
 

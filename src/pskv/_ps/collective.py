@@ -145,6 +145,7 @@ class Collective:
         self._failure: tuple[type[KVStoreError], str] | None = None
         self._gone: set[int] = set()          # peers whose link is closed
         self._said_goodbye: set[int] = set()  # peers that closed their store
+        self._deaf: set[int] = set()          # peers no longer read (a broken stream)
         self._stop = False
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe()
@@ -373,8 +374,10 @@ class Collective:
         limit = self.cfg.request_timeout
         deadline = time.monotonic() + limit
         with self._cond:
-            while not ready():
-                self._raise_failure()
+            while True:
+                self._raise_failure()     # once failed, every call raises, done or not
+                if ready():
+                    return
                 self._raise_gone(what())
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -442,14 +445,19 @@ class Collective:
                 if self._stop and not any(self._out.values()):
                     return
                 want = {p for p in self._conns if self._out[p] and p not in self._gone}
-            for p in want ^ writing:
-                mask = select.POLLIN | (select.POLLOUT if p in want else 0)
+            for p in want ^ writing | (self._deaf - want):
+                mask = (0 if p in self._deaf else select.POLLIN) | \
+                    (select.POLLOUT if p in want else 0)
                 try:
-                    self._poll.modify(self._conns[p].fileno(), mask)
-                except (OSError, ValueError):
+                    if mask:
+                        self._poll.modify(self._conns[p].fileno(), mask)
+                    else:       # nothing to read or write: not polled (no busy loop)
+                        self._poll.unregister(self._conns[p].fileno())
+                except (OSError, ValueError, KeyError):
                     pass
             writing = want
-            busy = any(c.buffered() for p, c in self._conns.items() if p not in self._gone)
+            busy = any(c.buffered() for p, c in self._conns.items()
+                       if p not in self._gone and p not in self._deaf)
             try:
                 events = self._poll.poll(0 if busy else 200)
             except InterruptedError:
@@ -461,7 +469,7 @@ class Collective:
             readable = {self._by_fd[fd] for fd, ev in events if fd in self._by_fd and
                         ev & (select.POLLIN | select.POLLHUP | select.POLLERR)}
             readable |= {p for p, c in self._conns.items() if p not in self._gone and
-                         c.buffered()}
+                         p not in self._deaf and c.buffered()}
             for p in sorted(readable):
                 self._read(p)
             for p in sorted(writing):
@@ -488,23 +496,34 @@ class Collective:
 
     def _read(self, p: int) -> None:
         conn = self._conns[p]
-        if p in self._gone:
+        if p in self._gone or p in self._deaf:
             return
-        try:
-            got = conn.receive(self._alloc_for(p), 16)
-        except NodeFailedError as err:
-            with self._cond:
-                closed = self._failure is None and p in self._said_goodbye
-            if closed:
-                self._goodbye_eof(p)
-            else:
-                self._lost(p, str(err))
-            return
-        except ProtocolError as err:
-            self._refuse(p, ProtocolError, f"worker {p} sent a bad message on the "
-                         f"collective path: {err}")
-            return
-        for meta, arrays in got:
+        alloc_for = self._alloc_for(p)
+        for _ in range(16):
+            # one message a call: a read that meets the end of the stream raises, and would
+            # lose the messages parsed before it in the same call (the last sums, a goodbye)
+            try:
+                got = conn.receive(alloc_for, 1)
+            except NodeFailedError as err:
+                with self._cond:
+                    closed = self._failure is None and p in self._said_goodbye
+                if closed:
+                    self._goodbye_eof(p)
+                else:
+                    self._lost(p, str(err))
+                return
+            except ProtocolError as err:
+                self._deaf.add(p)         # its stream cannot be followed any more
+                try:
+                    self._poll.modify(conn.fileno(), select.POLLOUT)
+                except (OSError, ValueError):
+                    pass
+                self._refuse(p, ProtocolError, f"worker {p} sent a bad message on the "
+                             f"collective path: {err}")
+                return
+            if not got:
+                return
+            meta, arrays = got[0]
             self._on_message(p, meta, arrays)
 
     def _goodbye_eof(self, p: int) -> None:
