@@ -320,7 +320,7 @@ class Collective:
         sent = _Sent(len(self.peers))
         with self._cond:
             self._raise_failure()
-            self._raise_gone("push")
+            self._raise_gone("to push", set(self.peers))
             k = self._keys[pskey]
             k.pushed += 1
             lo, hi = k.bounds[self.rank]
@@ -335,7 +335,8 @@ class Collective:
                 s, e = k.bounds[p]
                 self._queue(p, Command.PUSH, k.pushed, pskey, flat[s:e], one_sent)
         self._wake()
-        self._wait(lambda: sent.left == 0, lambda: self._what_send(k, sent))
+        self._wait(lambda: sent.left == 0, lambda: self._what_send(k, sent),
+                   lambda: set(self.peers))
 
     def pull(self, pskey: int, out: np.ndarray) -> None:
         """Wait for the sum of the round of this worker's last push; copy it into ``out``
@@ -343,7 +344,8 @@ class Collective:
         k = self._keys[pskey]
         with self._cond:
             n = k.pushed
-        self._wait(lambda: self._complete(k, n), lambda: self._what_round(k, n))
+        self._wait(lambda: self._complete(k, n), lambda: self._what_round(k, n),
+                   lambda: {p for p in self.peers if k.came[p] < n or k.got[p] < n})
         np.copyto(out, k.result, casting="same_kind")
 
     def _complete(self, k: _Key, n: int) -> bool:
@@ -370,7 +372,10 @@ class Collective:
         return (f"round {n} of key {k.name!r} on the collective path ({'; '.join(said) or 'its own sum'}). Check "
                 "that every worker pushes the same keys")
 
-    def _wait(self, ready: Callable[[], bool], what: Callable[[], str]) -> None:
+    def _wait(self, ready: Callable[[], bool], what: Callable[[], str],
+              needs: Callable[[], set[int]]) -> None:
+        """Wait (lock released) until ``ready()``; raise the path's failure, or when a
+        worker of ``needs()`` (whose messages are still missing) closed its store."""
         limit = self.cfg.request_timeout
         deadline = time.monotonic() + limit
         with self._cond:
@@ -378,7 +383,8 @@ class Collective:
                 self._raise_failure()     # once failed, every call raises, done or not
                 if ready():
                     return
-                self._raise_gone(what())
+                if self._said_goodbye & needs():
+                    self._raise_gone(what(), needs())
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ClusterTimeoutError(
@@ -391,9 +397,9 @@ class Collective:
                     self._cond.acquire()
                 self._cond.wait(min(left, 0.2))
 
-    def _raise_gone(self, what: str) -> None:
-        if self._said_goodbye:
-            gone = sorted(self._said_goodbye)
+    def _raise_gone(self, what: str, needs: set[int]) -> None:
+        if self._said_goodbye & needs:
+            gone = sorted(self._said_goodbye & needs)
             raise ClusterError(
                 f"worker{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} closed "
                 f"{'their stores' if len(gone) > 1 else 'its store'} while worker "
@@ -485,7 +491,7 @@ class Collective:
             if p in self._gone:
                 return
             self._gone.add(p)
-            self._out[p].clear()
+            self._drop_out(p)
         try:
             self._poll.unregister(self._conns[p].fileno())
         except (KeyError, ValueError, OSError):
@@ -526,10 +532,19 @@ class Collective:
             meta, arrays = got[0]
             self._on_message(p, meta, arrays)
 
+    def _drop_out(self, p: int) -> None:
+        """Forget what was queued for ``p`` (its link is closed), running each message's
+        callback so that no counter waits for it (lock held)."""
+        for item in self._out[p]:
+            if item.done is not None:
+                item.done()
+        self._out[p].clear()
+        self._dirty.update(self._keys)
+
     def _goodbye_eof(self, p: int) -> None:
         with self._cond:
             self._gone.add(p)
-            self._out[p].clear()
+            self._drop_out(p)
             self._cond.notify_all()
         try:
             self._poll.unregister(self._conns[p].fileno())
@@ -660,7 +675,12 @@ class Collective:
             except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 return
             except OSError as err:
-                self._lost(p, str(err))
+                with self._cond:
+                    closed = p in self._said_goodbye
+                if closed:      # it closed its store: what it did not read it did not need
+                    self._goodbye_eof(p)
+                else:
+                    self._lost(p, str(err))
                 return
             with self._cond:
                 while sent and item.first < len(bufs):
