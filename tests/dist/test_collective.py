@@ -110,6 +110,22 @@ def test_chunks_cover_every_element_once() -> None:
             assert max(hi - lo for lo, hi in c) - min(hi - lo for lo, hi in c) <= 1
 
 
+def test_a_worker_that_closes_right_after_its_push_still_serves_its_chunk(
+        run_threads: Any) -> None:
+    def fn(kv: Any) -> Any:
+        kv.init("w", np.zeros(64, np.float32))
+        if kv.rank == 0:            # pushes and closes at once: its chunk's sum, which
+            kv.push("w", np.full(64, 1.0, np.float32))   # needs the others' later
+            return None                                   # pushes, must still go out
+        time.sleep(0.3)
+        kv.push("w", np.full(64, kv.rank + 1.0, np.float32))
+        return kv.pull("w")
+
+    res = ok(run_threads(fn, num_workers=3, collective_bytes=8))
+    for r in (1, 2):
+        np.testing.assert_array_equal(res[r], np.full(64, 6.0, np.float32))
+
+
 def test_a_pull_before_any_push_returns_rank_0s_init(run_threads: Any) -> None:
     def fn(kv: Any) -> Any:
         kv.init("w", np.full(50, kv.rank + 7.0, np.float32))

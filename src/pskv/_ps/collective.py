@@ -700,7 +700,14 @@ class Collective:
     def close(self, timeout: float = 2.0) -> None:
         """Say goodbye to every peer, stop the thread, close links and listeners."""
         if self._thread is not None:
+            # first the sums this worker owes for its own last pushes (the others may pull
+            # them after this worker is gone), as a server serves a round it has begun
+            end = time.monotonic() + timeout
             with self._cond:
+                while self._failure is None and time.monotonic() < end and any(
+                        k.summed < k.pushed for k in self._keys.values()) and \
+                        not self._said_goodbye:
+                    self._cond.wait(min(0.05, max(0.0, end - time.monotonic())))
                 for p in self.peers:
                     if p not in self._gone:
                         self._queue(p, Command.GOODBYE, 0, -1, None)
