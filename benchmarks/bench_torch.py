@@ -185,13 +185,13 @@ def _train(args: argparse.Namespace, kv: Any, rank: int, world: int) \
     arrays = [p.detach().numpy().copy() for p in model.parameters()]
     if kv is not None:
         result["collective_keys"] = sum(r.collective for r in kv._store.values())
-        opt.close()
+        opt.close()  # type: ignore[attr-defined]
         # the same steps again without overlap: what step() waits is then all the exchange
         plain = pt.DistributedOptimizer(sgd(model), model.named_parameters(), kv,
                                         named_buffers=model.named_buffers(), prefix="plain/",
                                         overlap=False)
         _, plain_waits = steps(net, plain, total, total)
-        plain.close()
+        plain.close()  # type: ignore[attr-defined]
         result["step_wait_no_overlap_ms"] = 1000 * statistics.median(plain_waits)
     return result, arrays
 
@@ -247,7 +247,8 @@ def run_driver(args: argparse.Namespace) -> int:
                 result, arrays = _job(kind, case, args, t)
                 runs.setdefault(case, {}).setdefault(label, []).append(result)
                 weights.setdefault(case, {})[label] = arrays
-    rows, table = [], {}
+    rows: list[list[Any]] = []
+    table: dict[str, dict[str, Any]] = {}
     for case in cases:
         ddp = runs[case]["ddp"]
         metric = "ms" if case == "avg100mb" else "samples_per_s"
