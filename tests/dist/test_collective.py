@@ -232,6 +232,16 @@ def test_a_checkpoint_of_a_store_with_collective_keys_is_refused(run_threads: An
     ok(run_threads(fn, collective_bytes=8))
 
 
+def test_sealed_links_keep_every_key_on_the_servers(run_threads: Any) -> None:
+    def fn(kv: Any) -> bool:
+        with pytest.raises(UnsupportedError, match="PSKV_ENCRYPT"):
+            kv.set_collective("x", True)
+        kv.init("w", np.zeros(64, np.float32))
+        return bool(kv._store["w"].collective)
+
+    assert ok(run_threads(fn, encrypt=True, collective_bytes=8)) == {0: False, 1: False}
+
+
 def test_workers_that_choose_differently_raise_on_every_worker(thread_cluster: Any) -> None:
     cluster = thread_cluster(2)
     configs = [cluster.worker_config(collective_bytes=8), cluster.worker_config()]

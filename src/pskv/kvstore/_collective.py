@@ -4,7 +4,8 @@ One rule, decided at a key's ``init`` and the same on every worker (the init bar
 compares the choices): a key is summed among the workers (``_ps/collective.py``) when the
 store is ``dist_sync`` with at least two workers, the key is dense, no optimizer runs on the
 servers, no gradient compression is set, no server feature needs every round on the
-servers (``PSKV_REPLICAS``, periodic checkpoints, ``--max-restarts``), and either its bytes
+servers (``PSKV_REPLICAS``, periodic checkpoints, ``--max-restarts``), the links are not
+sealed (``PSKV_ENCRYPT``), and either its bytes
 reach ``PSKV_COLLECTIVE_BYTES`` (0: none does) or ``kv.set_collective(key, True)`` asked for
 it before its init; ``set_collective(key, False)`` keeps it on the servers whatever its
 size. Everything else stays on the servers: small keys, row_sparse keys, tables,
@@ -58,6 +59,9 @@ class Choice:
                            "comes; the collective path sums dist_sync rounds")
         elif num_workers < 2:
             self._fixed = "one worker has nothing to exchange"
+        elif cfg.encrypt:
+            self._fixed = ("PSKV_ENCRYPT=1 seals the links to the servers, and the workers' "
+                           "own links are not sealed per message")
         elif cfg.replicas or cfg.checkpoint_every or cfg.max_restarts:
             self._fixed = ("PSKV_REPLICAS, periodic checkpoints and --max-restarts need every "
                            "round on the servers")
