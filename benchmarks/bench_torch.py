@@ -279,8 +279,8 @@ def run_driver(args: argparse.Namespace) -> int:
                          f"{value:.1f} {'ms' if metric == 'ms' else 'samples/s'}",
                          f"{ratio:.2f}x", "yes" if same else f"no ({diff:.2g})",
                          "" if hidden is None else f"{100 * hidden:.0f}%", aim])
-    header = ["case", "run", "collective keys", "median", "speed vs DDP", "identical to DDP", "overlap hidden",
-              "aim"]
+    header = ["case", "run", "collective keys", "median", "speed vs DDP", "identical to DDP",
+              "overlap hidden", "aim"]
     print(_common.text_table(header, rows))
     data = {"benchmark": "bench_torch", "time": _common.timestamp(),
             "machine": _common.machine_info(), **_common.commit_info(),

@@ -180,7 +180,8 @@ class Collective:
             info = peers.get(p)
             if not isinstance(info, Mapping) or not isinstance(info.get("key"), str):
                 raise ClusterError(f"worker {self.rank}: worker {p} sent no collective "
-                                   "endpoint at the init barrier (a mismatched PSKV_COLLECTIVE_BYTES?)")
+                                   "endpoint at the init barrier (a mismatched "
+                                   "PSKV_COLLECTIVE_BYTES?)")
             keys[p] = str(info["key"]).encode()
         deadline = time.monotonic() + self.cfg.connect_timeout
         try:
@@ -369,7 +370,8 @@ class Collective:
         if owners:
             said.append(f"no sum from worker{'s' if len(owners) > 1 else ''} "
                         f"{', '.join(map(str, owners))}")
-        return (f"round {n} of key {k.name!r} on the collective path ({'; '.join(said) or 'its own sum'}). Check "
+        missing = "; ".join(said) or "its own sum"
+        return (f"round {n} of key {k.name!r} on the collective path ({missing}). Check "
                 "that every worker pushes the same keys")
 
     def _wait(self, ready: Callable[[], bool], what: Callable[[], str],

@@ -244,12 +244,13 @@ class CollectiveMethods:
                         "servers (the collective path sums dense keys).", key=k,
                         store_type=self._type)
                 if rec is not None:
+                    where = "on the collective path" if rec.collective else "on the servers"
                     raise UnsupportedError(
                         f"set_collective({k!r}): key {k!r} is initialized already"
                         + (" and row_sparse, which stays on the servers (the collective "
                            "path sums dense keys)." if rec.sparse else
-                           f" ({'on the collective path' if rec.collective else 'on the servers'}). "
-                           "Call set_collective before kv.init of the key, on every worker."),
+                           f" ({where}). Call set_collective before kv.init of the key, on "
+                           "every worker."),
                         key=k, store_type=self._type)
             self._choice.prefer(keys, enabled)
 
