@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 ACCEPT_PAUSE = 0.25
 #: ZeroMQ identities ignored at once (dropped strangers); the oldest go first
 MUTED_MAX = 4096
+#: CHALLENGEs one connection gets (each replaces the last); one more HELLO drops it
+MAX_CHALLENGES = 4
 
 
 class Handler(Protocol):
@@ -118,7 +120,7 @@ class ServeLoop:
         self._max_message = max_message_bytes
         self._max_frames = max_frames
         self._muted: dict[bytes, float] = {}             # ZeroMQ identity -> until when
-        self._challenged: set[Connection] = set()        # unadmitted, CHALLENGE sent
+        self._challenged: dict[Connection, int] = {}     # unadmitted: CHALLENGEs sent
         self._writing: set[int] = set()                  # stream fds with output queued
         self._conns: dict[int, StreamConn] = {}
         self._peers: dict[bytes, ZmqPeer] = {}
@@ -161,7 +163,7 @@ class ServeLoop:
                         del self._muted[next(iter(self._muted))]
                 self._muted[conn.ident] = time.monotonic() + self._handshake
         self._unadmitted.pop(conn, None)
-        self._challenged.discard(conn)
+        self._challenged.pop(conn, None)
         self._verifier.forget(conn)
         if self.admitted.pop(conn, None) is not None:
             self.handler.dropped(conn)
@@ -242,11 +244,15 @@ class ServeLoop:
             return
         why = self._verifier.check(conn, meta.body)
         if why == CHALLENGE:
-            if conn in self._challenged:     # one challenge per connection, then its proof
-                self.refusals.refused(_who(conn), "a second HELLO without the proof")
+            # a new challenge replaces the last (one is outstanding at a time), and a
+            # connection gets a few at most: a stranger's HELLOs cost one reply each
+            asked = self._challenged.get(conn, 0)
+            if asked >= MAX_CHALLENGES:
+                self.refusals.refused(_who(conn), f"over {MAX_CHALLENGES} HELLOs without "
+                                      "a proof")
                 self.drop(conn, mute=True)
                 return
-            self._challenged.add(conn)
+            self._challenged[conn] = asked + 1
             self.send(conn, Command.CHALLENGE, meta.ts, self._verifier.challenge(conn))
             return
         if why is not None:
@@ -266,7 +272,7 @@ class ServeLoop:
         handler deferred its decision (it returned None and kept the HELLO)."""
         self.admitted[conn] = who
         self._unadmitted.pop(conn, None)
-        self._challenged.discard(conn)
+        self._challenged.pop(conn, None)
         conn.max_bytes = self._max_message
 
     def _room(self, who: str) -> bool:
@@ -293,18 +299,10 @@ class ServeLoop:
         for _ in range(1000):            # whatever has arrived, a bounded batch
             if not int(self._router.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 return
-            ident, frames, over = recv_capped(self._router, self._cap)
+            ident, frames, size, over = recv_capped(self._router, self._cap)
             if ident in self._muted:
                 continue                 # dropped a moment ago: nothing is answered
             peer = self._peers.get(ident)
-            if over is not None:
-                self.refusals.refused(_who(peer) if peer is not None else "a ZeroMQ peer",
-                                      over)
-                if peer is not None and peer in self.admitted:
-                    self.error(peer, 0, ProtocolError(f"refused {over}"))
-                else:
-                    self.drop(peer or ZmqPeer(self._router, ident), mute=True)
-                continue
             if peer is None:
                 if not self._room(_zmq_address(frames)):
                     continue             # no reply: it costs nothing more than the read
@@ -312,10 +310,12 @@ class ServeLoop:
                 peer.address = _zmq_address(frames)
                 peer.max_bytes = ADMISSION_BYTES     # until it proves it holds the secret
                 self._unadmitted[peer] = time.monotonic()
-            peer.received += sum(f.buffer.nbytes for f in frames)
+            peer.received += size
             if self._over_budget(peer):
                 continue
             try:
+                if over is not None:
+                    raise ProtocolError(f"{over} (the rest was let go unread)")
                 meta, arrays = decode(frames)
             except ProtocolError as err:
                 if peer not in self.admitted:

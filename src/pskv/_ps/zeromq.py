@@ -75,8 +75,9 @@ def recv_message(sock: zmq.Socket[Any], router: bool = False) -> tuple[bytes | N
 
 
 def recv_capped(sock: zmq.Socket[Any], cap: Callable[[bytes], tuple[int | None, int]]) \
-        -> tuple[bytes, list[Any], str | None]:
-    """Receive one message of a ROUTER frame by frame: (identity, frames, why refused).
+        -> tuple[bytes, list[Any], int, str | None]:
+    """Receive one message of a ROUTER frame by frame: (identity, frames, bytes counted,
+    why refused).
 
     ``cap(identity)`` says the most bytes (None: any) and frames that peer's message may
     have; once it is over either, the rest of its frames are received and let go at once
@@ -103,7 +104,7 @@ def recv_capped(sock: zmq.Socket[Any], cap: Callable[[bytes], tuple[int | None, 
             frames = []
         else:
             frames.append(part)
-    return ident, frames, why
+    return ident, frames, size, why
 
 
 class ZmqConn:
