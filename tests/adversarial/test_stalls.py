@@ -291,25 +291,70 @@ def test_an_admitted_worker_that_stops_reading_does_not_stall_the_others(
             slowest_round_of_the_other_s=round(max(res[1]), 3))
 
 
+def _send_frames(address: str, frames: str) -> None:
+    """Another process sends one ZeroMQ message of ``frames`` (a Python expression)."""
+    sender = textwrap.dedent(f"""
+        import zmq
+        ctx = zmq.Context(); s = ctx.socket(zmq.DEALER); s.setsockopt(zmq.LINGER, 10000)
+        s.connect({address!r})
+        s.send_multipart({frames})
+        s.close(); ctx.term()
+    """)
+    subprocess.run([PY, "-c", sender], timeout=90, check=True)
+
+
+def _a_round(kv: Any) -> Any:
+    kv.init(1, mx.nd.zeros((3,)))
+    kv.push(1, mx.nd.ones((3,)))
+    return kv.pull(1).asnumpy()
+
+
+@pytest.mark.timeout(150)
+def test_a_message_of_many_small_frames_is_let_go_frame_by_frame(thread_cluster: Any) -> None:
+    # one ZeroMQ message of a million one-byte frames (3 MB on the wire) to the scheduler:
+    # pskv takes its frames one at a time and keeps none past the cap (listing them all,
+    # as a whole-message receive does, costs a Python object per frame)
+    cluster = thread_cluster(2, 1)
+    before = _peak_rss(reset=True)
+    start = time.monotonic()
+    _send_frames(cluster.cfg.root_address, "[b'x'] * 1_000_000")
+    time.sleep(1.0)
+    grew = _peak_rss() - before
+    _report("one ZeroMQ message of 10**6 one-byte frames to the scheduler", grew,
+            sent_and_let_go_s=round(time.monotonic() - start, 2))
+    res = cluster.run(_a_round)
+    assert_unharmed(cluster, res, np.full(3, 2.0), 15)
+    # libzmq holds 64 bytes per frame until the message is all there (61 MiB); listing
+    # the frames, as a whole-message receive did, cost 40 MiB more (103 MiB in all)
+    assert grew < 96 << 20, grew
+
+
 @pytest.mark.timeout(120)
-def test_a_message_of_many_frames_is_refused_before_it_is_kept(thread_cluster: Any) -> None:
+def test_a_message_of_many_big_frames_does_not_stop_the_scheduler(thread_cluster: Any) -> None:
     # one ZeroMQ message of 64 frames of 15 MiB (each under the scheduler's 16 MiB frame
     # cap), from another process to the scheduler in this one
     cluster = thread_cluster(2, 1)
-    sender = textwrap.dedent(f"""
-        import zmq
-        ctx = zmq.Context(); s = ctx.socket(zmq.DEALER); s.setsockopt(zmq.LINGER, 5000)
-        s.connect({cluster.cfg.root_address!r})
-        part = bytes(15 << 20)
-        s.send_multipart([part] * 64)
-        s.close(); ctx.term()
-    """)
     before = _peak_rss(reset=True)
-    subprocess.run([PY, "-c", sender], timeout=60, check=True)
+    _send_frames(cluster.cfg.root_address, "[bytes(15 << 20)] * 64")
     time.sleep(1.0)
-    grew = _peak_rss() - before
-    _report("one ZeroMQ message of 64 x 15 MiB frames to the scheduler", grew)
-    res = cluster.run(lambda kv: (kv.init(1, mx.nd.zeros((3,))),
-                                  kv.push(1, mx.nd.ones((3,))), kv.pull(1).asnumpy())[2])
+    _report("one ZeroMQ message of 64 x 15 MiB frames to the scheduler",
+            _peak_rss() - before)
+    res = cluster.run(_a_round)
     assert_unharmed(cluster, res, np.full(3, 2.0), 15)
-    assert grew < 2 * CONTROL_BYTES, grew
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "libzmq hands a message to its reader only once all its frames have arrived (its pipe "
+    "publishes whole messages), and caps only each frame (ZMQ_MAXMSGSIZE): a stranger that "
+    "speaks ZMTP to the scheduler's port makes libzmq hold one message of any size "
+    "(960 MiB here) before pskv can look at its first frame. Holds once strangers cannot "
+    "speak ZMTP there (CURVE with a check of the client's key, issue 19 item 6) or the "
+    "scheduler link moves to the stream framing, which checks the length prefix."))
+@pytest.mark.timeout(120)
+def test_a_message_of_many_big_frames_is_refused_before_it_is_buffered(
+        thread_cluster: Any) -> None:
+    cluster = thread_cluster(2, 1)
+    before = _peak_rss(reset=True)
+    _send_frames(cluster.cfg.root_address, "[bytes(15 << 20)] * 64")
+    time.sleep(1.0)
+    assert _peak_rss() - before < 2 * CONTROL_BYTES
