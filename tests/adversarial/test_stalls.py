@@ -248,13 +248,7 @@ def test_an_admitted_worker_that_stops_reading_does_not_stall_the_others(
         kv.init(2, mx.nd.ones((big,)))
         kv.barrier()
         if kv.rank == 0:
-            conn = StreamConn.connect(kv._po.servers[0]["tcp"], 30.0, "server 0")
-            held.append(conn)
-            conn.send(Command.HELLO, 1, body={"role": "worker", "rank": 0})
-            challenge = next_reply(conn)
-            conn.send(Command.HELLO, 2, body={"role": "worker", "rank": 0, **prove(
-                kv._po.key, "server", challenge.body, "worker", 0)})
-            assert next_reply(conn).cmd == Command.ACK
+            conn = _admitted_conn(kv, held)
             base = _peak_rss(reset=True)
             pskey = kv._path._records[2].pskey
             for ts in range(3, 7):         # four pulls of 32 MiB, then not a read
@@ -289,6 +283,53 @@ def test_an_admitted_worker_that_stops_reading_does_not_stall_the_others(
     _report("admitted worker pulls 4 x 32 MiB and stops reading", waited["grew"],
             reader_stalled_s=waited["stalled_s"],
             slowest_round_of_the_other_s=round(max(res[1]), 3))
+
+
+def _admitted_conn(kv: Any, held: list[StreamConn]) -> StreamConn:
+    """A connection of its own to server 0, admitted with worker ``kv``'s rank key."""
+    conn = StreamConn.connect(kv._po.servers[0]["tcp"], 30.0, "server 0")
+    held.append(conn)
+    conn.send(Command.HELLO, 1, body={"role": "worker", "rank": kv.rank})
+    challenge = next_reply(conn)
+    conn.send(Command.HELLO, 2, body={"role": "worker", "rank": kv.rank, **prove(
+        kv._po.key, "server", challenge.body, "worker", kv.rank)})
+    assert next_reply(conn).cmd == Command.ACK
+    return conn
+
+
+@pytest.mark.timeout(120)
+def test_an_admitted_worker_that_reads_nothing_for_the_request_timeout_is_dropped(
+        thread_cluster: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    cluster = thread_cluster(2, 1, request_timeout=3.0)
+    big = 8 << 20
+    found: dict[str, Any] = {}
+    held: list[StreamConn] = []
+
+    def fn(kv: Any) -> Any:
+        kv.init(2, mx.nd.ones((big,)))
+        kv.barrier()
+        if kv.rank == 0:
+            conn = _admitted_conn(kv, held)
+            for ts in range(3, 7):         # four pulls of 32 MiB, then not a read
+                conn.send(Command.PULL, ts, [kv._path._records[2].pskey])
+            start = time.monotonic()
+            while time.monotonic() - start < 30 and "s" not in found:
+                if any("has read nothing of its replies" in r.getMessage()
+                       for r in list(caplog.records)):
+                    found["s"] = round(time.monotonic() - start, 2)
+                time.sleep(0.05)
+        return None
+
+    try:
+        cluster.run(fn, "dist_async", timeout=60)
+    finally:
+        for conn in held:
+            conn.close()
+    cluster.join(20)      # worker 0 was reported lost: the job ends, failed
+    assert "s" in found, "the server kept a worker that read nothing for 3 s"
+    print(json.dumps({"attack": "admitted worker reads nothing (request timeout 3 s)",
+                      "dropped after s": found["s"]}))
 
 
 def _send_frames(address: str, frames: str) -> None:

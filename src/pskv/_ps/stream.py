@@ -227,13 +227,12 @@ class StreamConn:
         header = frames[0]
         prefix = _PREFIX.pack(_MAGIC, len(header))
         bufs: list[memoryview]
-        if self.queued:
-            self._send_queued([memoryview(prefix), memoryview(header)] +
-                              [memoryview(a).cast("B") for a in frames[1:] if a.nbytes])
-            return
         if len(frames) <= _JOIN_ARRAYS and sum(a.nbytes for a in frames[1:]) <= _JOIN_BYTES:
             # a small message: one copy into one buffer, one send (the usual case: whole)
             data = b"".join([prefix, header, *frames[1:]])
+            if self._out:                    # queued mode, output waiting: after it
+                self._send_queued([memoryview(data)])
+                return
             try:
                 sent = self.sock.send(data)
             except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
@@ -246,6 +245,9 @@ class StreamConn:
         else:
             bufs = [memoryview(prefix), memoryview(header)]
             bufs += [memoryview(a).cast("B") for a in frames[1:] if a.nbytes]
+        if self.queued:
+            self._send_queued(bufs)
+            return
         first = 0                   # bufs[:first] are sent (no pop(0): a message of many
         try:                        # frames would cost quadratic time)
             while first < len(bufs):
