@@ -21,8 +21,9 @@ its handler's business (:class:`Handler`). Invariants, on every transport and po
   is writable, and nothing more is read from that peer until it is), ZeroMQ sends never
   wait (a peer whose pipe is full is dropped), and a peer whose output has not moved for
   its timeout is dropped; so deadlines run even while a peer floods;
-* an unadmitted peer gets at most one CHALLENGE (a second HELLO without its proof drops
-  it) and may send at most :data:`.limits.UNADMITTED_BUDGET` bytes in all; a ZeroMQ
+* an unadmitted peer gets at most :data:`MAX_CHALLENGES` CHALLENGEs, each replacing the
+  last (one is outstanding at a time; one more HELLO without a proof drops it), and may
+  send at most :data:`.limits.UNADMITTED_BUDGET` bytes in all; a ZeroMQ
   message is capped in bytes and in frames as its frames are received, and the rest of
   an over-cap message is let go unkept (:func:`.zeromq.recv_capped`); a ZeroMQ peer that
   was dropped for any of these is ignored for ``handshake_timeout``.

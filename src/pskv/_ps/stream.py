@@ -355,8 +355,10 @@ class StreamConn:
         return buf[:nbytes].view(dtype).reshape(shape)
 
     def stalled(self, now: float) -> bool:
-        """Whether a message has been half-read for longer than ``timeout``."""
-        return bool(self._phase or self._pos) and now - self._since > self.timeout
+        """Whether a message has been half-read for longer than ``timeout`` (in queued mode
+        the loop reads nothing while output waits: that time is not the peer's)."""
+        return bool(self._phase or self._pos) and not self._out and \
+            now - max(self._since, self._out_since) > self.timeout
 
     def _next_array(self) -> bool:
         """Point the target at the next array with bytes; True when the message is done."""
