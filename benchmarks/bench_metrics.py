@@ -4,6 +4,7 @@ Run from the repository root::
 
     python benchmarks/bench_metrics.py            # full run, a few minutes on 2 cores
     python benchmarks/bench_metrics.py --quick    # smoke run, seconds; writes no results
+    python benchmarks/bench_metrics.py --profile  # calls per push+pull, off and on (cProfile)
 
 One small job per setting, as threads of this process (a scheduler, one server, one
 ``dist_sync`` worker) on this host's default transport, with metrics off and on (each node
@@ -16,11 +17,13 @@ within 3 %. Results go to ``benchmarks/results/bench_metrics.{json,md}``.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import statistics
 import threading
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import _common
 import numpy as np
@@ -84,17 +87,69 @@ def job(metrics: bool, size: int, iters: int) -> list[float]:
             scraper.join(10)
 
 
+def profile(iters: int = 2000) -> dict[str, dict[str, float]]:
+    """Python-level calls per push+pull of a small key, per thread, metrics off and on:
+    every thread runs under its own cProfile (counts, not times: a busy machine's timings
+    say little, the calls a hook adds do not change with load)."""
+    out: dict[str, dict[str, float]] = {}
+    run = threading.Thread.run
+    for metrics in (False, True):
+        profs: list[tuple[str, cProfile.Profile]] = []
+
+        def profiled(self: threading.Thread) -> None:
+            prof = cProfile.Profile()
+            target = getattr(self, "_target", None)
+            args: tuple[Any, ...] = getattr(self, "_args", ())
+            name = (f"{args[0].role.value}" if target is run_node else
+                    "scrapes" if "_scrape" in self.name or "process_request" in self.name
+                    else "metrics endpoints" if self.name.startswith("pskv-metrics")
+                    else self.name)
+            profs.append((name, prof))
+            prof.enable()
+            try:
+                run(self)
+            finally:
+                prof.disable()
+
+        threading.Thread.run = profiled  # type: ignore[method-assign]
+        main_prof = cProfile.Profile()
+        profs.append(("worker (main thread)", main_prof))
+        try:
+            main_prof.enable()
+            job(metrics, 16, iters)
+            main_prof.disable()
+        finally:
+            threading.Thread.run = run  # type: ignore[method-assign]
+        calls: dict[str, float] = {}
+        for name, prof in profs:
+            prof.create_stats()
+            calls[name] = calls.get(name, 0.0) + sum(
+                v[1] for v in prof.stats.values()) / iters  # type: ignore[attr-defined]
+        out["on" if metrics else "off"] = calls
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run (no results)")
     parser.add_argument("--rounds", type=int, default=5,
                         help="off/on pairs per size (default 5)")
+    parser.add_argument("--profile", action="store_true",
+                        help="count calls per push+pull per thread, off and on (no timing)")
     args = parser.parse_args(argv)
+    if args.profile:
+        got = profile(200 if args.quick else 2000)
+        names = sorted(set(got["off"]) | set(got["on"]))
+        print(_common.text_table(["thread", "calls off", "calls on", "added"], [
+            [n, f"{got['off'].get(n, 0):.1f}", f"{got['on'].get(n, 0):.1f}",
+             f"{got['on'].get(n, 0) - got['off'].get(n, 0):+.1f}"] for n in names]))
+        return 0
     sizes = {16: "64 B", 65536: "256 KB"} if args.quick else SIZES
     rounds = 1 if args.quick else args.rounds
-    rows, data = [], {"machine": _common.machine_info(), "commit": _common.commit_info(),
-                      "command": _common.command_line(argv), "when": _common.timestamp(),
-                      "results": {}}
+    rows: list[list[str]] = []
+    data: dict[str, Any] = {
+        "machine": _common.machine_info(), "commit": _common.commit_info(),
+        "command": _common.command_line(argv), "when": _common.timestamp(), "results": {}}
     for size, label in sizes.items():
         iters = 20 if args.quick else (2000 if size <= 1024 else 20)
         off: list[float] = []

@@ -1,4 +1,6 @@
-"""TLS benchmark: what mutual TLS (PSKV_TLS_CERT/KEY/CA) costs on the worker-server TCP link.
+"""TLS and PSKV_ENCRYPT benchmark: what mutual TLS (PSKV_TLS_CERT/KEY/CA) and the encryption
+switch (PSKV_ENCRYPT=1: every message sealed with AES-256-GCM) cost on the worker-server TCP
+link.
 
 Run from the repository root::
 
@@ -7,10 +9,10 @@ Run from the repository root::
 
 One small job per setting, as threads of this process (a scheduler, one server, one
 ``dist_sync`` worker) on 127.0.0.1 with ``PSKV_TRANSPORT=tcp``: the same TCP stream path a
-worker on another host takes, plain and over TLS (certificates made with the ``openssl``
-command in a temporary directory). Figures: microseconds per push+pull of a small key, and
-MB/s per push+pull of dense float32 keys. Plain and TLS jobs alternate per size, so machine
-load falls on both alike. Results go to ``benchmarks/results/bench_tls.{json,md}``.
+worker on another host takes, plain, over TLS (certificates made with the ``openssl``
+command in a temporary directory) and sealed (``PSKV_ENCRYPT=1``). Figures: microseconds
+per push+pull of a small key, and MB/s per push+pull of dense float32 keys. The three jobs
+alternate per size, so machine load falls on all alike. Results go to ``benchmarks/results/bench_tls.{json,md}``.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from pskv.kvstore.dist import DistKVStore
 from pskv.launch._net import free_port
 from pskv.server import run_node
 
+HEAD = ["key", "plain TCP", "TLS", "PSKV_ENCRYPT=1", "TLS / plain", "ENCRYPT / plain"]
 #: dense sizes in float32 elements: 4 KB, 4 MB, 64 MB
 SIZES = {1024: "4 KB", 1048576: "4 MB", 16777216: "64 MB"}
 
@@ -56,11 +59,12 @@ def make_certs(tmp: Path) -> tuple[str, str, str]:
     return str(tmp / "node.pem"), str(tmp / "node.key"), str(tmp / "ca.pem")
 
 
-def job(tls: tuple[str, str, str] | None, size: int, iters: int) -> list[float]:
+def job(tls: tuple[str, str, str] | None, size: int, iters: int,
+        encrypt: bool = False) -> list[float]:
     """Seconds per push+pull of a ``size``-element key, one sample per iteration."""
     cfg = ClusterConfig(role=Role.WORKER, root_port=free_port(), transport="tcp",
                         secret=b"bench", tls=tls, connect_timeout=30, request_timeout=60,
-                        coalesce_bytes=0)
+                        coalesce_bytes=0, encrypt=encrypt)
     stop = threading.Event()
     nodes = [threading.Thread(target=run_node, args=(cfg.with_role(role), stop), daemon=True)
              for role in (Role.SCHEDULER, Role.SERVER)]
@@ -102,16 +106,17 @@ def main(argv: list[str] | None = None) -> int:
             iters = 20 if args.quick else (200 if size <= 1024 else 30)
             plain = statistics.median(job(None, size, iters))
             tls = statistics.median(job(certs, size, iters))
+            sealed = statistics.median(job(None, size, iters, encrypt=True))
             mb = size * 4 / 1e6
-            entry = {"plain_s": plain, "tls_s": tls, "slowdown": tls / plain}
+            entry = {"plain_s": plain, "tls_s": tls, "slowdown": tls / plain,
+                     "encrypt_s": sealed, "encrypt_slowdown": sealed / plain}
             data["results"][label] = entry
             cells = [f"{s * 1e6:.0f} us" if size <= 1024 else f"{mb / s:.0f} MB/s"
-                     for s in (plain, tls)]
-            rows.append([label, *cells, f"{tls / plain:.2f}x"])
-            print(_common.text_table(["key", "plain TCP", "TLS", "TLS / plain"], rows[-1:]),
-                  flush=True)
-    md = ("# TLS cost on the worker-server TCP link\n\n" + _common.md_table(
-        ["key", "plain TCP", "TLS", "TLS / plain (time)"], rows) +
+                     for s in (plain, tls, sealed)]
+            rows.append([label, *cells, f"{tls / plain:.2f}x", f"{sealed / plain:.2f}x"])
+            print(_common.text_table(HEAD, rows[-1:]), flush=True)
+    md = ("# TLS and PSKV_ENCRYPT cost on the worker-server TCP link\n\n" + _common.md_table(
+        HEAD, rows) +
         f"\n\nMachine: {data['machine'].get('cpu_model')}, {data['machine'].get('cpu_count')} "
         f"cores, Python {data['machine'].get('python')}; commit {data['commit']['commit']}, "
         f"{data['when']}. Medians; `{data['command']}`\n")

@@ -30,6 +30,8 @@ __all__ = [
     "ProtocolError",
     "ShapeMismatchError",
     "SparsePullIgnoredWarning",
+    "StalenessError",
+    "StalenessTimeoutError",
     "StoreClosedError",
     "TableIdError",
     "TableSpecError",
@@ -201,6 +203,15 @@ class TableSpecError(ConfigError):
     """
 
 
+class StalenessError(ConfigError):
+    """A staleness bound (``kv.set_staleness``, ``PSKV_STALENESS``,
+    ``PSKV_GLOBAL_STALENESS``) that is not a whole number of at least 0, or workers that
+    set different global bounds (docs/embeddings.md, "Bounded staleness").
+
+    .. versionadded:: 0.4
+    """
+
+
 class UnknownArgumentError(ConfigError, TypeError):
     """An optimizer got a keyword argument it does not take (MXNet raises TypeError).
 
@@ -242,6 +253,15 @@ class ClusterTimeoutError(ClusterError, TimeoutError):
     """A distributed wait ran past its deadline.
 
     .. versionadded:: 0.1
+    """
+
+
+class StalenessTimeoutError(ClusterTimeoutError):
+    """A read held back by the global staleness bound waited longer than
+    ``PSKV_ROUND_TIMEOUT`` for a slower worker; the message names that worker, its clock
+    and the key (docs/embeddings.md, "Bounded staleness").
+
+    .. versionadded:: 0.4
     """
 
 

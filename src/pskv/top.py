@@ -1,10 +1,12 @@
 """``pskv-top``: a live view of a running job, read from its nodes' Prometheus endpoints.
 
-Pointed at the first metrics port of a job (``PSKV_METRICS_PORT``; each node serves on the
-next free port from it), it reads every node's ``/metrics`` each interval and shows, in the
-terminal (``curses``), each node and its state, request and byte rates, the rounds' waits,
-the workers that were last in the rounds of the interval, and how unevenly the servers are
-loaded. ``--once`` prints one view (two reads, one interval apart) and exits.
+Pointed at the first metrics port of a job (``PSKV_METRICS_PORT``: the scheduler's, which
+lists where every node serves its ``/metrics``; pointed at another node's port, it scans
+the ports from there upward), it reads every node's ``/metrics`` each interval and shows,
+in the terminal (``curses``), each node and its state, request and byte rates, memory, the
+rounds' waits, the workers that were last in the rounds of the interval and the slowest,
+the hottest keys, and how unevenly the servers are loaded. ``--once`` prints one view
+(two reads, one interval apart) and exits.
 
 Nothing here talks pskv's own protocol: the view needs no secret and cannot disturb the
 job; what it shows is what Prometheus would see.
@@ -22,7 +24,7 @@ from typing import Any, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["Snapshot", "main", "parse", "read_job", "view"]
+__all__ = ["Snapshot", "listing", "main", "parse", "read_job", "view"]
 
 #: ports read from the first one upward (as many as a node tries: ``_ps.metrics``)
 PORTS = 64
@@ -40,13 +42,19 @@ class Snapshot:
     job: str
     nodes: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)
     ports: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: each node's state as the scheduler lists it (alive, closed, dead), when it does
+    states: dict[tuple[str, int], str] = field(default_factory=dict)
 
     def total(self, role: str, name: str) -> float:
         """``name`` summed over every node of ``role``."""
         return sum(v.get(name, 0.0) for (r, _), v in self.nodes.items() if r == role)
 
 
-_KEPT = ("command", "worker", "node_role")
+_KEPT = ("command", "worker", "node_role", "key", "what")
+#: the scheduler's listing of every node (``pskv_scheduler_node_info``): labels kept
+_LISTING = ("node_role", "node_rank", "state", "host", "metrics_port")
+#: the one series without the ``pskv_`` prefix the view reads (the client library's)
+_RSS = "process_resident_memory_bytes"
 
 
 def parse(text: str) -> tuple[str, str, int, dict[str, float]]:
@@ -62,9 +70,15 @@ def parse(text: str) -> tuple[str, str, int, dict[str, float]]:
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
+                if s.name == _RSS:
+                    samples[_RSS] = float(s.value)
                 if not s.name.startswith("pskv_") or s.name.endswith("_created"):
                     continue
                 labels = s.labels
+                if s.name == "pskv_scheduler_node_info":
+                    listed = ",".join(f"{k}={labels.get(k, '')}" for k in _LISTING)
+                    samples[f"{s.name}{{{listed}}}"] = float(s.value)
+                    continue
                 who = who or (labels.get("job", ""), labels.get("role", ""),
                               int(labels.get("rank", "0")))
                 kept = ",".join(f"{k}={labels[k]}" for k in _KEPT if k in labels)
@@ -87,25 +101,50 @@ def _fetch(url: str, timeout: float) -> str | None:
         return None
 
 
+def listing(samples: dict[str, float]) -> list[tuple[str, int, str, str, int]]:
+    """The nodes a scheduler's samples list: ``(role, rank, state, host, port)`` each
+    (port 0: that node serves no metrics); empty for any other node."""
+    out = []
+    for name in samples:
+        if name.startswith("pskv_scheduler_node_info{"):
+            labels = dict(kv.split("=", 1) for kv in name[len("pskv_scheduler_node_info{"):-1]
+                          .split(",") if "=" in kv)
+            try:
+                out.append((labels["node_role"], int(labels["node_rank"]), labels["state"],
+                            labels["host"], int(labels["metrics_port"])))
+            except (KeyError, ValueError):
+                continue
+    return sorted(out)
+
+
 def read_job(host: str, first: int, count: int = PORTS, timeout: float = 1.0) -> Snapshot:
-    """Read every port from ``first`` (``count`` of them); the job that ``first`` serves.
+    """Read the node at ``first`` and the others of its job: those the scheduler lists
+    when ``first`` is the scheduler's port, else every port from ``first`` (``count``).
 
     Raises ConfigError when ``first`` does not answer as a pskv node's ``/metrics``.
     """
-    ports = range(first, min(first + count, 65536))
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        texts = list(pool.map(lambda p: _fetch(f"http://{host}:{p}/metrics", timeout), ports))
-    where = f"http://{host}:{first}/metrics"
-    if texts[0] is None:
+    where = f"http://{_bracket(host)}:{first}/metrics"
+    text = _fetch(where, timeout)
+    if text is None:
         raise ConfigError(f"nothing answers at {where}. Point pskv-top at the first port of "
                           "a running job's PSKV_METRICS_PORT (pskv-top HOST:PORT).")
     try:
-        job, _role, _rank, _ = parse(texts[0])
+        job, role, rank, samples = parse(text)
     except ConfigError as err:
         raise ConfigError(f"{where} is not a pskv node's metrics endpoint: {err}. Point "
                           "pskv-top at a job's PSKV_METRICS_PORT.") from None
     snap = Snapshot(time.monotonic(), job)
-    for port, text in zip(ports, texts):
+    snap.nodes[(role, rank)], snap.ports[(role, rank)] = samples, first
+    listed = listing(samples)
+    if listed:
+        snap.states = {(r, k): state for r, k, state, _h, _p in listed}
+        targets = [(h if h not in ("", "0.0.0.0") else host, p) for *_n, h, p in listed if p]
+    else:
+        targets = [(host, p) for p in range(first + 1, min(first + count, 65536))]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        texts = list(pool.map(lambda t: _fetch(f"http://{_bracket(t[0])}:{t[1]}/metrics",
+                                               timeout), targets))
+    for (_h, port), text in zip(targets, texts):
         if text is None:
             continue
         try:
@@ -116,6 +155,10 @@ def read_job(host: str, first: int, count: int = PORTS, timeout: float = 1.0) ->
             snap.nodes[(role, rank)] = samples
             snap.ports[(role, rank)] = port
     return snap
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 # ---- the view (plain lines: curses draws them, --once prints them) -------------------------
@@ -168,13 +211,19 @@ def view(prev: Snapshot | None, cur: Snapshot, width: int = 100) -> list[str]:
                      "heartbeats")
     lines.append("")
     # wait: a server's mean round wait, a worker's mean request latency
-    lines.append(f"{'node':<12}{'port':>7}{'req/s':>10}{'MB/s in':>10}{'MB/s out':>10}"
-                 f"{'keys':>8}{'wait ms':>10}")
-    loads = []
-    for node in sorted(cur.nodes, key=lambda n: (n[0] != "scheduler", n[0], n[1])):
+    lines.append(f"{'node':<12}{'state':<8}{'port':>7}{'req/s':>10}{'MB/s in':>10}"
+                 f"{'MB/s out':>10}{'keys':>8}{'wait ms':>10}{'RSS MB':>9}")
+    loads, slow = [], []
+    shown = set(cur.nodes) | {n for n in cur.states if n[0] != "scheduler"}
+    for node in sorted(shown, key=lambda n: (n[0] != "scheduler", n[0], n[1])):
         role, rank = node
-        s = cur.nodes[node]
+        state = cur.states.get(node, "alive")
+        s = cur.nodes.get(node)
         if role == "scheduler":
+            continue
+        if s is None:                 # listed by the scheduler, but its /metrics is silent
+            lines.append(f"{role + ' ' + str(rank):<12}{state:<8}{'-':>7}"
+                         "   (no metrics read)")
             continue
         pre = "pskv_server" if role == "server" else "pskv_worker"
         inb, outb = f"{pre}_received_bytes_total", f"{pre}_sent_bytes_total"
@@ -186,10 +235,13 @@ def view(prev: Snapshot | None, cur: Snapshot, width: int = 100) -> list[str]:
         total = sum(_rate(prev, cur, node, n) for n in s if n.startswith(hist + "_sum"))
         wait = f"{1000 * total / count:10.2f}" if count else f"{'-':>10}"
         keys = f"{int(s.get('pskv_server_keys', 0)):8d}" if role == "server" else f"{'':>8}"
+        rss = f"{s[_RSS] / 2**20:9.0f}" if _RSS in s else f"{'-':>9}"
         if role == "server":
             loads.append(rin + rout)
-        lines.append(f"{role + ' ' + str(rank):<12}{cur.ports.get(node, 0):>7}{req:10.1f}"
-                     f"{_mb(rin):>10}{_mb(rout):>10}{keys}{wait}")
+        elif count:
+            slow.append((total / count, rank))
+        lines.append(f"{role + ' ' + str(rank):<12}{state:<8}{cur.ports.get(node, 0):>7}"
+                     f"{req:10.1f}{_mb(rin):>10}{_mb(rout):>10}{keys}{wait}{rss}")
     if len(loads) > 1 and max(loads) > 0:
         lines.append("")
         lines.append(f"server imbalance: the busiest moves {max(loads) / max(min(loads), 1e-9):.2f}"
@@ -200,10 +252,26 @@ def view(prev: Snapshot | None, cur: Snapshot, width: int = 100) -> list[str]:
     lines.append("")
     if closed > 0:
         ranked = sorted(last.items(), key=lambda kv: (-kv[1], int(kv[0])))
-        shown = ", ".join(f"worker {w} {100 * n / closed:.0f}%" for w, n in ranked[:5] if n)
-        lines.append(f"last to push ({int(closed)} rounds): {shown}")
+        who = ", ".join(f"worker {w} {100 * n / closed:.0f}%" for w, n in ranked[:5] if n)
+        lines.append(f"last to push ({int(closed)} rounds): {who}")
     else:
         lines.append("last to push: no sync round closed this interval")
+    if len(slow) > 1:
+        who = ", ".join(f"worker {r} {1000 * t:.2f} ms" for t, r in sorted(slow)[::-1][:5])
+        lines.append(f"mean request wait: {who} (the last to push waits least)")
+    dt = cur.at - prev.at if prev is not None else 0.0
+    hot = _delta_by(prev, cur, "pskv_key_pushed_bytes_total") if dt > 0 else {}
+    hot = {k: v for k, v in hot.items() if v > 0}
+    if hot:
+        ranked_keys = sorted(hot.items(), key=lambda kv: -kv[1])[:5]
+        lines.append("hottest keys (MB/s pushed): " + ", ".join(
+            f"{k} {v / dt / 1e6:.2f}" for k, v in ranked_keys))
+    rows = _delta_by(None, cur, "pskv_table_rows")
+    if rows:
+        inserts = _delta_by(prev, cur, "pskv_table_inserts_total") if dt > 0 else {}
+        lines.append("tables (rows, inserts/s): " + ", ".join(
+            f"{k} {int(n)} {inserts.get(k, 0.0) / dt if dt > 0 else 0.0:.1f}"
+            for k, n in sorted(rows.items())[:5]))
     return [line[:width] for line in lines]
 
 

@@ -7,6 +7,8 @@ rank's key) by pretending to be its restart.
 """
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import numpy as np
@@ -138,4 +140,55 @@ def test_a_live_rank_is_not_handed_to_a_pretended_restart(thread_cluster: Any) -
     assert reply is not None and reply["c"] == Command.ERROR, reply
     assert "is alive" in reply["b"]["msg"], reply
     assert "key" not in reply["b"], reply
+    assert_unharmed(cluster, res, np.full(3, 2.0, np.float32))
+
+
+@pytest.mark.timeout(60)
+def test_a_briefly_silent_server_keeps_its_rank(thread_cluster: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live server that sends no heartbeat for 2 s (a GC pause, swap: well under
+    PSKV_HEARTBEAT_TIMEOUT, 3 s here, and its connections intact) is not dead: a secret
+    holder claiming its rank as its "restart" is refused, and gets no key."""
+    import threading
+
+    from pskv._ps import postoffice
+    cluster = thread_cluster(2, 1, max_restarts=1, handshake_timeout=2.0)
+    secret = cluster.cfg.secret
+    mute = threading.Event()
+    real = postoffice.send_message
+
+    def muted(sock: Any, cmd: Command, *args: Any, **kw: Any) -> Any:
+        if mute.is_set() and cmd == Command.HEARTBEAT and \
+                threading.current_thread().name == "pskv-server-control":
+            return None
+        return real(sock, cmd, *args, **kw)
+
+    monkeypatch.setattr(postoffice, "send_message", muted)
+    got: dict[str, Any] = {}
+
+    def fn(kv: Any) -> Any:
+        kv.init(2, mx.nd.zeros((3,)))
+        kv.barrier()
+        if kv.rank == 0:
+            s = Stranger(cluster.cfg.root_address)
+            try:
+                mute.set()                          # server 0 pauses ...
+                time.sleep(1.5)
+                body = admitted_body(s, secret, "scheduler", role="server", rank=0)
+                s.sock.send_multipart(encode(Command.HELLO, 1, body=body))
+                time.sleep(0.5)
+                mute.clear()                        # ... and goes on, 2 s later
+                got["reply"] = json.loads(s.sock.recv_multipart()[0]) \
+                    if s.sock.poll(10_000) else None
+            finally:
+                s.close()
+        kv.barrier()
+        kv.push(2, mx.nd.ones((3,)))
+        return kv.pull(2).asnumpy()
+
+    res = cluster.run(fn)
+    reply = got["reply"]
+    assert reply is not None and reply["c"] == Command.ERROR, reply
+    assert "is alive" in reply["b"]["msg"], reply
+    assert "worker_keys" not in reply["b"] and "sealed" not in reply["b"], reply
     assert_unharmed(cluster, res, np.full(3, 2.0, np.float32))

@@ -7,6 +7,7 @@ daemons included: they inherit the launcher's environment).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pskv.testing import launch_reports
@@ -43,13 +45,17 @@ def marked(mark: str) -> list[int]:
     return pids
 
 
-def launch_ray(*args: str, timeout: float = 240) -> tuple[int, str, str]:
+def launch_ray(*args: str, timeout: float = 240,
+               argv: list[str] | None = None) -> tuple[int, str, str]:
+    """``pskv-launch --launcher ray ARGS`` (or `argv`) in a subprocess, bounded in time;
+    afterwards no process with the test's marker may be left."""
     mark = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update({MARK: mark, "PYTHONPATH": os.pathsep.join(
         [str(REPO / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)})
-    argv = [sys.executable, "-m", "pskv.launch", "--launcher", "ray", "--timeout",
-            str(timeout - 60), *args]
+    if argv is None:
+        argv = [sys.executable, "-m", "pskv.launch", "--launcher", "ray", "--timeout",
+                str(timeout - 60), *args]
     p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True, cwd=REPO)
     try:
@@ -90,3 +96,50 @@ def test_first_failure_stops_all_and_is_named() -> None:
                               "time.sleep(120)")
     assert rc == 3, out + err
     assert "worker 1 on " in err and "exited with status 3" in err
+
+
+def test_a_local_ray_job_lives_on_loopback() -> None:
+    """A local Ray started for the job: the scheduler and every listener on 127.0.0.1, as
+    under the local launcher (Ray's node address is the machine's external one)."""
+    rc, out, err = launch_ray("-n", "2", "-s", "1", "--log-level", "info", sys.executable,
+                              "-c", "import os; print('root', os.environ['DMLC_PS_ROOT_URI'])\n"
+                              "import pskv as mx, numpy as np\n"
+                              "kv = mx.kv.create('dist_sync'); kv.init(0, np.ones(3))\n"
+                              "kv.push(0, np.ones(3)); kv.pull(0, out=np.zeros(3))")
+    assert rc == 0, out + err
+    assert "scheduler at 127.0.0.1:" in err, err
+    assert out.count("root 127.0.0.1") == 2, out
+    listeners = re.findall(r"tcp:([0-9.]+):\d+", out + err)
+    assert listeners and set(listeners) == {"127.0.0.1"}, out + err
+
+
+def _durable(launcher: str, out: Path, restarts: int, die: int, after: float = 1.2,
+             ) -> tuple[int, str, str, dict[str, np.ndarray]]:
+    rc, stdout, stderr = launch_ray(argv=[sys.executable, str(SCRIPTS / "ray_durable.py"),
+                                          launcher, str(out), str(restarts), str(die),
+                                          str(after)])
+    if rc != 0:
+        return rc, stdout, stderr, {}
+    with np.load(out / "weights.npz") as data:
+        return rc, stdout, stderr, {k: data[k] for k in data.files}
+
+
+@pytest.mark.timeout(600)
+def test_replicas_keep_a_ray_job_and_a_restarted_server_rejoins(tmp_path: Path) -> None:
+    """PSKV_REPLICAS=1 on Ray: a SIGKILLed server's backup serves its shard and the job goes
+    on (one WARNING, status 0); with --max-restarts 1 the launcher starts it again in its
+    actor as the new backup. Both end with the weights of a run where nothing died."""
+    rc, out, err, want = _durable("local", tmp_path / "calm", 0, -1)
+    assert rc == 0, out + err
+    rc, out, err, kept = _durable("ray", tmp_path / "kept", 0, 0)
+    assert rc == 0, out + err
+    assert (tmp_path / "kept" / "died-0").exists(), "server 0 was not killed while the job ran"
+    assert err.count("its backup serves its shard") == 1, err
+    rc, out, err, back = _durable("ray", tmp_path / "back", 1, 1)
+    assert rc == 0, out + err
+    assert (tmp_path / "back" / "died-1").exists(), "server 1 was not killed while the job ran"
+    assert "restarting it (1 of 1)" in err, err
+    for got in (kept, back):
+        assert sorted(got) == sorted(want)
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)

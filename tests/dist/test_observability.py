@@ -6,6 +6,7 @@ it holds up, in a WARNING of the server's log while the others wait for it.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any
 
@@ -96,7 +97,8 @@ def test_every_node_serves_metrics_while_the_job_runs(run_threads: Any, tmp_path
             end = time.monotonic() + 20   # checkpoints are written on a thread: wait for one
             while time.monotonic() < end:
                 texts = _scrape(first)
-                if "pskv_checkpoint_write_seconds_count{" in "".join(texts.values()):
+                if re.search(r"^pskv_checkpoint_write_seconds_count\{.*\} [1-9]",
+                             "".join(texts.values()), re.M):
                     break
                 time.sleep(0.1)
         kv._barrier()                  # every node stays up until worker 0 has scraped
@@ -119,6 +121,8 @@ def test_every_node_serves_metrics_while_the_job_runs(run_threads: Any, tmp_path
     assert _value(series, "pskv_server_received_bytes_total", command="pushpull") == 6 * 4000
     assert _value(series, "pskv_server_sent_bytes_total", command="pushpull") == 6 * 4000
     assert _value(series, "pskv_round_wait_seconds_count", role="server") == 3
+    assert _value(series, "pskv_round_apply_seconds_count", role="server") == 3
+    assert _value(series, "pskv_server_waiting_requests", role="server") == 0
     assert _value(series, "pskv_checkpoint_write_seconds_count", role="server") >= 1
     assert all("\nprocess_resident_memory_bytes " in text for text in texts.values())
     for rank in ("0", "1"):
@@ -137,12 +141,12 @@ def test_a_port_in_use_is_skipped_and_a_full_range_logged(
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test the metrics endpoints")
     import socket
-    from pskv._ps import metrics
+    from pskv._ps import metrics, series
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     held.listen()
     port = held.getsockname()[1]
-    m = metrics.WorkerMetrics(0, "job")
+    m = series.WorkerMetrics(0, "job")
     try:
         got = m.serve("127.0.0.1", port)
         assert got is not None and got != port and port < got < port + metrics.PORT_TRIES
@@ -151,7 +155,7 @@ def test_a_port_in_use_is_skipped_and_a_full_range_logged(
         m.close()
     monkeypatch.setattr(metrics, "PORT_TRIES", 1)
     caplog.set_level(logging.ERROR, logger="pskv._ps.metrics")
-    other = metrics.WorkerMetrics(1, "job")
+    other = series.WorkerMetrics(1, "job")
     try:
         assert other.serve("127.0.0.1", port) is None
     finally:
@@ -220,3 +224,190 @@ def test_a_pushgateway_that_does_not_answer_does_not_fail_the_job(
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 4 and all("cannot push metrics to the Pushgateway" in line
                                    and "PSKV_METRICS_PUSHGATEWAY" in line for line in lines)
+
+
+def test_the_scheduler_lists_every_node_and_pskv_top_reads_the_listing(
+        run_threads: Any) -> None:
+    """The scheduler exports where each node serves (told by heartbeats); pskv-top's
+    read_job reads the nodes it lists, and shows hot keys and tables from the per-key
+    and table series."""
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to test the metrics endpoints")
+    from pskv.launch._net import free_port
+    from pskv.table import TableSpec, Zeros
+    from pskv.top import Snapshot, listing, read_job, view
+    first = free_port()
+
+    def rounds(kv: Any, n: int) -> None:
+        for _ in range(n):
+            kv.push("w", np.ones(1000, np.float32))
+            kv.pull("w", out=np.zeros(1000, np.float32))
+
+    def train(kv: Any) -> Any:
+        kv.init("w", np.zeros(1000, np.float32))
+        kv.init("emb", TableSpec(dim=4, init=Zeros()))
+        rounds(kv, 3)
+        kv.lookup("emb", np.array([1, 2, 3 + kv.rank]))
+        kv._barrier()
+        snaps: list[Snapshot] = []
+        if kv.rank == 0:
+            end = time.monotonic() + 20       # until each node's heartbeat told its port
+            while time.monotonic() < end:
+                snap = read_job("127.0.0.1", first)
+                if len(snap.nodes) == 4:
+                    snaps.append(snap)
+                    break
+                time.sleep(0.2)
+        kv._barrier()
+        rounds(kv, 3)
+        kv._barrier()
+        if kv.rank == 0 and snaps:
+            snaps.append(read_job("127.0.0.1", first))
+        kv._barrier()
+        return snaps
+
+    results = run_threads(train, num_workers=2, num_servers=1, metrics_port=first,
+                          heartbeat_interval=0.2, metrics_keys=("emb",))
+    snaps = results[0]
+    assert isinstance(snaps, list) and len(snaps) == 2, "pskv-top never read all 4 nodes"
+    before, after = snaps
+    listed = listing(after.nodes[("scheduler", 0)])
+    assert [(r, k, state) for r, k, state, _h, _p in listed] == [
+        ("server", 0, "alive"), ("worker", 0, "alive"), ("worker", 1, "alive")]
+    assert {(r, k): p for r, k, _s, _h, p in listed} == {
+        n: p for n, p in after.ports.items() if n[0] != "scheduler"}
+    assert after.ports[("scheduler", 0)] == first
+    server = after.nodes[("server", 0)]
+    assert server["pskv_key_pushes_total{key=w}"] == 12          # 2 workers x 6 rounds
+    assert server["pskv_key_pushed_bytes_total{key=w}"] == 12 * 4000
+    assert "pskv_key_pushes_total{key=emb}" in server               # named in metrics_keys
+    assert server["pskv_table_rows{key=emb}"] == 4                  # IDs 1, 2, 3, 4
+    assert server["pskv_table_inserts_total{key=emb}"] == 4
+    text = "\n".join(view(before, after))
+    assert "hottest keys (MB/s pushed): w " in text
+    assert "tables (rows, inserts/s): emb 4 " in text
+    for node in ("server 0", "worker 0", "worker 1"):
+        line = next(x for x in text.splitlines() if x.startswith(node))
+        assert line.split()[2] == "alive" and line.split()[-1] != "-"   # state, RSS
+
+
+def test_a_metrics_range_all_in_use_leaves_the_job_alone(
+        run_threads: Any, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Every node finds its metrics port taken: one ERROR line each, and the job trains on
+    to the same result."""
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to test the metrics endpoints")
+    import socket
+    from pskv._ps import metrics
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    monkeypatch.setattr(metrics, "PORT_TRIES", 1)
+    caplog.set_level(logging.ERROR, logger="pskv._ps.metrics")
+
+    def train(kv: Any) -> float:
+        kv.init("w", np.zeros(2, np.float32))
+        kv.push("w", np.ones(2, np.float32))
+        out = np.zeros(2, np.float32)
+        kv.pull("w", out=out)
+        return float(out[0])
+
+    try:
+        results = run_threads(train, metrics_port=held.getsockname()[1])
+    finally:
+        held.close()
+    assert results == {0: 2.0, 1: 2.0}          # and every node exited 0 (run_threads)
+    lines = [r.getMessage() for r in caplog.records if "are all in use" in r.getMessage()]
+    assert len(lines) == 4 and all("\n" not in line and "the job goes on" in line
+                                   for line in lines), lines
+
+
+def test_pskv_top_at_the_schedulers_own_port_is_one_line_and_harms_nothing(
+        run_threads: Any) -> None:
+    """pskv-top pointed at the scheduler's pskv port (not its /metrics): one line, status
+    2; the scheduler drops the stranger and the job ends as usual."""
+    import subprocess
+    import sys
+
+    def train(kv: Any) -> Any:
+        kv.init("w", np.zeros(2, np.float32))
+        got = None
+        if kv.rank == 0:
+            got = subprocess.run([sys.executable, "-m", "pskv.top",
+                                  f"127.0.0.1:{kv._cfg.root_port}", "--once", "--ports", "1",
+                                  "--interval", "0.1"], capture_output=True, text=True,
+                                 env={"PYTHONPATH": ":".join(sys.path)}, timeout=30)
+        kv._barrier()
+        kv.push("w", np.ones(2, np.float32))
+        out = np.zeros(2, np.float32)
+        kv.pull("w", out=out)
+        return got, float(out[0])
+
+    results = run_threads(train)
+    got, value = results[0]
+    assert value == 2.0 and results[1][1] == 2.0
+    assert got.returncode == 2 and got.stderr.count("\n") == 1, got.stderr
+    assert got.stderr.startswith("pskv-top: ") and "PSKV_METRICS_PORT" in got.stderr
+
+
+def test_a_heartbeat_tells_the_metrics_port_and_garbage_is_ignored() -> None:
+    """What a node's heartbeat says of its metrics port is listed; anything else in a
+    heartbeat's body is ignored: the heartbeat is still answered, nothing is raised."""
+    import time
+
+    from pskv._ps.config import ClusterConfig, Role
+    from pskv._ps.message import Command, Meta
+    from pskv._ps.scheduler import Scheduler, _Node
+    from pskv.launch._net import free_port
+    sched = Scheduler(ClusterConfig(Role.SCHEDULER, root_port=free_port()))
+    sent: list[Command] = []
+    sched._send = lambda ident, cmd, ts=0, body=None: sent.append(cmd)  # type: ignore
+    node = _Node("conn", "worker", 0, {}, time.monotonic())  # type: ignore[arg-type]
+    sched._nodes["conn"] = node  # type: ignore[index]
+    try:
+        for body in (None, [1], "x", {"metrics": "9400"}, {"metrics": 70000},
+                     {"metrics": True}, {"metrics": -1}, {"metrics": 9400.0}):
+            sched.handle("conn", node, Meta(Command.HEARTBEAT, body=body), [])  # type: ignore
+            assert node.metrics_port == 0, body
+        sched.handle("conn", node, Meta(Command.HEARTBEAT, body={  # type: ignore[arg-type]
+            "metrics": 9401, "metrics_host": 7}), [])
+        assert (node.metrics_port, node.metrics_host) == (9401, "")
+        sched.handle("conn", node, Meta(Command.HEARTBEAT, body={  # type: ignore[arg-type]
+            "metrics": 9402, "metrics_host": "10.0.0.7"}), [])
+        assert sched._listing() == [("worker", 0, "alive", "10.0.0.7", 9402)]
+        assert sent == [Command.HEARTBEAT_ACK] * 10
+    finally:
+        sched.loop.close()
+        sched._zctx.close()
+
+
+def test_replication_series_of_a_job_with_backups(run_threads: Any) -> None:
+    """With PSKV_REPLICAS=1 each server's shard has a backup on the other: both are up,
+    and every change is acknowledged by the time the workers' pulls are answered."""
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to test the metrics endpoints")
+    from pskv.launch._net import free_port
+    first = free_port()
+
+    def train(kv: Any) -> Any:
+        for key in ("a", "b", "c", "d"):
+            kv.init(key, np.zeros(10, np.float32))
+        for key in ("a", "b", "c", "d"):
+            kv.push(key, np.ones(10, np.float32))
+            kv.pull(key, out=np.zeros(10, np.float32))
+        kv._barrier()
+        texts = _scrape(first, 8) if kv.rank == 0 else None
+        kv._barrier()
+        return texts
+
+    results = run_threads(train, num_workers=2, num_servers=2, metrics_port=first,
+                          replicas=1)
+    series = _series(results[0])
+    for shard, backup in (("0", "1"), ("1", "0")):
+        assert _value(series, "pskv_replication_backup_up", shard=shard, backup=backup) == 1
+        assert _value(series, "pskv_replication_pending_changes", shard=shard,
+                      backup=backup) == 0
+    # four keys over two servers: every push is counted once, by the shard's primary
+    pushes = sum(v for n, _lab, v in series if n == "pskv_key_pushes_total")
+    assert pushes == 4 * 2

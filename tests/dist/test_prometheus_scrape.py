@@ -52,6 +52,10 @@ def test_prometheus_scrapes_every_node(run_threads: Any, tmp_path: Path) -> None
         # honor_labels keeps pskv's own job label: one job, every node
         'count(count by (job) (pskv_worker_requests_total))': 1,
         'count(pskv_scheduler_nodes_alive{job=~"[0-9a-f]{12}"})': 2,
+        # the per-key series of the key pushed (2 workers x 3 rounds), and the scheduler's
+        # listing of where each node serves (its heartbeats told it)
+        'pskv_key_pushes_total{key="w"}': 6,
+        'count(pskv_scheduler_node_info{metrics_port!="0"})': 3,
     }
 
     def train(kv: Any) -> Any:
@@ -83,6 +87,7 @@ def test_prometheus_scrapes_every_node(run_threads: Any, tmp_path: Path) -> None
         kv._barrier()              # the nodes stay up until Prometheus has what it needs
         return got
 
-    results = run_threads(train, num_workers=2, num_servers=1, metrics_port=first)
+    results = run_threads(train, num_workers=2, num_servers=1, metrics_port=first,
+                          heartbeat_interval=0.2)
     log = (tmp_path / "prometheus.log").read_text()[-2000:]
     assert results[0] == wanted, log

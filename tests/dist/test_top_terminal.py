@@ -54,7 +54,8 @@ def test_top_shows_every_node_of_a_running_job(run_threads: Any) -> None:
                 screen = subprocess.run(tmux + ["capture-pane", "-p", "-t", "top"],
                                         capture_output=True, text=True, timeout=10).stdout
                 if all(s in screen for s in ("server 0", "worker 0", "worker 1",
-                                             "2 workers alive", "last to push (")):
+                                             "2 workers alive", "last to push (",
+                                             "hottest keys (MB/s pushed): w ")):
                     screens.append(screen)
                     done.set()
             kv._barrier()      # rank 0 decided: both stop after the same round
@@ -74,6 +75,8 @@ def test_top_shows_every_node_of_a_running_job(run_threads: Any) -> None:
     screen = screens[0]
     assert "pskv-top  job " in screen and "scheduler: 1 servers and 2 workers alive" in screen
     assert "% " in screen.split("last to push (")[1] or "%" in screen
+    for node in ("server 0", "worker 0", "worker 1"):    # as the scheduler lists them
+        assert next(x for x in screen.splitlines() if x.startswith(node)).split()[2] == "alive"
 
 
 def test_top_says_what_is_wrong_in_one_line() -> None:

@@ -114,6 +114,20 @@ def test_replicas_restarted_server_is_the_new_backup(tmp_path: Path) -> None:
         np.testing.assert_array_equal(killed[k], calm[k])
 
 
+@pytest.mark.parametrize("transport", ["tcp", "zmq"])
+def test_encrypted_links_survive_failover_and_restart(tmp_path: Path, transport: str) -> None:
+    # PSKV_ENCRYPT=1: sealed stream links (or CURVE) through a death, the backup's
+    # takeover, the restart (new pair keys: the workers check the new server's proof)
+    # and a second death; nothing acknowledged is lost
+    assert _job(tmp_path / "calm", "dist_sync", None) == 0
+    assert _job(tmp_path / "killed", "dist_sync", [(0, 0.8), (1, 2.0)], every=0,
+                extra={"PSKV_REPLICAS": "1", "PSKV_ENCRYPT": "1",
+                       "PSKV_TRANSPORT": transport}) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
 def test_replicas_without_restarts_the_launcher_keeps_the_job(tmp_path: Path,
                                                             caplog: pytest.LogCaptureFixture
                                                             ) -> None:

@@ -125,3 +125,25 @@ def _batch(step: int, rank: int) -> np.ndarray:
     fresh = np.arange(4) + 1000 * step + 100 * rank
     return np.concatenate([rng.integers(-200, 200, 24), fresh,
                            [2**62 + step % 5, -(2**63)]]).astype(np.int64)
+
+
+def test_async_staleness_bounds_survive_a_server_killed_with_replicas(tmp_path: Path) -> None:
+    """docs/embeddings.md S7: with both bounds set (PSKV_STALENESS=0,
+    PSKV_GLOBAL_STALENESS=1) a server SIGKILLed mid-job hands its shard to its backup,
+    which knows every worker's clock already (each clock goes to every shard), and the
+    reads it held are sent again and held there: the job ends without a hang or an error
+    and every push is applied exactly once."""
+    out = tmp_path / "killed"
+    env = {"PSKV_REPLICAS": "1", "COUNT": "1", "PSKV_STALENESS": "0",
+           "PSKV_GLOBAL_STALENESS": "1", "PSKV_ROUND_TIMEOUT": "60"}
+    assert _job(out, 120, 2, env, die=(0, 1.0), store_type="dist_async") == 0
+    got, _stats = _table(out)
+    want: dict[int, int] = {}
+    for step in range(120):
+        for rank in (0, 1):
+            for i in _batch(step, rank).tolist():
+                want[i] = want.get(i, 0) + 1
+    pushed = np.isin(got["ids"], np.array(sorted(want), np.int64))
+    np.testing.assert_array_equal(got["values"][pushed, 0],
+                                  np.array([want[i] for i in got["ids"][pushed].tolist()],
+                                           np.float32))

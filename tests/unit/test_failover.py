@@ -103,6 +103,7 @@ def test_a_broken_link_holds_requests_and_a_lost_server_moves_its_shard_to_the_b
                      (2, Command.PULL, (7,), {"shard": 1})]
     assert [float(a[0][0]) for *_, a in sent[1:3]] == [2.0, 3.0]   # in order, from push 2
     assert sent[3][2] == 4                  # the pull keeps its ts: its waiter gets the reply
+    assert fo.resent == (2, 1)              # pskv_worker_resent_total: 2 pushes, 1 request
     assert fo.host == [0, 2, 2] and links.dropped == [1]
     fo.send(1, Command.PULL, 5, [7], None, [])                     # routed from now on
     assert links.take()[0][:4] == (2, Command.PULL, 5, (7,))

@@ -40,7 +40,8 @@ def spec(**kw: Any) -> LaunchSpec:
     args: dict[str, Any] = dict(launcher="kubernetes", image="registry/pskv:1",
                                 job_name="j", env=(("A", "1"),))
     args.update(kw)
-    return LaunchSpec(("python", "train.py"), 2, 1, **args)
+    servers = args.pop("num_servers", 1)
+    return LaunchSpec(("python", "train.py"), 2, servers, **args)
 
 
 def to_model(obj: dict[str, Any], kind: str) -> Any:
@@ -337,3 +338,26 @@ def test_docs_mxjob_manifest_parses_and_runs_pskv() -> None:
                ENV_NUM_WORKER: str(specs["Worker"]["replicas"]), ENV_USE_KUBERNETES: "1"}
         cfg = ClusterConfig.from_env(env)
         assert cfg.node_host == "0.0.0.0"  # a name as URI: bind every interface
+
+
+def test_with_replicas_a_failed_server_pod_leaves_the_job_running(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """PSKV_REPLICAS=1 and two servers: server 1's pod fails, its backup serves its shard,
+    one WARNING, and the job ends with the workers' status; without replicas it fails."""
+    def script(pods: dict[str, Any], n: int) -> list[Any]:
+        done = n >= 4
+        return [pod_state(m, "Failed", 137) if name == "j-server-1" and n >= 2
+                else pod_state(m, "Succeeded" if done and "worker" in name else "Running",
+                               0 if done and "worker" in name else None)
+                for name, m in pods.items()]
+
+    api = FakeCoreV1Api(script)
+    with caplog.at_level(logging.WARNING, logger="pskv.launch._kubernetes"):
+        result, _ = run(api, num_servers=2, env=(("PSKV_REPLICAS", "1"),))
+    assert result.returncode == 0 and result.reason == "ok", caplog.text
+    assert caplog.text.count("its backup serves its shard") == 1
+    assert "server 1 (pod j-server-1) failed with status 137" in caplog.text
+    api = FakeCoreV1Api(script)
+    result, _ = run(api, num_servers=2)
+    assert result.returncode == 137 and result.failed is not None
+    assert result.failed.label == "server 1"

@@ -177,7 +177,7 @@ PUBLIC_MODULES = ["pskv", "pskv.kv", "pskv.nd", "pskv.nd.sparse", "pskv.np", "ps
                   "pskv.optimizer", "pskv.lr_scheduler", "pskv.compression", "pskv.errors", "pskv.table",
                   "pskv.launch", "pskv.server", "pskv.torch", "pskv.testing", "pskv.top",
                   "pskv.examples.train", "pskv.examples.train_torch",
-                  "pskv.examples.sparse_logreg", "pskv.tour"]
+                  "pskv.examples.sparse_logreg", "pskv.examples.train_ctr", "pskv.tour"]
 
 
 def test_reference_documents_every_public_module() -> None:

@@ -2,10 +2,12 @@
 rates between two reads, bad targets."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from pskv._ps.message import Command
 from pskv.errors import ConfigError
-from pskv.top import Snapshot, _target, main, parse, view
+from pskv.top import Snapshot, _target, listing, main, parse, view
 
 
 def _text(metrics: object) -> str:
@@ -16,15 +18,18 @@ def _text(metrics: object) -> str:
 def test_parse_a_server_and_refuse_what_is_not_pskv() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to read metrics")
-    from pskv._ps.metrics import ServerMetrics, job_label
-    m = ServerMetrics(1, "job", lambda: 3)
-    m.request("push", 40)
+    from pskv._ps.metrics import job_label
+    from pskv._ps.series import ServerMetrics
+    m = ServerMetrics(1, "job", lambda: {"keys": 3, "per_key": {"w": (2, 40)}, "tables": {},
+                                         "backups": []})
+    m.request(Command.PUSH, [np.zeros(40, np.uint8)])
     m.round_closed(0, 0.5)
     job, role, rank, samples = parse(_text(m))
     assert (job, role, rank) == (job_label("job"), "server", 1)
     assert samples["pskv_server_requests_total{command=push}"] == 1
     assert samples["pskv_round_last_pusher_total{worker=0}"] == 1
     assert samples["pskv_round_wait_seconds_sum"] == 0.5 and samples["pskv_server_keys"] == 3
+    assert samples["pskv_key_pushed_bytes_total{key=w}"] == 80
     with pytest.raises(ConfigError, match="no pskv_ series"):
         parse("# HELP x y\n# TYPE x counter\nx_total 1\n")
     with pytest.raises(ConfigError, match="not Prometheus' text format"):
@@ -54,9 +59,10 @@ def test_view_shows_rates_waits_and_who_was_last() -> None:
     assert lines[0].startswith("pskv-top  job abc  3 nodes")
     assert "scheduler: 1 servers and 2 workers alive" in text
     server = next(line for line in lines if line.startswith("server 0"))
-    assert server.split() == ["server", "0", "9401", "10.0", "10.00", "10.00", "4", "100.00"]
+    assert server.split() == ["server", "0", "alive", "9401", "10.0", "10.00", "10.00", "4",
+                              "100.00", "-"]
     worker = next(line for line in lines if line.startswith("worker 1"))
-    assert worker.split()[3] == "5.0"
+    assert worker.split()[4] == "5.0"
     assert "last to push (5 rounds): worker 1 80%, worker 0 20%" in text
     assert "no sync round closed" in "\n".join(view(after, after))
 
@@ -67,3 +73,38 @@ def test_bad_targets() -> None:
             _target(bad)
     assert _target("[::1]:9400") == ("::1", 9400)
     assert main(["nowhere", "--once"]) == 2
+
+
+def test_the_scheduler_listing_is_parsed() -> None:
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to read metrics")
+    from pskv._ps.series import SchedulerMetrics
+    m = SchedulerMetrics("job", lambda role: 1, lambda: [
+        ("server", 0, "alive", "127.0.0.1", 9401), ("worker", 1, "dead", "", 0)])
+    _job, role, _rank, samples = parse(_text(m))
+    assert role == "scheduler"
+    assert listing(samples) == [("server", 0, "alive", "127.0.0.1", 9401),
+                                ("worker", 1, "dead", "", 0)]
+    assert listing({"pskv_server_keys": 1.0}) == []
+
+
+def test_view_shows_hot_keys_slow_workers_and_silent_nodes() -> None:
+    def snap(at: float, k: float) -> Snapshot:
+        out = Snapshot(at, "abc", {
+            ("server", 0): {"pskv_key_pushed_bytes_total{key=emb}": 4e6 * k,
+                            "pskv_key_pushed_bytes_total{key=w}": 1e6 * k,
+                            "pskv_table_rows{key=emb}": 100 * k,
+                            "pskv_table_inserts_total{key=emb}": 100 * k},
+            ("worker", 0): {"pskv_worker_request_seconds_count{command=pull}": 10 * k,
+                            "pskv_worker_request_seconds_sum{command=pull}": 0.01 * k},
+            ("worker", 1): {"pskv_worker_request_seconds_count{command=pull}": 10 * k,
+                            "pskv_worker_request_seconds_sum{command=pull}": 0.5 * k}})
+        out.states = {("server", 0): "alive", ("worker", 0): "alive", ("worker", 1): "alive",
+                      ("worker", 2): "dead"}
+        return out
+    text = "\n".join(view(snap(10.0, 1), snap(12.0, 2)))
+    assert "hottest keys (MB/s pushed): emb 2.00, w 0.50" in text
+    assert "mean request wait: worker 1 50.00 ms, worker 0 1.00 ms (the last" in text
+    assert "tables (rows, inserts/s): emb 200 50.0" in text
+    silent = next(line for line in text.splitlines() if line.startswith("worker 2"))
+    assert "dead" in silent and "no metrics read" in silent

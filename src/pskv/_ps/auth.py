@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from ..errors import ProtocolError
 
-__all__ = ["CHALLENGE", "Verifier", "new_key", "prove"]
+__all__ = ["CHALLENGE", "Verifier", "check_server", "new_key", "prove", "server_proof"]
 
 #: what :meth:`Verifier.check` returns when the peer must first answer a challenge
 CHALLENGE = "challenge"
@@ -43,6 +43,26 @@ def prove(key: bytes, purpose: str, challenge: Any, role: str, rank: int | None)
         raise ProtocolError("a CHALLENGE without a nonce and a job id")
     nonce, job = challenge["nonce"], challenge["job"]
     return {"nonce": nonce, "proof": _mac(key, purpose, job, role, rank, nonce)}
+
+
+def server_proof(key: bytes, job: str, server: int, worker: int, nonce: str,
+                 wnonce: str) -> str:
+    """What server ``server`` answers worker ``worker``'s admission with: HMAC under the
+    key only that worker and that server hold (the scheduler's pair key for this
+    incarnation of the server), over both nonces of the handshake."""
+    return _mac(key, "server-proof", job, "server", server, f"{worker}|{nonce}|{wnonce}")
+
+
+def check_server(key: bytes, job: str, server: int, worker: int, nonce: str | None,
+                 wnonce: str, body: Any) -> None:
+    """Raise ProtocolError unless ``body`` (a server's answer to this worker's proof) proves
+    that it is this job's server ``server`` as the scheduler admitted it."""
+    got = body.get("proof") if isinstance(body, dict) else None
+    if nonce is None or not isinstance(got, str) or not hmac.compare_digest(
+            server_proof(key, job, server, worker, nonce, wnonce).encode(), got.encode()):
+        raise ProtocolError(f"the node at server {server}'s address did not prove that it is "
+                            f"server {server} of this job (no challenge, or a wrong proof): "
+                            "not talking to it")
 
 
 class Verifier:

@@ -18,14 +18,15 @@ from ..errors import ConfigError
 
 __all__ = [
     "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_CHECKPOINT_DIR", "ENV_CHECKPOINT_EVERY",
-    "ENV_CHECKPOINT_KEEP", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
+    "ENV_CHECKPOINT_KEEP", "ENV_ENCRYPT", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REDUCE_THREADS", "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_KEY_BYTES", "ENV_MAX_KEYS_PER_MESSAGE",
     "ENV_MAX_MESSAGE_BYTES", "ENV_MAX_REPLY_BYTES", "ENV_MAX_UNADMITTED", "ENV_METRICS_PORT",
-    "ENV_METRICS_PUSHGATEWAY", "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY",
+    "ENV_METRICS_KEYS", "ENV_METRICS_PUSHGATEWAY", "ENV_METRICS_TOP_KEYS",
+    "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY",
     "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS",
-    "ENV_TRANSPORT", "ENV_WORKER_ID",
+    "ENV_TRANSPORT", "ENV_WORKER_ID", "ENV_STALENESS", "ENV_GLOBAL_STALENESS",
     "ENV_MXNET_PYTHON", "ENV_MXNET_SRC", "ENV_PREFIX", "KNOWN_ENV",
     "Role", "advertised_host", "loopback_address", "reduce_threads", "unknown_env",
     "warn_unknown_env",
@@ -69,6 +70,9 @@ ENV_MAX_REPLY_BYTES = "PSKV_MAX_REPLY_BYTES"
 ENV_TLS_CERT = "PSKV_TLS_CERT"
 ENV_TLS_KEY = "PSKV_TLS_KEY"
 ENV_TLS_CA = "PSKV_TLS_CA"
+#: 1: every link of the job encrypted and authenticated per message, keys derived from
+#: PSKV_SECRET (ZeroMQ: CURVE; stream links: AES-256-GCM; docs/security.md)
+ENV_ENCRYPT = "PSKV_ENCRYPT"
 #: periodic checkpoints (docs/durability.md): where, every how many rounds, how many kept
 ENV_CHECKPOINT_DIR = "PSKV_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY = "PSKV_CHECKPOINT_EVERY"
@@ -85,6 +89,14 @@ LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 ENV_METRICS_PORT = "PSKV_METRICS_PORT"
 #: a Prometheus Pushgateway (host:port) each node pushes its metrics to when it ends
 ENV_METRICS_PUSHGATEWAY = "PSKV_METRICS_PUSHGATEWAY"
+#: the default staleness bounds of a store (kv.set_staleness; docs/embeddings.md): unacked
+#: push calls a read may run ahead of, and pushes a worker may be ahead of the slowest one
+ENV_STALENESS = "PSKV_STALENESS"
+ENV_GLOBAL_STALENESS = "PSKV_GLOBAL_STALENESS"
+#: how many keys (those that moved most bytes) each server exports per-key series for
+ENV_METRICS_TOP_KEYS = "PSKV_METRICS_TOP_KEYS"
+#: keys (comma-separated) each server exports per-key series for, besides the top ones
+ENV_METRICS_KEYS = "PSKV_METRICS_KEYS"
 #: threads a store's Reducer sums and copies big arrays with (local and dist stores)
 ENV_REDUCE_THREADS = "PSKV_REDUCE_THREADS"
 #: the test suite's (docs/env.md, "Tests"): an MXNet 1.9.1 python and source checkout
@@ -234,6 +246,8 @@ class ClusterConfig:
         asked for included)
     tls : (certificate, key, CA) PEM files for mutual TLS on TCP links between workers and
         servers (PSKV_TLS_CERT / _KEY / _CA); None: plain TCP
+    encrypt : every link encrypted and authenticated per message, with keys derived from
+        the secret (PSKV_ENCRYPT=1; needs ``secret``)
     checkpoint_dir : where servers write periodic checkpoints and where a restarted server
         reloads its shard from (PSKV_CHECKPOINT_DIR); None: no periodic checkpoints
     checkpoint_every : rounds between periodic checkpoints (PSKV_CHECKPOINT_EVERY)
@@ -245,6 +259,10 @@ class ClusterConfig:
         this one upward (PSKV_METRICS_PORT; docs/observability.md); 0: no metrics
     metrics_pushgateway : a Pushgateway (``host:port``) each node pushes its metrics to
         when it ends, for short jobs (PSKV_METRICS_PUSHGATEWAY); None: no push
+    metrics_top_keys : each server exports per-key series for this many of its keys, those
+        that moved most bytes (PSKV_METRICS_TOP_KEYS; at most 1000)
+    metrics_keys : keys each server exports per-key series for besides the top ones, as
+        ``str(key)`` (PSKV_METRICS_KEYS, comma-separated; at most 100)
     replicas : 1 keeps a copy of every shard on the next server, which takes over when its
         primary dies (PSKV_REPLICAS); 0: none
     """
@@ -274,6 +292,7 @@ class ClusterConfig:
     max_keys_per_message: int = 1 << 16
     max_reply_bytes: int = 4 << 30
     tls: tuple[str, str, str] | None = None
+    encrypt: bool = False
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     checkpoint_keep: int = 3
@@ -282,6 +301,8 @@ class ClusterConfig:
     replicas: int = 0
     metrics_port: int = 0
     metrics_pushgateway: str | None = None
+    metrics_top_keys: int = 10
+    metrics_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -293,6 +314,10 @@ class ClusterConfig:
                 f"{ENV_NUM_SERVER} and {ENV_NUM_WORKER}, or start with pskv-launch -n W -s S.")
         if not 0 < self.root_port < 65536:
             raise ConfigError(f"{ENV_ROOT_PORT}={self.root_port} is not a TCP port (1-65535).")
+        if self.encrypt and not self.secret:
+            raise ConfigError(f"{ENV_ENCRYPT}=1 derives every link's keys from the cluster "
+                              f"secret, and {ENV_SECRET} is not set. Set it (pskv-launch sets "
+                              f"one per job), or unset {ENV_ENCRYPT}.")
         if self.replicas not in (0, 1):
             raise ConfigError(f"{ENV_REPLICAS}={self.replicas}: pskv keeps at most one backup "
                               "of each shard. Set it to 1 or 0.")
@@ -304,6 +329,14 @@ class ClusterConfig:
             raise ConfigError(f"{ENV_METRICS_PORT}={self.metrics_port} is not a TCP port "
                               "(1-65535). Set it to the first port nodes may serve /metrics "
                               "on, e.g. 9400, or unset it.")
+        if not 0 <= self.metrics_top_keys <= 1000:
+            raise ConfigError(f"{ENV_METRICS_TOP_KEYS}={self.metrics_top_keys}: at most 1000 "
+                              "keys per server get per-key series (each is a series per "
+                              "key). Set it to e.g. 10, or 0 for none.")
+        if len(self.metrics_keys) > 100:
+            raise ConfigError(f"{ENV_METRICS_KEYS} names {len(self.metrics_keys)} keys: at "
+                              "most 100 get per-key series. Name fewer (the busiest are "
+                              f"shown anyway, see {ENV_METRICS_TOP_KEYS}).")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ConfigError(f"{ENV_CHECKPOINT_EVERY}={self.checkpoint_every} needs "
                               f"{ENV_CHECKPOINT_DIR}: set it to a directory every server can "
@@ -382,6 +415,7 @@ class ClusterConfig:
             max_reply_bytes=_int(env, ENV_MAX_REPLY_BYTES, 4 << 30, "Set it to a number of "
                                  "bytes, e.g. 4294967296.", 1),
             tls=_tls(env),
+            encrypt=_switch(env, ENV_ENCRYPT),
             checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
             checkpoint_every=_int(env, ENV_CHECKPOINT_EVERY, 0, "Set it to a number of rounds "
                                   f"between checkpoints (with {ENV_CHECKPOINT_DIR}), or 0."),
@@ -394,6 +428,10 @@ class ClusterConfig:
             metrics_port=_int(env, ENV_METRICS_PORT, 0, "Set it to the first port nodes may "
                               "serve Prometheus /metrics on, e.g. 9400, or unset it."),
             metrics_pushgateway=env.get(ENV_METRICS_PUSHGATEWAY) or None,
+            metrics_top_keys=_int(env, ENV_METRICS_TOP_KEYS, 10, "Set it to how many keys "
+                                  "per server get per-key series, e.g. 10, or 0 for none."),
+            metrics_keys=tuple(k.strip() for k in env.get(ENV_METRICS_KEYS, "").split(",")
+                               if k.strip()),
         )
 
     def with_role(self, role: Role) -> ClusterConfig:
@@ -416,6 +454,16 @@ def _tls(env: Mapping[str, str]) -> tuple[str, str, str] | None:
         raise ConfigError(f"{ENV_TLS_CERT}, {ENV_TLS_KEY} and {ENV_TLS_CA} go together: set "
                           "all three (PEM files) for TLS between workers and servers, or none.")
     return files[0], files[1], files[2]
+
+
+def _switch(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip()
+    if raw in ("", "0"):
+        return False
+    if raw == "1":
+        return True
+    raise ConfigError(f"{name}={raw!r} is not 0 or 1. Set it to 1 to switch it on, or unset "
+                      "it.")
 
 
 def _transport(raw: str) -> str:

@@ -116,6 +116,8 @@ class Failover:
         self._acks: dict[int, tuple[int, dict[int, int]]] = {}
         self._setup: dict[Op, Any] = {}       # settings a restarted server gets again
         self._pending: collections.deque[Event] = collections.deque()
+        #: pushes and requests sent again so far (metrics: pskv_worker_resent_total)
+        self.resent = (0, 0)
         self._recovering = False
 
     # ---- message out -----------------------------------------------------------------------
@@ -249,6 +251,7 @@ class Failover:
             if cmd == Command.INIT and isinstance(body_, dict):
                 body_ = {**body_, "again": True}     # its keys may be there already
             self.links.send(host, cmd, ts, keys, self._tagged(shard, body_), arrays_)
+        self.resent = (self.resent[0] + len(pushes), self.resent[1] + len(requests))
         log.info("worker %d: sent %d pushes and %d requests for shard %d again to server %d",
                  self.rank, len(pushes), len(requests), shard, host)
 

@@ -54,10 +54,11 @@ class Membership:
         This job's id (bound into every proof).
     mode : str or None
         The store mode every worker agreed on (``sync`` / ``async``).
-    key : bytes
-        A worker's key to prove its rank to servers.
+    keys : tuple of bytes
+        A worker's pair key with each server (by server rank): it proves its rank to that
+        server with it, and checks that server's proof of its own rank.
     worker_keys : tuple of bytes
-        A server's table of every worker's key.
+        A server's pair key with each worker (by worker rank).
     server_key : bytes
         A server's key for the replication links between servers.
     rejoin : bool
@@ -74,7 +75,7 @@ class Membership:
     servers: tuple[Mapping[str, str], ...] = ()
     job: str = ""
     mode: str | None = None
-    key: bytes = field(default=b"", repr=False)
+    keys: tuple[bytes, ...] = field(default=(), repr=False)
     worker_keys: tuple[bytes, ...] = field(default=(), repr=False)
     server_key: bytes = field(default=b"", repr=False)
     rejoin: bool = False

@@ -123,6 +123,7 @@ class Command(enum.IntEnum):
     CHALLENGE = 10     # acceptor -> node: answer with a HELLO proving this nonce (auth.py)
     PEER_LOST = 11     # node -> scheduler: my connection to this peer broke
     NODE_REJOINED = 12  # scheduler -> nodes: a restarted node took a dead one's rank
+    SEALED = 13        # PSKV_ENCRYPT=1 on a stream link: one encrypted message (sealed.py)
     INIT = 20
     PUSH = 21
     PULL = 22

@@ -5,12 +5,13 @@ client library's process-wide one: a thread cluster runs many nodes in one proce
 serves it on the first free port from ``PSKV_METRICS_PORT`` upward (at most
 :data:`PORT_TRIES` ports), on the address the node's other listeners use. Every series
 carries ``job`` (a short digest of the job's id, the same on every node of a job),
-``role`` and ``rank``. docs/observability.md lists every metric.
+``role`` and ``rank``; each role's series are in :mod:`.series`. docs/observability.md lists
+every metric.
 
 Observability never stops a job: when ``prometheus_client`` is missing or no port is free,
 the node logs one ERROR line that says what to do and runs without metrics. A node that
-was not asked pays one ``is None`` test per hook. The library is imported only here, and
-only when metrics are on (``pip install 'pskv[metrics]'``).
+was not asked pays one ``is None`` test per hook. The library is imported only here and in
+:mod:`.series`, and only when metrics are on (``pip install 'pskv[metrics]'``).
 """
 from __future__ import annotations
 
@@ -19,14 +20,13 @@ import errno
 import hashlib
 import logging
 import threading
-import time
 from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError
-from .config import ENV_METRICS_PORT, ENV_METRICS_PUSHGATEWAY, ClusterConfig
+from .config import (ENV_METRICS_PORT, ENV_METRICS_PUSHGATEWAY, ClusterConfig,
+                     advertised_host)
 
-__all__ = ["NodeMetrics", "PORT_TRIES", "SchedulerMetrics", "ServerMetrics",
-           "WorkerMetrics", "job_label", "start"]
+__all__ = ["LABELS", "LATENCY_BUCKETS", "NodeMetrics", "PORT_TRIES", "job_label", "start"]
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,8 @@ PORT_TRIES = 64
 #: seconds: request latency and round wait buckets (1 ms to 5 min, the round timeout)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-_LABELS = ("job", "role", "rank")
-#: requests timed at most at once by a worker (a lost reply's entry is dropped beyond it)
-_MAX_TIMED = 1 << 16
+#: the labels of every series of a node
+LABELS = ("job", "role", "rank")
 
 
 class _Child:
@@ -73,7 +72,7 @@ class _Family:
     def __init__(self, kind: str, name: str, doc: str, labels: Sequence[str],
                  buckets: Sequence[float] | None = None) -> None:
         self.kind, self.name, self.doc, self.labelnames = kind, name, doc, tuple(labels)
-        self.bounds = tuple(buckets) if kind == "Histogram" else None
+        self.bounds = tuple(buckets or ()) if kind == "Histogram" else None
         if self.bounds is not None and not self.bounds:
             self.bounds = LATENCY_BUCKETS
         self.children: dict[tuple[str, ...], _Child] = {}
@@ -107,14 +106,24 @@ class _Family:
 
 
 class _Families:
-    """The custom collector of a node's :class:`_Family` series."""
+    """The custom collector of a node's :class:`_Family` series and of the ``collectors``
+    that read its state when scraped (each a callable yielding metric families)."""
 
     def __init__(self) -> None:
         self.families: list[_Family] = []
+        self.collectors: list[Callable[[], Any]] = []
 
     def collect(self) -> Any:
         for family in list(self.families):
             yield family.collect()
+        for collector in list(self.collectors):
+            try:
+                families = list(collector())
+            except Exception:  # noqa: BLE001 - a scrape never fails the node, nor the scrape
+                log.warning("metrics: a collector failed; its series are left out of this "
+                            "scrape", exc_info=True)
+                continue
+            yield from families
 
 
 def job_label(job: str) -> str:
@@ -144,12 +153,15 @@ class NodeMetrics:
         from prometheus_client import CollectorRegistry, ProcessCollector
         self.registry = CollectorRegistry(auto_describe=True)
         self._families = _Families()
-        self.registry.register(self._families)      # type: ignore[arg-type]
+        self._collectors = self._families.collectors
+        self.registry.register(self._families)
         # process_* (CPU, resident memory, open fds): the process this node runs in
         ProcessCollector(registry=self.registry)
         self.name = f"{role} {rank}" if role != "scheduler" else "the scheduler"
         self._values = (job_label(job), role, str(rank))
         self.port: int | None = None
+        #: the address it serves on, as other hosts reach it (the listing pskv-top reads)
+        self.host = ""
         #: where :meth:`close` pushes the series (PSKV_METRICS_PUSHGATEWAY), if anywhere
         self.gateway: str | None = None
         self._httpd: Any = None
@@ -159,12 +171,12 @@ class NodeMetrics:
     def _series(self, kind: str, name: str, doc: str, extra: Sequence[str] = (),
                 **kw: Any) -> Any:
         if kind in ("Counter", "Histogram"):      # the hot path's: plain numbers
-            family = _Family(kind, name, doc, (*_LABELS, *extra), kw.get("buckets", ()))
+            family = _Family(kind, name, doc, (*LABELS, *extra), kw.get("buckets", ()))
             self._families.families.append(family)
             return family
         import prometheus_client
         cls = getattr(prometheus_client, kind)
-        return cls(name, doc, (*_LABELS, *extra), registry=self.registry, **kw)
+        return cls(name, doc, (*LABELS, *extra), registry=self.registry, **kw)
 
     def _bound(self, metric: Any, *extra: str) -> Any:
         return metric.labels(*self._values, *extra)
@@ -192,6 +204,7 @@ class NodeMetrics:
                                             name=f"pskv-metrics {self.name}", daemon=True)
             self._thread.start()
             self.port = port
+            self.host = host
             log.info("%s: metrics at http://%s:%d/metrics", self.name, host, port)
             return port
         log.error("%s", ConfigError(
@@ -232,128 +245,6 @@ class NodeMetrics:
             self._thread = None
 
 
-class ServerMetrics(NodeMetrics):
-    """A server's series: requests and bytes by command, round waits, keys held."""
-
-    def __init__(self, rank: int, job: str, keys: Callable[[], float]) -> None:
-        super().__init__("server", rank, job)
-        self._requests = self._series("Counter", "pskv_server_requests_total",
-                                      "Requests received, by command", ("command",))
-        self._received = self._series("Counter", "pskv_server_received_bytes_total",
-                                      "Array bytes received in requests, by command",
-                                      ("command",))
-        self._sent = self._series("Counter", "pskv_server_sent_bytes_total",
-                                  "Array bytes sent in replies, by command", ("command",))
-        self.round_wait = self._bound(self._series(
-            "Histogram", "pskv_round_wait_seconds",
-            "Seconds from a dist_sync round's first push to its last",
-            buckets=LATENCY_BUCKETS))
-        self._last = self._series("Counter", "pskv_round_last_pusher_total",
-                                  "Sync rounds closed by this worker's push (it was last)",
-                                  ("worker",))
-        self.stragglers = self._bound(self._series(
-            "Counter", "pskv_straggler_warnings_total",
-            "Straggler lines logged (rounds that waited, workers often last)"))
-        self._bound(self._series("Gauge", "pskv_server_keys",
-                                 "Keys (key parts) held, every shard served")).set_function(keys)
-        self.checkpoint = self._bound(self._series(
-            "Histogram", "pskv_checkpoint_write_seconds",
-            "Seconds to write this server's shard of a checkpoint (on a writer thread)",
-            buckets=(0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)))
-        self._by: dict[tuple[int, str], Any] = {}
-
-    def _child(self, which: int, metric: Any, label: str) -> Any:
-        child = self._by.get((which, label))
-        if child is None:
-            child = self._by[(which, label)] = self._bound(metric, label)
-        return child
-
-    def request(self, command: str, nbytes: int) -> None:
-        """One request of ``command`` with ``nbytes`` of arrays."""
-        self._child(0, self._requests, command).inc()
-        if nbytes:
-            self._child(1, self._received, command).inc(nbytes)
-
-    def replied(self, command: str, nbytes: int) -> None:
-        """A reply to ``command`` with ``nbytes`` of arrays."""
-        self._child(2, self._sent, command).inc(nbytes)
-
-    def round_closed(self, worker: int, waited: float) -> None:
-        """``worker``'s push closed a sync round that waited ``waited`` seconds."""
-        self.round_wait.observe(waited)
-        self._child(3, self._last, str(worker)).inc()
-
-
-class WorkerMetrics(NodeMetrics):
-    """A worker's series: requests, bytes, and request latency by command."""
-
-    def __init__(self, rank: int, job: str) -> None:
-        super().__init__("worker", rank, job)
-        self._requests = self._series("Counter", "pskv_worker_requests_total",
-                                      "Requests sent to servers, by command", ("command",))
-        self._sent = self._series("Counter", "pskv_worker_sent_bytes_total",
-                                  "Array bytes sent to servers, by command", ("command",))
-        self._received = self._series("Counter", "pskv_worker_received_bytes_total",
-                                      "Array bytes received from servers, by command",
-                                      ("command",))
-        self._latency = self._series(
-            "Histogram", "pskv_worker_request_seconds",
-            "Seconds from a request to its server's reply, by command (a pull waits for "
-            "its round; a flush for every push before it to be applied)", ("command",),
-            buckets=LATENCY_BUCKETS)
-        self._by: dict[tuple[int, str], Any] = {}
-        self._started: dict[int, tuple[str, float]] = {}
-        self._lock = threading.Lock()
-
-    def _child(self, which: int, metric: Any, label: str) -> Any:
-        child = self._by.get((which, label))
-        if child is None:
-            child = self._by[(which, label)] = self._bound(metric, label)
-        return child
-
-    def sent(self, ts: int, command: str, nbytes: int) -> None:
-        """Request ``ts`` of ``command`` left with ``nbytes`` of arrays (a push's negative
-        ts is answered only when it fails: it is not timed)."""
-        self._child(0, self._requests, command).inc()
-        if nbytes:
-            self._child(1, self._sent, command).inc(nbytes)
-        if ts > 0:
-            with self._lock:
-                if len(self._started) >= _MAX_TIMED:
-                    self._started.clear()
-                self._started[ts] = (command, time.monotonic())
-
-    def received(self, ts: int, nbytes: int) -> None:
-        """The reply to ``ts`` came with ``nbytes`` of arrays."""
-        with self._lock:
-            started = self._started.pop(ts, None)
-        if started is None:
-            return
-        command, t0 = started
-        self._child(2, self._latency, command).observe(time.monotonic() - t0)
-        if nbytes:
-            self._child(3, self._received, command).inc(nbytes)
-
-
-class SchedulerMetrics(NodeMetrics):
-    """The scheduler's series: nodes alive, missed heartbeats, barriers."""
-
-    def __init__(self, job: str, alive: Callable[[str], float]) -> None:
-        super().__init__("scheduler", 0, job)
-        gauge = self._series("Gauge", "pskv_scheduler_nodes_alive",
-                             "Nodes admitted and alive, by the node's role", ("node_role",))
-        for role in ("server", "worker"):
-            self._bound(gauge, role).set_function(lambda role=role: alive(role))
-        self.missed = self._bound(self._series(
-            "Counter", "pskv_scheduler_missed_heartbeats_total",
-            "Nodes found dead because their heartbeats stopped"))
-        self.failed = self._bound(self._series(
-            "Counter", "pskv_scheduler_node_failures_total",
-            "Nodes found dead (heartbeats stopped, connection lost, not restarted)"))
-        self.barriers = self._bound(self._series(
-            "Counter", "pskv_scheduler_barriers_total", "Barriers completed"))
-
-
 def _http_server(host: str, port: int, app: Any) -> Any:
     """A bound, listening WSGI server for ``app`` (not yet serving).
 
@@ -376,9 +267,10 @@ def _http_server(host: str, port: int, app: Any) -> Any:
     return make_server(host, port, app, Server, handler_class=Quiet)
 
 
-def start(cfg: ClusterConfig, make: Callable[[], NodeMetrics]) -> Any:
+def start(cfg: ClusterConfig, make: Callable[[], NodeMetrics], po: Any = None) -> Any:
     """The node's metrics when ``cfg.metrics_port`` or ``cfg.metrics_pushgateway`` asks for
-    them (serving on the port, pushed at close); else None.
+    them (serving on the port, pushed at close); else None. ``po``: the node's Postoffice,
+    whose heartbeats then tell the scheduler where (``metrics_port``, ``metrics_host``).
 
     A missing ``prometheus_client`` or no free port is logged (one ERROR line) and the
     node goes on without metrics.
@@ -399,4 +291,8 @@ def start(cfg: ClusterConfig, make: Callable[[], NodeMetrics]) -> Any:
         host = "127.0.0.1" if cfg.transport == "inproc" else cfg.node_host
         if metrics.serve(host, cfg.metrics_port) is None and metrics.gateway is None:
             return None
+        if host == "0.0.0.0":
+            metrics.host = advertised_host(host, cfg.root_uri)
+        if po is not None and metrics.port is not None:
+            po.metrics_host, po.metrics_port = metrics.host, metrics.port
     return metrics

@@ -33,6 +33,7 @@ class Op(str, enum.Enum):
     INITIAL = "initial"          # worker 0's first push: the inits are complete
     LOOKUP = "lookup"            # key, train; one array of IDs: reply a table's rows, found
     TABLE_STATS = "table_stats"  # key: reply a table shard's counters
+    CLOCK = "clock"              # clock, bound, leave: this worker's clock (staleness.py)
 
     @property
     def replicated(self) -> ReplOp | None:

@@ -26,10 +26,11 @@ import zmq
 from ..errors import ClusterError, ClusterTimeoutError, NodeFailedError, ProtocolError
 from . import validate
 from .auth import prove
+from .crypt import curve_keys, derive, unseal
 from .config import ClusterConfig
 from .membership import Event, Membership, ServerLost, ServerRejoined, frozen_servers
 from .message import Command, decode, error_from_body, short
-from .zeromq import ZmqContext, recv_message, send_message
+from .zeromq import ZmqContext, curve_client, recv_message, send_message
 
 __all__ = ["Postoffice"]
 
@@ -65,6 +66,9 @@ class Postoffice:
         self._endpoints = {**endpoints, "host": self.host} if endpoints else {}
         self._ident = f"{self.role}-{os.getpid()}-{id(self):x}".encode()
         self._sock = zctx.socket(zmq.DEALER, identity=self._ident)
+        if cfg.encrypt and cfg.transport != "inproc":
+            assert cfg.secret is not None        # ClusterConfig checks it
+            curve_client(self._sock, curve_keys(cfg.secret, "scheduler")[0])
         self._wake_addr = f"inproc://pskv-po-{id(self):x}"
         self._wake_rx = zctx.socket(zmq.PAIR)
         self._wake_rx.bind(self._wake_addr)
@@ -87,6 +91,14 @@ class Postoffice:
                                      num_servers=cfg.num_servers, mode=mode)
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._idle_hook = idle_hook
+        #: what the scheduler seals this node's key material under (crypt.seal), and the
+        #: number of the last sealed message opened (each is opened once)
+        self._seal = b""
+        self._sealed = 0
+        #: the port this node serves /metrics on, told to the scheduler with each heartbeat
+        #: (which lists it for pskv-top), and on which address; None: no metrics
+        self.metrics_port: int | None = None
+        self.metrics_host = ""
 
     # ---- the membership, read-only ---------------------------------------------------------
     @property
@@ -121,8 +133,13 @@ class Postoffice:
 
     @property
     def key(self) -> bytes:
-        """A worker's key to prove its rank to servers."""
-        return self.membership.key
+        """A worker's pair key with server 0 (:meth:`key_for`)."""
+        return self.key_for(0)
+
+    def key_for(self, server: int) -> bytes:
+        """A worker's pair key with ``server`` (b"" before admission)."""
+        keys = self.membership.keys
+        return keys[server] if 0 <= server < len(keys) else b""
 
     @property
     def worker_keys(self) -> tuple[bytes, ...]:
@@ -198,17 +215,21 @@ class Postoffice:
                         f"{self.role}: the scheduler at {self.cfg.root_address} asks for "
                         "proof of a cluster secret, and PSKV_SECRET is not set. Set it to "
                         "the job's secret (pskv-launch sets it for every node).")
-                send_message(self._sock, Command.HELLO, 2, copy=True, body={
-                    **body, **prove(self.cfg.secret, "scheduler", meta.body, self.role,
-                                    self.cfg.rank)})
+                proof = prove(self.cfg.secret, "scheduler", meta.body, self.role,
+                              self.cfg.rank)
+                self._seal = derive(self.cfg.secret, "seal", meta.body["job"],
+                                    proof["nonce"])
+                send_message(self._sock, Command.HELLO, 2, copy=True,
+                             body={**body, **proof})
                 continue
             if meta.cmd == Command.ADMIT:
                 break
-        got = validate.admit_reply(meta.body)
+        got = validate.admit_reply(self._unsealed(meta.body))
         self.membership = Membership(
             rank=got["rank"], num_workers=got["num_workers"], num_servers=got["num_servers"],
             servers=frozen_servers(got["servers"]), job=got["job"],
-            mode=got.get("mode", self.membership.mode), key=str(got.get("key", "")).encode(),
+            mode=got.get("mode", self.membership.mode),
+            keys=tuple(k.encode() for k in got.get("keys", [])),
             worker_keys=tuple(k.encode() for k in got.get("worker_keys", [])),
             server_key=str(got.get("server_key", "")).encode(),
             rejoin=bool(got.get("rejoin", False)),
@@ -216,6 +237,20 @@ class Postoffice:
         self._thread = threading.Thread(target=self._loop, name=f"pskv-{self.role}-control",
                                         daemon=True)
         self._thread.start()
+
+    def _unsealed(self, body: Any) -> Any:
+        """``body`` with its sealed key material opened (crypt.seal); raises ProtocolError
+        for material that does not verify (another secret, or changed on the way)."""
+        if not isinstance(body, dict) or "sealed" not in body:
+            return body
+        if not self._seal:
+            raise ProtocolError(f"{self.role}: the scheduler sealed key material, and this "
+                                "node proved no secret to it")
+        self._sealed, opened = unseal(self._seal, body["sealed"], self._sealed)
+        if not isinstance(opened, dict):
+            raise ProtocolError(f"{self.role}: sealed key material that is not an object")
+        rest = {k: v for k, v in body.items() if k != "sealed"}
+        return {**rest, **opened}
 
     # ---- public calls (any thread) ------------------------------------------------------------
     def check(self) -> None:
@@ -307,7 +342,10 @@ class Postoffice:
                     self._on_message(meta.cmd, meta.ts, meta.body)
             now = time.monotonic()
             if now - last_beat >= interval:
-                send_message(self._sock, Command.HEARTBEAT, 0, copy=True)
+                port = self.metrics_port
+                send_message(self._sock, Command.HEARTBEAT, 0, copy=True,
+                             body=None if port is None else {
+                                 "metrics": port, "metrics_host": self.metrics_host})
                 last_beat = now
             if now - last_ack > self.cfg.heartbeat_timeout and self.failure is None:
                 self._set_failure(f"the scheduler at {self.cfg.root_address} stopped answering "
@@ -338,6 +376,12 @@ class Postoffice:
         elif cmd == Command.SHUTDOWN:
             self.shutdown.set()
         elif cmd == Command.NODE_REJOINED:
+            try:
+                body = self._unsealed(body)
+            except ProtocolError as err:
+                log.error("%s %d: a NODE_REJOINED that does not verify: %s", self.role,
+                          self.rank, err)
+                return
             endpoints = body.get("endpoints") if isinstance(body, dict) else None
             if isinstance(body, dict) and body.get("role") == "server" \
                     and isinstance(body.get("rank"), int) \
@@ -347,8 +391,12 @@ class Postoffice:
                 log.info("%s %d: server %d was restarted", self.role, self.rank, body["rank"])
                 servers = list(self.membership.servers)
                 servers[body["rank"]] = {str(k): v for k, v in endpoints.items()}
+                keys = list(self.membership.keys)
+                if isinstance(body.get("key"), str) and body["rank"] < len(keys):
+                    keys[body["rank"]] = body["key"].encode()   # its new pair key
                 self.membership = dataclasses.replace(self.membership,
-                                                      servers=frozen_servers(servers))
+                                                      servers=frozen_servers(servers),
+                                                      keys=tuple(keys))
                 self._events.put(ServerRejoined(body["rank"]))
         elif cmd == Command.ERROR:
             with self._cond:

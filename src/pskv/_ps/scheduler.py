@@ -25,16 +25,18 @@ import zmq
 from ..errors import (ClusterError, ClusterTimeoutError, ConfigError, KVStoreError,
                       ProtocolError)
 from .auth import Verifier, new_key
+from .crypt import curve_keys, derive, seal
 from .config import ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_ID, ClusterConfig
 from .limits import CONTROL_BYTES, CONTROL_FRAMES
 from .message import Command, Meta, error_body
-from .metrics import SchedulerMetrics, start as start_metrics
+from .metrics import start as start_metrics
+from .series import SchedulerMetrics
 from .replay import backup_of
 from .serve import ServeLoop
 from .transport import Connection
-from .zeromq import ZmqContext
+from .zeromq import ZmqContext, curve_server
 
-__all__ = ["LOST_GRACE", "Scheduler"]
+__all__ = ["LOST_GRACE", "Scheduler", "scheduler_curve"]
 
 log = logging.getLogger(__name__)
 #: seconds a node whose connection broke has to say GOODBYE before it is reported failed
@@ -54,6 +56,12 @@ class _Node:
     lost: float = 0.0           # when a peer reported its connection to it broke (0: never)
     lost_by: str = ""
     dead_since: float = 0.0     # with restarts: when it stopped heartbeating
+    #: the key this node's key material is sealed under (empty: a cluster without a
+    #: secret), and the number of the next sealed message (crypt.seal)
+    seal: bytes = field(default=b"", repr=False)
+    sealed: int = 0
+    metrics_port: int = 0       # where it serves /metrics, as its heartbeats say (0: not)
+    metrics_host: str = ""
 
 
 @dataclass(slots=True)
@@ -79,6 +87,13 @@ class Scheduler:
         self._sock.setsockopt(zmq.MAXMSGSIZE, CONTROL_BYTES)
         # a connection that never completes ZeroMQ's own handshake is closed by libzmq
         self._sock.setsockopt(zmq.HANDSHAKE_IVL, int(cfg.handshake_timeout * 1000))
+        if cfg.encrypt and cfg.transport != "inproc":
+            # PSKV_ENCRYPT=1: CURVE, with a key pair only the secret's holders can derive
+            try:
+                curve_server(self._sock, scheduler_curve(cfg)[1])
+            except BaseException:
+                self._zctx.close()
+                raise
         bind_host = cfg.root_uri if cfg.node_host == "127.0.0.1" and _is_ip(cfg.root_uri) \
             else cfg.node_host
         try:
@@ -109,10 +124,13 @@ class Scheduler:
         self._nodes: dict[Connection, _Node] = {}
         self._counts = {"server": 0, "worker": 0}
         self._admitted = False
-        #: the job's store type and each worker rank's key, from admission (a restarted node
-        #: gets them again when it rejoins)
+        #: the job's store type, from admission
         self._mode = "sync"
-        self._keys: list[str] = []
+        #: what each (worker, server) pair key is derived from: known here only. Worker w
+        #: gets its row, server s its column; s's column changes with each restart of s
+        #: (``_epochs``), so a stale incarnation of a server proves nothing to a worker
+        self._master = new_key().encode()
+        self._epochs = [0] * cfg.num_servers
         #: the key servers prove themselves to each other with (never sent to a worker)
         self._server_key = new_key()
         #: shard -> the server that serves it (its backup once it died, with replicas)
@@ -169,9 +187,38 @@ class Scheduler:
         self._counts[role] += 1
         kept = self._kept(body)
         self._nodes[ident] = _Node(ident, role, -1, kept, time.monotonic(), hello_ts=ts,
-                                   claimed=claimed)
+                                   claimed=claimed, seal=self._seal_key(body))
         if all(self._counts[r] == self._expected(r) for r in ("server", "worker")):
             self._admit()
+
+    def _seal_key(self, body: dict[str, Any]) -> bytes:
+        """The key a node's key material is sealed under: derived from the cluster secret,
+        this job and the nonce of the node's own admission, so only that node (and the
+        secret's holders) can open it and no two admissions share one (crypt.seal)."""
+        nonce = body.get("nonce")
+        if self.cfg.secret is None or not isinstance(nonce, str):
+            return b""
+        return derive(self.cfg.secret, "seal", self.job, nonce)
+
+    def _pair(self, worker: int, server: int) -> str:
+        """The key only ``worker`` and this incarnation of ``server`` hold: the worker proves
+        its rank with it, the server its rank (auth.server_proof)."""
+        return derive(self._master, "pair", self.job, worker, server,
+                      self._epochs[server]).hex()
+
+    def _keys_of(self, node: _Node) -> dict[str, Any]:
+        if node.role == "worker":
+            return {"keys": [self._pair(node.rank, s) for s in range(self.cfg.num_servers)]}
+        return {"worker_keys": [self._pair(w, node.rank) for w in range(self.cfg.num_workers)],
+                "server_key": self._server_key}
+
+    def _sealed(self, node: _Node, keys: dict[str, Any]) -> dict[str, Any]:
+        """Key material for ``node`` as it may cross the link: sealed (never in clear) when
+        the job has a secret."""
+        if not node.seal:
+            return keys
+        node.sealed += 1
+        return {"sealed": seal(node.seal, node.sealed, keys)}
 
     @staticmethod
     def _kept(body: dict[str, Any]) -> dict[str, Any]:
@@ -211,9 +258,6 @@ class Scheduler:
         if len(modes) > 1:
             self._refuse_all(self._mixed_modes(workers))
             return
-        # one random key per worker rank: a worker proves its rank to the servers with it,
-        # so holding the cluster secret is not enough to speak as another worker
-        self._keys = [new_key() for _ in workers]
         self._mode = modes.pop()
         now = time.monotonic()
         for node in self._nodes.values():
@@ -231,34 +275,36 @@ class Scheduler:
             "servers": [n.body.get("endpoints", {}) for n in servers],
             "num_workers": self.cfg.num_workers, "num_servers": self.cfg.num_servers,
             "job": self.job, "mode": self._mode}
+        # the pair keys: a worker proves its rank to a server with them, and a server its
+        # rank to a worker, so holding the cluster secret is not enough to speak as
+        # another node
+        body.update(self._sealed(node, self._keys_of(node)))
         if node.role == "worker":
-            body["key"] = self._keys[node.rank]
             body["hosts"] = list(self._hosts)
-        else:
-            body["worker_keys"] = self._keys
-            body["server_key"] = self._server_key
         if rejoin:
             body["rejoin"] = True
         return body
 
     def _settle_claims(self) -> None:
         """Let each waiting restart take its rank once the holder is dead; refuse those
-        whose holder stays alive (someone claiming a live rank) or was taken already."""
+        whose holder stays alive (someone claiming a live rank) or was taken already.
+
+        Dead means what it means everywhere else (``tick``): a peer's connection to it
+        broke and no GOODBYE came within :data:`LOST_GRACE`, or it sent no heartbeat for
+        ``PSKV_HEARTBEAT_TIMEOUT``. A node that is merely quiet for a while (a GC pause,
+        swap) keeps its rank: a claim waits at most as long as that rule can take."""
         now = time.monotonic()
-        # a live node heartbeats every interval: one silent for three is dead (a restart's
-        # HELLO comes before the heartbeat timeout would say so)
-        silent = max(3 * self.cfg.heartbeat_interval, 1.0)
+        wait = max(0.8 * self.cfg.handshake_timeout,
+                   self.cfg.heartbeat_timeout + LOST_GRACE + 2 * self.cfg.heartbeat_interval)
         for ident, (old, ts, body, since) in list(self._claims.items()):
             why = None
-            if old.state == "alive" and self._nodes.get(old.ident) is old and \
-                    now - old.last_seen > silent:
-                self._fail(old, f"was restarted (silent for {now - old.last_seen:.1f} s)")
             if self._nodes.get(old.ident) is not old:
                 why = f"{old.role} {old.rank} rejoined already"
-            elif old.state == "alive" and now - since > 0.8 * self.cfg.handshake_timeout:
+            elif old.state == "alive" and now - since > wait:
                 why = (f"{old.role} {old.rank} is alive: a restarted node takes a rank only "
                        "once the node that held it is found dead")
             elif old.state == "alive":
+                self.loop.hold(ident)       # still undecided: not a handshake that stalled
                 continue
             del self._claims[ident]
             if why is None:
@@ -279,16 +325,23 @@ class Scheduler:
                 if who is old.ident:
                     del bar.waiting[k]
         node = _Node(ident, old.role, old.rank, self._kept(body), time.monotonic(),
-                     hello_ts=ts, claimed=old.rank)
+                     hello_ts=ts, claimed=old.rank, seal=self._seal_key(body))
+        if node.role == "server":
+            self._epochs[node.rank] += 1    # new pair keys: the old incarnation's are void
         self._nodes[ident] = node
         log.warning("scheduler: %s %d rejoined (restarted)", node.role, node.rank)
+        if self.metrics is not None:
+            self.metrics.restarts.inc()
         self.loop.admit_now(ident, node)
         self._send(ident, Command.ADMIT, ts, self._admission(node, rejoin=True))
         for other in self._live():
             if other is not node:
-                self._send(other.ident, Command.NODE_REJOINED, 0, {
-                    "role": node.role, "rank": node.rank,
-                    "endpoints": node.body.get("endpoints", {})})
+                told: dict[str, Any] = {"role": node.role, "rank": node.rank,
+                                        "endpoints": node.body.get("endpoints", {})}
+                if node.role == "server" and other.role == "worker":
+                    told.update(self._sealed(other, {"key": self._pair(other.rank,
+                                                                        node.rank)}))
+                self._send(other.ident, Command.NODE_REJOINED, 0, told)
 
     @staticmethod
     def _mixed_modes(workers: list[_Node]) -> str:
@@ -420,6 +473,11 @@ class Scheduler:
         node.last_seen = time.monotonic()
         if meta.cmd == Command.HEARTBEAT:
             self._send(conn, Command.HEARTBEAT_ACK, meta.ts)
+            body = meta.body if isinstance(meta.body, dict) else {}
+            port, host = body.get("metrics"), body.get("metrics_host")
+            if type(port) is int and 0 < port < 65536:     # anything else: ignored
+                node.metrics_port = port
+                node.metrics_host = host if isinstance(host, str) and len(host) < 256 else ""
         elif meta.cmd == Command.BARRIER:
             self._barrier(node, meta.ts, meta.body)
         elif meta.cmd == Command.GOODBYE:
@@ -490,7 +548,8 @@ class Scheduler:
         tick = min(0.1, self.cfg.heartbeat_interval / 2)
         self.metrics = start_metrics(self.cfg, lambda: SchedulerMetrics(
             self.job, lambda role: sum(1 for n in list(self._nodes.values())
-                                       if n.role == role and n.state == "alive")))
+                                       if n.role == role and n.state == "alive"),
+            self._listing))
         try:
             self.loop.run(lambda: self._stop.is_set() or self._code is not None,
                           int(tick * 1000), tick)
@@ -501,6 +560,12 @@ class Scheduler:
             self.loop.close()
             self._zctx.close()
             self._remove_dead_sockets()
+
+    def _listing(self) -> list[tuple[str, int, str, str, int]]:
+        """Each admitted node's role, rank, state, host and metrics port (for pskv-top;
+        read by the metrics thread)."""
+        return [(n.role, n.rank, n.state, n.metrics_host, n.metrics_port)
+                for n in list(self._nodes.values()) if n.rank >= 0]
 
     def _remove_dead_sockets(self) -> None:
         """Remove the Unix socket files of this host's servers that died (a SIGKILLed
@@ -520,6 +585,12 @@ class Scheduler:
                     os.unlink(real)
             except OSError:
                 pass
+
+
+def scheduler_curve(cfg: ClusterConfig) -> tuple[bytes, bytes]:
+    """(public, secret) CURVE keys of the scheduler's port under PSKV_ENCRYPT=1."""
+    assert cfg.secret is not None
+    return curve_keys(cfg.secret, "scheduler")
 
 
 def _is_ip(host: str) -> bool:

@@ -276,6 +276,12 @@ class ServeLoop:
         self._challenged.pop(conn, None)
         conn.max_bytes = self._max_message
 
+    def hold(self, conn: Connection) -> None:
+        """``conn`` proved itself and waits for its handler's decision (a restart's claim on
+        a rank): its admission deadline starts again."""
+        if conn in self._unadmitted:
+            self._unadmitted[conn] = time.monotonic()
+
     def _room(self, who: str) -> bool:
         """Whether one more unadmitted connection may be kept (else log the refusal)."""
         if len(self._unadmitted) < self._max_unadmitted:

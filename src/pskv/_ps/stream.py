@@ -579,6 +579,9 @@ class StreamListener:
         self.sock.setblocking(False)
         #: set when accept() ran out of file descriptors (the caller rests, then clears it)
         self.exhausted = False
+        #: what an accepted socket becomes: ``make_conn(sock, timeout, name, handshaken)``
+        #: (a :class:`.sealed.SealedConn` factory with PSKV_ENCRYPT=1)
+        self.make_conn: Callable[..., StreamConn] = StreamConn
 
     def pollable(self) -> int:
         """The listening socket's file descriptor."""
@@ -608,11 +611,11 @@ class StreamListener:
             name = f"a worker (fd {sock.fileno()})"
             if self._tls is not None:     # the handshake runs on the loop's reads
                 sock.setblocking(False)
-                conn = StreamConn(self._tls.wrap_socket(sock, server_side=True,
-                                                        do_handshake_on_connect=False),
-                                  timeout, name, handshaken=False)
+                conn = self.make_conn(self._tls.wrap_socket(sock, server_side=True,
+                                                            do_handshake_on_connect=False),
+                                      timeout, name, False)
             else:
-                conn = StreamConn(sock, timeout, name)
+                conn = self.make_conn(sock, timeout, name, True)
             conn.address = f"{addr[0]}" if isinstance(addr, tuple) else "the Unix socket"
             conns.append(conn)
         return conns

@@ -14,13 +14,16 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from ..errors import ConfigError
 from .config import ClusterConfig
+from .crypt import curve_keys
 from .limits import ADMISSION_BYTES
 from .message import Command, Meta
+from .sealed import SealedConn
 from .stream import Alloc, StreamConn
 from .zeromq import ZmqConn, ZmqContext
 
-__all__ = ["ADMISSION_BYTES", "Alloc", "Connection", "connect"]
+__all__ = ["ADMISSION_BYTES", "Alloc", "Connection", "connect", "data_curve"]
 
 
 class Connection(Protocol):
@@ -54,16 +57,37 @@ class Connection(Protocol):
 
 
 def connect(cfg: ClusterConfig, endpoints: Mapping[str, str], same_host: bool, peer: str,
-            zmq_context: ZmqContext, tls: ssl.SSLContext | None = None) -> Connection:
+            zmq_context: ZmqContext, tls: ssl.SSLContext | None = None,
+            seal: tuple[bytes, str, int] | None = None) -> Connection:
     """Connect to a server announcing ``endpoints``, over the transport ``cfg`` asks for.
 
     Endpoints: ``uds`` (a Unix socket path), ``tcp`` (``tcp:host:port``, stream framing),
     ``zmq`` (a ZeroMQ ``tcp://`` address). ``auto`` takes the Unix socket on the same
     host and TCP otherwise. ``tls``: the context TCP links are wrapped in (:mod:`.tls`).
+    With ``cfg.encrypt``, ``seal`` = (the key this node shares with that server, this
+    node's role, its rank): stream links are sealed with it (:mod:`.sealed`), ZeroMQ
+    links run CURVE with the data port's key derived from the secret (:mod:`.crypt`).
     """
     transport = cfg.transport
+    path, use_tls = None, None
     if "uds" in endpoints and (transport == "ipc" or (transport == "auto" and same_host)):
-        return StreamConn.connect(endpoints["uds"], cfg.request_timeout, peer)
-    if "tcp" in endpoints and transport != "zmq":
-        return StreamConn.connect(endpoints["tcp"], cfg.request_timeout, peer, tls)
-    return ZmqConn(zmq_context, endpoints["zmq"], cfg.request_timeout, peer)
+        path = endpoints["uds"]
+    elif "tcp" in endpoints and transport != "zmq":
+        path, use_tls = endpoints["tcp"], tls
+    if path is not None:
+        if not cfg.encrypt:
+            return StreamConn.connect(path, cfg.request_timeout, peer, use_tls)
+        if seal is None:
+            raise ConfigError(f"PSKV_ENCRYPT=1, and no key for the link to {peer}")
+        conn = SealedConn.connect(path, cfg.request_timeout, peer, use_tls)
+        assert isinstance(conn, SealedConn)
+        conn.initiate(*seal)
+        return conn
+    return ZmqConn(zmq_context, endpoints["zmq"], cfg.request_timeout, peer,
+                   data_curve(cfg)[0] if cfg.encrypt and cfg.transport == "zmq" else None)
+
+
+def data_curve(cfg: ClusterConfig) -> tuple[bytes, bytes]:
+    """(public, secret) CURVE keys of every server's ZeroMQ data port, from the secret."""
+    assert cfg.secret is not None
+    return curve_keys(cfg.secret, "data")

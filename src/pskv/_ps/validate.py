@@ -60,7 +60,7 @@ def _hello(meta: Meta, arrays: list[np.ndarray]) -> None:
     body = _body(meta)
     _str(meta, body, "role", ROLES)
     _int(meta, body, "rank", 0, _MAX_RANK, optional=True)
-    for field in ("host", "proof", "nonce"):
+    for field in ("host", "proof", "nonce", "wnonce"):
         _str(meta, body, field, optional=True)
     _str(meta, body, "mode", _STORE_MODES, optional=True)
     _int(meta, body, "pid", 0, 1 << 31, optional=True)
@@ -191,6 +191,17 @@ def _table_key(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> No
         raise ProtocolError(f"{body['op']} carries no arrays, got {len(arrays)}")
 
 
+def _clock(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """A worker's clock (``_ps/staleness.py``): ``clock``, ``bound`` (null: none) and
+    ``leave``, each optional."""
+    _int(meta, body, "clock", 0, 1 << 62, optional=True)
+    _int(meta, body, "bound", 0, 1 << 62, optional=True)
+    if not isinstance(body.get("leave", False), bool):
+        raise _fail(meta, "leave", "true or false", body.get("leave"))
+    if arrays:
+        raise ProtocolError(f"{body['op']} carries no arrays, got {len(arrays)}")
+
+
 def _nothing(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     """No field beyond the op."""
 
@@ -231,6 +242,7 @@ _OPS: dict[Op | ReplOp, Callable[[Meta, dict[str, Any], list[np.ndarray]], None]
     Op.OPTIMIZER: _spec("spec", nullable=False), Op.COMPRESSION: _spec("params", True),
     Op.SAVE: _dump, Op.LOAD: _state_bytes, Op.CHECKPOINT: _path, Op.RESTORE: _path,
     Op.APPLIED: _nothing, Op.INITIAL: _nothing, Op.LOOKUP: _lookup, Op.TABLE_STATS: _table_key,
+    Op.CLOCK: _clock,
     ReplOp.STATE: _r_entries, ReplOp.ROUND: _r_round, ReplOp.INIT: _r_init,
     ReplOp.OPTIMIZER: _spec("spec", nullable=True), ReplOp.COMPRESSION: _spec("params", True),
     ReplOp.LOAD: _state_bytes, ReplOp.RESTORE: _path, ReplOp.NOOP: _nothing,
@@ -288,9 +300,10 @@ def admit_reply(body: Any) -> dict[str, Any]:
         raise _fail(meta, "servers", "one table of endpoints per server", servers)
     for field in ("key", "mode", "server_key"):
         _str(meta, got, field, optional=True)
-    keys = got.get("worker_keys", [])
-    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-        raise _fail(meta, "worker_keys", "a list of strings", keys)
+    for field in ("worker_keys", "keys"):
+        keys = got.get(field, [])
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise _fail(meta, field, "a list of strings", keys)
     if not isinstance(got.get("rejoin", False), bool):
         raise _fail(meta, "rejoin", "true or false", got.get("rejoin"))
     hosts = got.get("hosts", [])

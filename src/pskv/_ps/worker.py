@@ -34,12 +34,13 @@ import numpy as np
 import zmq
 
 from ..errors import ClusterTimeoutError, KVStoreError, NodeFailedError, ProtocolError
-from .auth import prove
+from .auth import check_server, new_key, prove
 from .config import ClusterConfig
 from .failover import Failover, applied_counts
 from .message import Command, Meta, error_from_body
 from .ops import Op, command
-from .metrics import WorkerMetrics, start as start_metrics
+from .metrics import start as start_metrics
+from .series import WorkerMetrics
 from .postoffice import Postoffice
 from .tls import client_context
 from .transport import Alloc, Connection, connect
@@ -94,17 +95,25 @@ class KVWorker:
                 self._send_locks.append(threading.Lock())
             # each server challenges; the proof binds this job and rank under this worker's
             # own key from the scheduler (auth.py)
-            tss = [self.request(s, Command.HELLO, body=self._hello())
+            # own, and each server proves its rank back under the same pair key, over both
+            # nonces: a process that is not the server the scheduler admitted is refused
+            wnonces = [new_key() for _ in self._conns]
+            tss = [self.request(s, Command.HELLO, body=self._hello(wnonces[s]))
                    for s in range(len(self._conns))]
             replies = [self.wait(ts, timeout=cfg.connect_timeout) for ts in tss]
+            nonces: list[str | None] = [None] * len(self._conns)
             for s, (meta, _) in enumerate(replies):
                 if meta.cmd == Command.CHALLENGE:
-                    tss[s] = self.request(s, Command.HELLO, body=self._proof(meta.body))
+                    proof = self._proof(s, meta.body, wnonces[s])
+                    nonces[s] = proof["nonce"]
+                    tss[s] = self.request(s, Command.HELLO, body=proof)
                 else:
                     tss[s] = 0
             hosts = list(po.hosts) or list(range(len(self._conns)))
             for s, ts in enumerate(tss):
                 meta = self.wait(ts, timeout=cfg.connect_timeout)[0] if ts else replies[s][0]
+                check_server(po.key_for(s), po.job, s, po.rank, nonces[s], wnonces[s],
+                             meta.body)
                 if po.rejoin and self.failover is not None and hosts[s] == s:
                     # a restarted worker: the pushes its first run made are applied; the
                     # same pushes made again as it catches up are dropped (durability.md)
@@ -118,21 +127,23 @@ class KVWorker:
                         self.failover.pushes.applied_before(shard, applied_counts(meta.body))
                 # set after the handshakes, which go to each server itself
                 self.failover.host = hosts
-            self.metrics = start_metrics(cfg, lambda: WorkerMetrics(po.rank, po.job))
+            fo = self.failover
+            self.metrics = start_metrics(cfg, lambda: WorkerMetrics(
+                po.rank, po.job, (lambda: fo.resent) if fo is not None else None), po)
         except BaseException:
             self.close()
             raise
 
-    def _hello(self) -> dict[str, Any]:
-        return {"role": "worker", "rank": self.po.rank}
+    def _hello(self, wnonce: str) -> dict[str, Any]:
+        return {"role": "worker", "rank": self.po.rank, "wnonce": wnonce}
 
-    def _proof(self, challenge: Any) -> dict[str, Any]:
-        return {**self._hello(), **prove(self.po.key, "server", challenge, "worker",
-                                         self.po.rank)}
+    def _proof(self, server: int, challenge: Any, wnonce: str) -> dict[str, Any]:
+        return {**self._hello(wnonce), **prove(self.po.key_for(server), "server", challenge,
+                                               "worker", self.po.rank)}
 
     def _connect(self, rank: int, ep: Mapping[str, str]) -> Connection:
         conn = connect(self.cfg, ep, ep.get("host") == socket.gethostname(), f"server {rank}",
-                       self._zctx, self._tls)
+                       self._zctx, self._tls, (self.po.key_for(rank), "worker", self.po.rank))
         self._zmq = self._zmq or not isinstance(conn.pollable(), int)
         self._server_of[conn.pollable()] = rank
         self._poller.register(conn.pollable(), zmq.POLLIN)
@@ -163,7 +174,7 @@ class KVWorker:
         if time.monotonic() - self._last_read > READ_EVERY:
             self.poll_links()     # keep the servers' replies from piling up
         if self.metrics is not None:
-            self.metrics.sent(ts, cmd.name.lower(), sum(a.nbytes for a in arrays))
+            self.metrics.sent(ts, cmd, arrays)
         if fo is None:
             self._send(server, cmd, ts, keys, body, arrays)
         else:
@@ -228,13 +239,18 @@ class KVWorker:
     def hello(self, server: int) -> Meta:
         """Prove this worker's rank again on the new link to ``server``."""
         what = f"server {server}'s answer to HELLO after its restart"
-        ts = next(self._ts)
-        self._send(server, Command.HELLO, ts, body=self._hello())
+        ts, wnonce, nonce = next(self._ts), new_key(), None
+        self._send(server, Command.HELLO, ts, body=self._hello(wnonce))
         meta = self.await_reply(ts, what, self.cfg.connect_timeout)
         if meta.cmd == Command.CHALLENGE:
             ts = next(self._ts)
-            self._send(server, Command.HELLO, ts, body=self._proof(meta.body))
+            proof = self._proof(server, meta.body, wnonce)
+            nonce = proof["nonce"]
+            self._send(server, Command.HELLO, ts, body=proof)
             meta = self.await_reply(ts, what, self.cfg.connect_timeout)
+        # the node there must be the server the scheduler admitted for this rank now
+        check_server(self.po.key_for(server), self.po.job, server, self.po.rank, nonce,
+                     wnonce, meta.body)
         return meta
 
     def await_reply(self, ts: int, what: str, timeout: float | None = None) -> Meta:
@@ -326,7 +342,7 @@ class KVWorker:
                     self._done[meta.ts] = result
                     self._cond.notify_all()
                 if self.metrics is not None:
-                    self.metrics.received(meta.ts, sum(a.nbytes for a in arrays))
+                    self.metrics.received(meta.ts, arrays)
 
     def poll_links(self) -> None:
         """Read whatever has arrived, without waiting, unless another thread is reading: a

@@ -17,7 +17,8 @@ import zmq
 from ..errors import ClusterTimeoutError, NodeFailedError
 from .message import Command, Meta, decode, encode
 
-__all__ = ["ZmqConn", "ZmqContext", "ZmqPeer", "recv_capped", "recv_message", "send_message"]
+__all__ = ["ZmqConn", "ZmqContext", "ZmqPeer", "curve_client", "curve_server", "recv_capped",
+           "recv_message", "send_message"]
 
 
 class ZmqContext:
@@ -53,6 +54,21 @@ class ZmqContext:
         self._sockets.clear()
         if self._owned:
             self.ctx.term()
+
+
+def curve_client(sock: zmq.Socket[Any], server_public: bytes) -> None:
+    """Make ``sock`` a CURVE client of the server whose public key is ``server_public``
+    (a fresh key pair of its own: the server is what must be known)."""
+    public, secret = zmq.curve_keypair()
+    sock.setsockopt(zmq.CURVE_SERVERKEY, server_public)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
+
+
+def curve_server(sock: zmq.Socket[Any], server_secret: bytes) -> None:
+    """Make ``sock`` a CURVE server with the secret key ``server_secret`` (before bind)."""
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, server_secret)
 
 
 def send_message(sock: zmq.Socket[Any], cmd: Command, ts: int = 0, keys: Sequence[int] = (),
@@ -117,10 +133,13 @@ class ZmqConn:
 
     max_bytes: int | None = None
 
-    def __init__(self, zctx: ZmqContext, endpoint: str, timeout: float, peer: str) -> None:
+    def __init__(self, zctx: ZmqContext, endpoint: str, timeout: float, peer: str,
+                 curve_server: bytes | None = None) -> None:
         self.sock = zctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
+        if curve_server is not None:
+            curve_client(self.sock, curve_server)
         self.sock.connect(endpoint)
         self.timeout = timeout
         self.peer = peer

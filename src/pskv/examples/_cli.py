@@ -1,7 +1,7 @@
 """The command line the training examples share: the same flags with the same meaning.
 
-``train``, ``train_torch`` and ``sparse_logreg`` each call :func:`build_parser` and add
-their own flags. Invariant: ``--batch-size`` is per worker everywhere (the global batch is
+``train``, ``train_torch``, ``sparse_logreg`` and ``train_ctr`` each call
+:func:`build_parser` and add their own flags. Invariant: ``--batch-size`` is per worker everywhere (the global batch is
 ``num_workers`` times it), ``--epochs`` are counted from 1, and ``--kv-store`` takes the
 same :data:`STORE_TYPES` in every example.
 """

@@ -35,8 +35,9 @@ class Progress:
 
     On a terminal it is a tqdm bar, cleared when the epoch ends. On anything else (a
     pipe: pskv-launch forwards its workers' output a whole line at a time, so a bar that
-    redraws one line with carriage returns would show only when the epoch ends) it prints
-    a plain line ``DESC: I/N batches (P%)`` at most every ``interval`` seconds.
+    redraws one line with carriage returns would show only when the epoch ends), or where
+    tqdm is not installed (an example that needs NumPy alone), it prints a plain line
+    ``DESC: I/N batches (P%)`` at most every ``interval`` seconds.
     """
 
     def __init__(self, total: int, desc: str, enabled: bool = True,
@@ -48,7 +49,10 @@ class Progress:
         self._enabled = enabled and total > 0
         self._last = _clock()
         if self._enabled and self._stream.isatty():
-            from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
+            try:
+                from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
+            except ModuleNotFoundError:
+                return                  # plain lines (the examples extra is not installed)
             self._bar = tqdm(total=total, desc=desc, unit="batch", leave=False, ncols=80,
                              mininterval=0.25, file=self._stream)
 

@@ -150,6 +150,9 @@ class Engine:
         #: ``closed(key, worker, waited)``: ``worker``'s push closed a sync round of the
         #: user's ``key`` ``waited`` seconds after its first push (stragglers, metrics)
         self.closed: Callable[[Key, int, float], object] | None = None
+        #: ``applied_in(seconds)``: a sync round's update (``finish``: the sum applied, the
+        #: optimizer run) took that long, timed from ``closed`` (metrics)
+        self.applied_in: Callable[[float], object] | None = None
 
     # ---- keys ------------------------------------------------------------------------
     def __contains__(self, key: object) -> bool:
@@ -319,9 +322,11 @@ class Engine:
             ticket.remaining += 1
             entry.waiting.append(ticket)
         if len(entry.pushers) == self.num_workers:
+            now = 0.0
             if self.closed is not None:
-                self.closed(entry.name, worker, self._clock() - entry.started)
-            self._close_round(key, entry)
+                now = self._clock()
+                self.closed(entry.name, worker, now - entry.started)
+            self._close_round(key, entry, now)
 
     # ---- the two steps of a round (override both for a server that does no arithmetic,
     # ---- as the benchmarks' EmptyHandler does) -----------------------------------------
@@ -397,7 +402,7 @@ class Engine:
         assert entry.merge is not None
         return entry.stored._new(entry.merge)      # the stored value's context
 
-    def _close_round(self, key: Key, entry: _Entry) -> None:
+    def _close_round(self, key: Key, entry: _Entry, now: float = 0.0) -> None:
         try:
             self.finish(key)
         except Exception as err:  # the update failed: its pushers hear why; the key goes on
@@ -406,6 +411,8 @@ class Engine:
                 f"the update of key {entry.name!r} failed: {type(err).__name__}: {err}",
                 key=entry.name))
             return
+        if self.applied_in is not None and now:     # outside the try: not the update's
+            self.applied_in(self._clock() - now)
         entry.round += 1
         for worker in entry.pushers:
             entry.applied[worker] = entry.applied.get(worker, 0) + 1
@@ -434,6 +441,15 @@ class Engine:
     # ---- snapshots (kvstore._snapshot writes and reads them) ---------------------------------
     def __len__(self) -> int:
         return len(self._entries)
+
+    def observed(self) -> list[tuple[Key, int, int, tables.ServedTable | None, int]]:
+        """Per key held: the user's key, pushes applied, bytes of the value held, its
+        table (or None), requests waiting for its rounds (pushes and pulls of the open
+        round, deferred pushes). For metrics, read from another thread: a copy of the
+        entries."""
+        return [(e.name, sum(list(e.applied.values())), e.stored.size * e.stored.dtype.itemsize,
+                 e.table, len(e.waiting) + len(e.pulls) + len(e.deferred))
+                for e in list(self._entries.values())]
 
     def copy_entry(self, key: Key) -> EntryCopy:
         """A copy of one key: its metadata, its value (a table shard's: its arrays by

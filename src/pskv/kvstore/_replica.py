@@ -17,6 +17,7 @@ which holds the cluster secret but not that key, cannot write into a backup.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import time
@@ -36,6 +37,7 @@ from .._ps.message import Command, Meta, error_from_body, short
 from .._ps.ops import BACKUP_ENDPOINT, ReplOp, change, parse
 from .._ps.postoffice import Postoffice
 from .._ps.replay import backup_of
+from .._ps.sealed import SealedConn
 from .._ps.tls import client_context, server_context
 from .._ps.transport import Connection, connect
 from .._ps.zeromq import ZmqContext
@@ -74,11 +76,17 @@ class Replicator:
         """Whether the backup is connected (else changes are not replicated)."""
         return self._conn is not None
 
+    @property
+    def pending(self) -> int:
+        """Changes sent to the backup and not acknowledged yet (replication lag)."""
+        return len(self._outstanding)
+
     def _connect(self, endpoints: dict[str, str]) -> None:
         """Connect to the backup, say HELLO (as a server), send it the whole shard."""
         tls = client_context(*self.cfg.tls) if self.cfg.tls is not None else None
         conn = connect(self.cfg, endpoints, endpoints.get("host") == socket.gethostname(),
-                       f"server {self.backup} (backup of shard {self.shard})", self._zctx, tls)
+                       f"server {self.backup} (backup of shard {self.shard})", self._zctx, tls,
+                       (self._po.server_key, "server", self.me))
         self._conn = conn
         hello: dict[str, Any] = {"role": "server", "rank": self.me}
         challenge = self._call(Command.HELLO, hello, ())
@@ -278,6 +286,9 @@ class Backups:
         self.endpoints = {BACKUP_ENDPOINT + ("tcp" if lis.endpoint.startswith("tcp:") else "uds"):
                           lis.endpoint for lis in self._listeners}
         self._verifier = Verifier(PURPOSE, "", self._key_for)
+        if cfg.encrypt:        # every link sealed under the servers' key (sealed.py)
+            for lis in self._listeners:
+                lis.make_conn = functools.partial(SealedConn, key_for=self._key_for)
         self.loop = ServeLoop("backups", self, self._verifier, cfg.request_timeout, None,
                               self._listeners, handshake_timeout=cfg.handshake_timeout,
                               max_unadmitted=cfg.max_unadmitted,

@@ -10,6 +10,7 @@ earlier push of that worker is applied; nothing waits forever.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -20,23 +21,28 @@ import zmq
 
 from ..errors import CheckpointError, ClusterError, KVStoreError, NodeFailedError, ProtocolError, \
     ShapeMismatchError
-from .._ps.auth import Verifier
+from .._ps.auth import Verifier, server_proof
 from .._ps.bounds import check_init, check_key_count, check_reply
 from .._ps.config import ClusterConfig, advertised_host
 from .._ps.membership import ServerRejoined
-from .._ps.metrics import ServerMetrics, start as start_metrics
+from .._ps.metrics import start as start_metrics
+from .._ps.series import ServerMetrics
 from .._ps.message import Command, Meta, kind_arrays
 from .._ps.ops import Op, ReplOp, parse
 from .._ps.postoffice import Postoffice
 from .._ps.serve import ServeLoop
+from .._ps.staleness import ClockGate
 from .._ps.stragglers import OpenRound, StragglerWatch
 from .._ps.stream import StreamListener, ipc_path
+from .._ps.sealed import SealedConn
 from .._ps.tls import server_context
-from .._ps.transport import Connection
-from .._ps.zeromq import ZmqContext
+from .._ps.transport import Connection, data_curve
+from .._ps.zeromq import ZmqContext, curve_server
 from ._engine import Engine, Ticket
 from ._durable import Snapshots, checkpoint_path, load_shard
+from ._observed import server_state
 from ._replica import Backups
+from ._server_staleness import cmd_clock, park_read
 from ._server_tables import cmd_lookup, cmd_table_stats, init_entries, stats_reply
 from ._shards import Shard, Shards
 
@@ -76,6 +82,8 @@ class KVServer:
                 router.setsockopt(zmq.SNDHWM, 0)
                 router.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_bytes)
                 router.setsockopt(zmq.HANDSHAKE_IVL, int(cfg.handshake_timeout * 1000))
+                if cfg.encrypt and cfg.transport == "zmq":
+                    curve_server(router, data_curve(cfg)[1])
             if cfg.transport == "inproc":     # a thread of an in-process cluster
                 assert router is not None
                 endpoints = {"zmq": f"inproc://pskv-server-{id(self):x}"}
@@ -93,6 +101,9 @@ class KVServer:
             self._close()
             raise
         self._verifier = Verifier("server", "", self._key_for)
+        if cfg.encrypt:        # every worker link sealed under its pair key (sealed.py)
+            for lis in self._listeners:
+                lis.make_conn = functools.partial(SealedConn, key_for=self._key_for)
         self._rank_of: dict[Connection, int] = {}
         self._connected = 0                       # worker admissions so far (log lines)
         self.loop = ServeLoop("server", self, self._verifier, cfg.request_timeout, router,
@@ -106,6 +117,8 @@ class KVServer:
         self.stragglers = StragglerWatch(cfg.straggler_seconds)
         #: Prometheus series when PSKV_METRICS_PORT asks for them (``run`` starts them)
         self.metrics: ServerMetrics | None = None
+        #: the global staleness bound: workers' clocks and the reads they hold back
+        self.gate = ClockGate(cfg.num_workers)
         #: the shards this server serves (its own; one whose primary died, as its backup)
         self.shards = Shards(cfg, self._zctx, self.po, self.snapshots, self.backups,
                              self._new_engine())
@@ -119,6 +132,9 @@ class KVServer:
         holder.append(engine)
         engine.closed = lambda key, worker, waited: self._round_closed(
             key, worker, waited, engine.num_workers)
+        # metrics on: the update of each sync round is timed (off: not even the clock read)
+        metrics = getattr(self, "metrics", None)
+        engine.applied_in = metrics.applied_in if metrics is not None else None
         return engine
 
     def _round_closed(self, key: Any, worker: int, waited: float, num_workers: int) -> None:
@@ -172,9 +188,14 @@ class KVServer:
             log.info("%s: worker %d connected again", self.loop.name, rank)
         else:
             log.debug("%s: worker %d connected", self.loop.name, rank)
-        # what of this worker's pushes is applied here: a restarted worker skips those
-        self._send(conn, Command.ACK, meta.ts,
-                   {"applied": self.shards.get(None).engine.applied_by(rank)})
+        # what of this worker's pushes is applied here: a restarted worker skips those; and
+        # this server's proof of its own rank, under the key only it and that worker hold
+        reply: dict[str, Any] = {"applied": self.shards.get(None).engine.applied_by(rank)}
+        nonce, wnonce = meta.body.get("nonce"), meta.body.get("wnonce")
+        if isinstance(nonce, str) and isinstance(wnonce, str):
+            reply["proof"] = server_proof(self._key_for("worker", rank), self.po.job,
+                                          self.po.rank, rank, nonce, wnonce)
+        self._send(conn, Command.ACK, meta.ts, reply)
         return rank
 
     def handle(self, conn: Connection, worker: Any, meta: Meta,
@@ -184,12 +205,33 @@ class KVServer:
         if handler is None:
             raise ProtocolError(f"server does not take {meta.cmd.name}")
         if self.metrics is not None:
-            self.metrics.request(meta.cmd.name.lower(), sum(a.nbytes for a in arrays))
+            self.metrics.request(meta.cmd, arrays)
         check_key_count(len(meta.keys), self.cfg.max_keys_per_message, meta.cmd.name,
                         self._where())
         index = meta.body.get("shard") if isinstance(meta.body, dict) else None
-        handler(self, self.shards.get(index), conn, worker, meta.ts, meta.keys, meta.body,
-                arrays)
+        shard = self.shards.get(index)
+        if self.gate.bound is not None and park_read(self.gate, shard, conn, worker, meta,
+                                                     arrays, index):
+            return
+        handler(self, shard, conn, worker, meta.ts, meta.keys, meta.body, arrays)
+
+    # ---- the global staleness bound (_ps/staleness.py, _server_staleness.py) ------------
+    def _resume(self, items: list[Any]) -> None:
+        """Run reads the staleness bound held back, now that it lets them."""
+        for conn, worker, meta, arrays, index in items:
+            try:
+                self._handlers[meta.cmd](self, self.shards.get(index), conn, worker, meta.ts,
+                                         meta.keys, meta.body, arrays)
+            except KVStoreError as err:
+                self._error(conn, meta.ts, err)
+            except Exception as err:  # a node never dies of a request; the peer hears why
+                log.exception("%s: %s from worker %d failed", self._where(), meta.cmd.name,
+                              worker)
+                self._error(conn, meta.ts, ClusterError(f"{type(err).__name__}: {err}"))
+
+    def _fail_parked(self, failed: list[tuple[Any, KVStoreError]]) -> None:
+        for (conn, _worker, meta, _arrays, _index), err in failed:
+            self._error(conn, meta.ts, err)
 
     def tick(self) -> None:
         """Name sync rounds that wait (stragglers); fail those that waited too long."""
@@ -200,7 +242,17 @@ class KVServer:
         self.stragglers.summary()
         if named and self.metrics is not None:
             self.metrics.stragglers.inc(len(named))
+        if self.metrics is not None:        # a shard taken over from a backup: timed too
+            self.shards.each_engine(self._timed)
         self.shards.each_engine(lambda engine: engine.check_rounds(self.cfg.round_timeout))
+        if self.gate.parked:
+            # below the workers' own deadline, so that the named error reaches them first
+            self._fail_parked(self.gate.expired(min(self.cfg.round_timeout,
+                                                    self.cfg.request_timeout / 2)))
+
+    def _timed(self, engine: Engine) -> None:
+        if engine.applied_in is None and self.metrics is not None:
+            engine.applied_in = self.metrics.applied_in
 
     def dropped(self, conn: Connection) -> None:
         """A worker's connection is gone: tell the scheduler (a worker that closed said
@@ -208,6 +260,9 @@ class KVServer:
         rank = self._rank_of.pop(conn, None)
         if rank is not None:
             self.po.report_lost("worker", rank)
+            if not self.cfg.max_restarts:    # else its restart says its clock again
+                self._fail_parked(self.gate.lost(
+                    rank, f"its connection to {self._where()} closed without leaving"))
 
     # ---- replies -------------------------------------------------------------------------
     def _send(self, conn: Any, cmd: Command, ts: int, body: Any = None,
@@ -227,7 +282,7 @@ class KVServer:
         else:
             values = engine.values(ticket)
             if self.metrics is not None:
-                self.metrics.replied(ticket.cmd.name.lower(), sum(a.nbytes for a in values))
+                self.metrics.replied(ticket.cmd, values)
             self._send(ticket.peer, Command.DATA, ticket.ts, arrays=values)
 
     def _answer_error(self, ticket: Ticket, err: KVStoreError) -> None:
@@ -416,7 +471,7 @@ class KVServer:
         Op.APPLIED: _cmd_applied, Op.INITIAL: _cmd_initial, Op.OPTIMIZER: _cmd_optimizer,
         Op.COMPRESSION: _cmd_compression, Op.SAVE: _cmd_save, Op.LOAD: _cmd_load,
         Op.CHECKPOINT: _cmd_checkpoint, Op.RESTORE: _cmd_restore,
-        Op.LOOKUP: cmd_lookup, Op.TABLE_STATS: cmd_table_stats,
+        Op.LOOKUP: cmd_lookup, Op.TABLE_STATS: cmd_table_stats, Op.CLOCK: cmd_clock,
     }
 
     _handlers: dict[Command, Callable[..., None]] = {
@@ -436,13 +491,16 @@ class KVServer:
             own.num_workers = self.po.num_workers    # as admitted
             own.sync = self.po.mode != "async"      # as every worker agreed
             self._verifier.job = self.po.job
-            self.loop.name = self.stragglers.name = f"server {self.po.rank}"
+            self.loop.name = self.stragglers.name = self.gate.where = f"server {self.po.rank}"
+            self.gate.num_workers = self.po.num_workers
             if self.backups is not None:
                 self.backups.start(self.po)
             self.metrics = start_metrics(self.cfg, lambda: ServerMetrics(
-                self.po.rank, self.po.job, self._keys_held))
+                self.po.rank, self.po.job, lambda: server_state(self.shards),
+                self.cfg.metrics_top_keys, self.cfg.metrics_keys), self.po)
             if self.metrics is not None:
                 self.snapshots.written = self.metrics.checkpoint.observe
+                own.applied_in = self.metrics.applied_in
             log.info("server %d: serving dist_%s for %d workers at %s", self.po.rank,
                      self.po.mode or "sync", self.po.num_workers,
                      ", ".join(sorted(self._endpoints.values())))
@@ -464,6 +522,7 @@ class KVServer:
                     failed_seen = True
                     err = NodeFailedError(self.po.failure)
                     self.shards.each_engine(lambda engine: engine.fail_all(err))
+                    self._fail_parked(self.gate.fail_all(err))
                 if self.po.scheduler_lost.is_set():
                     # a server on another host (ssh launcher) has no launcher to stop it:
                     # without the scheduler no SHUTDOWN can come, so it exits by itself,
@@ -498,10 +557,6 @@ class KVServer:
                 "PSKV_CHECKPOINT_EVERY so that a restarted server can rejoin.")
         log.warning("server %d: restarted; reloaded %d keys from the checkpoint of round %d",
                     rank, len(self.shards.own), rnd)
-
-    def _keys_held(self) -> float:
-        """Keys (parts) held in every shard served here (read by the metrics thread)."""
-        return float(sum(len(shard.engine) for shard in list(self.shards.served.values())))
 
     def _close(self) -> None:
         if getattr(self, "metrics", None) is not None:

@@ -187,6 +187,9 @@ class TableMethods:
         """What every table call checks first (the store is open)."""
         self._keys.check_open()
 
+    def _before_lookup(self) -> None:
+        """What a store does before it sends a lookup (a dist store's staleness bound)."""
+
     def lookup(self, key: Key, ids: Any, train: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Read the rows of raw IDs from table key ``key``.
 
@@ -217,6 +220,7 @@ class TableMethods:
         """
         with self._lock:
             self._table_begin()
+            self._before_lookup()
             return self._tables.lookup(key, ids, train)
 
     def table_stats(self, key: Key) -> dict[str, int]:

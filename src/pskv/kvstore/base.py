@@ -112,6 +112,17 @@ class KVStoreBase:
         """Compress pushed gradients (``{'type': '2bit', 'threshold': 0.5}``)."""
         raise self._unsupported("set_gradient_compression")
 
+    def set_staleness(self, bound: int | None, *, global_bound: int | None = None) -> None:
+        """Bound how stale the values a worker reads may be (docs/embeddings.md, "Bounded
+        staleness"): ``bound`` push calls of this worker a read may run ahead of (0: read
+        your own writes), and ``global_bound`` pushes the fastest live worker may be ahead
+        of the slowest. A store type that cannot honour a bound raises
+        :class:`~pskv.errors.UnsupportedError`."""
+        raise UnsupportedError(
+            f"a {self.type!r} store ({type(self).__name__}) cannot bound staleness: it does "
+            "not implement set_staleness(). Use a 'local', 'dist_sync' or 'dist_async' "
+            "store.", store_type=self.type)
+
     def is_capable(self, capability: str) -> bool:
         """Whether the store supports ``capability`` (e.g. ``KVStoreBase.OPTIMIZER``)."""
         raise self._unsupported("is_capable")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import threading
 from typing import Any, Iterator, overload
 
@@ -43,6 +44,8 @@ from ._held import HeldPush
 from ._keys import KeyRecord, KeyTable
 from ._reduce import Reducer
 from ._snapshot import Reader, check_keys, write_manifest
+from ._dist_staleness import StalenessMethods
+from ._staleness import Staleness, env_bounds
 from ._agree import check_agreement, init_spec
 from ._placement import assemble, parts
 from ._states import read_states, write_states
@@ -54,7 +57,7 @@ __all__ = ["DistKVStore"]
 log = logging.getLogger(__name__)
 
 
-class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
+class DistKVStore(StalenessMethods, TableMethods, CheckpointMethods, KVStoreBase):
     """A worker's handle on a parameter-server cluster (``dist_*`` store types).
 
     Create it with ``pskv.kv.create('dist_sync')`` in a process started by ``pskv-launch``
@@ -76,6 +79,11 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
         self._collective_lock = threading.Lock()   # init, barrier: one at a time
         self._cfg = cfg
         self._sync = "async" not in name
+        env_default = env_bounds(os.environ, name)      # refused before joining the job
+        #: the bounds set (kv.set_staleness), and what enforces them: None in dist_sync
+        #: and without a bound (the hot path checks this one attribute)
+        self._bounds: tuple[int | None, int | None] = (None, None)
+        self._stale: Staleness | None = None
         self._zctx = ZmqContext(zmq_context)
         po: Postoffice | None = None
         # held until the store is built: the control thread's idle hook (_send_overdue)
@@ -105,6 +113,12 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
         # exit, or the scheduler takes the silent worker for dead and exits 1
         self._atexit = self.close
         atexit.register(self._atexit)
+        if env_default != (None, None):     # PSKV_STALENESS, PSKV_GLOBAL_STALENESS
+            try:
+                self.set_staleness(env_default[0], global_bound=env_default[1])
+            except BaseException:
+                self.close()
+                raise
 
     @property
     def type(self) -> str:
@@ -297,11 +311,14 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
             self._begin()
             if self._tables.owns(key):
                 self._first_push()
-                return self._tables.push(key, value, None)
-            keys, groups = normalize(key, value)
-            self._check_bounds(keys, groups, "push")
-            self._keys.validate_push(keys, groups, self._path.compressor is not None)
-            self._push_validated(keys, groups)
+                self._tables.push(key, value, None)
+            else:
+                keys, groups = normalize(key, value)
+                self._check_bounds(keys, groups, "push")
+                self._keys.validate_push(keys, groups, self._path.compressor is not None)
+                self._push_validated(keys, groups)
+            if self._stale is not None:
+                self._stale.pushed()
 
     def _first_push(self) -> None:
         """Before worker 0's first push, with periodic checkpoints: the initial values as
@@ -381,6 +398,8 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
             self._begin(pulling=True)
             if self._tables.owns(key):
                 self._tables.refuse(key, "pull")
+            if self._stale is not None:
+                self._stale.before_read()
             if out is None:
                 return self._pull_new(key)
             keys, groups = normalize(key, out, "out")
@@ -402,6 +421,13 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
             self._keys.validate_pull(okeys, ogroups)
             self._check_bounds(keys, groups, "pushpull")
             self._first_push()
+            if self._stale is not None:
+                # a push call, then a bounded read: apart, so that the servers see the
+                # clock before the read (the global bound) and the read may flush (K)
+                self._path.send(self._path.items(keys, groups))
+                self._stale.pushed()
+                self._stale.before_read()
+                return self._pull_validated(okeys, ogroups, True)
             items = self._path.items(keys, groups)
             # with out=None the reply overwrites the values: after they were sent
             targets = self._path.targets(okeys, ogroups) if out is not None else {}
@@ -418,6 +444,8 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
         """Pull rows ``row_ids`` of row_sparse keys from the servers holding them."""
         with self._lock:
             self._begin()
+            if self._stale is not None:
+                self._stale.before_read()
             if self._tables.owns(key):
                 return self._tables.row_sparse_pull(key, out, row_ids)
             self._keys.need_rows(key, out, row_ids)
@@ -486,14 +514,26 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
         ``dist_async``: every worker's earlier pushes are applied before anyone leaves it.
         ``dist_sync``: earlier pushes are sent first but not waited for, since their rounds
         may need pushes other workers make after the barrier; a pull after the barrier
-        still returns the round that includes this worker's push.
+        still returns the round that includes this worker's push. A worker waiting here
+        holds no one back under a global staleness bound (docs/embeddings.md S5).
         """
         with self._collective_lock, self._lock:
             self._begin()
             if not self._sync:
-                with self._unlocked():
-                    self._kv.flush()
-            self._collective("barrier")
+                if self._stale is not None:
+                    self._stale.flush()
+                else:
+                    with self._unlocked():
+                        self._kv.flush()
+            bounded = self._stale is not None and self._stale.global_bound is not None
+            if bounded:
+                self._leave_bound()   # workers with more steps before it may finish them
+            try:
+                self._collective("barrier")
+            finally:
+                if bounded:
+                    assert self._stale is not None
+                    self._tick(self._stale.clock)    # counted again, at its own clock
 
     _barrier = barrier
 
@@ -506,6 +546,8 @@ class DistKVStore(TableMethods, CheckpointMethods, KVStoreBase):
             atexit.unregister(self._atexit)
             try:
                 if self._po.failure is None:
+                    if self._stale is not None and self._stale.global_bound is not None:
+                        self._leave_bound()
                     self._send_held()
                     with self._unlocked():
                         self._kv.flush(timeout=min(self._cfg.request_timeout, 10.0))

@@ -28,6 +28,7 @@ from ._args import as_numpy, dense_data, normalize, row_ids_by_key
 from ._engine import Engine
 from ._keys import KeyTable
 from ._snapshot import Reader, check_keys, write_manifest, write_shard
+from ._staleness import check_bounds, env_bounds
 from ._tables import TableMethods, Tables
 from ._reduce import PARALLEL_MIN, DeviceMerge, Reducer
 from .base import KVStoreBase, check_capability, check_optimizer
@@ -63,6 +64,9 @@ class LocalKVStore(TableMethods, KVStoreBase):
         self._devices = DeviceMerge(self._reducer)
         self._lock = threading.RLock()
         self._tables = Tables(name)          # table keys (docs/embeddings.md)
+        #: the staleness bounds set (PSKV_STALENESS / PSKV_GLOBAL_STALENESS by default):
+        #: kept, and always honoured, since every push here is applied before it returns
+        self._bounds = env_bounds(os.environ, name)
 
     # ---- properties ----------------------------------------------------------------
     @property
@@ -517,6 +521,38 @@ class LocalKVStore(TableMethods, KVStoreBase):
                     f"{len(self._store)} keys are initialized already. Create a new store.",
                     store_type=self._type)
             self._devices.compressor = compression.create(compression_params)
+
+    # ---- staleness -------------------------------------------------------------------
+    def set_staleness(self, bound: int | None, *, global_bound: int | None = None) -> None:
+        """Bound how stale the values read may be (docs/embeddings.md, "Bounded
+        staleness").
+
+        A local store applies every push before the call returns, so each read sees every
+        earlier push: any bound holds, and this only checks and records it (a script moves
+        to ``dist_async`` unchanged).
+
+        Parameters
+        ----------
+        bound : int or None
+            Push calls of this worker a read may run ahead of; 0 reads your own writes.
+        global_bound : int or None, keyword-only
+            Push calls the fastest worker may be ahead of the slowest one.
+
+        Raises
+        ------
+        StalenessError
+            If a bound is not a whole number of at least 0 (nothing is changed).
+
+        Examples
+        --------
+        >>> import pskv as mx
+        >>> kv = mx.kv.create('local')
+        >>> kv.set_staleness(0, global_bound=2)
+        """
+        checked = check_bounds(bound, global_bound, self._type)
+        with self._lock:
+            self._keys.check_open()
+            self._bounds = checked
 
     # ---- misc ------------------------------------------------------------------------
     def is_capable(self, capability: str) -> bool:

@@ -35,7 +35,7 @@ from ._k8s_manifest import (DEFAULT_PORT, ENV_USE_KUBERNETES, LABEL_JOB, LABEL_R
                             LABEL_ROLE, POD_COMMAND_SERVER, Manifest, job_manifests,
                             restart_policy, to_yaml)
 from ._env import get_secret
-from ._spec import LaunchSpec
+from ._spec import LaunchSpec, backed_up
 from ._supervise import EXIT_TIMEOUT, LaunchResult, ProcessResult, exit_status
 
 __all__ = ["DEFAULT_PORT", "ENV_USE_KUBERNETES", "KubernetesJob", "POD_COMMAND_SERVER",
@@ -91,10 +91,14 @@ class KubernetesJob:
     def __init__(self, core: Any, manifests: list[Manifest], namespace: str, name: str,
                  *, poll_interval: float = 2.0,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep, max_restarts: int = 0) -> None:
+                 sleep: Callable[[float], None] = time.sleep, max_restarts: int = 0,
+                 backed_up: bool = False) -> None:
         self.core, self.manifests, self.namespace, self.name = core, manifests, namespace, name
         #: restartPolicy OnFailure: how many restarts of each pod's container are allowed
         self.max_restarts = max_restarts
+        #: PSKV_REPLICAS=1 with two servers or more: a dead server's backup serves its shard
+        self.backed_up = backed_up
+        self.survived: set[str] = set()  # failed server pods whose shards a backup serves
         self._seen: dict[str, int] = {}  # pod name -> restarts logged
         self.poll_interval, self.clock, self.sleep = poll_interval, clock, sleep
         self.created: list[tuple[str, str]] = []  # (kind, name), in creation order
@@ -122,11 +126,15 @@ class KubernetesJob:
         while True:
             pods = self.pods()
             for pod in pods:
-                if pod.status.phase == "Failed":
+                if pod.metadata.name in self.survived:
+                    continue
+                gave_up = self.max_restarts and pod.status.phase != "Succeeded" \
+                    and _gave_up(pod, self.max_restarts)
+                if pod.status.phase == "Failed" or gave_up:
+                    if self._taken_over(pod, pods):
+                        continue
                     return "failed", pod, pods
                 if self.max_restarts and pod.status.phase != "Succeeded":
-                    if _gave_up(pod, self.max_restarts):
-                        return "failed", pod, pods
                     self._log_restart(pod)
             if len(pods) < want:
                 gone = sorted({m["metadata"]["name"] for m in self.manifests
@@ -140,6 +148,23 @@ class KubernetesJob:
             if deadline is not None and self.clock() >= deadline:
                 return "timeout", None, pods
             self.sleep(self.poll_interval)
+
+    def _taken_over(self, pod: Any, pods: list[Any]) -> bool:
+        """Whether the job goes on without the failed `pod`: a server, with backups on,
+        while another server pod runs to serve its shard (as the local launcher)."""
+        if not self.backed_up or _label(pod)[0] is not Role.SERVER:
+            return False
+        servers = [p for p in pods if _label(p)[0] is Role.SERVER]
+        alive = [p for p in servers if p is not pod and p.metadata.name not in self.survived
+                 and p.status.phase not in ("Failed", "Succeeded")]
+        if not alive:
+            return False
+        self.survived.add(pod.metadata.name)
+        logger.warning("%s (pod %s) failed with status %s; its backup serves its shard "
+                       "(PSKV_REPLICAS=1), so the job goes on with %d of %d servers",
+                       _label(pod)[2], pod.metadata.name, _exit_code(pod), len(alive),
+                       len(servers))
+        return True
 
     def _log_restart(self, pod: Any) -> None:
         count = _restarts(pod)
@@ -240,7 +265,8 @@ def run_kubernetes(spec: LaunchSpec, *, core: Any = None, stdout: TextIO | None 
     job = KubernetesJob(_core_api() if core is None else core, manifests, namespace, name,
                         poll_interval=poll_interval,
                         max_restarts=spec.max_restarts
-                        if restart_policy(spec) == "OnFailure" else 0)
+                        if restart_policy(spec) == "OnFailure" else 0,
+                        backed_up=backed_up(spec, {}))
     logger.info("creating job %s in namespace %s: %d pods", name, namespace,
                 len(manifests) - 2)
     pods: list[Any] = []

@@ -4,8 +4,9 @@
 ``RAY_ADDRESS`` or, when it is unset, starts a local one for the job and stops it after
 (``pip install 'pskv[ray]'``). Every process of the job gets an actor that asks for no CPU
 and is placed with Ray's SPREAD strategy, so the processes spread over the nodes. The
-scheduler's actor goes first: it reports its node's IP and a free port there, which become
-``DMLC_PS_ROOT_URI``/``DMLC_PS_ROOT_PORT`` of every process. Each actor then runs its
+scheduler's actor reports its node's IP and a free port there, which become
+``DMLC_PS_ROOT_URI``/``DMLC_PS_ROOT_PORT`` of every process (127.0.0.1 on a local Ray
+started for the job, as under the local launcher). Each actor then runs its
 command (``python -m pskv.server`` or the worker command) with ``subprocess``, and the
 launcher polls them: output comes back prefixed (``[worker 1 on 10.0.0.5]``-style reports
 on failure), the first process that exits non-zero stops the others, and the exit status
@@ -27,10 +28,11 @@ import threading
 import time
 from typing import Any, Mapping, Sequence, TextIO
 
-from .._ps.config import Role
+from .._ps.config import ENV_MAX_RESTARTS, ENV_RESTART, Role
 from ..errors import ConfigError
 from ._env import cluster_env, get_secret
-from ._spec import LaunchSpec
+from ._local import LOCAL_HOST
+from ._spec import LaunchSpec, backed_up
 from ._supervise import EXIT_TIMEOUT, LaunchResult, ProcessResult, exit_status
 
 __all__ = ["LOCAL_OBJECT_STORE_BYTES", "ProcessActor", "RayJob", "run_ray"]
@@ -63,10 +65,10 @@ class ProcessActor:
         util: Any = ray.util  # untyped
         return str(util.get_node_ip_address()), socket.gethostname()
 
-    def free_port(self) -> int:
-        """A TCP port free on this node now."""
+    def free_port(self, loopback: bool = False) -> int:
+        """A TCP port free on this node now (on 127.0.0.1 with `loopback`)."""
         from ._net import free_port
-        return free_port("0.0.0.0")
+        return free_port(LOCAL_HOST if loopback else "0.0.0.0")
 
     def _pump(self, pipe: Any, is_stderr: bool) -> None:
         with pipe:
@@ -154,8 +156,11 @@ class RayJob:
     """One job on a connected Ray: place the actors, start, watch, stop (see module doc)."""
 
     def __init__(self, ray: Any, spec: LaunchSpec, secret: str, stdout: TextIO,
-                 stderr: TextIO) -> None:
-        self.ray, self.spec, self.secret = ray, spec, secret
+                 stderr: TextIO, local: bool = False) -> None:
+        self.ray, self.spec, self.secret, self.local = ray, spec, secret, local
+        self.backed_up = backed_up(spec, {})
+        self.restarts: dict[str, int] = {}
+        self.root = ("", 0)
         self.stdout, self.stderr = stdout, stderr
         remote = ray.remote(num_cpus=0, scheduling_strategy="SPREAD", max_restarts=0)
         self.actor_class = remote(ProcessActor)
@@ -167,30 +172,79 @@ class RayJob:
         return proc
 
     def start(self) -> None:
-        """Place every actor, learn the scheduler's address, start every process."""
+        """Place every actor, learn the scheduler's address, start every process.
+
+        All actors are created in one wave and all processes started together (the nodes
+        wait for the scheduler themselves, as under the local launcher): each round trip
+        through Ray costs an actor start or a call, so they overlap. On a local Ray
+        started for this job (`local`) every process is on this machine and the job
+        lives on 127.0.0.1, as under the local launcher; Ray's node address is the
+        machine's external one, which would expose the job's ports to the network.
+        """
         ray, spec = self.ray, self.spec
         sched = self._new(Role.SCHEDULER, 0)
-        ip, _ = ray.get(sched.actor.where.remote())
-        port = spec.port or ray.get(sched.actor.free_port.remote())
         for i in range(spec.num_servers or 0):
             self._new(Role.SERVER, i)
         for i in range(spec.num_workers):
             self._new(Role.WORKER, i)
+        port_ref = None if spec.port else sched.actor.free_port.remote(self.local)
         wheres = ray.get([p.actor.where.remote() for p in self.procs])
         for p, (node_ip, _host) in zip(self.procs, wheres, strict=True):
-            p.host = str(node_ip)
+            p.host = LOCAL_HOST if self.local else str(node_ip)
+        ip = sched.host
+        port = spec.port or ray.get(port_ref)
         logger.info("scheduler at %s:%d; %d processes on %d Ray node(s)", ip, port,
-                    len(self.procs), len({p.host for p in self.procs}))
-        for p in self.procs:
-            env = cluster_env(spec, p.role, root_uri=str(ip), port=int(port),
-                              secret=self.secret,
-                              rank=None if p.role is Role.SCHEDULER else p.rank)
-            argv = spec.command if p.role is Role.WORKER else spec.server_command
+                    len(self.procs), len({w[0] for w in wheres}))
+        self.root = (str(ip), int(port))
+        refs = [p.actor.start.remote(*self._argv_env(p)) for p in self.procs]
+        for p, ref in zip(self.procs, refs, strict=True):
             try:
-                p.pid = int(ray.get(p.actor.start.remote(list(argv), env)))
+                p.pid = int(ray.get(ref))
             except ray.exceptions.RayTaskError as err:
                 cause = getattr(err, "cause", None) or err
                 raise ConfigError(f"cannot start {p.where}: {cause}") from err
+
+    def _argv_env(self, p: _Proc) -> tuple[list[str], dict[str, str]]:
+        """The command and the variables of `p`'s process (its restart count included)."""
+        spec = self.spec
+        env = cluster_env(spec, p.role, root_uri=self.root[0], port=self.root[1],
+                          secret=self.secret, rank=None if p.role is Role.SCHEDULER else p.rank)
+        if spec.max_restarts:     # the scheduler waits for a dead node's replacement
+            env[ENV_MAX_RESTARTS] = str(spec.max_restarts)
+            env[ENV_RESTART] = str(self.restarts.get(p.label, 0))
+        return list(spec.command if p.role is Role.WORKER else spec.server_command), env
+
+    def _restart(self, p: _Proc, rc: int) -> bool:
+        """Start a dead worker or server again in its actor (same rank, same command) if it
+        has restarts left (--max-restarts); whether it did."""
+        used = self.restarts.get(p.label, 0)
+        if p.role is Role.SCHEDULER or used >= self.spec.max_restarts:
+            return False
+        self.restarts[p.label] = used + 1
+        logger.warning("%s (pid %d) exited with status %d; restarting it (%d of %d)",
+                       p.where, p.pid, exit_status(rc), used + 1, self.spec.max_restarts)
+        try:
+            self.ray.get(p.actor.stop.remote(int(signal.SIGKILL), 0.0), timeout=30)
+            p.pid = int(self.ray.get(p.actor.start.remote(*self._argv_env(p)), timeout=60))
+        except Exception as err:  # the actor or its node is gone: the death stands
+            logger.error("cannot restart %s: %s", p.where, err)
+            return False
+        p.rc = None
+        return True
+
+    def _taken_over(self, p: _Proc, rc: int, survived: set[int]) -> bool:
+        """Whether the job goes on without the dead `p`: a server, with backups on
+        (PSKV_REPLICAS=1), while another server lives to serve its shard (as supervise.py)."""
+        if not self.backed_up or p.role is not Role.SERVER:
+            return False
+        servers = [q for q in self.procs if q.role is Role.SERVER]
+        if not any(q.rc is None for q in servers if q is not p):
+            return False
+        logger.warning("%s (pid %d) exited with status %d; its backup serves its shard "
+                       "(PSKV_REPLICAS=1), so the job goes on with %d of %d servers",
+                       p.where, p.pid, exit_status(rc), len(servers) - len(survived) - 1,
+                       len(servers))
+        return True
 
     def _print(self, p: _Proc, lines: list[tuple[bool, str]]) -> None:
         for is_err, text in lines:
@@ -240,14 +294,22 @@ class RayJob:
         deadline = None if spec.timeout is None else time.monotonic() + spec.timeout
         shutdown_deadline: float | None = None
         workers = [p for p in self.procs if p.role is Role.WORKER]
+        survived: set[int] = set()     # dead servers whose shards a backup took over
         while True:
             self._poll_all()
             for p in self.procs:
-                if p.rc is not None and p.rc != 0 and shutdown_deadline is None:
-                    logger.error("%s (pid %d) exited with status %d; stopping the others",
-                                 p.where, p.pid, exit_status(p.rc))
-                    self.stop(self.procs)
-                    return self._result(exit_status(p.rc), p, "failed")
+                if p.rc is None or p.rc == 0 or shutdown_deadline is not None \
+                        or id(p) in survived:
+                    continue
+                if self._restart(p, p.rc):
+                    continue
+                if self._taken_over(p, p.rc, survived):
+                    survived.add(id(p))
+                    continue
+                logger.error("%s (pid %d) exited with status %d; stopping the others",
+                             p.where, p.pid, exit_status(p.rc))
+                self.stop(self.procs)
+                return self._result(exit_status(p.rc), p, "failed")
             now = time.monotonic()
             if shutdown_deadline is None and all(p.rc == 0 for p in workers):
                 shutdown_deadline = now + spec.shutdown_timeout
@@ -308,7 +370,7 @@ def run_ray(spec: LaunchSpec, *, stdout: TextIO | None = None, stderr: TextIO | 
     ray = ray_module
     started_here = _connect(ray, env)
     job = RayJob(ray, spec, get_secret(spec, env), sys.stdout if stdout is None else stdout,
-                 sys.stderr if stderr is None else stderr)
+                 sys.stderr if stderr is None else stderr, local=started_here)
     try:
         try:
             job.start()

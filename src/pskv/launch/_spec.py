@@ -27,7 +27,7 @@ LauncherName = Literal["local", "ssh", "mpi", "slurm", "kubernetes", "ray"]
 LAUNCHERS: tuple[str, ...] = ("local", "ssh", "mpi", "slurm", "kubernetes", "ray")
 #: launchers that restart a dead process (--max-restarts): themselves, or (kubernetes)
 #: through the pods' restartPolicy OnFailure
-RESTARTING: tuple[str, ...] = ("local", "ssh", "slurm", "kubernetes")
+RESTARTING: tuple[str, ...] = ("local", "ssh", "slurm", "kubernetes", "ray")
 #: launchers whose processes inherit the launcher's environment (local, slurm's
 #: --export=ALL) or its PSKV_* variables (ssh)
 INHERITING: tuple[str, ...] = ("local", "ssh", "mpi", "slurm")
@@ -268,9 +268,9 @@ class LaunchSpec:
         if self.max_restarts and self.launcher not in RESTARTING:
             raise ConfigError(
                 f"--max-restarts works with the launchers that restart a process with its "
-                f"rank ({', '.join(RESTARTING)}), not --launcher {self.launcher} (mpirun and "
-                "Ray start the processes and know nothing of pskv's ranks). Drop "
-                "--max-restarts, or use one of those launchers.")
+                f"rank ({', '.join(RESTARTING)}), not --launcher {self.launcher} (mpirun "
+                "starts the processes, knows nothing of pskv's ranks and ends the job when "
+                "one dies). Drop --max-restarts, or use one of those launchers.")
         self._check_managed()
         setattr_(self, "env", _pairs(self.env, "--env"))
         setattr_(self, "env_server", _pairs(self.env_server, "--env-server"))

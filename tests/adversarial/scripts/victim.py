@@ -17,7 +17,9 @@ from pskv.errors import KVStoreError
 
 
 def say(**fields: object) -> None:
-    print(json.dumps(fields), flush=True)
+    # one write with its newline: stderr shares the file, and print() writes the end apart
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
 
 
 def main(mode: str) -> int:

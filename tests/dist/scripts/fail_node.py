@@ -2,6 +2,8 @@
 
 ``worker-dies``: rank 1 inits and waits to be killed; rank 0 pushes, then pulls (its round
 can only close with rank 1's push) and reports the error it gets.
+``async-worker-dies``: the same in ``dist_async`` (the test sets a global staleness bound
+of 0, so rank 0's pull waits on the server for rank 1's next push).
 ``server-dies``: both ranks push and pull a key split over every server, in a loop, until
 an error (the test kills a server); each reports its error.
 Reports: ``{"rank", "event": "ready", "servers"}`` (the server table), then ``{"rank", "error", "mro", "msg", "time"}``.
@@ -22,13 +24,13 @@ def say(**fields: object) -> None:
 
 
 def main(mode: str) -> int:
-    kv = mx.kv.create("dist_sync")
+    kv = mx.kv.create("dist_async" if mode.startswith("async") else "dist_sync")
     rank = kv.rank
     kv.init("w", mx.nd.zeros((64,)))
     kv.push("w", mx.nd.ones((64,)))
     kv.pull("w")                                   # one good round first
     try:
-        if mode == "worker-dies" and rank == 1:
+        if mode.endswith("worker-dies") and rank == 1:
             say(rank=rank, event="ready", servers=[dict(s) for s in kv._po.servers])
             time.sleep(30)
             return 0
