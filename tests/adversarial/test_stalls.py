@@ -335,10 +335,16 @@ def test_an_admitted_worker_that_reads_nothing_for_the_request_timeout_is_droppe
 def _send_frames(address: str, frames: str) -> None:
     """Another process sends one ZeroMQ message of ``frames`` (a Python expression)."""
     sender = textwrap.dedent(f"""
-        import zmq
+        import time, zmq
         ctx = zmq.Context(); s = ctx.socket(zmq.DEALER); s.setsockopt(zmq.LINGER, 10000)
         s.connect({address!r})
-        s.send_multipart({frames})
+        frames, end = {frames}, time.monotonic() + 10
+        while time.monotonic() < end:     # a DEALER without a connection would wait
+            try:
+                s.send_multipart(frames, zmq.NOBLOCK)
+                break
+            except zmq.Again:
+                time.sleep(0.05)
         s.close(); ctx.term()
     """)
     subprocess.run([PY, "-c", sender], timeout=90, check=True)
