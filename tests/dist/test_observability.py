@@ -53,6 +53,33 @@ def test_no_straggler_line_when_rounds_close_in_time(run_threads: Any,
     assert not [r for r in caplog.records if r.name == "pskv._ps.stragglers"]
 
 
+def test_the_scheduler_names_a_worker_last_across_servers(
+        run_threads: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Keys spread over two servers, worker 1 always a little late: no server sees enough
+    rounds to flag it alone (fewer than MIN_ROUNDS each), the scheduler, adding up what
+    every server's heartbeats say, names it."""
+    from pskv._ps.stragglers import MIN_ROUNDS
+    caplog.set_level(logging.WARNING, logger="pskv._ps.stragglers")
+    keys = list(range(4))
+    steps = (MIN_ROUNDS + len(keys) - 1) // len(keys) + 1    # a few rounds past MIN_ROUNDS
+
+    def train(kv: Any) -> None:
+        kv.init(keys, [np.zeros(3, np.float32)] * len(keys))
+        for _ in range(steps):
+            if kv.rank == 1:
+                time.sleep(0.03)        # last in every round, by more than MIN_WAIT
+            kv.push(keys, [np.ones(3, np.float32)] * len(keys))
+            kv.pull(keys, out=[np.zeros(3, np.float32) for _ in keys])
+        time.sleep(0.6)                 # a few heartbeats after the last round
+
+    run_threads(train, num_servers=2, straggler_seconds=2.0, heartbeat_interval=0.1,
+                heartbeat_timeout=5.0)
+    lines = [r.getMessage() for r in caplog.records if r.name == "pskv._ps.stragglers"]
+    assert not [line for line in lines if line.startswith("server ")], lines
+    flagged = [line for line in lines if line.startswith("scheduler: worker 1 (of 2)")]
+    assert flagged and "on all servers" in flagged[0], lines
+
+
 # ---- /metrics -----------------------------------------------------------------------------
 def _scrape(first: int, tries: int = 16) -> dict[int, str]:
     """port -> /metrics text, for every port from ``first`` that answers."""

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from pskv._ps.config import ENV_STRAGGLER_SECONDS, KNOWN_ENV, ClusterConfig, Role
-from pskv._ps.stragglers import MIN_ROUNDS, OpenRound, StragglerWatch, WINDOW
+from pskv._ps.stragglers import (MIN_ROUNDS, WINDOW, JobStragglers, OpenRound, StragglerWatch,
+                                 parse_beat)
 from pskv.errors import ConfigError
 from pskv.kvstore._engine import Engine
 
@@ -138,3 +139,59 @@ def test_an_info_summary_of_closed_rounds_per_interval(caplog: pytest.LogCapture
     assert [r.levelno for r in caplog.records] == [logging.INFO]
     clock.now = 220.0
     assert w.summary() is None                        # no round closed: no line
+
+
+# ---- the scheduler's job-wide view (servers' heartbeats) ---------------------------------
+def test_a_servers_heartbeat_carries_who_closed_its_rounds_since_the_last() -> None:
+    w, _clock = watch()
+    assert w.take_beat() is None
+    for i in range(5):
+        w.round_closed("w", 1 if i else 0, 0.25, 2)
+    w.round_closed("w", 0, 0.0, 2)         # no wait: no straggler evidence
+    assert w.take_beat() == [[0, 1, 0.25], [1, 4, 1.0]]
+    assert w.take_beat() is None           # taken: the next heartbeat starts afresh
+
+
+def test_the_scheduler_flags_a_worker_last_across_servers_once_per_interval(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    job = JobStragglers(10.0, 2, clock)
+    half = MIN_ROUNDS // 2
+    # each server alone saw too few rounds to flag anyone; together they are enough
+    assert job.add([(1, half - 1, 0.5 * (half - 1))]) == []
+    with caplog.at_level(logging.WARNING, logger="pskv._ps.stragglers"):
+        lines = job.add([(1, half, 0.5 * half), (0, 1, 0.5)])
+    assert len(lines) == 1 and lines[0] == caplog.records[-1].getMessage()
+    assert lines[0].startswith(f"scheduler: worker 1 (of 2) pushed last in {2 * half - 1} of "
+                               f"the job's last {2 * half} sync rounds on all servers, 0.500 s")
+    assert job.add([(1, 1, 0.5)]) == []    # within the interval
+    clock.now += 10.0
+    assert job.add([(1, 1, 0.5)]) != []
+
+
+def test_the_scheduler_flags_nobody_when_workers_share_the_last_place() -> None:
+    job = JobStragglers(10.0, 2, Clock())
+    for _ in range(WINDOW):
+        assert job.add([(0, 1, 0.5), (1, 1, 0.5)]) == []
+    assert JobStragglers(10.0, 2, Clock()).add([(1, MIN_ROUNDS, 0.01)]) == []  # 1 ms: no
+    assert JobStragglers(10.0, 1, Clock()).add([(0, MIN_ROUNDS, 10.0)]) == []  # alone
+
+
+def test_the_job_window_keeps_about_window_rounds() -> None:
+    job = JobStragglers(10.0, 2, Clock())
+    for _ in range(3 * WINDOW):
+        job.add([(0, 1, 0.5)])
+    assert WINDOW - 1 <= job._rounds <= WINDOW
+    # the old rounds of worker 0 leave the window: worker 1, last from now on, is flagged
+    lines = []
+    for _ in range(WINDOW):
+        lines += job.add([(1, 1, 0.5)])
+    assert any(line.startswith("scheduler: worker 1 ") for line in lines)
+
+
+@pytest.mark.parametrize("value", [None, "x", {"0": 1}, [[0, 1]], [[0, 1, "s"]],
+                                   [[2, 1, 0.5]], [[-1, 1, 0.5]], [[0, 0, 0.5]],
+                                   [[0, 1, -0.5]], [[0, 1, float("nan")]], [[True, 1, 0.5]],
+                                   [[0, 10**7, 0.5]], [[0, 1.5, 0.5]]])
+def test_a_heartbeats_straggler_field_that_is_wrong_is_dropped(value: Any) -> None:
+    assert parse_beat(value, 2) == []

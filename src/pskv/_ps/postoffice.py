@@ -99,6 +99,9 @@ class Postoffice:
         #: (which lists it for pskv-top), and on which address; None: no metrics
         self.metrics_port: int | None = None
         self.metrics_host = ""
+        #: what else a heartbeat carries (a server: which workers closed its sync rounds,
+        #: for the scheduler's job-wide straggler view); called on the heartbeat thread
+        self.beat_extra: Callable[[], dict[str, Any]] | None = None
 
     # ---- the membership, read-only ---------------------------------------------------------
     @property
@@ -342,15 +345,25 @@ class Postoffice:
                     self._on_message(meta.cmd, meta.ts, meta.body)
             now = time.monotonic()
             if now - last_beat >= interval:
-                port = self.metrics_port
                 send_message(self._sock, Command.HEARTBEAT, 0, copy=True,
-                             body=None if port is None else {
-                                 "metrics": port, "metrics_host": self.metrics_host})
+                             body=self._beat_body())
                 last_beat = now
             if now - last_ack > self.cfg.heartbeat_timeout and self.failure is None:
                 self._set_failure(f"the scheduler at {self.cfg.root_address} stopped answering "
                                   f"for {now - last_ack:.1f} s")
                 self.scheduler_lost.set()
+
+    def _beat_body(self) -> dict[str, Any] | None:
+        """A heartbeat's body: the metrics port, and what `beat_extra` adds (None: none)."""
+        body: dict[str, Any] = {}
+        if self.metrics_port is not None:
+            body.update(metrics=self.metrics_port, metrics_host=self.metrics_host)
+        if self.beat_extra is not None:
+            try:
+                body.update(self.beat_extra())
+            except Exception:  # pragma: no cover - a heartbeat is never a reason to fail
+                log.exception("%s: the heartbeat's extra failed", self.role)
+        return body or None
 
     def _flush_outbox(self) -> None:
         while True:

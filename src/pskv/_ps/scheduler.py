@@ -27,12 +27,13 @@ from ..errors import (ClusterError, ClusterTimeoutError, ConfigError, KVStoreErr
 from .auth import Verifier, new_key
 from .crypt import curve_keys, derive, seal
 from .config import ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_ID, ClusterConfig
-from .limits import CONTROL_BYTES
+from .limits import CONTROL_BYTES, CONTROL_FRAMES
 from .message import Command, Meta, error_body
 from .metrics import start as start_metrics
 from .series import SchedulerMetrics
 from .replay import backup_of
 from .serve import ServeLoop
+from .stragglers import JobStragglers, parse_beat
 from .transport import Connection
 from .zeromq import ZmqContext, curve_server
 
@@ -118,7 +119,7 @@ class Scheduler:
                               cfg.request_timeout, router=self._sock, refusal=ClusterError,
                               handshake_timeout=cfg.handshake_timeout,
                               max_unadmitted=cfg.max_unadmitted,
-                              max_message_bytes=CONTROL_BYTES)
+                              max_message_bytes=CONTROL_BYTES, max_frames=CONTROL_FRAMES)
         self._code: int | None = None
         self._start = time.monotonic()
         self._nodes: dict[Connection, _Node] = {}
@@ -142,6 +143,8 @@ class Scheduler:
         self._failed = False
         #: Prometheus series when PSKV_METRICS_PORT asks for them (``run`` starts them)
         self.metrics: SchedulerMetrics | None = None
+        #: workers often last across every server's sync rounds (servers' heartbeats)
+        self.stragglers = JobStragglers(cfg.straggler_seconds, cfg.num_workers)
         self._shutdown_sent = 0.0
         self._ending = 0.0
 
@@ -478,6 +481,10 @@ class Scheduler:
             if type(port) is int and 0 < port < 65536:     # anything else: ignored
                 node.metrics_port = port
                 node.metrics_host = host if isinstance(host, str) and len(host) < 256 else ""
+            if node.role == "server" and "last" in body:
+                flagged = self.stragglers.add(parse_beat(body["last"], self.cfg.num_workers))
+                if flagged and self.metrics is not None:
+                    self.metrics.stragglers.inc(len(flagged))
         elif meta.cmd == Command.BARRIER:
             self._barrier(node, meta.ts, meta.body)
         elif meta.cmd == Command.GOODBYE:

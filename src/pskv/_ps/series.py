@@ -312,6 +312,9 @@ class SchedulerMetrics(NodeMetrics):
         self.restarts = self._bound(self._series(
             "Counter", "pskv_scheduler_restarts_total",
             "Nodes that rejoined under their rank after a restart"))
+        self.stragglers = self._bound(self._series(
+            "Counter", "pskv_scheduler_straggler_warnings_total",
+            "Workers flagged as often last across every server's sync rounds"))
         self._nodes = nodes
         self._collectors.append(self._collect)
 

@@ -23,13 +23,15 @@ number of keys.
 from __future__ import annotations
 
 import logging
+import math
+import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-__all__ = ["MAX_KEYS_SHOWN", "MIN_ROUNDS", "MIN_WAIT", "OpenRound", "SHARE", "SUMMARY_EVERY",
-           "StragglerWatch", "WINDOW", "describe_workers"]
+__all__ = ["JobStragglers", "MAX_KEYS_SHOWN", "MIN_ROUNDS", "MIN_WAIT", "OpenRound", "SHARE",
+           "SUMMARY_EVERY", "StragglerWatch", "WINDOW", "describe_workers", "parse_beat"]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,10 @@ class StragglerWatch:
         self._period: Counter[int] = Counter()      # this summary's rounds, by last worker
         self._waited = 0.0
         self._longest = 0.0
+        #: worker -> [rounds it closed, seconds they waited] since the last heartbeat; the
+        #: postoffice's thread takes it (take_beat) for the scheduler's job-wide view
+        self._beat: dict[int, list[float]] = {}
+        self._beat_lock = threading.Lock()
 
     # ---- rounds that wait ------------------------------------------------------------
     def check(self, rounds: Iterable[OpenRound]) -> list[str]:
@@ -186,6 +192,10 @@ class StragglerWatch:
         self._longest = max(self._longest, waited)
         if num_workers < 2 or waited <= 0:
             return None
+        with self._beat_lock:
+            entry = self._beat.setdefault(worker, [0, 0.0])
+            entry[0] += 1
+            entry[1] += waited
         self.last.append((worker, waited))
         if len(self.last) < MIN_ROUNDS:
             return None
@@ -204,3 +214,90 @@ class StragglerWatch:
                 "straggler. Check its host's load, data loading or input pipeline.")
         self._log.warning("%s", line)
         return line
+
+    def take_beat(self) -> list[list[float]] | None:
+        """``[[worker, rounds it closed, seconds they waited], ...]`` since the last call,
+        for a heartbeat to the scheduler (None: no round closed). Any thread."""
+        with self._beat_lock:
+            beat, self._beat = self._beat, {}
+        if not beat:
+            return None
+        return [[w, int(n), round(waited, 6)] for w, (n, waited) in sorted(beat.items())]
+
+
+def parse_beat(value: Any, num_workers: int) -> list[tuple[int, int, float]]:
+    """A server heartbeat's ``last`` field (:meth:`StragglerWatch.take_beat`) as
+    ``(worker, rounds, waited)`` triples; anything malformed or out of range is dropped
+    (a heartbeat is never a reason to fail).
+
+    Examples
+    --------
+    >>> parse_beat([[1, 3, 0.5], [7, 1, 0.1], ["x"], [0, -1, 0.0]], 2)
+    [(1, 3, 0.5)]
+    """
+    if not isinstance(value, list):
+        return []
+    out = []
+    for item in value[:num_workers]:
+        if not (isinstance(item, list) and len(item) == 3):
+            continue
+        w, n, waited = item
+        if type(w) is not int or type(n) is not int or not isinstance(waited, (int, float)):
+            continue
+        if 0 <= w < num_workers and 0 < n <= 1_000_000 and math.isfinite(waited) \
+                and waited >= 0:
+            out.append((w, n, float(waited)))
+    return out
+
+
+class JobStragglers:
+    """The scheduler's view of stragglers across every server: each server's heartbeat
+    says which workers closed its sync rounds (:meth:`StragglerWatch.take_beat`); over the
+    last :data:`WINDOW` rounds of the whole job, a worker that closed more than
+    :data:`SHARE` of them (at least :data:`MIN_ROUNDS`, two workers or more) after an
+    average wait of :data:`MIN_WAIT` of ``threshold`` or more is flagged at WARNING, at most
+    once per ``threshold`` seconds. A server sees only the keys it holds; this sees them
+    all. No sockets, no threads, an injectable clock.
+    """
+
+    def __init__(self, threshold: float, num_workers: int,
+                 clock: Callable[[], float] = time.monotonic,
+                 logger: logging.Logger | None = None) -> None:
+        self.threshold, self.num_workers = threshold, num_workers
+        self._clock = clock
+        self._log = logger or log
+        #: (worker, rounds, waited) batches, newest last, trimmed to about WINDOW rounds
+        self._window: deque[tuple[int, int, float]] = deque()
+        self._rounds = 0
+        self._flagged: dict[int, float] = {}
+
+    def add(self, batches: Iterable[tuple[int, int, float]]) -> list[str]:
+        """Take one server's heartbeat batches; the lines logged (flagged workers)."""
+        for batch in batches:
+            self._window.append(batch)
+            self._rounds += batch[1]
+        while self._window and self._rounds - self._window[0][1] >= WINDOW:
+            self._rounds -= self._window.popleft()[1]
+        if self.num_workers < 2 or self._rounds < MIN_ROUNDS:
+            return []
+        closed: Counter[int] = Counter()
+        waited: dict[int, float] = {}
+        for w, n, wait in self._window:
+            closed[w] += n
+            waited[w] = waited.get(w, 0.0) + wait
+        now, lines = self._clock(), []
+        for w, n in sorted(closed.items()):
+            mean = waited[w] / n
+            if n <= SHARE * self._rounds or mean < MIN_WAIT * self.threshold:
+                continue
+            flagged = self._flagged.get(w)
+            if flagged is not None and now - flagged < self.threshold:
+                continue
+            self._flagged[w] = now
+            line = (f"scheduler: worker {w} (of {self.num_workers}) pushed last in {n} of the "
+                    f"job's last {self._rounds} sync rounds on all servers, {mean:.3f} s after "
+                    "their first push on average: it is this job's straggler. Check its "
+                    "host's load, data loading or input pipeline.")
+            self._log.warning("%s", line)
+            lines.append(line)
+        return lines

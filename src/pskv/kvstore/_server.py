@@ -115,6 +115,7 @@ class KVServer:
         self.snapshots = Snapshots(cfg, self._send, self._error)
         #: names rounds that wait and workers that are often last (PSKV_STRAGGLER_SECONDS)
         self.stragglers = StragglerWatch(cfg.straggler_seconds)
+        self.po.beat_extra = self._beat_extra
         #: Prometheus series when PSKV_METRICS_PORT asks for them (``run`` starts them)
         self.metrics: ServerMetrics | None = None
         #: the global staleness bound: workers' clocks and the reads they hold back
@@ -136,6 +137,12 @@ class KVServer:
         metrics = getattr(self, "metrics", None)
         engine.applied_in = metrics.applied_in if metrics is not None else None
         return engine
+
+    def _beat_extra(self) -> dict[str, Any]:
+        """For the scheduler's straggler view: who closed this server's sync rounds since
+        the last heartbeat (the heartbeat thread calls this)."""
+        last = self.stragglers.take_beat()
+        return {} if last is None else {"last": last}
 
     def _round_closed(self, key: Any, worker: int, waited: float, num_workers: int) -> None:
         """A sync round closed by ``worker``'s push: stragglers and metrics."""
