@@ -197,14 +197,15 @@ def render(data: dict[str, Any], header: list[str], rows: list[list[str]]) -> st
 
 #: what replication's cost is made of on this machine (py-spy of workers and servers)
 COST_NOTE = """\
-Where the replication cost goes (a py-spy profile of a worker and a server running the
-ResNet-50 job with `PSKV_REPLICAS=1`): the job is CPU-bound on 2 cores shared by 4 processes,
-so extra work is lost throughput. Replication adds, per step, the worker's copy of every
-push it may have to send again (about 15% of a worker's samples; the copies go into reused
-buffers, which halved it), each server's send of every applied round to its backup (a
-second server-to-server stream of the shard's size), and the backup applying the same
-update to its copy (the optimizer runs twice). The pause of a checkpoint is the in-memory
-copy of the shard (values and momentum); the write happens on a thread.
+Where the replication cost goes (`--cpu --profile DIR`: cProfile of every thread, CPU
+time): the job is CPU-bound on 2 cores shared by 4 processes, so extra work is lost
+throughput. Replication adds, per step, the worker's copy of every push it may have to
+send again (none for a `pushpull`), each server's send of every applied round to its
+backup (every 4th round of a key: its value and optimizer state instead), and the
+backup's receive of it into a reused buffer. The backup no longer runs the optimizer
+on each round: it logs them and applies them on a takeover (docs/durability.md). The
+pause of a checkpoint is the in-memory copy of the shard (values and momentum); the write
+happens on a thread.
 """
 
 

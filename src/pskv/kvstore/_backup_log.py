@@ -32,6 +32,7 @@ Invariant: only the backups' thread calls in, under ``Backups.lock``.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,28 +106,38 @@ def _build_state(desc: Any, arrays: list[np.ndarray], pos: int) -> tuple[Any, in
 
 class BufferPool:
     """Buffers of each shape and dtype, handed out to land arrays in and given back; a
-    buffer handed out is owned by whoever took it (:meth:`owns` tells ours apart)."""
+    buffer handed out is owned by whoever took it (:meth:`owns` tells ours apart). The
+    backups' thread takes and gives, a server's loop gives too (a takeover): locked."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._free: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
         self._lent: dict[int, np.ndarray] = {}
 
     def take(self, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
         """A buffer of ``shape`` and ``dtype`` (reused if one was given back)."""
-        free = self._free.get((tuple(shape), np.dtype(dtype).str))
-        buf = free.pop() if free else np.empty(shape, dtype)
-        self._lent[id(buf)] = buf
+        with self._lock:
+            free = self._free.get((tuple(shape), np.dtype(dtype).str))
+            buf = free.pop() if free else None
+        if buf is None:
+            buf = np.empty(shape, dtype)
+        with self._lock:
+            self._lent[id(buf)] = buf
         return buf
 
     def owns(self, arr: np.ndarray) -> bool:
         """Whether ``arr`` is a buffer this pool handed out (then it is the taker's now)."""
-        return self._lent.pop(id(arr), None) is arr
+        with self._lock:
+            return self._lent.pop(id(arr), None) is arr
 
     def give(self, arr: np.ndarray) -> None:
         """``arr`` is no longer used: keep it for reuse."""
-        free = self._free.setdefault((arr.shape, arr.dtype.str), [])
-        if len(free) < POOL_DEPTH and arr.flags.c_contiguous and arr.flags.owndata:
-            free.append(arr)
+        if not (arr.flags.c_contiguous and arr.flags.owndata):
+            return
+        with self._lock:
+            free = self._free.setdefault((arr.shape, arr.dtype.str), [])
+            if len(free) < POOL_DEPTH:
+                free.append(arr)
 
     def keep(self, arr: np.ndarray) -> np.ndarray:
         """``arr`` as a buffer of our own: itself if we lent it, else a copy."""
@@ -139,7 +150,8 @@ class BufferPool:
 
     def forget(self) -> None:
         """Drop what was lent for a message that never came whole."""
-        self._lent.clear()
+        with self._lock:
+            self._lent.clear()
 
 
 @dataclass(slots=True)
@@ -204,7 +216,7 @@ class RoundLog:
                 arrays[0].size != stored.size or arrays[0].dtype != stored.dtype:
             raise ProtocolError("a whole key's state needs its counts and its value, of "
                                 "its key's size and dtype")
-        upd = self.engine.updater
+        upd: Any = self.engine.updater
         if upd is None or not hasattr(upd, "states"):
             raise ProtocolError("a whole key's state reached a backup copy without an "
                                 "optimizer")

@@ -5,8 +5,10 @@ server ``x`` serves it, and server ``x`` itself once the backup has taken it ove
 ``x`` was restarted (:func:`backup_of`). The server that serves a shard sends its backup,
 on the loop thread and before it answers anyone, every init, every setting (optimizer,
 compression, states) and each applied round's merged value with the round
-counters (:class:`Replicator`); the backup applies the same update to its copy, so both
-stay bit-identical. A new backup first gets the whole shard (:func:`encode_copy`).
+counters and the optimizer's counts (:class:`Replicator`); the backup logs the rounds of
+dense keys and applies them when its copy is needed, the others at once
+(:mod:`._backup_log`), so both stay bit-identical. A new backup first gets the whole
+shard (:func:`encode_copy`).
 Invariant: a request is answered only after the backup acknowledged every change it saw,
 or after the backup was found dead (then the shard runs without one until it is back).
 
@@ -441,7 +443,10 @@ class Backups:
         """Nothing on a timer."""
 
     def dropped(self, conn: Connection) -> None:
-        """A primary went away (it died, or it closed)."""
+        """A primary went away (it died, or it closed): buffers lent for a message it
+        never finished are not kept (one still lent to another primary's message is
+        copied from instead)."""
+        self._pool.forget()
 
 
 def _round(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
