@@ -6,6 +6,7 @@ Run from the repository root::
     python benchmarks/bench_durability.py --quick    # smoke run, well under a minute
     python benchmarks/bench_durability.py --cpu --steps 10      # CPU seconds per step
     python benchmarks/bench_durability.py --cpu --profile prof  # and cProfile dumps
+    python benchmarks/bench_durability.py --cpu --rounds 3 --against ../main/src  # A/B
 
 CPU (``--cpu``): the same jobs, but what is reported is the CPU time (user + system, from
 ``/proc``) that every process of the job (scheduler, servers with their backup threads,
@@ -68,14 +69,17 @@ def _cpu_seconds(pid: int) -> float:
 
 def job_cpu_seconds() -> float:
     """CPU seconds used so far by every process of this job: the launcher's children (the
-    scheduler, the servers and the workers are all started by one ``launch``)."""
+    scheduler, the servers and the workers are all started by one ``launch``) that have
+    this job's scheduler port (a driver may run several jobs at once)."""
     launcher, total = os.getppid(), 0.0
+    mark = f"DMLC_PS_ROOT_PORT={os.environ.get('DMLC_PS_ROOT_PORT', '')}".encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[1]) == launcher:
+            if int(stat.rsplit(")", 1)[1].split()[1]) == launcher and \
+                    mark in (entry / "environ").read_bytes().split(b"\0"):
                 total += _cpu_seconds(int(entry.name))
         except (OSError, ValueError, IndexError):
             continue        # it exited meanwhile
@@ -121,7 +125,7 @@ def worker(out: str, workload: str, steps: int, quick: bool, loop: str = "push-p
 # ---- the driver ----------------------------------------------------------------------------
 def run_job(workload: str, replicas: int, steps: int, quick: bool,
             profile: str | None = None, loop: str = "push-pull",
-            warmup: int = 1) -> dict[str, float]:
+            warmup: int = 1, src: str | None = None) -> dict[str, float]:
     """One job: its rank 0's seconds per step (median) and the job's CPU seconds per step.
     ``profile``: a directory for cProfile dumps of every thread of its servers and workers."""
     from pskv.launch import launch
@@ -137,8 +141,11 @@ def run_job(workload: str, replicas: int, steps: int, quick: bool,
             wrap = [sys.executable, str(Path(__file__).with_name("_profiled.py")), where]
             argv = wrap + argv[1:]
             extra["server_command"] = wrap + ["-m", "pskv.server"]
-        result = launch(argv, 2, 2, env={"PSKV_REPLICAS": str(replicas)}, timeout=900,
-                        **extra)
+        env = {"PSKV_REPLICAS": str(replicas)}
+        if src is not None:             # another source tree's pskv (--against)
+            env["PYTHONPATH"] = src
+            extra["stdout"] = extra["stderr"] = open(os.devnull, "w")
+        result = launch(argv, 2, 2, env=env, timeout=900, **extra)
         if result.returncode != 0:
             raise RuntimeError(f"the {workload} job with PSKV_REPLICAS={replicas} failed "
                                f"with status {result.returncode}")
@@ -209,10 +216,43 @@ happens on a thread.
 """
 
 
+def cpu_pairs(args: argparse.Namespace, steps: int, rounds: int) -> int:
+    """``--cpu --against SRC``: each job runs at the same time as the same job on the pskv
+    of ``SRC`` (a ``src`` directory of another checkout), so both meet the same load; the
+    CPU seconds per step and the predicted cost of both."""
+    import threading
+    trees = {"this": str(Path(__file__).resolve().parent.parent / "src"),
+             "against": str(Path(args.against).resolve())}
+    rows = []
+    for workload in args.workload or ("resnet50", "64mb"):
+        got: dict[tuple[str, int], list[float]] = {(t, r): [] for t in trees for r in (0, 1)}
+        for _ in range(rounds):
+            for replicas in (0, 1):
+                def one(tree: str, replicas: int = replicas) -> None:
+                    got[(tree, replicas)].append(run_job(
+                        workload, replicas, steps, args.quick, loop=args.loop, warmup=6,
+                        src=trees[tree])["cpu_seconds_per_step"])
+                threads = [threading.Thread(target=one, args=(t,)) for t in trees]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+        for tree in trees:
+            base = statistics.median(got[(tree, 0)])
+            repl = statistics.median(got[(tree, 1)])
+            rows.append([f"{workload} ({args.loop})", tree, f"{base:.3f}", f"{repl:.3f}",
+                         f"{1 - base / repl:.0%}"])
+    print(_common.text_table(["workload (loop)", "tree", "CPU s/step, replicas 0",
+                              "CPU s/step, replicas 1", "predicted cost"], rows))
+    return 0
+
+
 def cpu_main(args: argparse.Namespace) -> int:
     """``--cpu``: CPU seconds per step, replicas 0 and 1, and the cost they predict."""
     steps = args.steps or (2 if args.quick else 10)
     rounds = args.rounds or 1
+    if args.against:
+        return cpu_pairs(args, steps, rounds)
     rows, data = [], {"machine": _common.machine_info(), "commit": _common.commit_info(),
                       "command": _common.command_line(), "time": _common.timestamp(),
                       "steps": steps, "rounds": rounds, "loop": args.loop, "results": {}}
@@ -258,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loop", choices=("push-pull", "pushpull"), default="push-pull",
                    help="with --cpu: each step is kv.push then kv.pull (default), or one "
                         "kv.pushpull (what gluon's Trainer calls)")
+    p.add_argument("--against", metavar="SRC",
+                   help="with --cpu: run each job at the same time as the same job on the "
+                        "pskv of SRC (another checkout's src directory): same load for both")
     p.add_argument("--write", action="store_true",
                    help="with --cpu: write results/bench_durability_cpu.{json,md}")
     p.add_argument("--warmup", type=int, default=1, help=argparse.SUPPRESS)
