@@ -22,7 +22,8 @@ def _engine(opt: Any) -> Engine:
     engine = Engine(num_workers=1)
     engine.set_optimizer_spec(opt.to_spec())
     for k, shape in SHAPES.items():
-        engine.init(k, np.arange(np.prod(shape), dtype=np.float32).reshape(shape) / 7, name=f"w{k}")
+        start = np.arange(np.prod(shape), dtype=np.float32).reshape(shape) / 7
+        engine.init(k, start, name=f"w{k}")
     return engine
 
 
@@ -37,8 +38,8 @@ class _Tap:
 
     def round_applied(self, key: Any, merged: Any, rnd: int, applied: dict[int, int]) -> None:
         counters = {"key": key, "round": rnd, "applied": [[w, n] for w, n in applied.items()]}
-        body, arrays = Replicator._dense(SimpleNamespace(engine=self.engine),  # type: ignore[arg-type]
-                                         key, merged, rnd, counters)
+        replicator: Any = SimpleNamespace(engine=self.engine)
+        body, arrays = Replicator._dense(replicator, key, merged, rnd, counters)
         self.sent.append((body, [np.array(a) for a in arrays]))
 
     def rows_born(self, *args: Any) -> None:
@@ -58,7 +59,8 @@ def _run(opt_factory: Any, steps: int, keys: Any = None) -> tuple[Engine, _Tap, 
 
 def _same(primary: Engine, backup: Engine) -> None:
     for k in SHAPES:
-        np.testing.assert_array_equal(backup.value_of(k, "t")._data, primary.value_of(k, "t")._data)
+        np.testing.assert_array_equal(backup.value_of(k, "t")._data,
+                                      primary.value_of(k, "t")._data)
     pu: Any = primary.updater
     bu: Any = backup.updater
     assert set(bu.states) == set(pu.states)
@@ -173,4 +175,6 @@ def test_keys_updated_at_different_rates_keep_the_primarys_learning_rates() -> N
     for k in (0, 1):
         np.testing.assert_array_equal(backup.value_of(k, "t")._data,
                                       primary.value_of(k, "t")._data)
-    assert backup.updater.optimizer.num_update == primary.updater.optimizer.num_update  # type: ignore[union-attr]
+    bu: Any = backup.updater
+    pu: Any = primary.updater
+    assert bu.optimizer.num_update == pu.optimizer.num_update
