@@ -22,13 +22,14 @@ Nothing here imports pskv.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["NumpyCeiling", "current_rss_bytes", "insert_batches", "make_batches",
+__all__ = ["NumpyCeiling", "cpu_seconds_of_pid", "current_rss_bytes", "insert_batches", "make_batches",
            "make_grad", "peak_rss_bytes", "rss_of_pid", "time_batches", "unique_fraction"]
 
 #: multiplier of the never-seen ID stream (odd, so the map is a bijection of uint64)
@@ -109,6 +110,23 @@ def rss_of_pid(pid: int | str = "self") -> dict[str, int] | None:
         if name in ("VmRSS", "VmHWM"):
             out[name] = int(rest.split()[0]) * 1024
     return out if len(out) == 2 else None
+
+
+def cpu_seconds_of_pid(pid: int | str = "self") -> float | None:
+    """User + system CPU seconds a process has used (``/proc/<pid>/stat``), or None.
+
+    Summed over all its threads; the fields after the command name (which may hold
+    spaces) are counted from the closing parenthesis."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()
+    try:
+        ticks = int(fields[11]) + int(fields[12])     # utime, stime (fields 14, 15)
+    except (IndexError, ValueError):
+        return None
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def current_rss_bytes() -> int:
