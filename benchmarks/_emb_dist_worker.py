@@ -120,7 +120,7 @@ def run(config: dict[str, Any], out_prefix: str) -> None:
     prof = None
     if config.get("profile_dir"):
         import cProfile
-        prof = cProfile.Profile()
+        prof = cProfile.Profile(time.thread_time)     # CPU, not wall
         prof.enable()
     res["phases"]["train"] = _phase(kv, config, "train", train, batches, warm, fence)
     if prof is not None:

