@@ -116,8 +116,8 @@ class TableJob:
         self.out_prefix = tmp / f"{tag}.out"
         self.procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
         self.server_rss: dict[str, list[int | None]] = {}
-        #: marker -> {process label: CPU seconds} read when worker 0 dropped it
-        self.cpu: dict[str, dict[str, float | None]] = {}
+        #: marker -> {process label: (user, system) CPU seconds} read when worker 0 dropped it
+        self.cpu: dict[str, dict[str, tuple[float, float] | None]] = {}
         self.profile_dir = config.get("profile_dir")
 
     def _env(self, role: str, port: int) -> dict[str, str]:
@@ -171,19 +171,23 @@ class TableJob:
 
     def cpu_per_step(self, phase: str, steps: int) -> dict[str, float] | None:
         """CPU ms per step of ``phase`` by role (``worker``, ``server``: summed over the
-        processes of the role; ``scheduler``; ``total``), from the readings at its start
-        and end markers over ``steps`` steps (warm-up included); None if one is missing."""
+        processes of the role; ``scheduler``; ``total``; ``system``: the part of the total
+        spent in the kernel, sockets mostly), from the readings at its start and end
+        markers over ``steps`` steps (warm-up included); None if one is missing."""
         a, b = self.cpu.get(f"{phase}.start"), self.cpu.get(f"{phase}.end")
         if not a or not b or steps <= 0:
             return None
         out: dict[str, float] = {"worker": 0.0, "server": 0.0, "scheduler": 0.0}
+        system = 0.0
         for lbl, v0 in a.items():
             v1 = b.get(lbl)
             if v0 is None or v1 is None:
                 return None
             role = lbl.split()[0]
-            out[role] = out.get(role, 0.0) + 1e3 * (v1 - v0) / steps
+            out[role] = out.get(role, 0.0) + 1e3 * (sum(v1) - sum(v0)) / steps
+            system += 1e3 * (v1[1] - v0[1]) / steps
         out["total"] = sum(out.values())
+        out["system"] = system
         return out
 
     def run(self, port: int, timeout: float) -> list[dict[str, Any]]:

@@ -174,12 +174,13 @@ def dist_table(data: dict[str, Any], name: str, md: bool) -> str:
 def cpu_table(data: dict[str, Any], name: str, md: bool) -> str:
     """CPU ms per step of each pskv dist job and phase, by role (summed over processes)."""
     case = data["dist"][name]
-    header = ["system", "phase", "total CPU ms/step", "workers", "servers", "scheduler",
-              "worker 0's own (timed steps)"]
+    header = ["system", "phase", "total CPU ms/step", "of which kernel", "workers", "servers",
+              "scheduler", "worker 0's own (timed steps)"]
     rows = []
     for label, phases in case.get("cpu_ms_per_batch", {}).items():
         for phase, roles in phases.items():
-            rows.append([label, phase, _f(roles.get("total"), 3), _f(roles.get("worker"), 3),
+            rows.append([label, phase, _f(roles.get("total"), 3), _f(roles.get("system"), 3),
+                         _f(roles.get("worker"), 3),
                          _f(roles.get("server"), 3), _f(roles.get("scheduler"), 3),
                          _f(roles.get("worker0_self"), 3)])
     table = _common.md_table if md else _common.text_table
@@ -209,8 +210,9 @@ def summary(data: dict[str, Any], markdown: bool) -> str:
             parts += [f"{h}2 workers, {name}: CPU per step (all processes; medians)", "",
                       "CPU seconds from /proc/<pid>/stat at the phase's start and end "
                       "markers, over its warm-up and timed steps, divided by the steps; "
-                      "a step is one batch on each worker. Independent of the machine's "
-                      "load, unlike the times above.", "",
+                      "a step is one batch on each worker. Less dependent on the machine's "
+                      "load than the times above (a busy box still inflates it: shared "
+                      "caches); compare runs made side by side.", "",
                       cpu_table(data, name, markdown), ""]
     parts += [f"{h}Targets (the issue's; a report, not an assert)", "",
               targets_table(data, markdown)]

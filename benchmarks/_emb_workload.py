@@ -29,8 +29,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["NumpyCeiling", "cpu_seconds_of_pid", "current_rss_bytes", "insert_batches", "make_batches",
-           "make_grad", "peak_rss_bytes", "rss_of_pid", "time_batches", "unique_fraction"]
+__all__ = ["NumpyCeiling", "cpu_seconds_of_pid", "current_rss_bytes", "insert_batches",
+           "make_batches", "make_grad", "peak_rss_bytes", "rss_of_pid", "time_batches",
+           "unique_fraction"]
 
 #: multiplier of the never-seen ID stream (odd, so the map is a bijection of uint64)
 _NEW_ID_MULT = np.uint64(0x9E3779B97F4A7C15)
@@ -112,8 +113,8 @@ def rss_of_pid(pid: int | str = "self") -> dict[str, int] | None:
     return out if len(out) == 2 else None
 
 
-def cpu_seconds_of_pid(pid: int | str = "self") -> float | None:
-    """User + system CPU seconds a process has used (``/proc/<pid>/stat``), or None.
+def cpu_seconds_of_pid(pid: int | str = "self") -> tuple[float, float] | None:
+    """``(user, system)`` CPU seconds a process has used (``/proc/<pid>/stat``), or None.
 
     Summed over all its threads; the fields after the command name (which may hold
     spaces) are counted from the closing parenthesis."""
@@ -123,10 +124,11 @@ def cpu_seconds_of_pid(pid: int | str = "self") -> float | None:
         return None
     fields = text[text.rfind(")") + 2:].split()
     try:
-        ticks = int(fields[11]) + int(fields[12])     # utime, stime (fields 14, 15)
+        utime, stime = int(fields[11]), int(fields[12])     # fields 14 and 15 of stat(5)
     except (IndexError, ValueError):
         return None
-    return ticks / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return utime / tick, stime / tick
 
 
 def current_rss_bytes() -> int:
