@@ -110,8 +110,10 @@ class DistTables(Tables):
         found = np.zeros(flat.size, bool)
         body = command(Op.LOOKUP, key=self.pskeys[key], train=bool(train))
         asks = [(s, where) for s, where in enumerate(self._split(flat)) if where.size]
+        one = self._n == 1          # its reply is read straight into values and found
         tss = [self._kv.request(s, Command.COMMAND, body=body,
-                                arrays=[flat if self._n == 1 else flat[where]])
+                                arrays=[flat if one else flat[where]],
+                                into=[values, found] if one else None)
                for s, where in asks]
         replies = self._wait_all(tss, f"a lookup of table {key!r}")
         for (s, where), (_meta, got) in zip(asks, replies):
@@ -119,6 +121,12 @@ class DistTables(Tables):
                 raise ClusterError(f"server {s} answered a lookup of table {key!r} with "
                                    f"{[a.shape for a in got]} for {where.size} IDs (reported "
                                    f"by server {s})", key=key)
+            if one:
+                if got[0] is not values:        # a transport that could not read in place
+                    values[...] = got[0]
+                if got[1] is not found:
+                    found[...] = got[1]
+                continue
             values[where] = got[0]
             found[where] = got[1]
         return values.reshape(arr.shape + (dim,)), found.reshape(arr.shape)
