@@ -29,23 +29,28 @@ DIM = 2
 any_ids = st.one_of(st.integers(-2**63, 2**63 - 1), st.integers(-50, 50))
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.integers(1, 200), st.integers(1, 60), st.integers(1, 8), st.integers(0, 2**32 - 1))
-def test_sum_runs_is_reduceat_bit_for_bit(n: int, distinct: int, block: int,
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 200), st.integers(1, 60), st.integers(1, 8), st.booleans(),
+       st.integers(0, 2**32 - 1))
+def test_sum_runs_is_reduceat_bit_for_bit(n: int, distinct: int, block: int, f64: bool,
                                          seed: int) -> None:
-    """The blocked sum of a push's duplicate rows (R7) equals one np.add.reduceat exactly,
-    wherever the blocks cut (blocks of 1 to 8 rows here; runs longer than a block too)."""
+    """The sum of a push's duplicate rows (R7), runs of one row copied and longer runs
+    summed in blocks, equals one np.add.reduceat of the rows cast to the table's dtype
+    exactly, wherever the blocks cut (1 to 8 rows here; runs longer than a block too)."""
     rng = np.random.default_rng(seed)
-    ids = np.sort(rng.integers(0, distinct, n))
-    rows = rng.standard_normal((n, 3)).astype(np.float32)
-    starts = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1])))
+    ids = rng.integers(0, distinct, n)
+    g = rng.standard_normal((n, 3)).astype(np.float64 if f64 else np.float32)
+    order = np.argsort(ids, kind="stable")
+    s = ids[order]
+    starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
     old = dynamic._RUN_BLOCK_ROWS
     dynamic._RUN_BLOCK_ROWS = block
     try:
-        got = dynamic._sum_runs(rows, starts)
+        got = dynamic._sum_runs(g, order, starts, np.float32)
     finally:
         dynamic._RUN_BLOCK_ROWS = old
-    assert np.array_equal(got, np.add.reduceat(rows, starts, axis=0))
+    want = np.add.reduceat(g[order].astype(np.float32), starts, axis=0)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
 
 
 @settings(max_examples=60, deadline=None)
