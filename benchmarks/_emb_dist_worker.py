@@ -14,7 +14,8 @@ times the phases on its own batches (the workload's seed + rank, as the peers do
 ends with an eval lookup of one ID, so that pushes still in flight are inside the time;
 worker 0 drops a marker before its opening barrier and after a closing one, at which the
 benchmark reads every process's CPU seconds (and, with ``--profile``, switches the
-servers' profilers); worker 0 profiles its own ``train`` phase into ``profile_dir``.
+servers' profilers); each worker profiles its own ``train`` phase (or
+``profile_phase``) into ``profile_dir``.
 Worker 0 drops a marker file at two points (the table holding one row per worker, then
 all N rows) and waits for the benchmark to acknowledge it, so the benchmark reads the
 servers' resident memory at those points. Writes ``OUT_PREFIX.<rank>.json``.
@@ -46,6 +47,11 @@ def _mark(config: dict[str, Any], rank: int, name: str) -> None:
 def _phase(kv: Any, config: dict[str, Any], name: str, fn: Any, batches: list[np.ndarray],
            warmup: int, fence: np.ndarray) -> dict[str, float]:
     rank = kv.rank
+    prof = None
+    if config.get("profile_dir") and config.get("profile_phase", "train") == name:
+        import cProfile
+        prof = cProfile.Profile(time.thread_time)     # CPU, not wall
+        prof.enable()
     _mark(config, rank, f"{name}.start")    # the benchmark reads every process's CPU
     kv._barrier()
     for b in batches[:warmup]:
@@ -59,6 +65,9 @@ def _phase(kv: Any, config: dict[str, Any], name: str, fn: Any, batches: list[np
     cpu = time.process_time() - cpu0
     kv._barrier()
     _mark(config, rank, f"{name}.end")
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(str(Path(config["profile_dir"]) / f"worker{rank}.{name}.prof"))
     steps = len(batches) - warmup
     return {"seconds": sec, "steps": steps, "ms_per_batch": 1e3 * sec / steps,
             "cpu_ms_per_batch": 1e3 * cpu / steps, "all_steps": len(batches)}
@@ -117,15 +126,7 @@ def run(config: dict[str, Any], out_prefix: str) -> None:
     res["phases"]["lookup"] = _phase(kv, config, "lookup",
                                      lambda ids: kv.lookup("emb", ids, train=False),
                                      batches, warm, fence)
-    prof = None
-    if config.get("profile_dir"):
-        import cProfile
-        prof = cProfile.Profile(time.thread_time)     # CPU, not wall
-        prof.enable()
     res["phases"]["train"] = _phase(kv, config, "train", train, batches, warm, fence)
-    if prof is not None:
-        prof.disable()
-        prof.dump_stats(str(Path(config["profile_dir"]) / f"worker{rank}.train.prof"))
     fresh = W.insert_batches(0, b, total, salt=rank + 1)
     res["phases"]["insert"] = _phase(kv, config, "insert",
                                      lambda ids: kv.lookup("emb", ids, train=True),

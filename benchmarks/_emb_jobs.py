@@ -9,7 +9,7 @@
   servers' resident memory when worker 0 says the table is empty and when it is full, and
   the CPU seconds of every process (``/proc/<pid>/stat``) when worker 0 says a phase
   starts and ends; with a ``profile_dir`` the servers run under ``_emb_server_prof.py``
-  and profile the ``train`` phase (switched on and off by signals).
+  and profile one phase (``train``; switched on and off by signals).
 
 Every process has a hard timeout and its process group is killed at the end, on errors
 too. Nothing here imports pskv.
@@ -119,6 +119,7 @@ class TableJob:
         #: marker -> {process label: (user, system) CPU seconds} read when worker 0 dropped it
         self.cpu: dict[str, dict[str, tuple[float, float] | None]] = {}
         self.profile_dir = config.get("profile_dir")
+        self.profile_phase = config.get("profile_phase", "train")
 
     def _env(self, role: str, port: int) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
@@ -154,11 +155,11 @@ class TableJob:
                 rss = [W.rss_of_pid(p.pid) for p in self._servers()]
                 self.server_rss[name] = [None if r is None else r["VmRSS"] for r in rss]
             else:
-                if self.profile_dir and name == "train.end":
+                if self.profile_dir and name == f"{self.profile_phase}.end":
                     self._signal_servers(signal.SIGUSR2)
                 self.cpu[name] = {lbl: W.cpu_seconds_of_pid(p.pid)
                                   for lbl, p, _ in self.procs}
-                if self.profile_dir and name == "train.start":
+                if self.profile_dir and name == f"{self.profile_phase}.start":
                     self._signal_servers(signal.SIGUSR1)
             ack.write_text("ok")
 
@@ -198,8 +199,8 @@ class TableJob:
             for i in range(self.num_servers):
                 argv = [self.python, "-m", "pskv.server"]
                 if self.profile_dir:
-                    argv = [self.python, str(SERVER_PROF),
-                            str(Path(self.profile_dir) / f"server{i}.train.prof")]
+                    argv = [self.python, str(SERVER_PROF), str(
+                        Path(self.profile_dir) / f"server{i}.{self.profile_phase}.prof")]
                 self._start(f"server {i}", argv, self._env("server", port))
             wargv = [self.python, str(WORKER), str(self.config_path), str(self.out_prefix)]
             for i in range(NUM_WORKERS):

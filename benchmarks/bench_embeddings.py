@@ -224,7 +224,8 @@ def run_dist_case(args: argparse.Namespace, n: int, id_dist: str, tmp: Path,
             tag = f"{mode}-S{s}-N{n}-{id_dist}-r{rnd}"
             job_config = config
             if args.profile:
-                job_config = dict(config, profile_dir=str(args.profile / tag))
+                job_config = dict(config, profile_dir=str(args.profile / tag),
+                                  profile_phase=args.profile_phase)
                 (args.profile / tag).mkdir(parents=True, exist_ok=True)
             job = J.TableJob(mode, s, job_config, tmp, tag)
             log.info("job %s ...", tag)
@@ -316,8 +317,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="CPU run: only the pskv dist jobs (no local cases, no peers); their "
                         "CPU ms per step by role is what to read on a busy machine")
     p.add_argument("--profile", type=Path, default=None,
-                   help="with --dist or --cpu: cProfile of each job's train phase, worker 0 "
+                   help="with --dist or --cpu: cProfile of each job's train phase, every worker "
                         "and every server, into this folder (one subfolder per job)")
+    p.add_argument("--profile-phase", choices=["lookup", "train", "insert"], default="train",
+                   help="the phase --profile profiles (default train)")
     p.add_argument("--out", type=Path, default=_common.RESULTS_DIR,
                    help="results folder (default benchmarks/results)")
     p.add_argument("--name", default=None,
