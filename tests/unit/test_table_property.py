@@ -21,6 +21,7 @@ from pskv.errors import TableIdError
 from pskv.table import (TTL, Always, Capacity, CountAdmission, DynamicTable, TableSpec, Uniform,
                         initial_values)
 from pskv.table import dynamic
+from pskv.table import _index as index_module
 from pskv.table._index import IdIndex
 
 POOL = [0, 1, 2, 3, 5, 8, -1, -7, 10**15, -2**63, 2**63 - 1, 2**40 + 1]
@@ -57,6 +58,26 @@ def test_sum_runs_is_reduceat_bit_for_bit(n: int, distinct: int, block: int, f64
 @given(st.lists(st.tuples(st.sampled_from(["insert", "delete", "find"]),
                           st.lists(any_ids, max_size=40)), max_size=25))
 def test_the_index_is_a_dict(ops: list[tuple[str, list[int]]]) -> None:
+    _index_is_a_dict(ops)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["insert", "delete", "find"]),
+                          st.lists(st.integers(-300, 300), max_size=60)), max_size=25),
+       st.integers(1, 3))
+def test_the_index_is_a_dict_with_short_probe_windows(ops: list[tuple[str, list[int]]],
+                                                      window: int) -> None:
+    """A find probes a window of cells per round after the home cell: with windows of 1
+    to 3 cells, runs of occupied and deleted cells span many windows."""
+    old = index_module._WINDOW
+    index_module._WINDOW = window
+    try:
+        _index_is_a_dict(ops)
+    finally:
+        index_module._WINDOW = old
+
+
+def _index_is_a_dict(ops: list[tuple[str, list[int]]]) -> None:
     index, model = IdIndex(), {}
     next_slot = 0
     for op, values in ops:
