@@ -2,8 +2,9 @@
 
 Two arrays of ``cap`` cells (a power of two): ``keys`` (int64 IDs) and ``slots`` (int64:
 a row number, or ``EMPTY`` / ``DELETED``). Linear probing from a cell given by a salted
-splitmix64 hash. A batch of IDs is probed together: each round looks at one cell per ID
-still searching, so there is no Python loop per ID. Invariants: every stored ID is unique;
+splitmix64 hash. A batch of IDs is probed together, so there is no Python loop per ID: a
+find's first round looks at each ID's home cell, later ones at a window of ``_WINDOW``
+cells per ID still searching; inserts look at one cell per ID per round. Invariants: every stored ID is unique;
 ``size + deleted <= cap / 2`` after every insert (the table is rebuilt, or doubled, before);
 an ID sits at or after its home cell with no EMPTY cell between (deletes leave DELETED).
 """
