@@ -161,3 +161,36 @@ def test_a_message_arriving_after_a_drained_read_is_read_by_the_next_poll() -> N
     finally:
         a.close()
         b.close()
+
+
+def test_a_queued_connection_never_waits_and_keeps_a_copy_of_what_it_queued() -> None:
+    # a node's loop: the reader does not read, yet send returns at once; the rest of the
+    # message waits in the output queue (a copy: the caller may change its array), is
+    # written in order when flushed, and the reader gets each message whole
+    a, b, _ = pair()
+    a.queued = True
+    calls: list[int] = []
+    a.on_queued = lambda: calls.append(a.queued_bytes())
+    try:
+        x = np.arange(4 << 20, dtype=np.float32)        # 16 MiB: more than the buffers
+        start = time.monotonic()
+        a.send(Command.DATA, 1, arrays=[x])
+        a.send(Command.ACK, 2)
+        assert time.monotonic() - start < 2.0
+        assert len(calls) == 1 and a.queued_bytes() > 0
+        want = x.copy()
+        x[:] = -1                                       # queued bytes are a copy
+        assert not a.write_stalled(time.monotonic())
+        assert a.write_stalled(time.monotonic() + 10.0)
+        got: list = []
+        end = time.monotonic() + 20
+        while len(got) < 2 and time.monotonic() < end:
+            a.flush()
+            select.select([b.sock], [], [], 0.01)
+            got += [(m, [arr.copy() for arr in arrays]) for m, arrays in b.receive()]
+        assert [m.ts for m, _ in got] == [1, 2]
+        np.testing.assert_array_equal(got[0][1][0], want)
+        assert a.flush() and a.queued_bytes() == 0
+    finally:
+        a.close()
+        b.close()

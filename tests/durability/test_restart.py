@@ -24,7 +24,8 @@ HERE = Path(__file__).parent / "scripts"
 STEPS = 200
 
 
-def _job(out: Path, store_type: str, die: tuple[int, float] | list[tuple[int, float]] | None,
+def _job(out: Path, store_type: str,
+         die: tuple[int, float | str] | list[tuple[int, float | str]] | None,
          every: int = 5, extra: dict[str, str] | None = None, servers: int = 2,
          max_restarts: int | None = None, stderr: io.StringIO | None = None) -> int:
     out.mkdir()
@@ -107,7 +108,7 @@ def test_replicas_restarted_server_is_the_new_backup(tmp_path: Path) -> None:
     # server 0 dies (server 1 takes its shard), restarts as a backup of both shards, then
     # server 1 dies: server 0 serves everything, and nothing acknowledged is lost
     assert _job(tmp_path / "calm", "dist_sync", None) == 0
-    assert _job(tmp_path / "killed", "dist_sync", [(0, 0.8), (1, 2.0)], every=0,
+    assert _job(tmp_path / "killed", "dist_sync", [(0, 0.8), (1, "copies:2+0.3")], every=0,
                 extra={"PSKV_REPLICAS": "1"}) == 0
     calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
     for k in calm:
@@ -120,9 +121,23 @@ def test_encrypted_links_survive_failover_and_restart(tmp_path: Path, transport:
     # takeover, the restart (new pair keys: the workers check the new server's proof)
     # and a second death; nothing acknowledged is lost
     assert _job(tmp_path / "calm", "dist_sync", None) == 0
-    assert _job(tmp_path / "killed", "dist_sync", [(0, 0.8), (1, 2.0)], every=0,
+    assert _job(tmp_path / "killed", "dist_sync", [(0, 0.8), (1, "copies:2+0.3")], every=0,
                 extra={"PSKV_REPLICAS": "1", "PSKV_ENCRYPT": "1",
                        "PSKV_TRANSPORT": transport}) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
+@pytest.mark.parametrize("transport", ["tcp", "zmq"])
+def test_a_server_dying_while_workers_connect_leaves_its_shard_to_its_backup(
+        tmp_path: Path, transport: str) -> None:
+    # server 0 dies when the last worker's HELLO reaches it, before answering: the workers
+    # are still connecting; they finish with server 1, then move shard 0 to it (a server
+    # refuses any command before a worker's HELLO handshake is done)
+    assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
+    assert _job(tmp_path / "killed", "dist_sync", (0, "hellos"), every=0, max_restarts=0,
+                extra={"PSKV_REPLICAS": "1", "PSKV_TRANSPORT": transport}) == 0
     calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
     for k in calm:
         np.testing.assert_array_equal(killed[k], calm[k])

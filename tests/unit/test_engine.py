@@ -203,3 +203,27 @@ def test_accumulate_and_finish_are_the_extension_point() -> None:
         engine.release(ticket)
     assert sorted(done) == [1, 2]
     np.testing.assert_array_equal(engine.stored[0]._dense(), np.full(2, 5.0))
+
+
+def test_a_dense_round_is_summed_in_worker_rank_order_whatever_the_arrival_order() -> None:
+    # float addition is not associative: ((a + b) + c) and ((a + c) + b) differ in the last
+    # bit for these values; the round must be ((v0 + v1) + v2) + v3 in every arrival order
+    rng = np.random.default_rng(7)
+    values = [rng.standard_normal(257).astype(np.float32) * 10 ** i for i in range(4)]
+    want = values[0].copy()
+    for v in values[1:]:
+        want += v
+    shuffled = values[3].copy()
+    for v in (values[1], values[0], values[2]):
+        shuffled += v
+    assert not np.array_equal(want, shuffled), "the values must tell the orders apart"
+    for order in ([3, 1, 0, 2], [0, 1, 2, 3], [2, 3, 1, 0]):
+        h = Harness(4)
+        h.engine.init(0, np.zeros(257, np.float32))
+        for ts, w in enumerate(order, 1):
+            h.push(w, 0, values[w], ts=ts)
+        np.testing.assert_array_equal(h.value(0), want)
+        # the next round starts at rank 0 again
+        for ts, w in enumerate(reversed(order), 10):
+            h.push(w, 0, values[w], ts=ts)
+        np.testing.assert_array_equal(h.value(0), want)

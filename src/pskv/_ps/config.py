@@ -18,7 +18,7 @@ from ..errors import ConfigError
 
 __all__ = [
     "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_CHECKPOINT_DIR", "ENV_CHECKPOINT_EVERY",
-    "ENV_CHECKPOINT_KEEP", "ENV_ENCRYPT", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_COALESCE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
+    "ENV_CHECKPOINT_KEEP", "ENV_ENCRYPT", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_COALESCE_BYTES", "ENV_COLLECTIVE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REDUCE_THREADS", "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_KEY_BYTES", "ENV_MAX_KEYS_PER_MESSAGE",
@@ -55,6 +55,9 @@ ENV_HEARTBEAT_TIMEOUT = "PSKV_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "PSKV_SHUTDOWN_TIMEOUT"
 ENV_TRANSPORT = "PSKV_TRANSPORT"
 ENV_COALESCE_BYTES = "PSKV_COALESCE_BYTES"
+#: dense dist_sync keys of at least this many bytes are summed among the workers
+#: (docs/collective.md); 0: none
+ENV_COLLECTIVE_BYTES = "PSKV_COLLECTIVE_BYTES"
 #: seconds a connection may take to be admitted; then it is closed
 ENV_HANDSHAKE_TIMEOUT = "PSKV_HANDSHAKE_TIMEOUT"
 #: connections not admitted yet that a node keeps at once; more are refused
@@ -234,6 +237,9 @@ class ClusterConfig:
         context, no sockets; set only by :class:`pskv.testing.InprocCluster`)
     coalesce_bytes : a dist_sync push of at most this many bytes waits for the store's next
         call, so that a pull of the same keys right after it travels with it (0: never)
+    collective_bytes : dense ``dist_sync`` keys of at least this many bytes are summed among
+        the workers instead of on the servers (PSKV_COLLECTIVE_BYTES, docs/collective.md);
+        0: no key
     rank : the rank this worker or server asks the scheduler for (DMLC_WORKER_ID /
         DMLC_SERVER_ID); None takes the next free rank in arrival order
     handshake_timeout : seconds a connection may take to be admitted before it is closed
@@ -284,6 +290,7 @@ class ClusterConfig:
     shutdown_timeout: float = 30.0
     transport: str = "auto"
     coalesce_bytes: int = 65536
+    collective_bytes: int = 0
     rank: int | None = None
     handshake_timeout: float = 10.0
     max_unadmitted: int = 64
@@ -402,6 +409,9 @@ class ClusterConfig:
             transport=_transport(env.get(ENV_TRANSPORT, "auto") or "auto"),
             coalesce_bytes=_int(env, ENV_COALESCE_BYTES, 65536,
                                 "Set it to a number of bytes (0 sends every push at once)."),
+            collective_bytes=_int(env, ENV_COLLECTIVE_BYTES, 0, "Set it to a number of bytes "
+                                  "(e.g. 4194304: keys of 4 MiB and more are summed among "
+                                  "the workers), or 0 to keep every key on the servers."),
             rank=rank,
             handshake_timeout=_seconds(env, ENV_HANDSHAKE_TIMEOUT, 10.0),
             max_unadmitted=_int(env, ENV_MAX_UNADMITTED, 64, "Set it to a number of "

@@ -185,6 +185,16 @@ class Failover:
             if first and self.replicas:
                 self._pending.append(ServerLost(server))
 
+    def hold(self, event: Event) -> None:
+        """Keep a membership ``event`` for the next :meth:`recover` (one read before the
+        handshakes were done); a lost server is down from now on."""
+        with self._lock:
+            if isinstance(event, ServerLost):
+                if event.rank in self._down:
+                    return
+                self._down.add(event.rank)
+            self._pending.append(event)
+
     # ---- recovery --------------------------------------------------------------------------
     def recover(self, next_event: Callable[[], Event | None]) -> None:
         """Act on this component's own events, then on those ``next_event`` gives (the

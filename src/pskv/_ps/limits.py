@@ -9,13 +9,21 @@ from __future__ import annotations
 import logging
 import time
 
-__all__ = ["ADMISSION_BYTES", "CONTROL_BYTES", "LOG_BURST", "LOG_INTERVAL", "RefusalLog"]
+__all__ = ["ADMISSION_BYTES", "ADMISSION_FRAMES", "CONTROL_BYTES", "CONTROL_FRAMES",
+           "LOG_BURST", "LOG_INTERVAL", "RefusalLog", "UNADMITTED_BUDGET"]
 
 #: the most a peer may send in one message before its HELLO is accepted (every transport)
 ADMISSION_BYTES = 1 << 16
+#: the most frames of one ZeroMQ message before admission (a HELLO has one)
+ADMISSION_FRAMES = 4
+#: the most bytes a connection may send in all before it is admitted (its HELLOs, and
+#: whatever refused messages); then it is dropped
+UNADMITTED_BUDGET = 4 * ADMISSION_BYTES
 #: the largest message the scheduler's socket takes from anyone (ZMQ_MAXMSGSIZE): barrier
 #: payloads of admitted nodes, never arrays
 CONTROL_BYTES = 16 << 20
+#: the most frames of one message to the scheduler (control messages have one)
+CONTROL_FRAMES = 16
 #: seconds between two log lines about the same peer's refusals
 LOG_INTERVAL = 10.0
 #: refusal lines per interval, over all peers

@@ -27,7 +27,7 @@ from ..errors import (ClusterError, ClusterTimeoutError, ConfigError, KVStoreErr
 from .auth import Verifier, new_key
 from .crypt import curve_keys, derive, seal
 from .config import ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_ID, ClusterConfig
-from .limits import CONTROL_BYTES
+from .limits import CONTROL_BYTES, CONTROL_FRAMES
 from .message import Command, Meta, error_body
 from .metrics import start as start_metrics
 from .series import SchedulerMetrics
@@ -119,7 +119,7 @@ class Scheduler:
                               cfg.request_timeout, router=self._sock, refusal=ClusterError,
                               handshake_timeout=cfg.handshake_timeout,
                               max_unadmitted=cfg.max_unadmitted,
-                              max_message_bytes=CONTROL_BYTES)
+                              max_message_bytes=CONTROL_BYTES, max_frames=CONTROL_FRAMES)
         self._code: int | None = None
         self._start = time.monotonic()
         self._nodes: dict[Connection, _Node] = {}

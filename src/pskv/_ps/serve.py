@@ -15,7 +15,18 @@ its handler's business (:class:`Handler`). Invariants, on every transport and po
   unadmitted one is closed to make room) and the node goes on;
 * refusals are logged once per peer per interval (:class:`.limits.RefusalLog`), never
   with what the peer sent; a stream peer that stalls half-way through a message is dropped
-  after its timeout.
+  after its timeout;
+* the loop never waits on one peer: stream connections are in queued mode (a reply the
+  kernel does not take waits in that connection's output queue, written when the socket
+  is writable, and nothing more is read from that peer until it is), ZeroMQ sends never
+  wait (a peer whose pipe is full is dropped), and a peer whose output has not moved for
+  its timeout is dropped; so deadlines run even while a peer floods;
+* an unadmitted peer gets at most :data:`MAX_CHALLENGES` CHALLENGEs, each replacing the
+  last (one is outstanding at a time; one more HELLO without a proof drops it), and may
+  send at most :data:`.limits.UNADMITTED_BUDGET` bytes in all; a ZeroMQ
+  message is capped in bytes and in frames as its frames are received, and the rest of
+  an over-cap message is let go unkept (:func:`.zeromq.recv_capped`); a ZeroMQ peer that
+  was dropped for any of these is ignored for ``handshake_timeout``.
 """
 from __future__ import annotations
 
@@ -29,17 +40,21 @@ import zmq
 from ..errors import ClusterError, KVStoreError, NodeFailedError, ProtocolError
 from . import validate
 from .auth import CHALLENGE, Verifier
-from .limits import ADMISSION_BYTES, RefusalLog
+from .limits import ADMISSION_BYTES, ADMISSION_FRAMES, UNADMITTED_BUDGET, RefusalLog
 from .message import Command, Meta, decode, error_body
 from .stream import StreamConn, StreamListener
 from .transport import Connection
-from .zeromq import ZmqPeer, recv_message
+from .zeromq import ZmqPeer, recv_capped
 
 __all__ = ["Handler", "ServeLoop"]
 
 log = logging.getLogger(__name__)
 #: seconds a listener rests after accept() ran out of file descriptors
 ACCEPT_PAUSE = 0.25
+#: ZeroMQ identities ignored at once (dropped strangers); the oldest go first
+MUTED_MAX = 4096
+#: CHALLENGEs one connection gets (each replaces the last); one more HELLO drops it
+MAX_CHALLENGES = 4
 
 
 class Handler(Protocol):
@@ -84,6 +99,8 @@ class ServeLoop:
         Unadmitted connections kept at once (per node, all transports together).
     max_message_bytes : int
         The most an admitted peer may send in one message.
+    max_frames : int
+        The most frames an admitted peer's ZeroMQ message may have.
     """
 
     def __init__(self, name: str, handler: Handler, verifier: Verifier, timeout: float,
@@ -91,7 +108,7 @@ class ServeLoop:
                  listeners: list[StreamListener] | None = None,
                  refusal: Callable[[str], KVStoreError] = ProtocolError,
                  handshake_timeout: float = 10.0, max_unadmitted: int = 64,
-                 max_message_bytes: int = 4 << 30) -> None:
+                 max_message_bytes: int = 4 << 30, max_frames: int = 1 << 18) -> None:
         self.name = name
         self.handler = handler
         self._verifier = verifier
@@ -102,6 +119,10 @@ class ServeLoop:
         self._handshake = handshake_timeout
         self._max_unadmitted = max_unadmitted
         self._max_message = max_message_bytes
+        self._max_frames = max_frames
+        self._muted: dict[bytes, float] = {}             # ZeroMQ identity -> until when
+        self._challenged: dict[Connection, int] = {}     # unadmitted: CHALLENGEs sent
+        self._writing: set[int] = set()                  # stream fds with output queued
         self._conns: dict[int, StreamConn] = {}
         self._peers: dict[bytes, ZmqPeer] = {}
         self._unadmitted: dict[Connection, float] = {}   # conn -> when it was first seen
@@ -125,19 +146,58 @@ class ServeLoop:
         """Answer ``ts`` with an ERROR carrying ``err``'s kind and message."""
         self.send(conn, Command.ERROR, ts, error_body(err))
 
-    def drop(self, conn: Connection) -> None:
-        """Forget ``conn`` (and close it, for a stream connection)."""
+    def drop(self, conn: Connection, mute: bool = False) -> None:
+        """Forget ``conn`` (and close it, for a stream connection). ``mute``: a ZeroMQ
+        peer's messages are let go unread for ``handshake_timeout`` (it cannot be closed)."""
         if isinstance(conn, StreamConn):
             fd = conn.fileno()
+            self._writing.discard(fd)
             if self._conns.pop(fd, None) is not None:
                 self._poller.unregister(fd)
         elif isinstance(conn, ZmqPeer):
             self._peers.pop(conn.ident, None)
+            if mute and conn not in self.admitted:
+                if len(self._muted) >= MUTED_MAX:
+                    now = time.monotonic()
+                    self._muted = {i: t for i, t in self._muted.items() if t > now}
+                    while len(self._muted) >= MUTED_MAX:
+                        del self._muted[next(iter(self._muted))]
+                self._muted[conn.ident] = time.monotonic() + self._handshake
         self._unadmitted.pop(conn, None)
+        self._challenged.pop(conn, None)
         self._verifier.forget(conn)
         if self.admitted.pop(conn, None) is not None:
             self.handler.dropped(conn)
         conn.close()
+
+    def _queued(self, conn: StreamConn) -> None:
+        """``conn``'s output waits in its queue: write it when the socket is writable, and
+        read nothing more from that peer meanwhile (it costs at most its replies)."""
+        fd = conn.fileno()
+        if self._conns.get(fd) is conn and fd not in self._writing:
+            self._writing.add(fd)
+            self._poller.register(fd, zmq.POLLOUT)    # replaces POLLIN
+
+    def _write_conn(self, conn: StreamConn) -> None:
+        try:
+            done = conn.flush()
+        except KVStoreError:                          # the peer went away
+            self.drop(conn)
+            return
+        if done:
+            fd = conn.fileno()
+            self._writing.discard(fd)
+            self._poller.register(fd, zmq.POLLIN)
+            if conn.buffered():                       # messages read before it stalled
+                self._again.add(fd)
+
+    def _over_budget(self, conn: Connection) -> bool:
+        """An unadmitted peer that sent over its byte budget is refused and dropped."""
+        if conn in self.admitted or getattr(conn, "received", 0) <= UNADMITTED_BUDGET:
+            return False
+        self.refusals.refused(_who(conn), f"over {UNADMITTED_BUDGET} bytes before admission")
+        self.drop(conn, mute=True)
+        return True
 
     def _refuse(self, conn: Connection, ts: int, why: str, err: KVStoreError) -> None:
         """Refuse a message of an unadmitted peer: one quiet log line, an ERROR reply."""
@@ -185,6 +245,15 @@ class ServeLoop:
             return
         why = self._verifier.check(conn, meta.body)
         if why == CHALLENGE:
+            # a new challenge replaces the last (one is outstanding at a time), and a
+            # connection gets a few at most: a stranger's HELLOs cost one reply each
+            asked = self._challenged.get(conn, 0)
+            if asked >= MAX_CHALLENGES:
+                self.refusals.refused(_who(conn), f"over {MAX_CHALLENGES} HELLOs without "
+                                      "a proof")
+                self.drop(conn, mute=True)
+                return
+            self._challenged[conn] = asked + 1
             self.send(conn, Command.CHALLENGE, meta.ts, self._verifier.challenge(conn))
             return
         if why is not None:
@@ -204,6 +273,7 @@ class ServeLoop:
         handler deferred its decision (it returned None and kept the HELLO)."""
         self.admitted[conn] = who
         self._unadmitted.pop(conn, None)
+        self._challenged.pop(conn, None)
         conn.max_bytes = self._max_message
 
     def hold(self, conn: Connection) -> None:
@@ -220,13 +290,25 @@ class ServeLoop:
                                    "admission (PSKV_MAX_UNADMITTED)")
         return False
 
+    def _cap(self, ident: bytes) -> tuple[int | None, int]:
+        """The most bytes and frames the message of the ZeroMQ peer ``ident`` may have."""
+        if ident in self._muted:
+            if self._muted[ident] > time.monotonic():
+                return 0, 0
+            del self._muted[ident]
+        peer = self._peers.get(ident)
+        if peer is not None and peer in self.admitted:
+            return peer.max_bytes, self._max_frames
+        return ADMISSION_BYTES, ADMISSION_FRAMES
+
     def _read_router(self) -> None:
         assert self._router is not None
         for _ in range(1000):            # whatever has arrived, a bounded batch
             if not int(self._router.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 return
-            ident, frames = recv_message(self._router, router=True)
-            assert ident is not None
+            ident, frames, size, over = recv_capped(self._router, self._cap)
+            if ident in self._muted:
+                continue                 # dropped a moment ago: nothing is answered
             peer = self._peers.get(ident)
             if peer is None:
                 if not self._room(_zmq_address(frames)):
@@ -235,11 +317,12 @@ class ServeLoop:
                 peer.address = _zmq_address(frames)
                 peer.max_bytes = ADMISSION_BYTES     # until it proves it holds the secret
                 self._unadmitted[peer] = time.monotonic()
+            peer.received += size
+            if self._over_budget(peer):
+                continue
             try:
-                size = sum(f.buffer.nbytes for f in frames)
-                if peer.max_bytes is not None and size > peer.max_bytes:
-                    raise ProtocolError(f"a message of {size} bytes is over the "
-                                        f"{peer.max_bytes} this peer may send")
+                if over is not None:
+                    raise ProtocolError(f"{over} (the rest was let go unread)")
                 meta, arrays = decode(frames)
             except ProtocolError as err:
                 if peer not in self.admitted:
@@ -258,6 +341,8 @@ class ServeLoop:
                 conn.close()
                 continue
             conn.max_bytes = ADMISSION_BYTES     # until it proves it holds the secret
+            conn.queued = True                   # its sends never wait (see _queued)
+            conn.on_queued = lambda conn=conn: self._queued(conn)
             self._conns[conn.fileno()] = conn
             self._unadmitted[conn] = time.monotonic()
             self._poller.register(conn.fileno(), zmq.POLLIN)
@@ -293,9 +378,11 @@ class ServeLoop:
                 return
             if not got:
                 return
-            self.dispatch(conn, *got[0])
-            if conn.fileno() not in self._conns:
+            if self._over_budget(conn):
                 return
+            self.dispatch(conn, *got[0])
+            if conn.fileno() not in self._conns or conn.fileno() in self._writing:
+                return                   # gone, or not reading what it is sent: wait
         if conn.buffered():              # TLS holds more: poll would not say so
             self._again.add(conn.fileno())
 
@@ -309,6 +396,11 @@ class ServeLoop:
         for conn in [c for c in self._conns.values() if c.stalled(now)]:
             log.warning("%s: %s sent part of a message, then nothing for %g s; "
                         "dropping it", self.name, conn.peer, conn.timeout)
+            self.drop(conn)
+        for conn in [c for c in self._conns.values() if c.write_stalled(now)]:
+            log.warning("%s: %s has read nothing of its replies (%d bytes wait) for %g s; "
+                        "dropping it", self.name, conn.peer, conn.queued_bytes(),
+                        conn.timeout)
             self.drop(conn)
         for fd in [fd for fd, t in self._paused.items() if now >= t]:
             del self._paused[fd]
@@ -325,14 +417,19 @@ class ServeLoop:
         while not stop():
             events = self._poller.poll(0 if self._again else poll_ms)
             again, self._again = self._again, set()
-            events += [(fd, zmq.POLLIN) for fd in again if fd in self._conns]
-            for what, _ in events:
+            events += [(fd, zmq.POLLIN) for fd in again
+                       if fd in self._conns and fd not in self._writing]
+            for what, flags in events:
                 if what is self._router:
                     self._read_router()
                 elif isinstance(what, int) and what in self._listeners:
                     self._accept(what, self._listeners[what])
                 elif isinstance(what, int) and what in self._conns:
-                    self._read_conn(self._conns[what])
+                    if what in self._writing:
+                        if flags & (zmq.POLLOUT | zmq.POLLERR):
+                            self._write_conn(self._conns[what])
+                    else:
+                        self._read_conn(self._conns[what])
             now = time.monotonic()
             if now - last >= tick:
                 last = now

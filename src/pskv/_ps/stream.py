@@ -18,11 +18,17 @@ Framing: ``b"PSKV"``, the header length (u32, little-endian), the header of
 and every length before it reads data, and gives up (ProtocolError, the connection is
 closed) at the first inconsistency. Sockets are non-blocking: reads are incremental (a
 peer that stops half-way through a message stalls nobody but itself, and is dropped after
-the timeout), writes wait for room at most the timeout.
+the timeout). Writes wait for room at most the timeout, except on a connection in *queued*
+mode (a node's loop: :class:`.serve.ServeLoop`), whose writes never wait: what the kernel
+does not take is copied to the connection's output queue, written when the socket is
+writable (:meth:`StreamConn.flush`), and the loop reads nothing more from that peer until
+the queue is empty, so a peer that does not read costs at most the replies to what it had
+sent, and stalls nobody but itself.
 """
 from __future__ import annotations
 
 import errno
+import itertools
 import math
 import os
 import select
@@ -33,6 +39,7 @@ import struct
 import sys
 import tempfile
 import time
+from collections import deque
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -128,6 +135,15 @@ class StreamConn:
                 sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
             except OSError:  # pragma: no cover - capped by the system, keep its default
                 pass
+        #: queued mode (a node's loop): ``send`` never waits; ``on_queued()`` is called when
+        #: output starts to wait in the queue (the loop then polls for writability)
+        self.queued = False
+        self.on_queued: Callable[[], None] | None = None
+        self._out: deque[memoryview] = deque()   # owned copies, written in order
+        self._out_bytes = 0
+        self._out_since = 0.0                  # when the queue last moved
+        #: bytes received so far (a stranger's budget is counted in them)
+        self.received = 0
         self._bufs: dict[int, np.ndarray] = {}
         # bytes received but not parsed yet: _rbuf[_rstart:_rend]
         self._rbuf = bytearray(READ_BUFFER)
@@ -195,7 +211,9 @@ class StreamConn:
         return self.sock.fileno()
 
     def close(self) -> None:
-        """Close the socket; idempotent."""
+        """Close the socket (what waits in the output queue is dropped); idempotent."""
+        self._out.clear()
+        self._out_bytes = 0
         try:
             self.sock.close()
         except OSError:  # pragma: no cover
@@ -212,6 +230,9 @@ class StreamConn:
         if len(frames) <= _JOIN_ARRAYS and sum(a.nbytes for a in frames[1:]) <= _JOIN_BYTES:
             # a small message: one copy into one buffer, one send (the usual case: whole)
             data = b"".join([prefix, header, *frames[1:]])
+            if self._out:                    # queued mode, output waiting: after it
+                self._send_queued([memoryview(data)])
+                return
             try:
                 sent = self.sock.send(data)
             except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
@@ -224,6 +245,9 @@ class StreamConn:
         else:
             bufs = [memoryview(prefix), memoryview(header)]
             bufs += [memoryview(a).cast("B") for a in frames[1:] if a.nbytes]
+        if self.queued:
+            self._send_queued(bufs)
+            return
         first = 0                   # bufs[:first] are sent (no pop(0): a message of many
         try:                        # frames would cost quadratic time)
             while first < len(bufs):
@@ -248,6 +272,74 @@ class StreamConn:
         except OSError as err:
             raise NodeFailedError(f"the connection to {self.peer} broke: {err}") from err
 
+    def _write_some(self, bufs: Sequence[memoryview]) -> int:
+        """Write what the socket takes now of ``bufs``, without waiting; bytes written."""
+        try:
+            # TLS sockets have no sendmsg: one buffer (at most 1 MiB) at a time
+            return self.sock.send(bufs[0][:1 << 20]) if self.tls else \
+                self.sock.sendmsg(bufs[:_IOV_MAX])
+        except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            return 0
+        except OSError as err:
+            raise NodeFailedError(f"the connection to {self.peer} broke: {err}") from err
+
+    def _send_queued(self, bufs: list[memoryview]) -> None:
+        """Queued mode: write what goes now; copy the rest to the output queue."""
+        first = 0
+        if not self._out:
+            while first < len(bufs):
+                sent = self._write_some(bufs[first:first + _IOV_MAX])
+                if not sent:
+                    break
+                while sent and first < len(bufs):
+                    if sent >= bufs[first].nbytes:
+                        sent -= bufs[first].nbytes
+                        first += 1
+                    else:
+                        bufs[first] = bufs[first][sent:]
+                        sent = 0
+            if first == len(bufs):
+                return
+            self._out_since = time.monotonic()
+        # the caller may change its arrays once this returns: queue copies, joined when small
+        rest = bufs[first:]
+        if sum(b.nbytes for b in rest) <= _JOIN_BYTES:
+            rest = [memoryview(b"".join(rest))]
+        else:
+            rest = [memoryview(bytes(b)) for b in rest]
+        was_empty = not self._out
+        for b in rest:
+            self._out.append(b)
+            self._out_bytes += b.nbytes
+        if was_empty and self.on_queued is not None:
+            self.on_queued()
+
+    def queued_bytes(self) -> int:
+        """Bytes waiting in the output queue (queued mode)."""
+        return self._out_bytes
+
+    def flush(self) -> bool:
+        """Write what the socket takes of the output queue, without waiting; True when the
+        queue is empty. Raises NodeFailedError for a broken link."""
+        out = self._out
+        while out:
+            sent = self._write_some(list(itertools.islice(out, 0, _IOV_MAX)))
+            if not sent:
+                return False
+            self._out_since = time.monotonic()
+            self._out_bytes -= sent
+            while sent:
+                if sent >= out[0].nbytes:
+                    sent -= out.popleft().nbytes
+                else:
+                    out[0] = out[0][sent:]
+                    sent = 0
+        return True
+
+    def write_stalled(self, now: float) -> bool:
+        """Whether output has waited in the queue, unmoved, for longer than ``timeout``."""
+        return bool(self._out) and now - self._out_since > self.timeout
+
     # ---- reading ----------------------------------------------------------------------------
     def reuse(self, index: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
         """An Alloc that reuses one buffer per array position for big arrays.
@@ -263,8 +355,10 @@ class StreamConn:
         return buf[:nbytes].view(dtype).reshape(shape)
 
     def stalled(self, now: float) -> bool:
-        """Whether a message has been half-read for longer than ``timeout``."""
-        return bool(self._phase or self._pos) and now - self._since > self.timeout
+        """Whether a message has been half-read for longer than ``timeout`` (in queued mode
+        the loop reads nothing while output waits: that time is not the peer's)."""
+        return bool(self._phase or self._pos) and not self._out and \
+            now - max(self._since, self._out_since) > self.timeout
 
     def _next_array(self) -> bool:
         """Point the target at the next array with bytes; True when the message is done."""
@@ -352,6 +446,7 @@ class StreamConn:
         if k == 0:
             raise NodeFailedError(f"{self.peer} closed the connection")
         self._since = time.monotonic()
+        self.received += k
         if need >= READ_BUFFER:
             self._pos = pos + k
         else:
@@ -399,6 +494,7 @@ class StreamConn:
                                               f"{err}") from err
                     if k == 0:
                         raise NodeFailedError(f"{self.peer} closed the connection")
+                    self.received += k
                     self._rstart, self._rend = 0, k
                     self._since = time.monotonic()
                     self._drained = k < READ_BUFFER and not self.tls

@@ -49,6 +49,8 @@ from .zeromq import ZmqContext
 __all__ = ["KVWorker"]
 
 log = logging.getLogger(__name__)
+#: a HELLO's reply has not come yet (KVWorker._hello_reply)
+_PENDING = object()
 #: seconds between reads of the links a request makes on its way out (a failed push's
 #: ERROR waits that long at most; a broken link is noticed by the idle hook meanwhile)
 READ_EVERY = 0.002
@@ -85,6 +87,9 @@ class KVWorker:
         #: servers may die and come back: failover keeps what a restarted one or a backup
         #: needs, and routes each request to the server serving its shard
         self.failover: Failover | None = None
+        #: every live server admitted this worker: only then may failover send them
+        #: commands (a server refuses anything before the HELLO handshake)
+        self._connected = False
         if cfg.max_restarts > 0 or cfg.replicas > 0:
             keep = max(3 * cfg.checkpoint_every + 2 if cfg.max_restarts else 0,
                        64 if cfg.replicas else 0)
@@ -98,20 +103,12 @@ class KVWorker:
             # own, and each server proves its rank back under the same pair key, over both
             # nonces: a process that is not the server the scheduler admitted is refused
             wnonces = [new_key() for _ in self._conns]
-            tss = [self.request(s, Command.HELLO, body=self._hello(wnonces[s]))
-                   for s in range(len(self._conns))]
-            replies = [self.wait(ts, timeout=cfg.connect_timeout) for ts in tss]
-            nonces: list[str | None] = [None] * len(self._conns)
-            for s, (meta, _) in enumerate(replies):
-                if meta.cmd == Command.CHALLENGE:
-                    proof = self._proof(s, meta.body, wnonces[s])
-                    nonces[s] = proof["nonce"]
-                    tss[s] = self.request(s, Command.HELLO, body=proof)
-                else:
-                    tss[s] = 0
+            replies, nonces = self._handshakes(wnonces)
             hosts = list(po.hosts) or list(range(len(self._conns)))
-            for s, ts in enumerate(tss):
-                meta = self.wait(ts, timeout=cfg.connect_timeout)[0] if ts else replies[s][0]
+            for s, reply in enumerate(replies):
+                if reply is None:    # died while this worker connected: its backup serves
+                    continue
+                meta = reply[0]
                 check_server(po.key_for(s), po.job, s, po.rank, nonces[s], wnonces[s],
                              meta.body)
                 if po.rejoin and self.failover is not None and hosts[s] == s:
@@ -127,6 +124,10 @@ class KVWorker:
                         self.failover.pushes.applied_before(shard, applied_counts(meta.body))
                 # set after the handshakes, which go to each server itself
                 self.failover.host = hosts
+            # a server that died while this worker connected: its shards move to their
+            # backups now that every live server has admitted this worker
+            self._connected = True
+            self._recover()
             fo = self.failover
             self.metrics = start_metrics(cfg, lambda: WorkerMetrics(
                 po.rank, po.job, (lambda: fo.resent) if fo is not None else None), po)
@@ -272,9 +273,62 @@ class KVWorker:
             self._receive(int(min(left, 0.2) * 1000) + 1)
 
     def _recover(self) -> None:
-        """Act on servers lost and rejoined (the receiver calls it, role held)."""
-        if self.failover is not None:
+        """Act on servers lost and rejoined (the receiver calls it, role held); not before
+        the handshakes are done (the constructor calls it then)."""
+        if self.failover is not None and self._connected:
             self.failover.recover(self.po.next_event)
+
+    def _handshakes(self, wnonces: list[str]) -> tuple[list[Any], list[str | None]]:
+        """HELLO every server, answer each one's challenge as soon as it comes (a server
+        drops a peer that takes PSKV_HANDSHAKE_TIMEOUT), and return each server's last
+        reply (None: it died meanwhile and its backup serves its shard) and nonce."""
+        n = len(self._conns)
+        tss = [self.request(s, Command.HELLO, body=self._hello(wnonces[s])) for s in range(n)]
+        replies: list[Any] = [None] * n
+        nonces: list[str | None] = [None] * n
+        proved = [False] * n
+        pending = set(range(n))
+        deadline = time.monotonic() + self.cfg.connect_timeout
+        while pending:
+            for s in sorted(pending):
+                reply = self._hello_reply(s, tss[s], deadline)
+                if reply is _PENDING:
+                    continue
+                if reply is not None and reply[0].cmd == Command.CHALLENGE and not proved[s]:
+                    proof = self._proof(s, reply[0].body, wnonces[s])
+                    nonces[s], proved[s] = proof["nonce"], True
+                    tss[s] = self.request(s, Command.HELLO, body=proof)
+                    continue
+                replies[s] = reply
+                pending.discard(s)
+        return replies, nonces
+
+    def _hello_reply(self, server: int, ts: int, deadline: float) -> Any:
+        """The reply to a HELLO to ``server`` if it came (else ``_PENDING``), or None when
+        ``server`` died meanwhile and its backup will serve its shards
+        (``PSKV_REPLICAS=1``); past ``deadline``, ClusterTimeoutError."""
+        fo = self.failover
+        if fo is not None and fo.replicas:
+            # the scheduler's news too (over ZeroMQ no link breaks), kept for recover()
+            event = self.po.next_event()
+            while event is not None:
+                fo.hold(event)
+                event = self.po.next_event()
+            if fo.is_down(server):
+                with self._mutex:
+                    self._done.pop(ts, None)
+                log.warning("worker %d: server %d died while this worker connected; its "
+                            "backup serves its shard", self.po.rank, server)
+                return None
+        try:
+            return self.wait(ts, timeout=0.02, what=f"server {server} to answer its HELLO")
+        except ClusterTimeoutError:
+            if time.monotonic() < deadline:
+                return _PENDING
+            raise ClusterTimeoutError(
+                f"worker {self.po.rank} waited {self.cfg.connect_timeout:g} s for server "
+                f"{server} to answer its HELLO. Check that the server runs, or raise "
+                "PSKV_CONNECT_TIMEOUT.") from None
 
     # ---- replies ---------------------------------------------------------------------------
     def _alloc_for(self, meta: Meta) -> Alloc | None:

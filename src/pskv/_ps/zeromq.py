@@ -4,10 +4,12 @@ The scheduler link (Postoffice, Scheduler) runs on ZeroMQ; the data path to the 
 runs on ZeroMQ only with ``PSKV_TRANSPORT=zmq`` (:class:`ZmqConn`, the ZeroMQ
 implementation of :class:`.transport.Connection`). Invariant: every socket made here has
 ``LINGER=0`` so closing never blocks, and every receive follows a poll (nothing blocks).
+A ROUTER's sends never wait either: a peer whose pipe is full (it does not read) fails the
+send (:class:`ZmqPeer`), and its owner drops it.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import zmq
@@ -15,8 +17,8 @@ import zmq
 from ..errors import ClusterTimeoutError, NodeFailedError
 from .message import Command, Meta, decode, encode
 
-__all__ = ["ZmqConn", "ZmqContext", "ZmqPeer", "curve_client", "curve_server", "recv_message",
-           "send_message"]
+__all__ = ["ZmqConn", "ZmqContext", "ZmqPeer", "curve_client", "curve_server", "recv_capped",
+           "recv_message", "send_message"]
 
 
 class ZmqContext:
@@ -71,12 +73,13 @@ def curve_server(sock: zmq.Socket[Any], server_secret: bytes) -> None:
 
 def send_message(sock: zmq.Socket[Any], cmd: Command, ts: int = 0, keys: Sequence[int] = (),
                  body: Any = None, arrays: Sequence[Any] = (), to: bytes | None = None,
-                 copy: bool = True, track: bool = False) -> Any:
-    """Send one message (to ``to`` on a ROUTER); with ``track``, return its tracker."""
+                 copy: bool = True, track: bool = False, flags: int = 0) -> Any:
+    """Send one message (to ``to`` on a ROUTER); with ``track``, return its tracker.
+    ``flags``: ``zmq.NOBLOCK`` to fail (``zmq.Again``) instead of waiting for room."""
     frames = encode(cmd, ts, keys, body, arrays)
     if to is not None:
         frames.insert(0, to)
-    return sock.send_multipart(frames, copy=copy, track=track)
+    return sock.send_multipart(frames, flags, copy=copy, track=track)
 
 
 def recv_message(sock: zmq.Socket[Any], router: bool = False) -> tuple[bytes | None, list[Any]]:
@@ -85,6 +88,39 @@ def recv_message(sock: zmq.Socket[Any], router: bool = False) -> tuple[bytes | N
     if router:
         return frames[0].bytes, frames[1:]
     return None, frames
+
+
+def recv_capped(sock: zmq.Socket[Any], cap: Callable[[bytes], tuple[int | None, int]]) \
+        -> tuple[bytes, list[Any], int, str | None]:
+    """Receive one message of a ROUTER frame by frame: (identity, frames, bytes counted,
+    why refused).
+
+    ``cap(identity)`` says the most bytes (None: any) and frames that peer's message may
+    have; once it is over either, the rest of its frames are received and let go at once
+    (never kept nor listed), the frames are ``[]`` and ``why`` says what was over.
+    libzmq hands a message over only once all of it has arrived (its frame cap,
+    ``ZMQ_MAXMSGSIZE``, is the only bound before that): this bounds what pskv keeps of it.
+    """
+    ident = sock.recv(copy=False).bytes
+    max_bytes, max_frames = cap(ident)
+    frames: list[Any] = []
+    size = count = 0
+    why = None
+    while sock.getsockopt(zmq.RCVMORE):
+        part = sock.recv(copy=False)
+        count += 1
+        if why is not None:
+            continue
+        size += len(part)
+        if count > max_frames:
+            why = f"a message of over {max_frames} parts"
+        elif max_bytes is not None and size > max_bytes:
+            why = f"a message of over the {max_bytes} bytes this peer may send"
+        if why is not None:
+            frames = []
+        else:
+            frames.append(part)
+    return ident, frames, size, why
 
 
 class ZmqConn:
@@ -149,6 +185,8 @@ class ZmqPeer:
     """One peer of a ROUTER socket, as a :class:`.transport.Connection` that sends."""
 
     max_bytes: int | None = None
+    #: bytes received from it so far (a stranger's budget is counted in them)
+    received = 0
 
     def __init__(self, router: zmq.Socket[Any], ident: bytes) -> None:
         self.router = router
@@ -159,10 +197,17 @@ class ZmqPeer:
 
     def send(self, cmd: Command, ts: int = 0, keys: Sequence[int] = (), body: Any = None,
              arrays: Sequence[np.ndarray] = ()) -> None:
-        """Send one message (copied: stored values may change before ZeroMQ sends it)."""
+        """Send one message (copied: stored values may change before ZeroMQ sends it).
+
+        Never waits: a peer whose pipe is full (it does not read) fails the send with
+        NodeFailedError, as one that is gone does (ROUTER_MANDATORY says so)."""
         try:
-            send_message(self.router, cmd, ts, keys, body, arrays, to=self.ident, copy=True)
-        except zmq.ZMQError as err:   # the peer is gone: ROUTER_MANDATORY says so
+            send_message(self.router, cmd, ts, keys, body, arrays, to=self.ident, copy=True,
+                         flags=zmq.NOBLOCK)
+        except zmq.Again:
+            raise NodeFailedError(f"cannot send to {self.peer}: it does not read what it "
+                                  "was sent (its queue is full)") from None
+        except zmq.ZMQError as err:
             raise NodeFailedError(f"cannot send to {self.peer}: {err}") from err
 
     def receive(self, alloc_for: Any = None, limit: int = 64) -> list[tuple[Meta, list[Any]]]:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from typing import Any, Sequence
 
-__all__ = ["STORE_TYPES", "build_parser", "check_args", "nonnegative_float",
-           "positive_float", "positive_int"]
+__all__ = ["STORE_TYPES", "build_parser", "check_args", "create_store", "nonnegative_float",
+           "parse_checked", "positive_float", "positive_int"]
 
 #: the store types every example accepts; ``dist_*`` need pskv-launch
 STORE_TYPES = ("local", "device", "dist_sync", "dist_async", "dist_device_sync")
@@ -91,3 +93,22 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         # as MXNet's gluon.Trainer: summed gradients mean nothing when pushes never meet
         parser.error(f"--update-on-kvstore 0 needs a synchronous store; {args.kv_store} "
                      "applies each push on its own. Use --update-on-kvstore 1 or dist_sync.")
+
+
+def parse_checked(parser: argparse.ArgumentParser,
+                  argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(argv)`` then :func:`check_args`; bad flags exit 2 (argparse)."""
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    return args
+
+
+def create_store(prog: str, kv_store: str) -> Any:
+    """``pskv.kv.create(kv_store)``, or None after one line on stderr saying why not (the
+    example then exits 2)."""
+    import pskv as mx
+    try:
+        return mx.kv.create(kv_store)
+    except mx.KVStoreError as err:
+        print(f"{prog}: cannot create a {kv_store!r} store: {err}", file=sys.stderr)
+        return None

@@ -22,7 +22,6 @@ the test AUC). Run it locally or under the launcher::
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence, cast
@@ -321,10 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and check the flags; bad ones exit with status 2 and a message (argparse)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    _cli.check_args(parser, args)
-    return args
+    return _cli.parse_checked(build_parser(), argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -337,11 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
     data = make_data(args.vocab, args.features_per_sample, args.samples, args.seed)
-    try:
-        kv: Any = mx.kv.create(args.kv_store)
-    except mx.KVStoreError as err:
-        print(f"sparse_logreg: cannot create a {args.kv_store!r} store: {err}",
-              file=sys.stderr)
+    kv: Any = _cli.create_store("sparse_logreg", args.kv_store)
+    if kv is None:
         return 2
     try:
         rank, nw = kv.rank, kv.num_workers

@@ -332,10 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and check the flags; bad ones exit with status 2 and a message (argparse)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    _cli.check_args(parser, args)
-    return args
+    return _cli.parse_checked(build_parser(), argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -353,10 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     log = _make_log(args)
-    try:
-        kv: Any = mx.kv.create(args.kv_store)
-    except mx.KVStoreError as err:
-        print(f"train_ctr: cannot create a {args.kv_store!r} store: {err}", file=sys.stderr)
+    kv: Any = _cli.create_store("train_ctr", args.kv_store)
+    if kv is None:
         return 2
     try:
         rank, nw = kv.rank, kv.num_workers

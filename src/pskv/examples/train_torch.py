@@ -46,10 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and check the flags; bad ones exit with status 2 and a message (argparse)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    _cli.check_args(parser, args)
-    return args
+    return _cli.parse_checked(build_parser(), argv)
 
 
 def _data(rank: int, num_workers: int, seed: int) -> dict[str, Any]:

@@ -70,6 +70,11 @@ class DataPath:
         self._reducer.sum_into(buf, arrays)
         return buf
 
+    def merged(self, key: Key, vals: list[Any]) -> np.ndarray:
+        """The sum of a dense key's ``vals`` as one contiguous array of its dtype (the
+        caller's own array when it is one; do not keep it)."""
+        return self._merged_dense(key, self._records[key], vals)
+
     def items(self, keys: list[Key], groups: list[list[Any]]) -> Items:
         """Per server: ps_keys, kind letters and arrays of one push message."""
         per: dict[int, tuple[list[int], list[str], list[np.ndarray]]] = {}

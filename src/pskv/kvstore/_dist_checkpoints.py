@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..errors import CheckpointError, KVStoreError
+from ..errors import CheckpointError, KVStoreError, UnsupportedError
 from .._ps.message import Command
 from .._ps.ops import Op, command
 from ._durable import checkpoint_path
@@ -39,6 +39,15 @@ class CheckpointMethods:
         parallel; the call returns once every shard is on disk. ``path`` must be a
         directory every server can write (a shared file system across hosts).
         """
+        summed = [k for k, rec in self._store.items() if rec.collective]
+        if summed:       # alike on every worker: the choice is the same on all (init)
+            raise UnsupportedError(
+                f"save_checkpoint: key {summed[0]!r} is summed among the workers (the "
+                "collective path, docs/collective.md), so the servers do not hold its value. "
+                f"Keep it on the servers to checkpoint it: set_collective({summed[0]!r}, "
+                "False) before its init, or PSKV_COLLECTIVE_BYTES=0.", key=summed[0],
+                store_type=self._type)
+
         def write(where: str) -> None:
             self._to_all(Command.COMMAND, command(Op.CHECKPOINT, path=where))
             write_manifest(where, self._po.num_servers, None, self._type)

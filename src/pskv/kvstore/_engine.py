@@ -101,6 +101,10 @@ class _Entry:
     table: tables.ServedTable | None = None   # a table key's shard (then ``stored`` is empty)
     part_workers: list[int] = field(default_factory=list)   # the worker of each table part
     again: list[np.ndarray] = field(default_factory=list)   # IDs of table pushes sent again
+    # a dense sync round is summed in worker-rank order: the next rank to add, and copies of
+    # pushes that came before a lower rank's (Engine._add_in_order)
+    next_rank: int = 0
+    early: dict[int, tuple[list[np.ndarray], str]] = field(default_factory=dict)
 
 
 def _ignore(ticket: Ticket) -> None:
@@ -314,7 +318,10 @@ class Engine:
             return
         if not entry.pushers:
             entry.started = self._clock()
-        self.accumulate(key, arrays, kind, first=not entry.pushers)
+        if kind in "rtT":
+            self.accumulate(key, arrays, kind, first=not entry.pushers)
+        else:
+            self._add_in_order(key, entry, worker, arrays, kind)
         if entry.table is not None:
             entry.part_workers.append(worker)
         entry.pushers.add(worker)
@@ -327,6 +334,22 @@ class Engine:
                 now = self._clock()
                 self.closed(entry.name, worker, now - entry.started)
             self._close_round(key, entry, now)
+
+    def _add_in_order(self, key: Key, entry: _Entry, worker: int, arrays: list[np.ndarray],
+                      kind: str) -> None:
+        """Add a dense push to its round in worker-rank order: ``((v0 + v1) + v2) + ...``
+        whatever order the pushes arrive in, so a round's sum is the same bits every run
+        (and the same as the collective path's, docs/collective.md); a push that comes
+        before a lower rank's is copied until its turn."""
+        if worker != entry.next_rank:
+            entry.early[worker] = ([np.array(a) for a in arrays], kind)
+            return
+        self.accumulate(key, arrays, kind, first=entry.next_rank == 0)
+        entry.next_rank += 1
+        while entry.next_rank in entry.early:
+            held, held_kind = entry.early.pop(entry.next_rank)
+            self.accumulate(key, held, held_kind, first=entry.next_rank == 0)
+            entry.next_rank += 1
 
     # ---- the two steps of a round (override both for a server that does no arithmetic,
     # ---- as the benchmarks' EmptyHandler does) -----------------------------------------
@@ -422,6 +445,7 @@ class Engine:
             entry.applied[worker] = entry.applied.get(worker, 0) + 1
         self._applied(key, entry)         # the backup has it before anyone is answered
         entry.pushers.clear()
+        entry.next_rank = 0
         # taken before anything is released or pushed again (no new list when empty)
         waiting, entry.waiting = entry.waiting, []
         deferred: list[tuple[int, list[np.ndarray], str, Ticket | None]] = []
@@ -576,6 +600,8 @@ class Engine:
             ticket.remaining = -1               # never answered again
         entry.waiting, entry.deferred, entry.pulls = [], [], []
         entry.pushers.clear()
+        entry.next_rank = 0
+        entry.early.clear()
         entry.sparse_parts.clear()
         entry.part_workers.clear()
         entry.again.clear()

@@ -43,6 +43,7 @@ class KeyRecord:
     proto: Any                      # what pull(out=None) returns: a type, a maker or an rsp
     pskey: int = 0                  # dist: the key on the wire
     segments: list[Segment] = field(default_factory=list)   # dist: placement
+    collective: bool = False        # dist_sync: summed among the workers (_collective.py)
 
     @property
     def size(self) -> int:

@@ -271,6 +271,8 @@ class Backups:
         self._make = make_engine
         self.lock = threading.Lock()
         self.engines: dict[int, Engine] = {}
+        #: shards of which a whole copy (r_state) ever reached this server
+        self.copied: set[int] = set()
         self._po: Postoffice | None = None
         tls = server_context(*cfg.tls) if cfg.tls is not None else None
         self._listeners = [StreamListener(host=cfg.node_host,
@@ -330,6 +332,21 @@ class Backups:
         with self.lock:
             return self.engines.pop(shard, None)
 
+    def take_empty(self, shard: int, rank: int, num_servers: int, restarted: bool
+                   ) -> Engine | None:
+        """An empty engine for ``shard`` when its primary died before changing anything:
+        a primary answers no change before its backup holds a whole copy of the shard
+        (``Replicator.send`` sends it first), so this server, its backup since the job
+        began (not ``restarted``), holding no copy and never having had one, knows that
+        nothing of it was acknowledged. Else None: the shard is lost."""
+        if restarted or shard == rank or backup_of(shard, shard, num_servers) != rank:
+            return None
+        with self.lock:
+            if shard in self.copied or shard in self.engines:
+                return None
+            self.copied.add(shard)
+            return self._make()
+
     # ---- the Handler of the ServeLoop ----------------------------------------------------
     def admit(self, conn: Connection, meta: Meta) -> int:
         """A primary's HELLO whose proof checked."""
@@ -357,6 +374,7 @@ class Backups:
             if op is ReplOp.STATE:
                 engine = self.engines[shard] = self._make()
                 install_copy(engine, body, arrays)
+                self.copied.add(shard)
             else:
                 engine = self.engines.get(shard)
                 if engine is None:

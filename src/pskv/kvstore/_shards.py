@@ -109,6 +109,13 @@ class Shards:
             if engine is not None:
                 log.info("server %d: serves shard %d now, as its backup (its server died)",
                             self.po.rank, index)
+            else:
+                engine = self.backups.take_empty(index, self.po.rank, self.po.num_servers,
+                                                 self.po.rejoin)
+                if engine is not None:
+                    log.info("server %d: serves shard %d now, empty: its server died before "
+                             "it changed anything", self.po.rank, index)
+            if engine is not None:
                 engine.num_workers = self.po.num_workers
                 shard = self.serve(index, engine)
         if shard is None:

@@ -10,7 +10,7 @@ import warnings
 from types import TracebackType
 from typing import Any, TypeVar, overload
 
-from ..errors import ConfigError, UnsupportedError, ValueTypeError
+from ..errors import ConfigError, KeyTypeError, UnsupportedError, ValueTypeError
 from ..optimizer import Optimizer
 from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
 from ._agree import check_optimizer_spec, check_optimizer_values
@@ -111,6 +111,27 @@ class KVStoreBase:
     def set_gradient_compression(self, compression_params: dict[str, Any]) -> None:
         """Compress pushed gradients (``{'type': '2bit', 'threshold': 0.5}``)."""
         raise self._unsupported("set_gradient_compression")
+
+    def set_collective(self, key: KeyArg, enabled: bool = True) -> None:
+        """Sum ``key`` among the workers (True) or on the servers (False), whatever its
+        size; before the key's ``init``, on every worker (docs/collective.md).
+
+        Only a ``dist_sync`` store has a collective path; this default checks the
+        arguments and keeps every key where it is, so the same script runs on a ``local``
+        store.
+
+        Parameters
+        ----------
+        key : int, str, or list of them
+        enabled : bool, default True
+        """
+        for k in (list(key) if isinstance(key, (list, tuple)) else [key]):
+            if type(k) is not int and type(k) is not str:
+                raise KeyTypeError(f"set_collective takes int or str keys (or a list of "
+                                   f"them), got {k!r} of type {type(k).__name__}.")
+        if type(enabled) is not bool:
+            raise ValueTypeError(f"set_collective(key, enabled): enabled must be True or "
+                                 f"False, got {enabled!r}.")
 
     def set_staleness(self, bound: int | None, *, global_bound: int | None = None) -> None:
         """Bound how stale the values a worker reads may be (docs/embeddings.md, "Bounded

@@ -37,6 +37,7 @@ from .._ps.worker import KVWorker
 from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
 from ..table import TableSpec
 from ._args import as_numpy, normalize, row_ids_by_key
+from ._collective import Choice, CollectiveMethods
 from ._dist_checkpoints import CheckpointMethods
 from ._dist_tables import DistTables, init_table
 from ._datapath import DataPath
@@ -57,7 +58,8 @@ __all__ = ["DistKVStore"]
 log = logging.getLogger(__name__)
 
 
-class DistKVStore(StalenessMethods, TableMethods, CheckpointMethods, KVStoreBase):
+class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointMethods,
+                  KVStoreBase):
     """A worker's handle on a parameter-server cluster (``dist_*`` store types).
 
     Create it with ``pskv.kv.create('dist_sync')`` in a process started by ``pskv-launch``
@@ -108,6 +110,9 @@ class DistKVStore(StalenessMethods, TableMethods, CheckpointMethods, KVStoreBase
         self._by_pskey: dict[int, Key] = {}
         self._held = HeldPush(cfg.coalesce_bytes if self._sync else 0)
         self._initial_sent = False
+        #: which keys are summed among the workers (docs/collective.md), and the links
+        self._choice = Choice(name, cfg, self._po.num_workers)
+        self._coll = None
         self._lock.release()
         # a strong reference: a store dropped without close() must still say goodbye at
         # exit, or the scheduler takes the silent worker for dead and exits 1
@@ -193,6 +198,12 @@ class DistKVStore(StalenessMethods, TableMethods, CheckpointMethods, KVStoreBase
         ``TableSpec`` (``pskv.table``) declares a table key on every server.
         """
         if isinstance(value, TableSpec):
+            for k in (key if isinstance(key, (list, tuple)) else [key]):
+                if type(k) in (int, str) and self._choice.prefs.get(k):  # type: ignore[arg-type]
+                    raise UnsupportedError(
+                        f"key {k!r} was set to take the collective path (set_collective), "
+                        "but a table key stays on the servers. Call "
+                        f"set_collective({k!r}, False) first.", key=k, store_type=self._type)
             return init_table(self, key, value)
         with self._collective_lock, self._lock:
             self._begin()
@@ -206,8 +217,10 @@ class DistKVStore(StalenessMethods, TableMethods, CheckpointMethods, KVStoreBase
                 self._keys.validate_init(keys, groups)
                 self._check_bounds(keys, groups, "init")
                 specs = [init_spec(k, vals[0], self._by_pskey) for k, vals in zip(keys, groups)]
+                coll = self._collective_keys(keys, groups, specs)
             except KVStoreError as err:
                 error = err
+                coll = []
             if self._po.rejoin:
                 # a worker restarted by --max-restarts: the keys are on the servers already,
                 # and the other workers are past init; place them as the first run did
@@ -218,17 +231,26 @@ class DistKVStore(StalenessMethods, TableMethods, CheckpointMethods, KVStoreBase
                     self._by_pskey[self._keys.add(self._place(keys[i], groups[i][0])).pskey] \
                         = keys[i]
                 return
+            extra: dict[str, Any] = {}
+            if coll:
+                extra = {"collective": coll}
+                if self._coll is None or not self._coll.connected:
+                    extra["peer"] = self._collective_path().listen()
             payloads = self._collective("init", {
                 "specs": specs, "error": None if error is None else
-                f"{type(error).__name__}: {error}"})
+                f"{type(error).__name__}: {error}", **extra})
             if error is not None:
                 raise error
             assert specs is not None
             check_agreement(payloads, specs, self.rank)
+            self._check_collective_agreement(payloads, coll)
             order = sorted(range(len(keys)), key=lambda i: specs[i][0])
             recs = {keys[i]: self._place(keys[i], groups[i][0]) for i in order}
             if self.rank == 0:
                 self._send_init(keys, groups, recs)
+            if coll:
+                # before the second barrier: no worker pushes a key another has not taken
+                self._link_collective(payloads, recs, set(coll))
             self._collective("init (values sent)")
             for k in keys:
                 self._by_pskey[self._keys.add(recs[k]).pskey] = k
@@ -331,6 +353,18 @@ class DistKVStore(StalenessMethods, TableMethods, CheckpointMethods, KVStoreBase
 
     def _push_validated(self, keys: list[Key], groups: list[list[Any]]) -> None:
         self._first_push()      # _begin() has sent a held push already
+        if self._coll is not None:
+            peers = [i for i, k in enumerate(keys) if self._store[k].collective]
+            if peers:
+                rest = [i for i in range(len(keys)) if i not in set(peers)]
+                if rest:
+                    self._push_validated([keys[i] for i in rest], [groups[i] for i in rest])
+                for i in peers:
+                    rec = self._store[keys[i]]
+                    flat = self._path.merged(keys[i], groups[i]).reshape(-1)
+                    with self._unlocked():
+                        self._coll.push(rec.pskey, flat)
+                return
         items = self._path.items(keys, groups)
         if not self._held.hold(keys, items):
             self._path.send(items)
@@ -339,6 +373,15 @@ class DistKVStore(StalenessMethods, TableMethods, CheckpointMethods, KVStoreBase
     def _pull_validated(self, keys: list[Key], groups: list[list[Any]],
                         ignore_sparse: bool, fetched: dict[Key, list[np.ndarray]]
                         | None = None) -> None:
+        if fetched is None and self._coll is not None:
+            peers = [i for i, k in enumerate(keys) if self._from_peers(k)]
+            if peers:
+                rest = [i for i in range(len(keys)) if i not in set(peers)]
+                if rest:
+                    self._pull_validated([keys[i] for i in rest], [groups[i] for i in rest],
+                                         ignore_sparse)
+                keys, groups = [keys[i] for i in peers], [groups[i] for i in peers]
+                fetched = self._fetch_collective(keys, groups)
         wanted = [k for k, outs in zip(keys, groups)
                   if any(not (ignore_sparse and isinstance(o, RowSparseNDArray)) for o in outs)]
         if fetched is None and self._held:
@@ -367,7 +410,12 @@ class DistKVStore(StalenessMethods, TableMethods, CheckpointMethods, KVStoreBase
     def _pull_new(self, key: Any) -> Any:
         self._send_held()
         many, records = self._keys.pull_new_keys(key)
-        parts = self._path.fetch(list(dict.fromkeys(r.key for r in records)))
+        uniq = list(dict.fromkeys(r.key for r in records))
+        peers = [k for k in uniq if self._coll is not None and self._from_peers(k)]
+        parts = self._path.fetch([k for k in uniq if k not in peers]) \
+            if len(peers) < len(uniq) else {}
+        if peers:
+            parts.update(self._fetch_collective(peers, [[] for _ in peers]))
         result = []
         for rec in records:
             data = np.empty(rec.shape, rec.dtype)
@@ -421,6 +469,12 @@ class DistKVStore(StalenessMethods, TableMethods, CheckpointMethods, KVStoreBase
             self._keys.validate_pull(okeys, ogroups)
             self._check_bounds(keys, groups, "pushpull")
             self._first_push()
+            if self._coll is not None and any(self._store[k].collective for k in keys):
+                # the collective keys' pushes are written when this returns: then the pull
+                # may land in the values (out=None)
+                self._push_validated(keys, groups)
+                self._pull_validated(okeys, ogroups, True)
+                return
             if self._stale is not None:
                 # a push call, then a bounded read: apart, so that the servers see the
                 # clock before the read (the global bound) and the read may flush (K)
@@ -466,8 +520,26 @@ class DistKVStore(StalenessMethods, TableMethods, CheckpointMethods, KVStoreBase
         spec = check_optimizer(optimizer, need_spec=True)   # refused here, alike on every worker
         with self._lock:
             self._begin()
+            coll = [rec for rec in self._store.values() if rec.collective]
+            pushed = [rec.key for rec in coll if self._coll is not None and
+                      self._coll.pushed(rec.pskey)]
+            if pushed:
+                raise UnsupportedError(
+                    f"set_optimizer after pushes of key {pushed[0]!r} on the collective "
+                    "path: the servers never saw them, so they cannot update its weights. "
+                    "Call set_optimizer before the first push (before init keeps every key "
+                    "on the servers), or keep the key on the servers with "
+                    f"set_collective({pushed[0]!r}, False) before its init.", key=pushed[0],
+                    store_type=self._type)
             self._to_all(Command.COMMAND, command(Op.OPTIMIZER, spec=spec))
             self._tables.optimizer = optimizer
+            # the keys that were to be summed among the workers go back to the servers,
+            # which hold their initial values (MXNet's Module inits, then sets the optimizer)
+            self._choice.optimizer = True
+            for rec in coll:
+                rec.collective = False
+                assert self._coll is not None
+                self._coll.drop_key(rec.pskey)
 
     def set_updater(self, updater: Updater) -> None:
         """Not available in dist stores: the update runs on the servers. Use set_optimizer."""
@@ -490,6 +562,7 @@ class DistKVStore(StalenessMethods, TableMethods, CheckpointMethods, KVStoreBase
             params = None if compressor is None else compressor.params
             self._to_all(Command.COMMAND, command(Op.COMPRESSION, params=params))
             self._path.compressor = compressor
+            self._choice.compression = compressor is not None
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Gather every server's optimizer states into ``fname`` (NumPy arrays + JSON)."""
@@ -554,6 +627,8 @@ class DistKVStore(StalenessMethods, TableMethods, CheckpointMethods, KVStoreBase
             except KVStoreError as err:
                 log.warning("worker %d: closing with unacknowledged pushes: %s", self.rank, err)
             finally:
+                if self._coll is not None:
+                    self._coll.close(min(self._cfg.request_timeout, 10.0))
                 self._po.goodbye()
                 self._po.close()
                 self._kv.close()

@@ -1,33 +1,91 @@
 """``pskv.server`` that SIGKILLs itself once, at a chosen moment (fault injection for tests).
 
 Environment: DIE_SERVER (server ranks to kill, comma-separated), DIE_AFTER (for each, the
-seconds after it started), DIE_MARK (a file each creates, suffixed with its rank, just
-before dying). Only the first start of a server dies; a restart (PSKV_RESTART > 0) serves.
+seconds after it started, or ``copies:N+D``: D seconds after restarted servers have
+installed N whole shard copies as backups, so that a second death comes only once the first
+one's server is a backup again), DIE_MARK (a file each creates, suffixed with its rank, just
+before dying; a restarted server creates ``DIE_MARK-copy-I`` for each whole copy it
+installs; or ``hellos``: when the last worker's first HELLO arrives, before answering it,
+so that the workers are still connecting). Only the first start of a server dies; a restart
+(PSKV_RESTART > 0) serves.
 """
 from __future__ import annotations
 
 import os
 import signal
 import threading
+import time
+from pathlib import Path
+from typing import Any
 
 from pskv.server import main
 
 
+def _count_copies() -> None:
+    """On a restarted server: mark each whole shard copy installed (DIE_MARK-copy-I)."""
+    from pskv.kvstore import _replica
+    real = _replica.install_copy
+    made = [0]
+
+    def install_copy(*args: Any, **kwargs: Any) -> None:
+        real(*args, **kwargs)
+        made[0] += 1
+        Path(f"{os.environ['DIE_MARK']}-copy-{made[0]}").touch()
+    _replica.install_copy = install_copy
+
+
+def _wait_copies(n: int, limit: float = 60.0) -> None:
+    end = time.monotonic() + limit
+    while not Path(f"{os.environ['DIE_MARK']}-copy-{n}").exists() and time.monotonic() < end:
+        time.sleep(0.05)
+
+
+def _die_at_last_hello(me: str) -> None:
+    from pskv._ps import serve
+    real = serve.ServeLoop._hello
+    seen: set[Any] = set()
+
+    def hello(self: Any, conn: Any, meta: Any) -> None:
+        body = meta.body if isinstance(meta.body, dict) else {}
+        if body.get("role") == "worker":
+            seen.add(body.get("rank"))
+            if len(seen) == int(os.environ["DMLC_NUM_WORKER"]):
+                Path(f"{os.environ['DIE_MARK']}-{me}").touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+        real(self, conn, meta)
+    serve.ServeLoop._hello = hello  # type: ignore[method-assign]
+
+
 def _arm() -> None:
-    if os.environ.get("DMLC_ROLE") != "server" or os.environ.get("PSKV_RESTART", "0") != "0":
+    if os.environ.get("DMLC_ROLE") != "server":
+        return
+    if os.environ.get("PSKV_RESTART", "0") != "0":
+        if "DIE_MARK" in os.environ:
+            _count_copies()
         return
     ranks = os.environ.get("DIE_SERVER", "").split(",")
     delays = os.environ.get("DIE_AFTER", "").split(",")
     me = os.environ.get("DMLC_SERVER_ID")
     if me not in ranks:
         return
-    delay = float(delays[ranks.index(me)])
+    when = delays[ranks.index(me)]
+    if when == "hellos":
+        _die_at_last_hello(me)
+        return
+    copies = 0
+    if when.startswith("copies:"):
+        copies_text, _, when = when[len("copies:"):].partition("+")
+        copies = int(copies_text)
+    delay = float(when or 0)
 
     def die() -> None:
+        if copies:
+            _wait_copies(copies)
+            time.sleep(delay)
         with open(f"{os.environ['DIE_MARK']}-{me}", "w"):
             pass
         os.kill(os.getpid(), signal.SIGKILL)
-    timer = threading.Timer(delay, die)
+    timer = threading.Timer(0.0 if copies else delay, die)
     timer.daemon = True
     timer.start()
 

@@ -1,0 +1,379 @@
+"""The collective path (docs/collective.md) on thread clusters of 2 to 4 workers: big dense
+``dist_sync`` keys summed among the workers give the same bits as the servers' rounds, for
+mixed calls, several sizes and dtypes; the choice is the same on every worker or it raises;
+misuse raises a KVStoreError subclass; a worker whose links break is named at once."""
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pskv as mx
+from pskv._ps.collective import chunks
+from pskv._ps.config import ClusterConfig
+from pskv.errors import (ClusterError, ConfigError, KeyTypeError, KVStoreError,
+                         NodeFailedError, UnsupportedError, ValueTypeError)
+from pskv.table import TableSpec
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
+
+#: key -> shape, dtype: sizes below, at and above the worker count, odd sizes, 2 dtypes
+KEYS = {"a": ((3,), np.float32), "b": ((1000, 7), np.float32), "d": ((4097,), np.float64),
+        "c": ((2, 2), np.float32), "small": ((6,), np.float32)}
+
+
+def ok(results: dict[int, Any]) -> dict[int, Any]:
+    for value in results.values():
+        if isinstance(value, BaseException):
+            raise value
+    return dict(results)
+
+
+def grad(rank: int, step: int, key: Any) -> np.ndarray:
+    """A worker's push: magnitudes differing by rank, so that the order of the sum shows
+    in the last bits."""
+    shape, dtype = KEYS[key]
+    rng = np.random.default_rng([rank, step, len(str(key))])
+    return (rng.standard_normal(shape) * 10.0 ** (rank - 1)).astype(dtype)
+
+
+def training(kv: Any, override: bool) -> dict[str, Any]:
+    """Every call shape: init, push (single and lists, several devices), pull (out and
+    out=None), pushpull (out and in place); with ``override`` some keys are chosen by
+    set_collective, the rest by the threshold."""
+    if override:
+        kv.set_collective("a", True)          # 12 bytes: below any threshold
+        kv.set_collective("c", False)         # 16 bytes: stays on the servers
+    keys = list(KEYS)
+    kv.init(keys, [np.full(KEYS[k][0], kv.rank + 1, KEYS[k][1]) for k in keys])
+    got: dict[str, Any] = {"init": kv.pull(keys)}
+    for step in range(3):
+        kv.push(keys, [grad(kv.rank, step, k) for k in keys])
+        outs = [np.empty(*KEYS[k]) for k in keys]
+        kv.pull(keys, out=outs)
+        got[f"pull{step}"] = outs
+        # two devices: summed locally first (as the server path does)
+        two = [grad(kv.rank, step + 10, "b"), grad(kv.rank, step + 20, "b")]
+        out = np.empty(*KEYS["b"])
+        kv.pushpull("b", two, out=out)
+        got[f"pushpull{step}"] = out
+        inplace = grad(kv.rank, step + 30, "d")
+        kv.pushpull("d", inplace)
+        got[f"inplace{step}"] = inplace
+        got[f"new{step}"] = kv.pull(["b", "small"])
+    got["on_path"] = sorted(str(k) for k, rec in kv._store.items() if rec.collective)
+    return got
+
+
+def same(x: Any, y: Any) -> None:
+    if isinstance(x, dict):
+        assert x.keys() == y.keys()
+        for k in x:
+            if k != "on_path":
+                same(x[k], y[k])
+    elif isinstance(x, list):
+        assert len(x) == len(y)
+        for a, b in zip(x, y):
+            same(a, b)
+    else:
+        a, b = np.asarray(x), np.asarray(y)
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert np.array_equal(a, b), f"max difference {np.abs(a - b).max()}"
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_collective_keys_give_the_servers_bits(run_threads: Any, workers: int) -> None:
+    servers = ok(run_threads(lambda kv: training(kv, False), num_workers=workers))
+    both = ok(run_threads(lambda kv: training(kv, True), num_workers=workers,
+                          num_servers=2, collective_bytes=100))
+    for r in range(workers):
+        assert servers[r]["on_path"] == []
+        assert both[r]["on_path"] == ["a", "b", "d"]     # "c" and "small" on the servers
+        same(both[r], servers[r])
+        same(both[r], both[0])                           # every worker the same round
+    # and the round is the rank-order sum (the engine's rule)
+    want = grad(0, 0, "b").copy()
+    for r in range(1, workers):
+        want += grad(r, 0, "b")
+    same(both[0]["pull0"][1], want)
+
+
+def test_chunks_cover_every_element_once() -> None:
+    for size in (0, 1, 3, 4, 5, 1001):
+        for w in (1, 2, 3, 4, 7):
+            c = chunks(size, w)
+            assert [lo for lo, _ in c][0] == 0 and c[-1][1] == size
+            assert all(a[1] == b[0] for a, b in zip(c, c[1:]))
+            assert max(hi - lo for lo, hi in c) - min(hi - lo for lo, hi in c) <= 1
+
+
+def test_a_worker_that_closes_right_after_its_push_still_serves_its_chunk(
+        run_threads: Any) -> None:
+    def fn(kv: Any) -> Any:
+        kv.init("w", np.zeros(64, np.float32))
+        if kv.rank == 0:            # pushes and closes at once: its chunk's sum, which
+            kv.push("w", np.full(64, 1.0, np.float32))   # needs the others' later
+            return None                                   # pushes, must still go out
+        time.sleep(0.3)
+        kv.push("w", np.full(64, kv.rank + 1.0, np.float32))
+        return kv.pull("w")
+
+    res = ok(run_threads(fn, num_workers=3, collective_bytes=8))
+    for r in (1, 2):
+        np.testing.assert_array_equal(res[r], np.full(64, 6.0, np.float32))
+
+
+def test_a_pull_before_any_push_returns_rank_0s_init(run_threads: Any) -> None:
+    def fn(kv: Any) -> Any:
+        kv.init("w", np.full(50, kv.rank + 7.0, np.float32))
+        return kv.pull("w"), kv._store["w"].collective
+
+    for value, on_path in ok(run_threads(fn, collective_bytes=8)).values():
+        assert on_path and np.array_equal(value, np.full(50, 7.0, np.float32))
+
+
+def test_set_optimizer_before_a_push_keeps_the_servers_weights(run_threads: Any) -> None:
+    # MXNet's Module inits, then sets the optimizer: the keys go back to the servers
+    def fn(kv: Any, late: bool) -> Any:
+        kv.init("w", np.ones(64, np.float32))
+        if late:
+            kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
+        for step in range(2):
+            kv.push("w", np.full(64, kv.rank + step, np.float32))
+        return kv.pull("w"), kv._store["w"].collective
+
+    a = ok(run_threads(lambda kv: fn(kv, True), collective_bytes=8))
+    for value, on_path in a.values():
+        assert not on_path
+        # 1 - 0.5 * (0 + 1) - 0.5 * (1 + 2)
+        np.testing.assert_array_equal(value, np.full(64, -1.0, np.float32))
+
+    def after_push(kv: Any) -> Any:
+        kv.init("w", np.ones(64, np.float32))
+        kv.push("w", np.ones(64, np.float32))
+        kv.pull("w")
+        with pytest.raises(UnsupportedError, match="set_optimizer after pushes of key 'w'"):
+            kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
+        kv.push("w", np.ones(64, np.float32))    # the failed call changed nothing
+        return kv.pull("w")
+
+    for value in ok(run_threads(after_push, collective_bytes=8)).values():
+        np.testing.assert_array_equal(value, np.full(64, 2.0, np.float32))
+
+
+def test_keys_chosen_after_set_optimizer_or_compression_stay_on_the_servers(
+        run_threads: Any) -> None:
+    def fn(kv: Any) -> Any:
+        kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
+        kv.init("w", np.zeros(64, np.float32))
+        with pytest.raises(UnsupportedError):
+            kv.set_collective("x", True)
+            kv.init("x", np.zeros(64, np.float32))
+        return kv._store["w"].collective
+
+    assert all(v is False for v in ok(run_threads(fn, collective_bytes=8)).values())
+
+
+def test_bad_input_raises_kvstore_errors(run_threads: Any) -> None:
+    with pytest.raises(ConfigError, match="PSKV_COLLECTIVE_BYTES"):
+        ClusterConfig.from_env({"DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1",
+                                "DMLC_PS_ROOT_PORT": "9000", "DMLC_NUM_SERVER": "1",
+                                "DMLC_NUM_WORKER": "2", "PSKV_COLLECTIVE_BYTES": "-1"})
+
+    def fn(kv: Any) -> list[str]:
+        kv.init("dense", np.zeros(64, np.float32))
+        kv.init("rsp", mx.nd.sparse.zeros("row_sparse", (8, 4)))
+        kv.init("table", TableSpec(dim=4))
+        caught = []
+        for call in (lambda: kv.set_collective("rsp", True),
+                     lambda: kv.set_collective("table", True),
+                     lambda: kv.set_collective("dense", False),
+                     lambda: kv.set_collective(["x", 1.5]),
+                     lambda: kv.set_collective("x", "yes")):
+            with pytest.raises(KVStoreError) as info:
+                call()
+            caught.append(type(info.value).__name__ + ": " + str(info.value))
+        kv.set_collective("later", True)
+        with pytest.raises(KVStoreError):
+            kv.init("later", mx.nd.sparse.zeros("row_sparse", (8, 4)))
+        kv.set_collective("t2", True)
+        with pytest.raises(UnsupportedError, match="table key stays on the servers"):
+            kv.init("t2", TableSpec(dim=4))
+        return caught
+
+    for caught in ok(run_threads(fn, collective_bytes=8)).values():
+        assert caught[0].startswith("UnsupportedError") and "row_sparse" in caught[0]
+        assert caught[1].startswith("UnsupportedError") and "table key" in caught[1]
+        assert caught[2].startswith("UnsupportedError") and "initialized already" in caught[2]
+        assert caught[3].startswith(KeyTypeError.__name__)
+        assert caught[4].startswith(ValueTypeError.__name__)
+
+    def on_async(kv: Any) -> None:
+        with pytest.raises(UnsupportedError, match="dist_async"):
+            kv.set_collective("w", True)
+        kv.set_collective("w", False)      # keeping a key on the servers is always fine
+
+    ok(run_threads(on_async, store_type="dist_async"))
+    mx.kv.create("local").set_collective("w", True)      # a local store keeps its keys
+
+
+def test_a_checkpoint_of_a_store_with_collective_keys_is_refused(run_threads: Any,
+                                                                  tmp_path: Any) -> None:
+    def fn(kv: Any) -> str:
+        kv.init("w", np.zeros(64, np.float32))
+        with pytest.raises(UnsupportedError, match="save_checkpoint: key 'w' is summed") \
+                as info:
+            kv.save_checkpoint(str(tmp_path / "ck"))
+        return str(info.value)
+
+    ok(run_threads(fn, collective_bytes=8))
+
+
+def test_sealed_links_keep_every_key_on_the_servers(run_threads: Any) -> None:
+    def fn(kv: Any) -> bool:
+        with pytest.raises(UnsupportedError, match="PSKV_ENCRYPT"):
+            kv.set_collective("x", True)
+        kv.init("w", np.zeros(64, np.float32))
+        return bool(kv._store["w"].collective)
+
+    assert ok(run_threads(fn, encrypt=True, collective_bytes=8)) == {0: False, 1: False}
+
+
+def test_workers_that_choose_differently_raise_on_every_worker(thread_cluster: Any) -> None:
+    cluster = thread_cluster(2)
+    configs = [cluster.worker_config(collective_bytes=8), cluster.worker_config()]
+
+    def fn(kv: Any) -> None:
+        kv.init("w", np.zeros(64, np.float32))
+
+    results = cluster.run(fn, configs=configs)
+    for r in (0, 1):
+        assert isinstance(results[r], ClusterError), results[r]
+        assert "disagree on the collective path: key 'w'" in str(results[r])
+
+
+def test_a_message_out_of_order_fails_both_sides_not_the_thread(run_threads: Any) -> None:
+    from pskv._ps.message import Command
+
+    def fn(kv: Any) -> str:
+        kv.init("w", np.zeros(64, np.float32))
+        pskey = kv._store["w"].pskey
+        if kv.rank == 1:            # a push of round 5 before round 1: against the rules
+            with kv._coll._cond:
+                kv._coll._queue(0, Command.PUSH, 5, pskey, np.ones(32, np.float32))
+            kv._coll._wake()
+        with pytest.raises(ClusterError) as info:
+            for _ in range(100):    # the refusal reaches worker 1 within a round or two
+                kv.push("w", np.ones(64, np.float32))
+                kv.pull("w")
+        return str(info.value)
+
+    res = ok(run_threads(fn, collective_bytes=8))
+    assert "worker 1 sent key 'w': round 5 after round 0" in res[0], res[0]
+    assert "round 5 after round 0" in res[1] and "reported by worker 0" in res[1], res[1]
+
+
+def test_a_worker_whose_links_break_is_named_at_once(thread_cluster: Any) -> None:
+    cluster = thread_cluster(3, request_timeout=60.0, collective_bytes=8)
+
+    def fn(kv: Any) -> Any:
+        kv.init("w", np.zeros(300, np.float32))
+        if kv.rank == 2:        # one good round, then it dies: its links close, no goodbye
+            kv.push("w", np.ones(300, np.float32))
+            kv.pull("w")
+            for conn in kv._coll._conns.values():
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            return "dead"
+        with pytest.raises(NodeFailedError, match="worker 2 is gone") as info:
+            for _ in range(2):      # the first round may finish or not: the second cannot
+                kv.push("w", np.ones(300, np.float32))
+                kv.pull("w")
+        return str(info.value)
+
+    # the run's bound is below the request timeout: a wait for it would fail the test
+    results = cluster.run(fn, timeout=40)
+    assert results[2] == "dead"
+    for r in (0, 1):
+        assert isinstance(results[r], str), results[r]
+
+
+# ---- real processes ---------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [3])
+def test_processes_print_the_same_digest_with_and_without_the_path(local_cluster: Any,
+                                                                   workers: int) -> None:
+    digests = {}
+    for env in ({}, {"PSKV_COLLECTIVE_BYTES": "4096"}):
+        cluster = local_cluster(workers, 1, env=env).start("collective_sum.py")
+        codes = cluster.wait(60)
+        assert set(codes.values()) == {0}, cluster.dump()
+        reports = [r for p in cluster.workers for r in p.reports()]
+        assert sorted(r["rank"] for r in reports) == list(range(workers)), cluster.dump()
+        assert {tuple(r["collective"]) for r in reports} == \
+            {("big", "mid") if env else ()}, reports
+        digests[bool(env)] = {r["digest"] for r in reports}
+    assert len(digests[False]) == 1 and digests[True] == digests[False]
+
+
+def test_a_worker_killed_mid_collective_is_named_on_the_others(local_cluster: Any) -> None:
+    # a request timeout far beyond the test's bound: the error must come from the broken link
+    cluster = local_cluster(2, 1, env={"PSKV_COLLECTIVE_BYTES": "64",
+                                       "PSKV_REQUEST_TIMEOUT": "300"})
+    cluster.start("fail_node.py", "worker-dies")
+    end = time.monotonic() + 30
+    while time.monotonic() < end and not all(
+            any(r.get("event") == "ready" for r in p.reports()) for p in cluster.workers):
+        time.sleep(0.05)
+    victim = cluster.worker_by_rank(1)
+    time.sleep(0.3)                        # rank 0 is now waiting for rank 1's push
+    victim.kill()
+    codes = cluster.wait(40)
+    errors = [r for p in cluster.workers for r in p.reports() if "error" in r]
+    assert len(errors) == 1, cluster.dump()
+    err = errors[0]
+    assert err["rank"] == 0 and err["error"] == "NodeFailedError", err
+    assert "worker 1" in err["msg"], err
+    assert codes[cluster.worker_by_rank(0).label] == 3
+
+
+# ---- pskv.torch ---------------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [2, 3])
+def test_distributed_optimizer_weights_are_the_same_bits_on_the_collective_path(
+        run_threads: Any, workers: int) -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed: pip install torch")
+    import threading
+
+    import pskv.torch as pt
+    lock = threading.Lock()      # torch's default generator is global to the threads
+
+    def fn(kv: Any) -> Any:
+        with lock:
+            torch.manual_seed(3)
+            model = torch.nn.Sequential(torch.nn.Linear(5, 40), torch.nn.Tanh(),
+                                        torch.nn.Linear(40, 40), torch.nn.Tanh(),
+                                        torch.nn.Linear(40, 3))
+        opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1,
+                                                      momentum=0.9),
+                                      model.named_parameters(), kv, bucket_cap_mb=0.004)
+        g = torch.Generator().manual_seed(11)
+        for _ in range(3):
+            x, y = torch.randn(8 * workers, 5, generator=g), torch.randint(0, 3, (8 * workers,),
+                                                                           generator=g)
+            rows = slice(8 * kv.rank, 8 * kv.rank + 8)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[rows]) * 10.0 ** kv.rank,
+                                              y[rows]).backward()
+            opt.step()
+        on_path = sum(rec.collective for rec in kv._store.values())
+        return [p.detach().clone() for p in model.parameters()], on_path
+
+    servers = ok(run_threads(fn, num_workers=workers))
+    path = ok(run_threads(fn, num_workers=workers, collective_bytes=2000))
+    for r in range(workers):
+        assert servers[r][1] == 0 and 0 < path[r][1], (servers[r][1], path[r][1])
+        for a, b in zip(path[r][0], servers[r][0]):
+            assert torch.equal(a, b)
+        for a, b in zip(path[r][0], path[0][0]):
+            assert torch.equal(a, b)
