@@ -48,6 +48,64 @@ __all__ = ["main"]
 MODELS = ("mlp202", "cnn", "transformer")
 
 
+# ---- CPU accounting: every process of the job, by role ---------------------------------------
+def _job_pids() -> list[int]:
+    """The launcher (this worker's parent: pskv-launch or torchrun's agent) and everything
+    it started, read from ``/proc`` (Linux; empty elsewhere)."""
+    pids, todo = [], [os.getppid()]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                children = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+                todo.extend(int(c) for c in children)
+        except OSError:
+            continue
+    return pids
+
+
+def _role(pid: int) -> str:
+    """``launcher``, ``worker``, ``server`` or ``scheduler`` (``DMLC_ROLE``, or torchrun's
+    ``LOCAL_RANK`` for a DDP worker)."""
+    if pid == os.getppid():
+        return "launcher"
+    try:
+        env = dict(item.split("=", 1) for item in
+                   Path(f"/proc/{pid}/environ").read_text(errors="replace").split("\0")
+                   if "=" in item)
+    except OSError:
+        return "other"
+    if "DMLC_ROLE" in env:
+        return env["DMLC_ROLE"]
+    return "worker" if "LOCAL_RANK" in env else "other"
+
+
+def job_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system, threads included) of every process of the job, by pid."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out = {}
+    for pid in _job_pids():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (_role(pid), (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def cpu_per_step(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                 steps: int) -> dict[str, float]:
+    """CPU milliseconds per step, summed per role and in all (``total``), between two
+    :func:`job_cpu` readings."""
+    per: dict[str, float] = {}
+    for pid, (role, sec) in after.items():
+        used = sec - before.get(pid, (role, 0.0))[1]
+        per[role] = per.get(role, 0.0) + 1000 * used / steps
+    per["total"] = sum(per.values())
+    return {k: round(v, 2) for k, v in sorted(per.items())}
+
+
 # ---- the workers (run under pskv-launch or torchrun) ----------------------------------------
 def build(name: str, scale: int) -> tuple[Any, Any]:
     """The model and a function ``batch(step, rows) -> (x, y)`` of the global batch."""
@@ -126,7 +184,10 @@ def _average(args: argparse.Namespace, kv: Any, rank: int, world: int) \
     if kv is not None:
         kv.init("avg", torch.zeros(n))
     times = []
+    cpu = {}
     for i in range(args.warmup + args.steps):
+        if i == args.warmup and rank == 0:
+            cpu = job_cpu()
         t.copy_(src)
         start = time.perf_counter()
         if kv is not None:
@@ -138,6 +199,8 @@ def _average(args: argparse.Namespace, kv: Any, rank: int, world: int) \
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
     result: dict[str, Any] = {"ms": 1000 * statistics.median(times)}
+    if rank == 0:
+        result["cpu_ms_per_step"] = cpu_per_step(cpu, job_cpu(), args.steps)
     if kv is not None:
         result["collective_keys"] = int(kv._store["avg"].collective)
     return result, [t.numpy()]
@@ -169,6 +232,8 @@ def _train(args: argparse.Namespace, kv: Any, rank: int, world: int) \
         for i in range(first, first + count):
             if i == first + args.warmup:
                 start = time.perf_counter()
+                if first == 0 and rank == 0:
+                    cpu[0] = job_cpu()
             x, y = batch(i, per * world)
             opt.zero_grad()
             torch.nn.functional.cross_entropy(net(x[rows]), y[rows]).backward()
@@ -179,10 +244,14 @@ def _train(args: argparse.Namespace, kv: Any, rank: int, world: int) \
         return time.perf_counter() - start, waits
 
     total = args.warmup + args.steps
+    cpu: list[dict[int, tuple[str, float]]] = [{}]
     elapsed, waits = steps(net, opt, 0, total)
     result: dict[str, Any] = {
         "samples_per_s": args.steps * per * world / elapsed,
         "step_wait_ms": 1000 * statistics.median(waits)}
+    if rank == 0:
+        # the other workers' timed steps end within a step of these (one sync round)
+        result["cpu_ms_per_step"] = cpu_per_step(cpu[0], job_cpu(), args.steps)
     arrays = [p.detach().numpy().copy() for p in model.parameters()]
     if kv is not None:
         result["collective_keys"] = sum(r.collective for r in kv._store.values())
@@ -265,6 +334,10 @@ def run_driver(args: argparse.Namespace) -> int:
             ratio = value / base if metric == "samples_per_s" else base / value
             entry = {"metric": metric, "median": value, "runs": rs, "speed_vs_ddp": ratio,
                      "identical_to_ddp": same, "max_abs_diff": diff}
+            cpus = [r["cpu_ms_per_step"] for r in rs if r.get("cpu_ms_per_step")]
+            roles = sorted({role for c in cpus for role in c})
+            entry["cpu_ms_per_step"] = {role: statistics.median(c.get(role, 0.0) for c in cpus)
+                                        for role in roles}
             if "step_wait_no_overlap_ms" in rs[0]:
                 plain = statistics.median(r["step_wait_no_overlap_ms"] for r in rs)
                 wait = statistics.median(r["step_wait_ms"] for r in rs)
@@ -278,9 +351,11 @@ def run_driver(args: argparse.Namespace) -> int:
             rows.append([case, label, "" if keys is None else keys,
                          f"{value:.1f} {'ms' if metric == 'ms' else 'samples/s'}",
                          f"{ratio:.2f}x", "yes" if same else f"no ({diff:.2g})",
-                         "" if hidden is None else f"{100 * hidden:.0f}%", aim])
+                         "" if hidden is None else f"{100 * hidden:.0f}%",
+                         " ".join(f"{role} {ms:.1f}" for role, ms in
+                                  entry["cpu_ms_per_step"].items() if ms >= 0.05), aim])
     header = ["case", "run", "collective keys", "median", "speed vs DDP", "identical to DDP",
-              "overlap hidden", "aim"]
+              "overlap hidden", "CPU ms/step", "aim"]
     print(_common.text_table(header, rows))
     data = {"benchmark": "bench_torch", "time": _common.timestamp(),
             "machine": _common.machine_info(), **_common.commit_info(),

@@ -14,7 +14,7 @@ from ..errors import ConfigError, UnsupportedError, ValueTypeError
 from ._broadcast import import_torch, init_keys, named_tensors
 from ._buckets import DEFAULT_BUCKET_CAP_MB, bucket_cap_bytes, check_same_layout
 from ._sparse import SparseParams, check_sparse_names
-from ._sync import HOOK_ATTR, Synchronizer
+from ._sync import HOOK_ATTR, Synchronizer, copy_all
 
 if TYPE_CHECKING:
     import torch
@@ -29,38 +29,50 @@ class _Buffers:
     """Buffers (BatchNorm's running statistics) := rank 0's, one key per dtype.
 
     Each round rank 0 pushes its values and every other worker zeros, so the round's sum
-    is rank 0's (exactly: x + 0 == x), which every worker pulls into its buffers.
+    is rank 0's (exactly: x + 0 == x), which every worker pulls into its buffers. The
+    synchronizer sends these keys in the message of its last bucket (``fill`` before,
+    ``unpack`` after it), so buffers cost no round of their own.
     """
 
     def __init__(self, kv: Any, named: list[tuple[str, torch.Tensor]], prefix: str) -> None:
         th = import_torch()
         self.kv = kv
-        self.groups: list[tuple[str, list[torch.Tensor], torch.Tensor]] = []
+        self.keys: list[str] = []
+        self.flats: list[torch.Tensor] = []
+        self.tensors: list[list[torch.Tensor]] = []
+        self.views: list[list[torch.Tensor]] = []
         by_dtype: dict[Any, list[torch.Tensor]] = {}
         for _, t in named:
             by_dtype.setdefault(t.dtype, []).append(t)
         for n, (dtype, tensors) in enumerate(by_dtype.items()):
             flat = th.zeros(sum(t.numel() for t in tensors), dtype=dtype)
-            self.groups.append((f"{prefix}buffers.{n}", tensors, flat))
+            views, offset = [], 0
+            for t in tensors:
+                views.append(flat[offset:offset + t.numel()].view(t.shape))
+                offset += t.numel()
+            self.keys.append(f"{prefix}buffers.{n}")
+            self.flats.append(flat)
+            self.tensors.append(tensors)
+            self.views.append(views)
 
     def init(self, what: str, prefix: str) -> None:
-        if self.groups:
-            init_keys(self.kv, [k for k, _, _ in self.groups], [f for _, _, f in self.groups],
-                      what, prefix)
+        if self.keys:
+            init_keys(self.kv, self.keys, self.flats, what, prefix)
 
-    def broadcast(self) -> None:
-        th = import_torch()
-        for key, tensors, flat in self.groups:
+    def fill(self) -> None:
+        """This worker's part of the round: its buffers on rank 0, zeros elsewhere."""
+        for flat, tensors, views in zip(self.flats, self.tensors, self.views):
             if self.kv.rank == 0:
-                th.cat([t.detach().reshape(-1) for t in tensors], out=flat)
+                copy_all(views, [t.detach() for t in tensors])
             else:
                 flat.zero_()
-            self.kv.pushpull(key, flat)
-            with th.no_grad():
-                offset = 0
-                for t in tensors:
-                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                    offset += t.numel()
+
+    def unpack(self) -> None:
+        """The round's result (rank 0's values) into the buffers."""
+        th = import_torch()
+        with th.no_grad():
+            for tensors, views in zip(self.tensors, self.views):
+                copy_all(tensors, views)
 
 
 class _DistributedMixin:
@@ -95,10 +107,10 @@ class _DistributedMixin:
         self._pskv_sync.close()
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Wait for the gradients of all workers (sending what backward has not), then
-        step the wrapped optimizer (``update_on_kvstore=True``: the store's optimizer has
-        updated the weights, and the torch optimizer does not step); then make the buffers
-        rank 0's.
+        """Wait for the gradients of all workers (sending what backward has not; the
+        buffers become rank 0's with them), then step the wrapped optimizer
+        (``update_on_kvstore=True``: the store's optimizer has updated the weights, and the
+        torch optimizer does not step).
 
         ``closure``, if given, is called once first (under ``torch.enable_grad()``) to
         compute the loss and gradients; its result is returned.
@@ -112,8 +124,6 @@ class _DistributedMixin:
             sync.synchronize()
         if not sync.update_on_kvstore:
             super().step()  # type: ignore[misc]
-        if self._pskv_buffers is not None:
-            self._pskv_buffers.broadcast()
         return loss
 
 
@@ -191,9 +201,10 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
         How many backward passes accumulate into ``.grad`` before the gradients are sent
         (Horovod's argument); see also the returned optimizer's ``no_sync()``.
     named_buffers : iterable of (str, torch.Tensor), optional
-        ``model.named_buffers()``: with ``broadcast_buffers``, made rank 0's at the end of
-        every ``step()`` (DDP broadcasts them before each forward; the next forward sees
-        the same values). Only with ``update_on_kvstore=False``.
+        ``model.named_buffers()``: with ``broadcast_buffers``, made rank 0's in every
+        ``step()`` (rank 0's values when its last bucket was sent, after backward; they
+        travel in that bucket's message). DDP broadcasts them before each forward; the
+        next forward sees the same values. Only with ``update_on_kvstore=False``.
     broadcast_buffers : bool, default True
         Whether to broadcast ``named_buffers``.
     sparse_params : iterable of str, optional
@@ -282,13 +293,13 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
     bufs = _Buffers(kv, buffers, prefix) if buffers else None
     if bufs is not None:
         bufs.init("DistributedOptimizer", prefix)
+        sync.buffers = bufs
     if update_on_kvstore:           # every worker starts from rank 0's weights
         for bucket in sync.buckets:
             kv.pull(bucket.key, out=bucket.weights)
         with th.no_grad():
             for bucket in sync.buckets:
-                for j, i in enumerate(bucket.members):
-                    params[i].copy_(bucket.view(j, bucket.weights).view_as(params[i]))
+                copy_all([params[i] for i in bucket.members], bucket.weight_views)
     sync.install_hooks()
     base = type(optimizer) if optimizer is not None else th.optim.Optimizer
     cls = type(base.__name__, (_DistributedMixin, base), {"__module__": base.__module__})
