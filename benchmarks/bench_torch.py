@@ -4,6 +4,7 @@ Run from the repository root (a quiet machine; about 15 minutes on 2 cores)::
 
     python benchmarks/bench_torch.py                       # the full run
     python benchmarks/bench_torch.py --quick               # a smoke run, tiny sizes, ~2 min
+    python benchmarks/bench_torch.py --load 2              # with 2 busy processes alongside
 
 Every case runs both ways in the same invocation, alternated ``--repeats`` times so machine
 load falls on both alike: ``pskv-launch -n W -s S python benchmarks/bench_torch.py --worker
@@ -24,13 +25,18 @@ Reported: median samples/s (models) or ms per average, pskv / DDP, whether rank 
 weights (or the average) are bit-identical to DDP's, and the overlap: the share of the
 communication time hidden behind backward, ``1 - step(overlap=True) / step(overlap=False)``
 where ``step`` is the median time ``opt.step()`` waits (pskv only: DDP has no switch).
-Results go to ``benchmarks/results/bench_torch.json`` and ``.md`` with the machine, the
-commit and the command; the aims (1.3x DDP's samples/s, at most gloo's time for 100 MB) are
+The CPU time per step of every process of a job (user + system, from ``/proc``, over rank
+0's timed steps) is reported per role (workers, servers, scheduler, launcher): on a busy
+machine it moves far less than samples/s. ``--load N`` keeps N busy processes running
+during every job (the figure "with other work on the machine"). Results go to
+``benchmarks/results/bench_torch.json`` (``bench_torch_load<N>.json`` with ``--load``) and
+``.md`` with the machine, the commit and the command; the aims (1.3x DDP's samples/s, at most gloo's time for 100 MB) are
 reported as PASS or MISS, never asserted.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -39,7 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -267,6 +273,36 @@ def _train(args: argparse.Namespace, kv: Any, rank: int, world: int) \
 
 
 # ---- the driver ------------------------------------------------------------------------------
+#: one busy process of ``--load``: spins until its time is up (it ends by itself if the
+#: driver is killed before it can end it)
+_SPIN = ("import sys, time\n"
+         "end = time.monotonic() + float(sys.argv[1])\n"
+         "x = 0\n"
+         "while time.monotonic() < end:\n"
+         "    for i in range(10000):\n"
+         "        x = (x * 31 + i) % 1000003\n")
+
+
+@contextlib.contextmanager
+def busy(n: int, seconds: float) -> Iterator[None]:
+    """``n`` processes that each keep a core busy while the block runs (other work on the
+    machine, for ``--load``); each is ended by its pid afterwards, and ends by itself after
+    ``seconds`` in any case."""
+    procs = [subprocess.Popen([sys.executable, "-c", _SPIN, str(seconds)],
+                              stdin=subprocess.DEVNULL) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+
 def _job(kind: str, case: str, args: argparse.Namespace, threshold: int) \
         -> tuple[dict[str, Any], list[np.ndarray]]:
     here = Path(__file__).resolve()
@@ -319,7 +355,8 @@ def run_driver(args: argparse.Namespace) -> int:
             for kind, t in jobs:
                 label = kind if kind == "ddp" else f"pskv (collective {t})"
                 print(f"[{rep + 1}/{args.repeats}] {case}: {label}", flush=True)
-                result, arrays = _job(kind, case, args, t)
+                with busy(args.load, args.timeout + 60):
+                    result, arrays = _job(kind, case, args, t)
                 runs.setdefault(case, {}).setdefault(label, []).append(result)
                 weights.setdefault(case, {})[label] = arrays
     rows: list[list[Any]] = []
@@ -365,10 +402,14 @@ def run_driver(args: argparse.Namespace) -> int:
           f"{data['machine']['cpu_model']} x{data['machine']['cpu_count']}, load "
           f"{data['machine']['loadavg_at_start']}. {args.workers} workers, {args.servers} "
           f"server(s), batch {args.batch} per worker, {args.steps} timed steps after "
-          f"{args.warmup}, {args.repeats} alternated repeats; aims: 1.3x DDP's samples/s, "
-          "at most gloo's time for the average.\n\n" + _common.md_table(header, rows) + "\n")
+          f"{args.warmup}, {args.repeats} alternated repeats"
+          f"{f', {args.load} busy processes alongside' if args.load else ''}; aims: 1.3x "
+          "DDP's samples/s, at most gloo's time for the average. CPU ms/step: user + "
+          "system time of every process of the job over the timed steps (rank 0's "
+          "window), per role.\n\n" + _common.md_table(header, rows) + "\n")
     if not args.no_write:
-        paths = _common.write_results("bench_torch", data, md)
+        name = "bench_torch" if not args.load else f"bench_torch_load{args.load}"
+        paths = _common.write_results(name, data, md)
         print("wrote", *(str(p) for p in paths))
     return 0
 
@@ -393,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     ap.add_argument("--no-write", action="store_true", help="print only")
+    ap.add_argument("--load", type=int, default=0, metavar="N",
+                    help="run N busy processes during every job: the figure 'with other "
+                         "work on the machine' (results go to bench_torch_load<N>.*)")
     args = ap.parse_args(argv)
     if args.worker:
         return run_worker(args)
