@@ -18,7 +18,8 @@ Cases: ``mlp202`` (101 Linear layers: 202 tensors, 443k parameters), ``cnn`` (tw
 convolutions with BatchNorm, buffers broadcast as DDP does), ``transformer`` (one
 ``nn.TransformerEncoderLayer``, dropout 0), and ``avg100mb`` (one 100 MB float32 tensor
 averaged: ``kv.pushpull`` against ``dist.all_reduce``). pskv runs once per
-``--collective-bytes`` value (``PSKV_COLLECTIVE_BYTES``: 0 keeps every key on the servers,
+``--collective-bytes`` value (``PSKV_COLLECTIVE_BYTES`` and ``DistributedOptimizer``'s
+``collective_bytes``: 0 keeps every key on the servers, 65536 is the optimizer's default;
 docs/collective.md).
 
 Reported: median samples/s (models) or ms per average, pskv / DDP, whether rank 0's final
@@ -229,8 +230,12 @@ def _train(args: argparse.Namespace, kv: Any, rank: int, world: int) \
     else:
         import pskv.torch as pt
         net = model
+        # the run's PSKV_COLLECTIVE_BYTES is also the optimizer's collective_bytes (0: every
+        # bucket on the servers)
+        threshold = int(os.environ.get("PSKV_COLLECTIVE_BYTES", "0"))
         opt = pt.DistributedOptimizer(sgd(model), model.named_parameters(), kv,
-                                      named_buffers=model.named_buffers(), prefix="main/")
+                                      named_buffers=model.named_buffers(), prefix="main/",
+                                      collective_bytes=threshold)
 
     def steps(net: Any, opt: Any, first: int, count: int) -> tuple[float, list[float]]:
         waits = []
@@ -265,7 +270,7 @@ def _train(args: argparse.Namespace, kv: Any, rank: int, world: int) \
         # the same steps again without overlap: what step() waits is then all the exchange
         plain = pt.DistributedOptimizer(sgd(model), model.named_parameters(), kv,
                                         named_buffers=model.named_buffers(), prefix="plain/",
-                                        overlap=False)
+                                        overlap=False, collective_bytes=threshold)
         _, plain_waits = steps(net, plain, total, total)
         plain.close()  # type: ignore[attr-defined]
         result["step_wait_no_overlap_ms"] = 1000 * statistics.median(plain_waits)
@@ -429,8 +434,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--mb", type=float, default=100.0, help="the average's size in MiB")
     ap.add_argument("--scale", type=int, default=1, help="width factor of cnn/transformer")
-    ap.add_argument("--collective-bytes", default="0,1048576",
-                    help="PSKV_COLLECTIVE_BYTES values pskv runs with (comma-separated)")
+    ap.add_argument("--collective-bytes", default="0,65536",
+                    help="PSKV_COLLECTIVE_BYTES values pskv runs with (comma-separated), "
+                         "also DistributedOptimizer's collective_bytes: 0 keeps every key "
+                         "on the servers, 65536 is the optimizer's default")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     ap.add_argument("--no-write", action="store_true", help="print only")

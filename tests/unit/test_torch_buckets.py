@@ -334,3 +334,15 @@ def test_a_parameter_without_gradient_pushes_zeros_in_a_shared_bucket(kv: Any) -
     opt.step()
     assert len(counting.calls) == 1
     assert torch.equal(frozen.grad, torch.zeros_like(frozen))
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "64k", True])
+def test_collective_bytes_must_be_a_number_of_bytes(kv: Any, bad: Any) -> None:
+    model = mlp()
+    with pytest.raises(ConfigError, match=r"collective_bytes=.* is not a number of bytes"):
+        pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                model.named_parameters(), kv, collective_bytes=bad)
+    with pytest.raises(KeyError):
+        kv.pull("opt/bucket.0")             # the failed call initialized nothing
+    pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                            model.named_parameters(), kv, collective_bytes=None).close()

@@ -227,8 +227,10 @@ class Synchronizer:
             keys += self.buffers.keys
             values += self.buffers.flats
         if bucket.weights is None:
-            self.kv.pushpull(keys if with_buffers else bucket.key,
-                             values if with_buffers else bucket.flat)   # the sum, in place
+            # the sum, in place; out= names the same tensors so that the reply is read
+            # straight into them (the push has left them by then: the round's result comes
+            # after every push of it), not into a buffer and copied
+            self.kv.pushpull(keys, values, out=values)
         else:
             self.kv.pushpull(bucket.key, bucket.flat, out=bucket.weights)
 
