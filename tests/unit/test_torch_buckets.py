@@ -346,3 +346,61 @@ def test_collective_bytes_must_be_a_number_of_bytes(kv: Any, bad: Any) -> None:
         kv.pull("opt/bucket.0")             # the failed call initialized nothing
     pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                             model.named_parameters(), kv, collective_bytes=None).close()
+
+
+def test_the_last_bucket_goes_from_backwards_thread_and_its_error_from_step(kv: Any) -> None:
+    import threading
+
+    from pskv.errors import ClusterError
+    model = mlp()
+    threads: list[str] = []
+    fail = [False]
+
+    class Store(_Counting):
+        def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
+            threads.append(threading.current_thread().name)
+            if fail[0]:
+                raise ClusterError("the round failed")
+            super().pushpull(key, value, out=out, priority=priority)
+
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), Store(kv), bucket_cap_mb=0.0005)
+    n = len(opt._pskv_sync.buckets)
+    x, y = data()[0]
+    loss_of(model, x, y).backward()
+    opt.step()
+    assert len(threads) == n
+    assert all(t.startswith("pskv-torch") for t in threads[:-1]) or n == 1
+    # the last one: from backward's own thread when nothing else was in flight, or the
+    # communication thread
+    assert threads[-1] in (threading.current_thread().name,) or \
+        threads[-1].startswith("pskv-torch")
+    threads.clear()
+    fail[0] = True
+    opt.zero_grad()
+    loss_of(model, x, y).backward()           # the failure is not raised in backward
+    with pytest.raises(ClusterError, match="the round failed"):
+        opt.step()
+    fail[0] = False
+    opt.zero_grad()
+    loss_of(model, x, y).backward()           # and training goes on after it
+    opt.step()
+
+
+def test_one_bucket_is_sent_by_backwards_thread(kv: Any) -> None:
+    import threading
+    model = mlp()
+    threads: list[str] = []
+
+    class Store(_Counting):
+        def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
+            threads.append(threading.current_thread().name)
+            super().pushpull(key, value, out=out, priority=priority)
+
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), Store(kv))
+    assert len(opt._pskv_sync.buckets) == 1
+    x, y = data()[0]
+    loss_of(model, x, y).backward()
+    assert threads == [threading.current_thread().name]     # no hand-off to the thread
+    opt.step()

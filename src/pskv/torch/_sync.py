@@ -2,7 +2,8 @@
 
 Invariants: bucket ``i`` is sent only after buckets ``0 .. i-1`` (so every worker sends its
 buckets in the same order, and one worker never waits in a round the others have not
-begun); at most one pushpull is in flight at a time, on one communication thread; a
+begun); at most one pushpull is in flight at a time, on one communication thread, or, for
+the last bucket when nothing else is in flight, on the thread that completed it; a
 bucket's ``flat`` and ``weights`` are touched by the backward thread only before the bucket
 is sent and by ``finish`` only after its pushpull returned.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..errors import ConfigError, ShapeMismatchError
@@ -216,9 +217,24 @@ class Synchronizer:
                 self.buffers.fill()       # after forward: this step's running statistics
             if self.executor is None:
                 self._pushpull(bucket, with_buffers)
+            elif bucket.index == last and self._idle():
+                # the last bucket, nothing in flight: backward has nothing left to overlap
+                # with, so this thread sends it (no hand-off to the thread and back); an
+                # error is raised by step(), as the thread's would be
+                bucket.future = Future()
+                try:
+                    self._pushpull(bucket, with_buffers)
+                except Exception as err:    # noqa: BLE001 - re-raised by step()
+                    bucket.future.set_exception(err)
+                else:
+                    bucket.future.set_result(None)
             else:
                 bucket.future = self.executor.submit(self._pushpull, bucket, with_buffers)
             self.next_send += 1
+
+    def _idle(self) -> bool:
+        """Whether no bucket's pushpull is in flight (lock held)."""
+        return all(b.future is None or b.future.done() for b in self.buckets[:self.next_send])
 
     def _pushpull(self, bucket: Bucket, with_buffers: bool = False) -> None:
         keys: list[str] = [bucket.key]
