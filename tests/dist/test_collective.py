@@ -441,3 +441,38 @@ def test_distributed_optimizer_keeps_buckets_on_the_servers_with_a_server_featur
     sealed = ok(run_threads(lambda kv: _torch_training(kv, 2, collective_bytes=1),
                             encrypt=True))
     assert sealed[0][1] == [] and sealed[1][1] == []
+
+
+def test_buffers_follow_the_last_bucket_onto_the_collective_path(run_threads: Any) -> None:
+    """BatchNorm's buffers ride in the last bucket's message, so they take its path: the
+    same weights and buffers (rank 0's) as on the servers, on every worker."""
+    torch = pytest.importorskip("torch", reason="torch is not installed: pip install torch")
+    import pskv.torch as pt
+
+    def fn(kv: Any, collective_bytes: Any) -> Any:
+        with _TORCH_SEED:
+            torch.manual_seed(5)
+            model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.BatchNorm1d(32),
+                                        torch.nn.Tanh(), torch.nn.Linear(32, 3))
+        opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      model.named_parameters(), kv,
+                                      named_buffers=model.named_buffers(),
+                                      collective_bytes=collective_bytes)
+        g = torch.Generator().manual_seed(kv.rank)       # each worker its own data
+        for _ in range(3):
+            x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        on_path = sorted(str(k) for k, rec in kv._store.items() if rec.collective)
+        return [t.detach().clone() for t in model.state_dict().values()], on_path
+
+    servers = ok(run_threads(lambda kv: fn(kv, None)))
+    path = ok(run_threads(lambda kv: fn(kv, 64)))
+    assert servers[0][1] == []
+    for r in range(2):
+        assert path[r][1] == ["opt/bucket.0", "opt/buffers.0", "opt/buffers.1"]
+        for a, b in zip(path[r][0], servers[r][0]):
+            assert torch.equal(a, b)
+        for a, b in zip(path[r][0], path[0][0]):          # buffers: rank 0's everywhere
+            assert torch.equal(a, b)

@@ -60,6 +60,11 @@ class _Buffers:
             self.tensors.append(tensors)
             self.views.append(views)
 
+    @staticmethod
+    def key_names(named: list[tuple[str, torch.Tensor]], prefix: str) -> list[str]:
+        """The keys ``_Buffers(kv, named, prefix)`` uses: one per dtype."""
+        return [f"{prefix}buffers.{n}" for n in range(len({t.dtype for _, t in named}))]
+
     def init(self, what: str, prefix: str) -> None:
         if self.keys:
             init_keys(self.kv, self.keys, self.flats, what, prefix)
@@ -307,8 +312,12 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
         kv.set_optimizer(kv_optimizer)
     prefer = getattr(kv, "_prefer_collective", None)
     if collective_bytes and not update_on_kvstore and prefer is not None:
-        prefer([b.key for b in sync.buckets
-                if b.flat.numel() * b.flat.element_size() >= collective_bytes])
+        chosen = [b.key for b in sync.buckets
+                  if b.flat.numel() * b.flat.element_size() >= collective_bytes]
+        if buffers and sync.buckets and sync.buckets[-1].key in chosen:
+            # the buffers ride in the last bucket's message: on its path, one exchange
+            chosen += _Buffers.key_names(buffers, prefix)
+        prefer(chosen)
     if sync.buckets:
         init_keys(kv, [b.key for b in sync.buckets], sync.initial_values(),
                   "DistributedOptimizer", prefix)
