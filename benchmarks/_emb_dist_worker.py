@@ -11,7 +11,11 @@ a zero gradient pushed to every row so the optimizer state of every row exists),
 times the phases on its own batches (the workload's seed + rank, as the peers do):
 ``lookup`` (eval lookups), ``train`` (training lookup + push of the fixed gradient) and
 ``insert`` (training lookups of never-seen IDs). Each phase starts after a barrier and
-ends with an eval lookup of one ID, so that pushes still in flight are inside the time.
+ends with an eval lookup of one ID, so that pushes still in flight are inside the time;
+worker 0 drops a marker before its opening barrier and after a closing one, at which the
+benchmark reads every process's CPU seconds (and, with ``--profile``, switches the
+servers' profilers); each worker profiles its own ``train`` phase (or
+``profile_phase``) into ``profile_dir``.
 Worker 0 drops a marker file at two points (the table holding one row per worker, then
 all N rows) and waits for the benchmark to acknowledge it, so the benchmark reads the
 servers' resident memory at those points. Writes ``OUT_PREFIX.<rank>.json``.
@@ -40,18 +44,33 @@ def _mark(config: dict[str, Any], rank: int, name: str) -> None:
         time.sleep(0.02)
 
 
-def _phase(kv: Any, fn: Any, batches: list[np.ndarray], warmup: int,
-           fence: np.ndarray) -> dict[str, float]:
+def _phase(kv: Any, config: dict[str, Any], name: str, fn: Any, batches: list[np.ndarray],
+           warmup: int, fence: np.ndarray) -> dict[str, float]:
+    rank = kv.rank
+    prof = None
+    if config.get("profile_dir") and config.get("profile_phase", "train") == name:
+        import cProfile
+        prof = cProfile.Profile(time.thread_time)     # CPU, not wall
+        prof.enable()
+    _mark(config, rank, f"{name}.start")    # the benchmark reads every process's CPU
     kv._barrier()
     for b in batches[:warmup]:
         fn(b)
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     for b in batches[warmup:]:
         fn(b)
     kv.lookup("emb", fence, train=False)        # pushes still in flight land inside the time
     sec = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    kv._barrier()
+    _mark(config, rank, f"{name}.end")
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(str(Path(config["profile_dir"]) / f"worker{rank}.{name}.prof"))
     steps = len(batches) - warmup
-    return {"seconds": sec, "steps": steps, "ms_per_batch": 1e3 * sec / steps}
+    return {"seconds": sec, "steps": steps, "ms_per_batch": 1e3 * sec / steps,
+            "cpu_ms_per_batch": 1e3 * cpu / steps, "all_steps": len(batches)}
 
 
 def run(config: dict[str, Any], out_prefix: str) -> None:
@@ -103,12 +122,15 @@ def run(config: dict[str, Any], out_prefix: str) -> None:
         kv.lookup("emb", ids, train=True)
         kv.push("emb", (ids, grad))
 
-    res["phases"]["lookup"] = _phase(kv, lambda ids: kv.lookup("emb", ids, train=False),
-                                     batches, int(config["warmup"]), fence)
-    res["phases"]["train"] = _phase(kv, train, batches, int(config["warmup"]), fence)
+    warm = int(config["warmup"])
+    res["phases"]["lookup"] = _phase(kv, config, "lookup",
+                                     lambda ids: kv.lookup("emb", ids, train=False),
+                                     batches, warm, fence)
+    res["phases"]["train"] = _phase(kv, config, "train", train, batches, warm, fence)
     fresh = W.insert_batches(0, b, total, salt=rank + 1)
-    res["phases"]["insert"] = _phase(kv, lambda ids: kv.lookup("emb", ids, train=True),
-                                     fresh, int(config["warmup"]), fence)
+    res["phases"]["insert"] = _phase(kv, config, "insert",
+                                     lambda ids: kv.lookup("emb", ids, train=True),
+                                     fresh, warm, fence)
     kv._barrier()
     if rank == 0:
         res["stats"] = {k: int(v) for k, v in kv.table_stats("emb").items()}

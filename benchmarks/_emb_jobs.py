@@ -6,7 +6,10 @@
 - :class:`TableJob` runs a pskv cluster on this host: a scheduler, S servers
   (``python -m pskv.server``) and 2 workers (``_emb_dist_worker.py``), each in its own
   session with the ``DMLC_*`` variables, as ``bench_dist.py`` does; it reads the
-  servers' resident memory when worker 0 says the table is empty and when it is full.
+  servers' resident memory when worker 0 says the table is empty and when it is full, and
+  the CPU seconds of every process (``/proc/<pid>/stat``) when worker 0 says a phase
+  starts and ends; with a ``profile_dir`` the servers run under ``_emb_server_prof.py``
+  and profile one phase (``train``; switched on and off by signals).
 
 Every process has a hard timeout and its process group is killed at the end, on errors
 too. Nothing here imports pskv.
@@ -28,6 +31,7 @@ import _emb_workload as W
 __all__ = ["PeerError", "TableJob", "parse_peer_lines", "peer_env", "run_peer"]
 
 WORKER = Path(__file__).resolve().parent / "_emb_dist_worker.py"
+SERVER_PROF = Path(__file__).resolve().parent / "_emb_server_prof.py"
 NUM_WORKERS = 2
 
 #: pinned to one intra-op thread per process, as the peers' README asks on a small box
@@ -112,6 +116,10 @@ class TableJob:
         self.out_prefix = tmp / f"{tag}.out"
         self.procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
         self.server_rss: dict[str, list[int | None]] = {}
+        #: marker -> {process label: (user, system) CPU seconds} read when worker 0 dropped it
+        self.cpu: dict[str, dict[str, tuple[float, float] | None]] = {}
+        self.profile_dir = config.get("profile_dir")
+        self.profile_phase = config.get("profile_phase", "train")
 
     def _env(self, role: str, port: int) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
@@ -135,13 +143,53 @@ class TableJob:
         return [p for lbl, p, _ in self.procs if lbl.startswith("server")]
 
     def _acknowledge(self) -> None:
-        """Read the servers' memory for every marker worker 0 dropped; then ack it."""
-        for name in ("before", "prefilled"):
-            mark, ack = self.markers / name, self.markers / f"{name}.ack"
-            if mark.exists() and not ack.exists():
+        """For every marker worker 0 dropped: read the servers' memory (``before``,
+        ``prefilled``) or every process's CPU seconds (``<phase>.start|end``, the servers'
+        profilers switched at ``train``'s); then ack it."""
+        for mark in sorted(self.markers.iterdir()):
+            name = mark.name
+            ack = self.markers / f"{name}.ack"
+            if name.endswith(".ack") or ack.exists():
+                continue
+            if name in ("before", "prefilled"):
                 rss = [W.rss_of_pid(p.pid) for p in self._servers()]
                 self.server_rss[name] = [None if r is None else r["VmRSS"] for r in rss]
-                ack.write_text("ok")
+            else:
+                if self.profile_dir and name == f"{self.profile_phase}.end":
+                    self._signal_servers(signal.SIGUSR2)
+                self.cpu[name] = {lbl: W.cpu_seconds_of_pid(p.pid)
+                                  for lbl, p, _ in self.procs}
+                if self.profile_dir and name == f"{self.profile_phase}.start":
+                    self._signal_servers(signal.SIGUSR1)
+            ack.write_text("ok")
+
+    def _signal_servers(self, sig: int) -> None:
+        for p in self._servers():
+            try:
+                os.kill(p.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def cpu_per_step(self, phase: str, steps: int) -> dict[str, float] | None:
+        """CPU ms per step of ``phase`` by role (``worker``, ``server``: summed over the
+        processes of the role; ``scheduler``; ``total``; ``system``: the part of the total
+        spent in the kernel, sockets mostly), from the readings at its start and end
+        markers over ``steps`` steps (warm-up included); None if one is missing."""
+        a, b = self.cpu.get(f"{phase}.start"), self.cpu.get(f"{phase}.end")
+        if not a or not b or steps <= 0:
+            return None
+        out: dict[str, float] = {"worker": 0.0, "server": 0.0, "scheduler": 0.0}
+        system = 0.0
+        for lbl, v0 in a.items():
+            v1 = b.get(lbl)
+            if v0 is None or v1 is None:
+                return None
+            role = lbl.split()[0]
+            out[role] = out.get(role, 0.0) + 1e3 * (sum(v1) - sum(v0)) / steps
+            system += 1e3 * (v1[1] - v0[1]) / steps
+        out["total"] = sum(out.values())
+        out["system"] = system
+        return out
 
     def run(self, port: int, timeout: float) -> list[dict[str, Any]]:
         """Run the job to its end; the workers' results (by rank). Raises PeerError."""
@@ -149,8 +197,11 @@ class TableJob:
             self._start("scheduler", [self.python, "-m", "pskv.server"],
                         self._env("scheduler", port))
             for i in range(self.num_servers):
-                self._start(f"server {i}", [self.python, "-m", "pskv.server"],
-                            self._env("server", port))
+                argv = [self.python, "-m", "pskv.server"]
+                if self.profile_dir:
+                    argv = [self.python, str(SERVER_PROF), str(
+                        Path(self.profile_dir) / f"server{i}.{self.profile_phase}.prof")]
+                self._start(f"server {i}", argv, self._env("server", port))
             wargv = [self.python, str(WORKER), str(self.config_path), str(self.out_prefix)]
             for i in range(NUM_WORKERS):
                 self._start(f"worker {i}", wargv, self._env("worker", port))

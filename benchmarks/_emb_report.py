@@ -171,6 +171,22 @@ def dist_table(data: dict[str, Any], name: str, md: bool) -> str:
     return table(header, rows)
 
 
+def cpu_table(data: dict[str, Any], name: str, md: bool) -> str:
+    """CPU ms per step of each pskv dist job and phase, by role (summed over processes)."""
+    case = data["dist"][name]
+    header = ["system", "phase", "total CPU ms/step", "of which kernel", "workers", "servers",
+              "scheduler", "worker 0's own (timed steps)"]
+    rows = []
+    for label, phases in case.get("cpu_ms_per_batch", {}).items():
+        for phase, roles in phases.items():
+            rows.append([label, phase, _f(roles.get("total"), 3), _f(roles.get("system"), 3),
+                         _f(roles.get("worker"), 3),
+                         _f(roles.get("server"), 3), _f(roles.get("scheduler"), 3),
+                         _f(roles.get("worker0_self"), 3)])
+    table = _common.md_table if md else _common.text_table
+    return table(header, rows)
+
+
 def targets_table(data: dict[str, Any], md: bool) -> str:
     header = ["case", "where", "target", "ratio", "verdict"]
     rows = [[t["case"], t["where"], t["target"], _f(t["ratio"]), t["verdict"]]
@@ -190,6 +206,14 @@ def summary(data: dict[str, Any], markdown: bool) -> str:
                   memory_table(data, markdown), ""]
     for name in data.get("dist", {}):
         parts += [f"{h}2 workers, {name}", "", dist_table(data, name, markdown), ""]
+        if data["dist"][name].get("cpu_ms_per_batch"):
+            parts += [f"{h}2 workers, {name}: CPU per step (all processes; medians)", "",
+                      "CPU seconds from /proc/<pid>/stat at the phase's start and end "
+                      "markers, over its warm-up and timed steps, divided by the steps; "
+                      "a step is one batch on each worker. Less dependent on the machine's "
+                      "load than the times above (a busy box still inflates it: shared "
+                      "caches); compare runs made side by side.", "",
+                      cpu_table(data, name, markdown), ""]
     parts += [f"{h}Targets (the issue's; a report, not an assert)", "",
               targets_table(data, markdown)]
     return "\n".join(parts)

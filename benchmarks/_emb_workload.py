@@ -22,14 +22,16 @@ Nothing here imports pskv.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["NumpyCeiling", "current_rss_bytes", "insert_batches", "make_batches",
-           "make_grad", "peak_rss_bytes", "rss_of_pid", "time_batches", "unique_fraction"]
+__all__ = ["NumpyCeiling", "cpu_seconds_of_pid", "current_rss_bytes", "insert_batches",
+           "make_batches", "make_grad", "peak_rss_bytes", "rss_of_pid", "time_batches",
+           "unique_fraction"]
 
 #: multiplier of the never-seen ID stream (odd, so the map is a bijection of uint64)
 _NEW_ID_MULT = np.uint64(0x9E3779B97F4A7C15)
@@ -109,6 +111,24 @@ def rss_of_pid(pid: int | str = "self") -> dict[str, int] | None:
         if name in ("VmRSS", "VmHWM"):
             out[name] = int(rest.split()[0]) * 1024
     return out if len(out) == 2 else None
+
+
+def cpu_seconds_of_pid(pid: int | str = "self") -> tuple[float, float] | None:
+    """``(user, system)`` CPU seconds a process has used (``/proc/<pid>/stat``), or None.
+
+    Summed over all its threads; the fields after the command name (which may hold
+    spaces) are counted from the closing parenthesis."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()
+    try:
+        utime, stime = int(fields[11]), int(fields[12])     # fields 14 and 15 of stat(5)
+    except (IndexError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    return utime / tick, stime / tick
 
 
 def current_rss_bytes() -> int:

@@ -211,15 +211,23 @@ def run_dist_case(args: argparse.Namespace, n: int, id_dist: str, tmp: Path,
     config = {"rows": n, "dim": args.dim, "batch": args.batch, "dist": id_dist,
               "zipf_s": args.zipf_s, "steps": args.steps, "warmup": args.warmup,
               "seed": args.seed, "lr": args.lr, "eps": EPS, "fill_chunk": args.fill_chunk}
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     case: dict[str, Any] = {"rows": n, "id_dist": id_dist, "jobs": {}}
     samples: dict[str, dict[str, list[float]]] = {}
+    cpu: dict[str, dict[str, dict[str, list[float]]]] = {}
     jobs = [(m, s) for s in args.servers for m in args.modes]
     peers = peer_runs(args, dist=True)
     for rnd in range(args.rounds):
         for mode, s in jobs:
             label = f"pskv-{mode}/S{s}"
             tag = f"{mode}-S{s}-N{n}-{id_dist}-r{rnd}"
-            job = J.TableJob(mode, s, config, tmp, tag)
+            job_config = config
+            if args.profile:
+                job_config = dict(config, profile_dir=str(args.profile / tag),
+                                  profile_phase=args.profile_phase)
+                (args.profile / tag).mkdir(parents=True, exist_ok=True)
+            job = J.TableJob(mode, s, job_config, tmp, tag)
             log.info("job %s ...", tag)
             try:
                 res = job.run(free_port(), args.job_timeout)
@@ -235,6 +243,12 @@ def run_dist_case(args: argparse.Namespace, n: int, id_dist: str, tmp: Path,
                 # the step time of the job is its slowest worker's
                 ms = max(w["phases"][phase]["ms_per_batch"] for w in res)
                 samples.setdefault(label, {}).setdefault(phase, []).append(ms)
+                roles = job.cpu_per_step(phase, int(res[0]["phases"][phase]["all_steps"]))
+                if roles is not None:
+                    roles["worker0_self"] = res[0]["phases"][phase]["cpu_ms_per_batch"]
+                    for role, v in roles.items():
+                        cpu.setdefault(label, {}).setdefault(phase, {}).setdefault(
+                            role, []).append(v)
             info["fill_seconds"] = res[0].get("fill_seconds")
             info["stats"] = res[0].get("stats")
             before, after = job.server_rss.get("before"), job.server_rss.get("prefilled")
@@ -257,6 +271,8 @@ def run_dist_case(args: argparse.Namespace, n: int, id_dist: str, tmp: Path,
         peers = peers[1:] + peers[:1]
     case["ms_per_batch"] = {s: {ph: {"median": statistics.median(v), "all": v}
                                 for ph, v in phs.items()} for s, phs in samples.items()}
+    case["cpu_ms_per_batch"] = {s: {ph: {r: statistics.median(v) for r, v in roles.items()}
+                                    for ph, roles in phs.items()} for s, phs in cpu.items()}
     return case
 
 
@@ -297,6 +313,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    default=["dist_sync", "dist_async"])
     p.add_argument("--job-timeout", type=float, default=None,
                    help="seconds per pskv dist job (default 600, --quick 120)")
+    p.add_argument("--cpu", action="store_true",
+                   help="CPU run: only the pskv dist jobs (no local cases, no peers); their "
+                        "CPU ms per step by role is what to read on a busy machine")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="with --dist or --cpu: cProfile of each job's train phase, every worker "
+                        "and every server, into this folder (one subfolder per job)")
+    p.add_argument("--profile-phase", choices=["lookup", "train", "insert"], default="train",
+                   help="the phase --profile profiles (default train)")
     p.add_argument("--out", type=Path, default=_common.RESULTS_DIR,
                    help="results folder (default benchmarks/results)")
     p.add_argument("--name", default=None,
@@ -311,6 +335,8 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     if args.rows is None:
         args.rows = [1e4] if args.quick else ([1e6, 1e7] if args.big else [1e6])
     args.rows = [int(r) for r in args.rows]
+    if args.cpu:
+        args.torchrec_python = args.dgl_python = None
     for name, full, quick in (("batch", 4096, 512), ("steps", 50, 3), ("warmup", 5, 1),
                               ("rounds", 3, 1)):
         if getattr(args, name) is None:
@@ -330,7 +356,7 @@ def results_name(args: argparse.Namespace) -> str:
         return str(args.name)
     full = resolve(parse_args([]))
     same = all(getattr(args, k) == getattr(full, k) for k in
-               ("quick", "id_dists", "batch", "dim", "steps", "warmup", "zipf_s", "seed",
+               ("quick", "cpu", "id_dists", "batch", "dim", "steps", "warmup", "zipf_s", "seed",
                 "lr", "servers", "modes"))
     rows_ok = set(full.rows) <= set(args.rows)
     return "bench_embeddings" if same and rows_ok and args.rounds >= 3 \
@@ -383,12 +409,12 @@ def main(argv: list[str] | None = None) -> int:
         "threads": J.THREAD_VARS, "issue_ms_per_step": R.ISSUE, "local": {}, "dist": {},
         "errors": {}}
     t_all = time.monotonic()
-    for n in args.rows:
+    for n in [] if args.cpu else args.rows:
         for id_dist in args.id_dists:
             log.info("local N=%d %s ...", n, id_dist)
             data["local"][f"N={n}/{id_dist}"] = run_local_case(args, n, id_dist,
                                                                data["errors"])
-    if args.dist:
+    if args.dist or args.cpu:
         with tempfile.TemporaryDirectory(prefix="bench_emb-") as tmpd:
             for n in args.rows:
                 for id_dist in args.id_dists:

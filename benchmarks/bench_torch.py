@@ -4,6 +4,7 @@ Run from the repository root (a quiet machine; about 15 minutes on 2 cores)::
 
     python benchmarks/bench_torch.py                       # the full run
     python benchmarks/bench_torch.py --quick               # a smoke run, tiny sizes, ~2 min
+    python benchmarks/bench_torch.py --load 2              # with 2 busy processes alongside
 
 Every case runs both ways in the same invocation, alternated ``--repeats`` times so machine
 load falls on both alike: ``pskv-launch -n W -s S python benchmarks/bench_torch.py --worker
@@ -17,20 +18,27 @@ Cases: ``mlp202`` (101 Linear layers: 202 tensors, 443k parameters), ``cnn`` (tw
 convolutions with BatchNorm, buffers broadcast as DDP does), ``transformer`` (one
 ``nn.TransformerEncoderLayer``, dropout 0), and ``avg100mb`` (one 100 MB float32 tensor
 averaged: ``kv.pushpull`` against ``dist.all_reduce``). pskv runs once per
-``--collective-bytes`` value (``PSKV_COLLECTIVE_BYTES``: 0 keeps every key on the servers,
+``--collective-bytes`` value (``PSKV_COLLECTIVE_BYTES`` and ``DistributedOptimizer``'s
+``collective_bytes``: 0 keeps every key on the servers, 65536 is the optimizer's default;
 docs/collective.md).
 
 Reported: median samples/s (models) or ms per average, pskv / DDP, whether rank 0's final
 weights (or the average) are bit-identical to DDP's, and the overlap: the share of the
-communication time hidden behind backward, ``1 - step(overlap=True) / step(overlap=False)``
-where ``step`` is the median time ``opt.step()`` waits (pskv only: DDP has no switch).
-Results go to ``benchmarks/results/bench_torch.json`` and ``.md`` with the machine, the
-commit and the command; the aims (1.3x DDP's samples/s, at most gloo's time for 100 MB) are
+communication time hidden behind backward, ``1 - (backward + step, overlap=True) -
+backward(overlap=False)) / step(overlap=False)``, medians of the wall times per step, where
+``step`` is what ``opt.step()`` takes (pskv only: DDP has no switch).
+The CPU time per step of every process of a job (user + system, from ``/proc``, over rank
+0's timed steps) is reported per role (workers, servers, scheduler, launcher): on a busy
+machine it moves far less than samples/s. ``--load N`` keeps N busy processes running
+during every job (the figure "with other work on the machine"). Results go to
+``benchmarks/results/bench_torch.json`` (``bench_torch_load<N>.json`` with ``--load``) and
+``.md`` with the machine, the commit and the command; the aims (1.3x DDP's samples/s, at most gloo's time for 100 MB) are
 reported as PASS or MISS, never asserted.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -39,13 +47,71 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 __all__ = ["main"]
 
 MODELS = ("mlp202", "cnn", "transformer")
+
+
+# ---- CPU accounting: every process of the job, by role ---------------------------------------
+def _job_pids() -> list[int]:
+    """The launcher (this worker's parent: pskv-launch or torchrun's agent) and everything
+    it started, read from ``/proc`` (Linux; empty elsewhere)."""
+    pids, todo = [], [os.getppid()]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                children = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+                todo.extend(int(c) for c in children)
+        except OSError:
+            continue
+    return pids
+
+
+def _role(pid: int) -> str:
+    """``launcher``, ``worker``, ``server`` or ``scheduler`` (``DMLC_ROLE``, or torchrun's
+    ``LOCAL_RANK`` for a DDP worker)."""
+    if pid == os.getppid():
+        return "launcher"
+    try:
+        env = dict(item.split("=", 1) for item in
+                   Path(f"/proc/{pid}/environ").read_text(errors="replace").split("\0")
+                   if "=" in item)
+    except OSError:
+        return "other"
+    if "DMLC_ROLE" in env:
+        return env["DMLC_ROLE"]
+    return "worker" if "LOCAL_RANK" in env else "other"
+
+
+def job_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system, threads included) of every process of the job, by pid."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out = {}
+    for pid in _job_pids():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (_role(pid), (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def cpu_per_step(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                 steps: int) -> dict[str, float]:
+    """CPU milliseconds per step, summed per role and in all (``total``), between two
+    :func:`job_cpu` readings."""
+    per: dict[str, float] = {}
+    for pid, (role, sec) in after.items():
+        used = sec - before.get(pid, (role, 0.0))[1]
+        per[role] = per.get(role, 0.0) + 1000 * used / steps
+    per["total"] = sum(per.values())
+    return {k: round(v, 2) for k, v in sorted(per.items())}
 
 
 # ---- the workers (run under pskv-launch or torchrun) ----------------------------------------
@@ -126,7 +192,10 @@ def _average(args: argparse.Namespace, kv: Any, rank: int, world: int) \
     if kv is not None:
         kv.init("avg", torch.zeros(n))
     times = []
+    cpu = {}
     for i in range(args.warmup + args.steps):
+        if i == args.warmup and rank == 0:
+            cpu = job_cpu()
         t.copy_(src)
         start = time.perf_counter()
         if kv is not None:
@@ -138,6 +207,8 @@ def _average(args: argparse.Namespace, kv: Any, rank: int, world: int) \
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
     result: dict[str, Any] = {"ms": 1000 * statistics.median(times)}
+    if rank == 0:
+        result["cpu_ms_per_step"] = cpu_per_step(cpu, job_cpu(), args.steps)
     if kv is not None:
         result["collective_keys"] = int(kv._store["avg"].collective)
     return result, [t.numpy()]
@@ -160,44 +231,92 @@ def _train(args: argparse.Namespace, kv: Any, rank: int, world: int) \
     else:
         import pskv.torch as pt
         net = model
+        # the run's PSKV_COLLECTIVE_BYTES is also the optimizer's collective_bytes (0: every
+        # bucket on the servers)
+        threshold = int(os.environ.get("PSKV_COLLECTIVE_BYTES", "0"))
         opt = pt.DistributedOptimizer(sgd(model), model.named_parameters(), kv,
-                                      named_buffers=model.named_buffers(), prefix="main/")
+                                      named_buffers=model.named_buffers(), prefix="main/",
+                                      collective_bytes=threshold)
 
-    def steps(net: Any, opt: Any, first: int, count: int) -> tuple[float, list[float]]:
-        waits = []
+    def steps(net: Any, opt: Any, first: int, count: int) \
+            -> tuple[float, list[float], list[float]]:
+        """Seconds of the timed steps; per step, backward's and ``opt.step()``'s times."""
+        backs, waits = [], []
         start = 0.0
         for i in range(first, first + count):
             if i == first + args.warmup:
                 start = time.perf_counter()
+                if first == 0 and rank == 0:
+                    cpu[0] = job_cpu()
             x, y = batch(i, per * world)
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(net(x[rows]), y[rows]).backward()
+            loss = torch.nn.functional.cross_entropy(net(x[rows]), y[rows])
             t0 = time.perf_counter()
+            loss.backward()
+            t1 = time.perf_counter()
             opt.step()
             if i >= first + args.warmup:
-                waits.append(time.perf_counter() - t0)
-        return time.perf_counter() - start, waits
+                backs.append(t1 - t0)
+                waits.append(time.perf_counter() - t1)
+        return time.perf_counter() - start, backs, waits
 
     total = args.warmup + args.steps
-    elapsed, waits = steps(net, opt, 0, total)
+    cpu: list[dict[int, tuple[str, float]]] = [{}]
+    elapsed, backs, waits = steps(net, opt, 0, total)
     result: dict[str, Any] = {
         "samples_per_s": args.steps * per * world / elapsed,
-        "step_wait_ms": 1000 * statistics.median(waits)}
+        "step_wait_ms": 1000 * statistics.median(waits),
+        "backward_and_step_ms": 1000 * statistics.median(b + w for b, w in zip(backs, waits))}
+    if rank == 0:
+        # the other workers' timed steps end within a step of these (one sync round)
+        result["cpu_ms_per_step"] = cpu_per_step(cpu[0], job_cpu(), args.steps)
     arrays = [p.detach().numpy().copy() for p in model.parameters()]
     if kv is not None:
         result["collective_keys"] = sum(r.collective for r in kv._store.values())
         opt.close()  # type: ignore[attr-defined]
-        # the same steps again without overlap: what step() waits is then all the exchange
+        # the same steps again without overlap: backward then sends nothing, and what
+        # step() waits is all the exchange
         plain = pt.DistributedOptimizer(sgd(model), model.named_parameters(), kv,
                                         named_buffers=model.named_buffers(), prefix="plain/",
-                                        overlap=False)
-        _, plain_waits = steps(net, plain, total, total)
+                                        overlap=False, collective_bytes=threshold)
+        _, plain_backs, plain_waits = steps(net, plain, total, total)
         plain.close()  # type: ignore[attr-defined]
+        result["backward_no_overlap_ms"] = 1000 * statistics.median(plain_backs)
         result["step_wait_no_overlap_ms"] = 1000 * statistics.median(plain_waits)
     return result, arrays
 
 
 # ---- the driver ------------------------------------------------------------------------------
+#: one busy process of ``--load``: spins until its time is up (it ends by itself if the
+#: driver is killed before it can end it)
+_SPIN = ("import sys, time\n"
+         "end = time.monotonic() + float(sys.argv[1])\n"
+         "x = 0\n"
+         "while time.monotonic() < end:\n"
+         "    for i in range(10000):\n"
+         "        x = (x * 31 + i) % 1000003\n")
+
+
+@contextlib.contextmanager
+def busy(n: int, seconds: float) -> Iterator[None]:
+    """``n`` processes that each keep a core busy while the block runs (other work on the
+    machine, for ``--load``); each is ended by its pid afterwards, and ends by itself after
+    ``seconds`` in any case."""
+    procs = [subprocess.Popen([sys.executable, "-c", _SPIN, str(seconds)],
+                              stdin=subprocess.DEVNULL) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+
 def _job(kind: str, case: str, args: argparse.Namespace, threshold: int) \
         -> tuple[dict[str, Any], list[np.ndarray]]:
     here = Path(__file__).resolve()
@@ -250,7 +369,8 @@ def run_driver(args: argparse.Namespace) -> int:
             for kind, t in jobs:
                 label = kind if kind == "ddp" else f"pskv (collective {t})"
                 print(f"[{rep + 1}/{args.repeats}] {case}: {label}", flush=True)
-                result, arrays = _job(kind, case, args, t)
+                with busy(args.load, args.timeout + 60):
+                    result, arrays = _job(kind, case, args, t)
                 runs.setdefault(case, {}).setdefault(label, []).append(result)
                 weights.setdefault(case, {})[label] = arrays
     rows: list[list[Any]] = []
@@ -265,10 +385,18 @@ def run_driver(args: argparse.Namespace) -> int:
             ratio = value / base if metric == "samples_per_s" else base / value
             entry = {"metric": metric, "median": value, "runs": rs, "speed_vs_ddp": ratio,
                      "identical_to_ddp": same, "max_abs_diff": diff}
+            cpus = [r["cpu_ms_per_step"] for r in rs if r.get("cpu_ms_per_step")]
+            roles = sorted({role for c in cpus for role in c})
+            entry["cpu_ms_per_step"] = {role: statistics.median(c.get(role, 0.0) for c in cpus)
+                                        for role in roles}
             if "step_wait_no_overlap_ms" in rs[0]:
+                # exposed: what backward + step() took beyond backward alone (no overlap),
+                # against the whole exchange (step() without overlap)
                 plain = statistics.median(r["step_wait_no_overlap_ms"] for r in rs)
-                wait = statistics.median(r["step_wait_ms"] for r in rs)
-                entry["overlap_hidden"] = max(0.0, 1 - wait / plain) if plain > 0 else None
+                both = statistics.median(r["backward_and_step_ms"] for r in rs)
+                back = statistics.median(r["backward_no_overlap_ms"] for r in rs)
+                entry["overlap_hidden"] = min(1.0, max(0.0, 1 - (both - back) / plain)) \
+                    if plain > 0 else None
             table.setdefault(case, {})[label] = entry
             aim = "" if label == "ddp" else (
                 "PASS" if (ratio >= 1.3 if metric == "samples_per_s" else ratio >= 1.0)
@@ -278,9 +406,11 @@ def run_driver(args: argparse.Namespace) -> int:
             rows.append([case, label, "" if keys is None else keys,
                          f"{value:.1f} {'ms' if metric == 'ms' else 'samples/s'}",
                          f"{ratio:.2f}x", "yes" if same else f"no ({diff:.2g})",
-                         "" if hidden is None else f"{100 * hidden:.0f}%", aim])
+                         "" if hidden is None else f"{100 * hidden:.0f}%",
+                         " ".join(f"{role} {ms:.1f}" for role, ms in
+                                  entry["cpu_ms_per_step"].items() if ms >= 0.05), aim])
     header = ["case", "run", "collective keys", "median", "speed vs DDP", "identical to DDP",
-              "overlap hidden", "aim"]
+              "overlap hidden", "CPU ms/step", "aim"]
     print(_common.text_table(header, rows))
     data = {"benchmark": "bench_torch", "time": _common.timestamp(),
             "machine": _common.machine_info(), **_common.commit_info(),
@@ -290,10 +420,14 @@ def run_driver(args: argparse.Namespace) -> int:
           f"{data['machine']['cpu_model']} x{data['machine']['cpu_count']}, load "
           f"{data['machine']['loadavg_at_start']}. {args.workers} workers, {args.servers} "
           f"server(s), batch {args.batch} per worker, {args.steps} timed steps after "
-          f"{args.warmup}, {args.repeats} alternated repeats; aims: 1.3x DDP's samples/s, "
-          "at most gloo's time for the average.\n\n" + _common.md_table(header, rows) + "\n")
+          f"{args.warmup}, {args.repeats} alternated repeats"
+          f"{f', {args.load} busy processes alongside' if args.load else ''}; aims: 1.3x "
+          "DDP's samples/s, at most gloo's time for the average. CPU ms/step: user + "
+          "system time of every process of the job over the timed steps (rank 0's "
+          "window), per role.\n\n" + _common.md_table(header, rows) + "\n")
     if not args.no_write:
-        paths = _common.write_results("bench_torch", data, md)
+        name = "bench_torch" if not args.load else f"bench_torch_load{args.load}"
+        paths = _common.write_results(name, data, md)
         print("wrote", *(str(p) for p in paths))
     return 0
 
@@ -313,11 +447,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--mb", type=float, default=100.0, help="the average's size in MiB")
     ap.add_argument("--scale", type=int, default=1, help="width factor of cnn/transformer")
-    ap.add_argument("--collective-bytes", default="0,1048576",
-                    help="PSKV_COLLECTIVE_BYTES values pskv runs with (comma-separated)")
+    ap.add_argument("--collective-bytes", default="0,65536",
+                    help="PSKV_COLLECTIVE_BYTES values pskv runs with (comma-separated), "
+                         "also DistributedOptimizer's collective_bytes: 0 keeps every key "
+                         "on the servers, 65536 is the optimizer's default")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     ap.add_argument("--no-write", action="store_true", help="print only")
+    ap.add_argument("--load", type=int, default=0, metavar="N",
+                    help="run N busy processes during every job: the figure 'with other "
+                         "work on the machine' (results go to bench_torch_load<N>.*)")
     args = ap.parse_args(argv)
     if args.worker:
         return run_worker(args)

@@ -5,6 +5,7 @@ misuse raises a KVStoreError subclass; a worker whose links break is named at on
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from typing import Any
 
@@ -376,4 +377,102 @@ def test_distributed_optimizer_weights_are_the_same_bits_on_the_collective_path(
         for a, b in zip(path[r][0], servers[r][0]):
             assert torch.equal(a, b)
         for a, b in zip(path[r][0], path[0][0]):
+            assert torch.equal(a, b)
+
+
+_TORCH_SEED = threading.Lock()
+
+
+def _torch_training(kv: Any, workers: int, **kw: Any) -> Any:
+    """Three steps of a 3-layer MLP (buckets of about 4 KiB); the weights and which keys
+    took the collective path."""
+    torch = pytest.importorskip("torch", reason="torch is not installed: pip install torch")
+    import pskv.torch as pt
+    with _TORCH_SEED:            # torch's default generator is global to the threads
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 40), torch.nn.Tanh(),
+                                    torch.nn.Linear(40, 40), torch.nn.Tanh(),
+                                    torch.nn.Linear(40, 3))
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                  model.named_parameters(), kv, bucket_cap_mb=0.004, **kw)
+    g = torch.Generator().manual_seed(11)
+    for _ in range(3):
+        x, y = torch.randn(8 * workers, 5, generator=g), torch.randint(0, 3, (8 * workers,),
+                                                                       generator=g)
+        rows = slice(8 * kv.rank, 8 * kv.rank + 8)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[rows]) * 10.0 ** kv.rank,
+                                          y[rows]).backward()
+        opt.step()
+    on_path = sorted(str(k) for k, rec in kv._store.items() if rec.collective)
+    return [p.detach().clone() for p in model.parameters()], on_path
+
+
+def test_distributed_optimizer_collective_bytes_picks_its_buckets(run_threads: Any) -> None:
+    """collective_bytes= (PSKV_COLLECTIVE_BYTES=0): buckets at least that big take the path,
+    the same bits; set_collective(key, False) before the constructor wins; None and 0 leave
+    every bucket on the servers; where the store cannot (one worker) nothing raises."""
+    torch = pytest.importorskip("torch", reason="torch is not installed: pip install torch")
+    servers = ok(run_threads(lambda kv: _torch_training(kv, 2, collective_bytes=None)))
+    assert servers[0][1] == []
+
+    def kept(kv: Any) -> Any:
+        kv.set_collective("opt/bucket.0", False)
+        return _torch_training(kv, 2, collective_bytes=512)
+
+    both = ["opt/bucket.0", "opt/bucket.1"]           # 7052 and 960 bytes
+    for fn, want in ((lambda kv: _torch_training(kv, 2, collective_bytes=512), both),
+                     (kept, both[1:]),                 # bucket.0 kept on the servers
+                     (lambda kv: _torch_training(kv, 2, collective_bytes=1024), both[:1])):
+        path = ok(run_threads(fn))
+        for r in range(2):
+            assert path[r][1] == want
+            for a, b in zip(path[r][0], servers[r][0]):
+                assert torch.equal(a, b)
+    assert ok(run_threads(lambda kv: _torch_training(kv, 2, collective_bytes=0)))[0][1] == []
+    one = ok(run_threads(lambda kv: _torch_training(kv, 1, collective_bytes=1),
+                         num_workers=1))
+    assert one[0][1] == []
+
+
+def test_distributed_optimizer_keeps_buckets_on_the_servers_with_a_server_feature(
+        run_threads: Any) -> None:
+    pytest.importorskip("torch", reason="torch is not installed: pip install torch")
+    sealed = ok(run_threads(lambda kv: _torch_training(kv, 2, collective_bytes=1),
+                            encrypt=True))
+    assert sealed[0][1] == [] and sealed[1][1] == []
+
+
+def test_buffers_follow_the_last_bucket_onto_the_collective_path(run_threads: Any) -> None:
+    """BatchNorm's buffers ride in the last bucket's message, so they take its path: the
+    same weights and buffers (rank 0's) as on the servers, on every worker."""
+    torch = pytest.importorskip("torch", reason="torch is not installed: pip install torch")
+    import pskv.torch as pt
+
+    def fn(kv: Any, collective_bytes: Any) -> Any:
+        with _TORCH_SEED:
+            torch.manual_seed(5)
+            model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.BatchNorm1d(32),
+                                        torch.nn.Tanh(), torch.nn.Linear(32, 3))
+        opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      model.named_parameters(), kv,
+                                      named_buffers=model.named_buffers(),
+                                      collective_bytes=collective_bytes)
+        g = torch.Generator().manual_seed(kv.rank)       # each worker its own data
+        for _ in range(3):
+            x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        on_path = sorted(str(k) for k, rec in kv._store.items() if rec.collective)
+        return [t.detach().clone() for t in model.state_dict().values()], on_path
+
+    servers = ok(run_threads(lambda kv: fn(kv, None)))
+    path = ok(run_threads(lambda kv: fn(kv, 64)))
+    assert servers[0][1] == []
+    for r in range(2):
+        assert path[r][1] == ["opt/bucket.0", "opt/buffers.0", "opt/buffers.1"]
+        for a, b in zip(path[r][0], servers[r][0]):
+            assert torch.equal(a, b)
+        for a, b in zip(path[r][0], path[0][0]):          # buffers: rank 0's everywhere
             assert torch.equal(a, b)

@@ -233,6 +233,28 @@ def raw(kv: Any, server: int, body: dict[str, Any], arrays: list[np.ndarray],
     return None
 
 
+def test_a_push_of_ids_a_lookup_found_skips_no_foreign_id() -> None:
+    """The server hashes only the pushed IDs its lookups did not find a row of (rows held
+    are its own): a push of looked-up IDs with one foreign ID appended, or in place of an
+    unknown one, is still refused whole."""
+    from pskv.kvstore._engine_tables import check_table_push, served_table
+    table = served_table(TableSpec(dim=2), "emb", (0, 2))
+    pool = np.arange(-50, 50, dtype=np.int64)
+    mine, theirs = pool[shard_of(pool, 2) == 0], pool[shard_of(pool, 2) == 1]
+    table.lookup(mine[:6])
+    table.lookup(mine[6:9], train=False)                 # not found: no row
+    grads = lambda n: np.zeros((n, 2), np.float32)  # noqa: E731
+    check_table_push(table, "t", [mine[:6], grads(6)])
+    check_table_push(table, "t", [mine[:9], grads(9)])
+    table.lookup(theirs[:3], train=False)               # a lookup of foreign IDs: no row
+    for bad in (np.append(mine[:6], theirs[0]), np.append(mine[:6], theirs[:3]),
+                np.concatenate([mine[:6], theirs[:3]])):
+        with pytest.raises(ShapeMismatchError, match="routes elsewhere"):
+            check_table_push(table, "t", [bad, grads(bad.size)])
+    with pytest.raises(ShapeMismatchError, match="routes elsewhere"):
+        check_table_push(table, "t", [theirs[:3], grads(3)])
+
+
 def test_server_validates_every_table_message(run_threads: Any) -> None:
     """Messages a buggy or hostile worker could send: error replies, nothing changed, and
     the server keeps serving."""

@@ -130,7 +130,7 @@ def test_partial_runs_never_replace_the_full_results(be: Any) -> None:
     for argv in (["--big"], ["--dist"], ["--torchrec-python", "py"]):
         assert name(argv) == "bench_embeddings", argv
     for argv in (["--quick"], ["--rows", "1e5"], ["--id-dists", "zipf"], ["--steps", "5"],
-                 ["--rounds", "1"], ["--servers", "1"], ["--modes", "dist_sync"]):
+                 ["--rounds", "1"], ["--servers", "1"], ["--modes", "dist_sync"], ["--cpu"]):
         assert name(argv) == "bench_embeddings-partial", argv
     assert name(["--quick", "--name", "mine"]) == "mine"
 
@@ -160,6 +160,53 @@ def test_quick_run_writes_the_partial_results(tmp_path: Path) -> None:
     else:
         assert "not supported yet" in md
     assert "| pskv |" in md and "Targets" in md
+
+
+def test_cpu_per_step_by_role(be: Any) -> None:
+    """CPU ms per step from the readings at a phase's markers, summed per role."""
+    import _emb_jobs as J
+    import _emb_workload as W
+    user, system = W.cpu_seconds_of_pid("self")
+    assert user > 0 and system >= 0
+    assert W.cpu_seconds_of_pid(2**22 + 12345) is None         # no such process
+    job = J.TableJob.__new__(J.TableJob)
+    job.cpu = {"train.start": {"scheduler": (1.0, 0.0), "server 0": (2.0, 1.0),
+                               "server 1": (3.0, 1.0), "worker 0": (1.0, 0.5),
+                               "worker 1": (1.0, 0.5)},
+               "train.end": {"scheduler": (1.0, 0.0), "server 0": (2.5, 1.1),
+                             "server 1": (3.4, 1.2), "worker 0": (1.2, 0.5),
+                             "worker 1": (1.1, 0.6)}}
+    got = job.cpu_per_step("train", 100)
+    want = {"scheduler": 0.0, "server": 12.0, "worker": 4.0, "total": 16.0, "system": 4.0}
+    assert got is not None and got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v), k
+    assert job.cpu_per_step("lookup", 100) is None               # no markers: no figure
+    job.cpu["train.end"]["server 1"] = None                     # a process gone: none
+    assert job.cpu_per_step("train", 100) is None
+
+
+def test_cpu_run_reports_cpu_per_step_and_profiles(tmp_path: Path) -> None:
+    """``--cpu --profile``: only the pskv dist jobs, their CPU per step by role, and a
+    cProfile of worker 0 and of each server over the train phase."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PSKV_"))}
+    env["PYTHONPATH"] = str(REPO / "src")
+    prof = tmp_path / "prof"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_embeddings.py"), "--quick", "--cpu", "--steps", "20",
+         "--id-dists", "zipf", "--servers", "2", "--modes", "dist_sync", "--out", str(tmp_path),
+         "--profile", str(prof)],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads((tmp_path / "bench_embeddings-partial.json").read_text())
+    assert data["local"] == {}
+    cpu = data["dist"]["N=10000/zipf"]["cpu_ms_per_batch"]["pskv-dist_sync/S2"]["train"]
+    assert cpu["total"] > 0 and cpu["total"] == pytest.approx(
+        cpu["worker"] + cpu["server"] + cpu["scheduler"])
+    assert "CPU per step" in (tmp_path / "bench_embeddings-partial.md").read_text()
+    names = sorted(p.name for p in prof.glob("*/*.prof"))
+    assert names == ["server0.train.prof", "server1.train.prof", "worker0.train.prof",
+                     "worker1.train.prof"], names
 
 
 def test_recorded_command_names_no_path_of_this_machine(be: Any) -> None:

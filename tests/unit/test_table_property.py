@@ -20,6 +20,8 @@ import pskv as mx
 from pskv.errors import TableIdError
 from pskv.table import (TTL, Always, Capacity, CountAdmission, DynamicTable, TableSpec, Uniform,
                         initial_values)
+from pskv.table import dynamic
+from pskv.table import _index as index_module
 from pskv.table._index import IdIndex
 
 POOL = [0, 1, 2, 3, 5, 8, -1, -7, 10**15, -2**63, 2**63 - 1, 2**40 + 1]
@@ -28,10 +30,54 @@ DIM = 2
 any_ids = st.one_of(st.integers(-2**63, 2**63 - 1), st.integers(-50, 50))
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 200), st.integers(1, 60), st.integers(1, 8), st.booleans(),
+       st.integers(0, 2**32 - 1))
+def test_sum_runs_is_reduceat_bit_for_bit(n: int, distinct: int, block: int, f64: bool,
+                                         seed: int) -> None:
+    """The sum of a push's duplicate rows (R7), runs of one row copied and longer runs
+    summed in blocks, equals one np.add.reduceat of the rows cast to the table's dtype
+    exactly, wherever the blocks cut (1 to 8 rows here; runs longer than a block too)."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, distinct, n)
+    g = rng.standard_normal((n, 3)).astype(np.float64 if f64 else np.float32)
+    order = np.argsort(ids, kind="stable")
+    s = ids[order]
+    starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
+    old = dynamic._RUN_BLOCK_ROWS
+    dynamic._RUN_BLOCK_ROWS = block
+    try:
+        got = dynamic._sum_runs(g, order, starts, np.float32)
+    finally:
+        dynamic._RUN_BLOCK_ROWS = old
+    want = np.add.reduceat(g[order].astype(np.float32), starts, axis=0)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["insert", "delete", "find"]),
                           st.lists(any_ids, max_size=40)), max_size=25))
 def test_the_index_is_a_dict(ops: list[tuple[str, list[int]]]) -> None:
+    _index_is_a_dict(ops)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["insert", "delete", "find"]),
+                          st.lists(st.integers(-300, 300), max_size=60)), max_size=25),
+       st.integers(1, 3))
+def test_the_index_is_a_dict_with_short_probe_windows(ops: list[tuple[str, list[int]]],
+                                                      window: int) -> None:
+    """A find probes a window of cells per round after the home cell: with windows of 1
+    to 3 cells, runs of occupied and deleted cells span many windows."""
+    old = index_module._WINDOW
+    index_module._WINDOW = window
+    try:
+        _index_is_a_dict(ops)
+    finally:
+        index_module._WINDOW = old
+
+
+def _index_is_a_dict(ops: list[tuple[str, list[int]]]) -> None:
     index, model = IdIndex(), {}
     next_slot = 0
     for op, values in ops:

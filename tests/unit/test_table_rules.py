@@ -399,6 +399,52 @@ def test_r8_an_evicted_row_is_not_resurrected_and_its_state_is_gone() -> None:
     np.testing.assert_array_equal(t.state()[0]["state0"], fresh.state()[0]["state0"])
 
 
+def test_r8_a_push_after_its_lookup_never_updates_the_row_that_took_an_evicted_slot() -> None:
+    """A push reuses the slots its lookup found (no second probe of the index); between
+    the two, a sweep evicts the row and a new ID takes its freed slot: the push is dropped
+    (R8) and the new row keeps its value."""
+    t = table(init=Constant(1.0), eviction=TTL(steps=1))
+    t.lookup(ids(5))                                        # slot 0
+    for _ in range(2):
+        t.push(ids(6), ones(1), optimizer=sgd())            # steps: 5 is now too old
+    assert t.sweep() == 1 and 5 not in t.ids()
+    t.lookup(ids(7))                                        # 7 takes slot 0
+    before = t.stats()["dropped_pushes"]
+    t.push(ids(5), ones(1, v=4.0), optimizer=sgd())
+    assert t.stats()["dropped_pushes"] == before + 1
+    assert read(t, 7).tolist() == [[1.0, 1.0]] and 5 not in t.ids()
+
+
+def test_r7_a_push_of_the_ids_of_recent_lookups_equals_one_that_probes_again() -> None:
+    """Pushes of IDs looked up just before (whole, and as the concatenation of several
+    lookups, as a server's sync round pushes them), with IDs a lookup did not find and
+    rows born in between, give the same rows, states and counters as pushes to a table
+    that looked nothing up (it probes its index for every ID)."""
+    opt = lambda: mx.optimizer.AdaGrad(learning_rate=0.5)  # noqa: E731
+    a, b = ids(3, 1, 3, 9), ids(9, 2, 8, 2)
+    g = np.arange(16, dtype=np.float32).reshape(8, 2)
+    t = table(init=Constant(1.0), birth="push")
+    ref = table(init=Constant(1.0), birth="push")
+    o1, o2 = opt(), opt()
+    for tb, o in ((t, o1), (ref, o2)):
+        tb.push(ids(1, 3), ones(2), optimizer=o)            # rows 1 and 3 exist
+    t.lookup(a, train=False)                                 # 9 not found
+    t.lookup(b, train=False)                                 # 9, 2, 8 not found
+    t.push(ids(9), ones(1), optimizer=o1)                    # born after the lookups
+    ref.push(ids(9), ones(1), optimizer=o2)
+    both = np.concatenate([a, b])
+    assert t._known_slots(both) is not None and t._known_slots(a) is not None
+    t.push(both, g, optimizer=o1)
+    ref.push(both, g, optimizer=o2)
+    t.push(a, g[:4], optimizer=o1)
+    ref.push(a, g[:4], optimizer=o2)
+    ta, ra = t.state(), ref.state()
+    for name in ("ids", "values", "state0", "count"):
+        np.testing.assert_array_equal(ta[0][name], ra[0][name], err_msg=name)
+    for k in ("rows", "inserts", "pushed_rows", "dropped_pushes", "step"):
+        assert t.stats()[k] == ref.stats()[k], k
+
+
 def test_r8_under_push_birth_a_push_to_an_evicted_row_is_a_birth_with_fresh_state() -> None:
     opt = mx.optimizer.SGD(learning_rate=1.0, momentum=0.5)
     t = table(init=Constant(1.0), birth="push", eviction=TTL(steps=1))

@@ -244,3 +244,163 @@ def test_buffers_one_key_per_dtype(kv: Any) -> None:
     assert torch.equal(kv.pull("opt/buffers.0"),
                        torch.cat([bn.running_mean, bn.running_var]))
     assert kv.pull("opt/buffers.1").tolist() == [1]        # num_batches_tracked, int64
+
+
+# ---- per-step cost: messages and copies -------------------------------------------------------
+class _Counting:
+    """A store whose pushpulls are recorded (the keys of each call)."""
+
+    def __init__(self, kv: Any) -> None:
+        self.kv, self.calls = kv, []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kv, name)
+
+    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
+        self.calls.append(list(key) if isinstance(key, list) else [key])
+        self.kv.pushpull(key, value, out=out, priority=priority)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_buffers_ride_in_the_last_buckets_message(kv: Any, overlap: bool) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4),
+                                torch.nn.Linear(4, 2))
+    counting = _Counting(kv)
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), counting, overlap=overlap,
+                                  named_buffers=model.named_buffers(), bucket_cap_mb=5e-5)
+    nbuckets = len(opt._pskv_sync.buckets)
+    assert nbuckets > 1
+    for _ in range(2):
+        counting.calls.clear()
+        opt.zero_grad()
+        model(torch.randn(8, 4)).sum().backward()
+        opt.step()
+        # one message per bucket a step, the buffers' keys in the last one: no extra round
+        assert len(counting.calls) == nbuckets
+        assert counting.calls[-1] == [f"opt/bucket.{nbuckets - 1}", "opt/buffers.0",
+                                      "opt/buffers.1"]
+        bn = model[1]
+        assert torch.equal(kv.pull("opt/buffers.0"),
+                           torch.cat([bn.running_mean, bn.running_var]))
+    assert model[1].num_batches_tracked.item() == 2
+
+
+def test_buffers_without_dense_parameters_get_a_round_of_their_own(kv: Any) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True),
+                                torch.nn.BatchNorm1d(4, affine=False))
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), kv, sparse_params=["0.weight"],
+                                  named_buffers=model.named_buffers())
+    assert not opt._pskv_sync.buckets
+    model(torch.tensor([1, 2, 3, 3])).sum().backward()
+    opt.step()
+    bn = model[1]
+    assert torch.equal(kv.pull("opt/buffers.0"), torch.cat([bn.running_mean, bn.running_var]))
+    assert kv.pull("opt/buffers.1").tolist() == [1]
+
+
+def test_grads_are_written_in_place_and_never_alias_the_bucket(kv: Any) -> None:
+    model = mlp()
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), kv)
+    x, y = data()[0]
+    loss_of(model, x, y).backward()
+    before = [p.grad for p in model.parameters()]
+    opt.step()
+    flats = [b.flat for b in opt._pskv_sync.buckets]
+    for p, g in zip(model.parameters(), before):
+        assert p.grad is g                             # the same tensor, written in place
+        assert not any(p.grad.untyped_storage().data_ptr() == f.untyped_storage().data_ptr()
+                       for f in flats)
+    opt.zero_grad(set_to_none=False)                   # zeros, then accumulate: the same
+    loss_of(model, x, y).backward()
+    opt.step()
+    assert all(p.grad is g for p, g in zip(model.parameters(), before))
+
+
+def test_a_parameter_without_gradient_pushes_zeros_in_a_shared_bucket(kv: Any) -> None:
+    model = mlp()
+    counting = _Counting(kv)
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), counting, overlap=False)
+    assert len(opt._pskv_sync.buckets) == 1
+    frozen = model[0].weight
+    x, y = data()[0]
+    loss_of(model, x, y).backward()
+    frozen.grad = None                                 # as if it got no gradient this step
+    opt.step()
+    assert len(counting.calls) == 1
+    assert torch.equal(frozen.grad, torch.zeros_like(frozen))
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "64k", True])
+def test_collective_bytes_must_be_a_number_of_bytes(kv: Any, bad: Any) -> None:
+    model = mlp()
+    with pytest.raises(ConfigError, match=r"collective_bytes=.* is not a number of bytes"):
+        pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                model.named_parameters(), kv, collective_bytes=bad)
+    with pytest.raises(KeyError):
+        kv.pull("opt/bucket.0")             # the failed call initialized nothing
+    pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                            model.named_parameters(), kv, collective_bytes=None).close()
+
+
+def test_the_last_bucket_goes_from_backwards_thread_and_its_error_from_step(kv: Any) -> None:
+    import threading
+
+    from pskv.errors import ClusterError
+    model = mlp()
+    threads: list[str] = []
+    fail = [False]
+
+    class Store(_Counting):
+        def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
+            threads.append(threading.current_thread().name)
+            if fail[0]:
+                raise ClusterError("the round failed")
+            super().pushpull(key, value, out=out, priority=priority)
+
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), Store(kv), bucket_cap_mb=0.0005)
+    n = len(opt._pskv_sync.buckets)
+    x, y = data()[0]
+    loss_of(model, x, y).backward()
+    opt.step()
+    assert len(threads) == n
+    assert all(t.startswith("pskv-torch") for t in threads[:-1]) or n == 1
+    # the last one: from backward's own thread when nothing else was in flight, or the
+    # communication thread
+    assert threads[-1] in (threading.current_thread().name,) or \
+        threads[-1].startswith("pskv-torch")
+    threads.clear()
+    fail[0] = True
+    opt.zero_grad()
+    loss_of(model, x, y).backward()           # the failure is not raised in backward
+    with pytest.raises(ClusterError, match="the round failed"):
+        opt.step()
+    fail[0] = False
+    opt.zero_grad()
+    loss_of(model, x, y).backward()           # and training goes on after it
+    opt.step()
+
+
+def test_one_bucket_is_sent_by_backwards_thread(kv: Any) -> None:
+    import threading
+    model = mlp()
+    threads: list[str] = []
+
+    class Store(_Counting):
+        def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
+            threads.append(threading.current_thread().name)
+            super().pushpull(key, value, out=out, priority=priority)
+
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), Store(kv))
+    assert len(opt._pskv_sync.buckets) == 1
+    x, y = data()[0]
+    loss_of(model, x, y).backward()
+    assert threads == [threading.current_thread().name]     # no hand-off to the thread
+    opt.step()

@@ -50,6 +50,9 @@ class Choice:
         self.store_type = store_type
         self.threshold = cfg.collective_bytes
         self.prefs: dict[Key, bool] = {}
+        #: keys that take the path where the store allows it, else stay on the servers
+        #: quietly (pskv.torch's gradient buckets); an explicit set_collective wins
+        self.soft: set[Key] = set()
         #: set by set_optimizer: keys initialized from then on stay on the servers
         self.optimizer = False
         self.compression = False
@@ -106,6 +109,8 @@ class Choice:
                     "or init the key before set_optimizer / set_gradient_compression.",
                     key=key, store_type=self.store_type)
             return True
+        if key in self.soft:
+            return why is None
         return why is None and self.threshold > 0 and nbytes >= self.threshold
 
 
@@ -253,4 +258,12 @@ class CollectiveMethods:
                            "every worker."),
                         key=k, store_type=self._type)
             self._choice.prefer(keys, enabled)
+
+    def _prefer_collective(self, keys: list[Key]) -> None:
+        """Let ``keys`` (not initialized yet) take the collective path where this store
+        allows it, and stay on the servers quietly where it does not; a key given to
+        ``set_collective`` keeps that choice. For keys whose value nobody reads from the
+        servers (pskv.torch's gradient buckets); the same on every worker."""
+        with self._lock:
+            self._choice.soft.update(k for k in keys if k not in self._choice.prefs)
 

@@ -54,6 +54,8 @@ class DistTables(Tables):
         self.pskeys: dict[Key, int] = {}
         #: the optimizer this worker gave ``set_optimizer`` (a table init checks it)
         self.optimizer: Any = None
+        #: (IDs, split) of the last ``_split``: a push of the IDs just looked up reuses it
+        self._last_split: tuple[np.ndarray, list[np.ndarray]] | None = None
 
     def send_init(self, key: Key, pk: int, spec: TableSpec) -> None:
         """Init table ``key`` on every server (worker 0 does, after the workers agreed)."""
@@ -65,13 +67,25 @@ class DistTables(Tables):
         self._wait_all(tss, "the servers to take init")
 
     def _split(self, ids: np.ndarray) -> list[np.ndarray]:
-        """For each server, the positions in ``ids`` of the IDs it owns (in order)."""
+        """For each server, the positions in ``ids`` of the IDs it owns (in order).
+
+        The split of the last call is kept with a copy of its IDs: a training step looks
+        up a batch and then pushes the gradients of the same IDs, and the push finds its
+        split by comparing the IDs (one pass) instead of hashing them again."""
         if self._n == 1:
             return [np.arange(ids.size)]
+        last = self._last_split
+        if last is not None and last[0].shape == ids.shape and np.array_equal(last[0], ids):
+            return last[1]
         owner = shard_of(ids, self._n)
-        order = np.argsort(owner, kind="stable")
-        bounds = np.searchsorted(owner[order], np.arange(self._n + 1))
-        return [order[bounds[s]:bounds[s + 1]] for s in range(self._n)]
+        if self._n <= 16:       # one pass per server beats a sort of the owners
+            where = [np.flatnonzero(owner == s) for s in range(self._n)]
+        else:
+            order = np.argsort(owner, kind="stable")
+            bounds = np.searchsorted(owner[order], np.arange(self._n + 1))
+            where = [order[bounds[s]:bounds[s + 1]] for s in range(self._n)]
+        self._last_split = (ids.copy(), where)
+        return where
 
     def push(self, key: Any, value: Any, updater: Any = None) -> None:
         """One push ``(ids, grads)`` (or a RowSparseNDArray of IDs, or a list: one per
@@ -96,8 +110,10 @@ class DistTables(Tables):
         found = np.zeros(flat.size, bool)
         body = command(Op.LOOKUP, key=self.pskeys[key], train=bool(train))
         asks = [(s, where) for s, where in enumerate(self._split(flat)) if where.size]
+        one = self._n == 1          # its reply is read straight into values and found
         tss = [self._kv.request(s, Command.COMMAND, body=body,
-                                arrays=[flat if self._n == 1 else flat[where]])
+                                arrays=[flat if one else flat[where]],
+                                into=[values, found] if one else None)
                for s, where in asks]
         replies = self._wait_all(tss, f"a lookup of table {key!r}")
         for (s, where), (_meta, got) in zip(asks, replies):
@@ -105,6 +121,12 @@ class DistTables(Tables):
                 raise ClusterError(f"server {s} answered a lookup of table {key!r} with "
                                    f"{[a.shape for a in got]} for {where.size} IDs (reported "
                                    f"by server {s})", key=key)
+            if one:
+                if got[0] is not values:        # a transport that could not read in place
+                    values[...] = got[0]
+                if got[1] is not found:
+                    found[...] = got[1]
+                continue
             values[where] = got[0]
             found[where] = got[1]
         return values.reshape(arr.shape + (dim,)), found.reshape(arr.shape)

@@ -357,7 +357,11 @@ class Engine:
         """Add one worker's value to ``key``'s round (``first``: the round's first)."""
         entry = self._entries[key]
         if kind in "rtT":
-            entry.sparse_parts.append((arrays[0].astype(np.int64), np.array(arrays[1])))
+            # a table push in dist_async is applied before push() returns: no copy to keep
+            keep = self.sync or kind == "r"
+            entry.sparse_parts.append((arrays[0].astype(np.int64, copy=keep),
+                                       np.array(arrays[1], copy=True) if keep
+                                       else np.asarray(arrays[1])))
             if kind == "T":          # a table push sent again (docs/embeddings.md D9)
                 entry.again.append(entry.sparse_parts[-1][0])
             return

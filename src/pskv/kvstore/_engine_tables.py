@@ -105,7 +105,12 @@ def check_table_push(table: ServedTable, kind: str, arrays: list[np.ndarray]) ->
 
 def _check_owned(table: ServedTable, ids: np.ndarray, what: str) -> None:
     i, n = table.shard
-    if n > 1 and ids.size and bool(np.any(shard_of(ids, n) != i)):
+    if n == 1 or not ids.size:
+        return
+    known = table._known_slots(ids)
+    if known is not None:       # IDs a lookup found a row of are this shard's: not hashed
+        ids = ids[known < 0]
+    if ids.size and bool(np.any(shard_of(ids, n) != i)):
         raise ShapeMismatchError(
             f"{what} of table key {table.name!r} sent server {i} of {n} IDs that "
             "shard_of routes elsewhere (R13). Route each ID to server "

@@ -304,8 +304,9 @@ class Backups:
         #: each copy's rounds not applied yet (``_backup_log``), and the buffers they land in
         self.logs: dict[int, RoundLog] = {}
         self._pool = BufferPool()
-        #: shards of which a whole copy (r_state) ever reached this server
-        self.copied: set[int] = set()
+        #: shard -> the server whose whole copy this is (the one that serves it), and when
+        #: the copy came (a death reported after that is its death, not a past one's)
+        self.source: dict[int, tuple[int, float]] = {}
         self._po: Postoffice | None = None
         tls = server_context(*cfg.tls) if cfg.tls is not None else None
         self._listeners = [StreamListener(host=cfg.node_host,
@@ -367,6 +368,7 @@ class Backups:
             log_ = self.logs.pop(shard, None)
             if log_ is not None:
                 log_.flush()
+            self.source.pop(shard, None)
             return self.engines.pop(shard, None)
 
     def alloc_for(self, meta: Meta) -> Any:
@@ -381,20 +383,11 @@ class Backups:
     def _land(self, index: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
         return self._pool.take(dtype, shape)
 
-    def take_empty(self, shard: int, rank: int, num_servers: int, restarted: bool
-                   ) -> Engine | None:
-        """An empty engine for ``shard`` when its primary died before changing anything:
-        a primary answers no change before its backup holds a whole copy of the shard
-        (``Replicator.send`` sends it first), so this server, its backup since the job
-        began (not ``restarted``), holding no copy and never having had one, knows that
-        nothing of it was acknowledged. Else None: the shard is lost."""
-        if restarted or shard == rank or backup_of(shard, shard, num_servers) != rank:
-            return None
+    def held_from(self, shard: int) -> tuple[int, float] | None:
+        """The server whose copy of ``shard`` this server holds and when the copy came
+        (None: it holds none)."""
         with self.lock:
-            if shard in self.copied or shard in self.engines:
-                return None
-            self.copied.add(shard)
-            return self._make()
+            return self.source.get(shard) if shard in self.engines else None
 
     # ---- the Handler of the ServeLoop ----------------------------------------------------
     def admit(self, conn: Connection, meta: Meta) -> int:
@@ -429,7 +422,7 @@ class Backups:
                 engine = self.engines[shard] = self._make()
                 self.logs[shard] = RoundLog(engine, self._pool)
                 install_copy(engine, body, arrays)
-                self.copied.add(shard)
+                self.source[shard] = (int(peer), time.monotonic())
             else:
                 engine = self.engines.get(shard)
                 if engine is None:

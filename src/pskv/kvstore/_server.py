@@ -44,7 +44,7 @@ from ._observed import server_state
 from ._replica import Backups
 from ._server_staleness import cmd_clock, park_read
 from ._server_tables import cmd_lookup, cmd_table_stats, init_entries, stats_reply
-from ._shards import Shard, Shards
+from ._shards import TakeoverPending, Shard, Shards
 
 __all__ = ["KVServer"]
 
@@ -115,6 +115,12 @@ class KVServer:
         self.snapshots = Snapshots(cfg, self._send, self._error)
         #: names rounds that wait and workers that are often last (PSKV_STRAGGLER_SECONDS)
         self.stragglers = StragglerWatch(cfg.straggler_seconds)
+        #: takeover requests waiting for the scheduler to report the server dead
+        #: (deadline, connection, worker, request, arrays), and how long one may wait
+        self._takeovers: list[tuple[float, Any, Any, Meta, list[np.ndarray]]] = []
+        # a broken link is reported within moments (the scheduler's grace, then its word)
+        self._takeover_wait = min(2.0 + 3 * cfg.heartbeat_interval,
+                                  cfg.request_timeout / 2)
         self.po.beat_extra = self._beat_extra
         #: Prometheus series when PSKV_METRICS_PORT asks for them (``run`` starts them)
         self.metrics: ServerMetrics | None = None
@@ -215,12 +221,45 @@ class KVServer:
             self.metrics.request(meta.cmd, arrays)
         check_key_count(len(meta.keys), self.cfg.max_keys_per_message, meta.cmd.name,
                         self._where())
+        self._serve(conn, worker, meta, arrays, time.monotonic() + self._takeover_wait)
+
+    def _serve(self, conn: Connection, worker: Any, meta: Meta, arrays: list[np.ndarray],
+               deadline: float, last: bool = False) -> None:
+        """Hand a checked request to its shard's handler; one for a shard whose copy is
+        held here, while its server is not known dead, waits until ``deadline`` (not when
+        ``last``: then it is refused)."""
         index = meta.body.get("shard") if isinstance(meta.body, dict) else None
-        shard = self.shards.get(index)
+        try:
+            shard = self.shards.get(index)
+        except TakeoverPending:
+            if last:
+                raise
+            # its server's death is not known here yet: wait for the scheduler's word
+            self._takeovers.append((deadline, conn, worker, meta, arrays))
+            return
         if self.gate.bound is not None and park_read(self.gate, shard, conn, worker, meta,
                                                      arrays, index):
             return
-        handler(self, shard, conn, worker, meta.ts, meta.keys, meta.body, arrays)
+        self._handlers[meta.cmd](self, shard, conn, worker, meta.ts, meta.keys, meta.body,
+                                 arrays)
+
+    def _retry_takeovers(self, expire: bool = False) -> None:
+        """Run the requests that waited for a server's death to be known (now it may be),
+        refusing those past their deadline (``expire``: only those are looked at)."""
+        waiting, self._takeovers = self._takeovers, []
+        now = time.monotonic()
+        for deadline, conn, worker, meta, arrays in waiting:
+            try:
+                if expire and now < deadline:
+                    self._takeovers.append((deadline, conn, worker, meta, arrays))
+                else:
+                    self._serve(conn, worker, meta, arrays, deadline, last=expire)
+            except KVStoreError as err:
+                self._error(conn, meta.ts, err)
+            except Exception as err:  # a node never dies of a request; the peer hears why
+                log.exception("%s: %s from worker %d failed", self._where(), meta.cmd.name,
+                              worker)
+                self._error(conn, meta.ts, ClusterError(f"{type(err).__name__}: {err}"))
 
     # ---- the global staleness bound (_ps/staleness.py, _server_staleness.py) ------------
     def _resume(self, items: list[Any]) -> None:
@@ -242,6 +281,8 @@ class KVServer:
 
     def tick(self) -> None:
         """Name sync rounds that wait (stragglers); fail those that waited too long."""
+        if self._takeovers:
+            self._retry_takeovers(expire=True)
         rounds: list[OpenRound] = []
         self.shards.each_engine(lambda engine: rounds.extend(
             OpenRound(*r, engine.num_workers) for r in engine.open_rounds()))
@@ -512,7 +553,11 @@ class KVServer:
                      self.po.mode or "sync", self.po.num_workers,
                      ", ".join(sorted(self._endpoints.values())))
             if not (self.cfg.restart and self.cfg.replicas):
-                self.shards.serve(self.po.rank, own)
+                shard = self.shards.serve(self.po.rank, own)
+                if shard.replicator is not None:
+                    # its backup gets the whole (empty) shard before any worker is admitted
+                    # here: a death while the workers connect leaves it a copy to serve
+                    shard.replicator.send(ReplOp.NOOP, {})
             # else: its backup took its shard over; it rejoins as a backup
             failed_seen = False
             lost_at: float | None = None
@@ -524,7 +569,9 @@ class KVServer:
                     while (event := self.po.next_event()) is not None:
                         if isinstance(event, ServerRejoined):
                             self.shards.rejoined(event.rank)
-                        # a ServerLost: its shard is taken over when a worker asks for it
+                        else:   # its shard is taken over when a worker asks for it
+                            self.shards.lost[event.rank] = time.monotonic()
+                            self._retry_takeovers()
                 if self.po.failure is not None and not failed_seen:
                     failed_seen = True
                     err = NodeFailedError(self.po.failure)

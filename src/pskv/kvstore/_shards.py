@@ -32,9 +32,22 @@ from ._durable import PeriodicCopies, Snapshots
 from ._engine import Engine
 from ._replica import Backups, Replicator, backup_endpoints
 
-__all__ = ["Shard", "Shards"]
+__all__ = ["TakeoverPending", "Shard", "Shards"]
 
 log = logging.getLogger(__name__)
+
+
+class TakeoverPending(ProtocolError):
+    """A worker asks for a shard whose copy is held here while the server it comes from is
+    not known dead yet (its link to the worker broke first; the scheduler's word follows
+    within moments): the request waits for that word (`Shards.lost`)."""
+
+    def __init__(self, shard: int, source: int) -> None:
+        super().__init__(f"a worker asked for shard {shard}, whose copy this server holds, "
+                         f"while server {source}, which serves it, is not known dead: a "
+                         "backup takes a shard over only once the scheduler reports its "
+                         "server dead")
+        self.shard, self.source = shard, source
 
 
 class Shard:
@@ -96,6 +109,10 @@ class Shards:
         #: shard index -> the shard served here
         self.served: dict[int, Shard] = {}
         self._restarted: set[int] = set()   # servers restarted since this one started
+        #: server -> when the scheduler last reported it dead: a copy that came from it
+        #: before then may be taken over; a worker alone cannot make a backup split the
+        #: shard of a server that lives (or of its restarted self, which sent a new copy)
+        self.lost: dict[int, float] = {}
 
     def get(self, index: int | None) -> Shard:
         """The shard a request names (None: this server's own), taken over from the
@@ -105,16 +122,13 @@ class Shards:
             return self.served.get(rank) or Shard(rank, self.own)
         shard = self.served.get(index)
         if shard is None and self.backups is not None:
+            held = self.backups.held_from(index)
+            if held is not None and self.lost.get(held[0], float("-inf")) < held[1]:
+                raise TakeoverPending(index, held[0])
             engine = self.backups.take(index)
             if engine is not None:
                 log.info("server %d: serves shard %d now, as its backup (its server died)",
                             self.po.rank, index)
-            else:
-                engine = self.backups.take_empty(index, self.po.rank, self.po.num_servers,
-                                                 self.po.rejoin)
-                if engine is not None:
-                    log.info("server %d: serves shard %d now, empty: its server died before "
-                             "it changed anything", self.po.rank, index)
             if engine is not None:
                 engine.num_workers = self.po.num_workers
                 shard = self.serve(index, engine)

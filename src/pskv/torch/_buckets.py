@@ -26,7 +26,9 @@ class Bucket:
     """One store key's worth of parameters of one dtype, flattened one after another.
 
     ``members[j]`` is an index into the synchronizer's parameter list, whose values sit at
-    ``flat[offsets[j]:offsets[j] + numels[j]]``.
+    ``flat[offsets[j]:offsets[j] + numels[j]]``; ``grads[j]`` (and ``weight_views[j]``)
+    is that slice of ``flat`` (of ``weights``) in the parameter's shape, made once, so that
+    a step fills and empties the bucket with one ``torch._foreach_copy_`` each.
     """
 
     index: int
@@ -36,7 +38,9 @@ class Bucket:
     numels: list[int]
     flat: torch.Tensor            # gradients pushed, the round's result pulled back
     weights: torch.Tensor | None  # update_on_kvstore: the store's new weights land here
-    ready: set[int] = field(default_factory=set)
+    grads: list[torch.Tensor] = field(default_factory=list)
+    weight_views: list[torch.Tensor] = field(default_factory=list)
+    waiting: int = 0              # members whose gradient is not final yet in this step
     future: Any = None            # the pushpull in flight (concurrent.futures.Future)
 
     def view(self, j: int, buf: torch.Tensor | None = None) -> torch.Tensor:

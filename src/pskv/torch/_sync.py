@@ -2,7 +2,8 @@
 
 Invariants: bucket ``i`` is sent only after buckets ``0 .. i-1`` (so every worker sends its
 buckets in the same order, and one worker never waits in a round the others have not
-begun); at most one pushpull is in flight at a time, on one communication thread; a
+begun); at most one pushpull is in flight at a time, on one communication thread, or, for
+the last bucket when nothing else is in flight, on the thread that completed it; a
 bucket's ``flat`` and ``weights`` are touched by the backward thread only before the bucket
 is sent and by ``finish`` only after its pushpull returned.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..errors import ConfigError, ShapeMismatchError
@@ -25,10 +26,22 @@ from ._buckets import Bucket, assign_buckets
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["HOOK_ATTR", "Synchronizer"]
+__all__ = ["HOOK_ATTR", "Synchronizer", "copy_all"]
 
 #: the attribute a synchronized parameter carries: the prefix of the optimizer that hooks it
 HOOK_ATTR = "_pskv_synchronized_by"
+
+
+def copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """``d.copy_(s)`` for each pair, in one call where torch has ``_foreach_copy_``."""
+    if not dsts:
+        return
+    foreach = getattr(import_torch(), "_foreach_copy_", None)
+    if foreach is not None:
+        foreach(dsts, srcs)
+        return
+    for d, src in zip(dsts, srcs):      # pragma: no cover - torch without _foreach_copy_
+        d.copy_(src)
 
 
 class Synchronizer:
@@ -36,6 +49,11 @@ class Synchronizer:
 
     Parameters mirror :func:`pskv.torch.DistributedOptimizer`'s; ``cap_bytes`` None gives
     every parameter a bucket of its own.
+
+    Per step and parameter the work in Python is one hook call that counts; a bucket is
+    filled (one ``_foreach_copy_`` and one division of the whole bucket, the same numbers
+    as dividing each gradient) when its last gradient is final, and emptied back into
+    ``.grad`` the same way, so a model of many small tensors costs few Python calls.
     """
 
     def __init__(self, kv: Any, names: list[str], params: list[torch.Tensor], prefix: str,
@@ -45,7 +63,7 @@ class Synchronizer:
         self.kv = kv
         self.names = names
         self.params = params
-        self.shapes = [tuple(p.shape) for p in params]
+        self.shapes = [p.shape for p in params]
         self.prefix = prefix
         self.update_on_kvstore = update_on_kvstore
         self.divisor = kv.num_workers if op == "average" else 1
@@ -53,18 +71,27 @@ class Synchronizer:
         self.overlap = overlap
         self.sparse_as_dense = sparse_as_dense
         self.sparse: Any = None             # the SparseParams, set by DistributedOptimizer
+        self.buffers: Any = None            # the _Buffers, sent with the last bucket
         self.skip = False
         self.no_sync_depth = 0
         self.buckets: list[Bucket] = []
-        self.where: list[tuple[int, int]] = [(0, 0)] * len(params)   # param -> (bucket, j)
+        self.bucket_of: list[Bucket] = []   # param -> its bucket
         for b, members in enumerate(assign_buckets(params, cap_bytes)):
             numels = [params[i].numel() for i in members]
             offsets = [sum(numels[:j]) for j in range(len(numels))]
             flat = th.zeros(sum(numels), dtype=params[members[0]].dtype)
-            self.buckets.append(Bucket(b, f"{prefix}bucket.{b}", members, offsets, numels,
-                                       flat, flat.clone() if update_on_kvstore else None))
-            for j, i in enumerate(members):
-                self.where[i] = (b, j)
+            bucket = Bucket(b, f"{prefix}bucket.{b}", members, offsets, numels, flat,
+                            flat.clone() if update_on_kvstore else None)
+            bucket.grads = [bucket.view(j).view(params[i].shape) for j, i in enumerate(members)]
+            if bucket.weights is not None:
+                bucket.weight_views = [bucket.view(j, bucket.weights).view(params[i].shape)
+                                       for j, i in enumerate(members)]
+            bucket.waiting = len(members)
+            self.buckets.append(bucket)
+        self.bucket_of = [self.buckets[0]] * len(params) if self.buckets else []
+        for bucket in self.buckets:
+            for i in bucket.members:
+                self.bucket_of[i] = bucket
         self.countdown = [self.passes] * len(params)
         self.next_send = 0                  # the first bucket not yet sent
         self.lock = threading.Lock()
@@ -79,8 +106,7 @@ class Synchronizer:
             if bucket.weights is None:
                 out.append(bucket.flat)
                 continue
-            for j, i in enumerate(bucket.members):
-                bucket.view(j, bucket.weights).copy_(self.params[i].detach().reshape(-1))
+            copy_all(bucket.weight_views, [self.params[i].detach() for i in bucket.members])
             out.append(bucket.weights)
         return out
 
@@ -110,104 +136,156 @@ class Synchronizer:
 
     # ---- during backward ----------------------------------------------------------------
     def _hook(self, i: int) -> Any:
+        bucket = self.bucket_of[i]
+
         def hook(param: torch.Tensor) -> None:
             if self.no_sync_depth or self.skip:
                 return
-            self.countdown[i] -= 1
-            if self.countdown[i] > 0:
+            left = self.countdown[i] - 1
+            self.countdown[i] = left
+            if left > 0:
                 return
-            if self.countdown[i] < 0:
+            if left < 0:
                 raise ConfigError(
                     f"parameter {self.names[i]!r} got a gradient more than "
                     f"backward_passes_per_step={self.passes} times before step(). Call "
                     "step() after each group of backward passes, raise "
                     "backward_passes_per_step, or accumulate inside opt.no_sync().",
                     key=self.names[i])
-            self.ready(i)
+            with self.lock:
+                bucket.waiting -= 1
+                if bucket.waiting == 0 and bucket.index == self.next_send:
+                    self._send_ready()
         return hook
 
-    def _grad(self, i: int) -> torch.Tensor | None:
-        """Parameter ``i``'s gradient, dense, checked against its shape at construction."""
+    def _shape_error(self, i: int) -> ShapeMismatchError:
         p = self.params[i]
-        grad = p.grad
-        if tuple(p.shape) != self.shapes[i] or (grad is not None
-                                                and tuple(grad.shape) != self.shapes[i]):
-            raise ShapeMismatchError(
-                f"parameter {self.names[i]!r} has shape {tuple(p.shape)} now, but had "
-                f"{self.shapes[i]} when the DistributedOptimizer was built (its store "
-                "buckets have that size). Build a new DistributedOptimizer (with a new "
-                "prefix=) after changing the model.", key=self.names[i],
-                shape=tuple(p.shape))
-        if grad is not None and grad.layout != import_torch().strided:
-            if not self.sparse_as_dense:
-                raise ConfigError(
-                    f"parameter {self.names[i]!r} got a sparse gradient "
-                    "(nn.Embedding(sparse=True)), which would travel dense: every row, "
-                    "every step. Pass sparse_params=[" + repr(self.names[i]) + "] to "
-                    "DistributedOptimizer (rows as row_sparse), or sparse_as_dense=True.",
-                    key=self.names[i])
-            grad = grad.to_dense()    # sparse_as_dense: Horovod's option of the same name
-        return grad
+        return ShapeMismatchError(
+            f"parameter {self.names[i]!r} has shape {tuple(p.shape)} now, but had "
+            f"{tuple(self.shapes[i])} when the DistributedOptimizer was built (its store "
+            "buckets have that size). Build a new DistributedOptimizer (with a new "
+            "prefix=) after changing the model.", key=self.names[i], shape=tuple(p.shape))
 
-    def ready(self, i: int) -> None:
-        """Copy parameter ``i``'s gradient into its bucket; send what became sendable."""
-        b, j = self.where[i]
-        bucket = self.buckets[b]
-        grad = self._grad(i)
-        view = bucket.view(j)
-        if grad is None:
-            view.zero_()        # every worker pushes every key in every sync round
-        else:
-            view.copy_(grad.reshape(-1))
-            if self.divisor != 1:
-                view.div_(self.divisor)   # DDP divides before it sums (Reducer's div_factor)
-        with self.lock:
-            bucket.ready.add(j)
-            self._send_ready()
+    def _sparse_grad(self, i: int, grad: torch.Tensor) -> torch.Tensor:
+        """A sparse gradient as a dense one (``sparse_as_dense``), or ConfigError."""
+        if not self.sparse_as_dense:
+            raise ConfigError(
+                f"parameter {self.names[i]!r} got a sparse gradient "
+                "(nn.Embedding(sparse=True)), which would travel dense: every row, "
+                "every step. Pass sparse_params=[" + repr(self.names[i]) + "] to "
+                "DistributedOptimizer (rows as row_sparse), or sparse_as_dense=True.",
+                key=self.names[i])
+        return grad.to_dense()    # sparse_as_dense: Horovod's option of the same name
+
+    def fill(self, bucket: Bucket) -> None:
+        """Copy the members' gradients into the bucket (zeros for a member without one:
+        every worker pushes every key in every sync round), divided by the divisor.
+
+        Checks every member's shape against the one at construction first.
+        """
+        strided = import_torch().strided
+        dsts, srcs = [], []
+        for j, i in enumerate(bucket.members):
+            p = self.params[i]
+            grad = p.grad
+            shape = self.shapes[i]
+            if p.shape != shape or (grad is not None and grad.shape != shape):
+                raise self._shape_error(i)
+            if grad is None:
+                bucket.grads[j].zero_()
+                continue
+            if grad.layout != strided:
+                grad = self._sparse_grad(i, grad)
+            dsts.append(bucket.grads[j])
+            srcs.append(grad)
+        copy_all(dsts, srcs)
+        if self.divisor != 1:
+            # DDP divides before it sums (Reducer's div_factor); per element the same as
+            # dividing each gradient
+            bucket.flat.div_(self.divisor)
 
     def _send_ready(self) -> None:
-        """Send complete buckets in order (lock held)."""
-        while self.next_send < len(self.buckets):
+        """Fill and send complete buckets in order (lock held)."""
+        last = len(self.buckets) - 1
+        while self.next_send <= last:
             bucket = self.buckets[self.next_send]
-            if len(bucket.ready) < len(bucket.members):
+            if bucket.waiting > 0:
                 return
+            self.fill(bucket)
+            with_buffers = self.buffers is not None and bucket.index == last
+            if with_buffers:
+                self.buffers.fill()       # after forward: this step's running statistics
             if self.executor is None:
-                self._pushpull(bucket)
+                self._pushpull(bucket, with_buffers)
+            elif bucket.index == last and self._idle():
+                # the last bucket, nothing in flight: backward has nothing left to overlap
+                # with, so this thread sends it (no hand-off to the thread and back); an
+                # error is raised by step(), as the thread's would be
+                bucket.future = Future()
+                try:
+                    self._pushpull(bucket, with_buffers)
+                except Exception as err:    # noqa: BLE001 - re-raised by step()
+                    bucket.future.set_exception(err)
+                else:
+                    bucket.future.set_result(None)
             else:
-                bucket.future = self.executor.submit(self._pushpull, bucket)
+                bucket.future = self.executor.submit(self._pushpull, bucket, with_buffers)
             self.next_send += 1
 
-    def _pushpull(self, bucket: Bucket) -> None:
+    def _idle(self) -> bool:
+        """Whether no bucket's pushpull is in flight (lock held)."""
+        return all(b.future is None or b.future.done() for b in self.buckets[:self.next_send])
+
+    def _pushpull(self, bucket: Bucket, with_buffers: bool = False) -> None:
+        keys: list[str] = [bucket.key]
+        values = [bucket.flat]
+        if with_buffers:       # one message: the buffers ride with the last bucket
+            keys += self.buffers.keys
+            values += self.buffers.flats
         if bucket.weights is None:
-            self.kv.pushpull(bucket.key, bucket.flat)       # the sum, back into flat
+            # the sum, in place; out= names the same tensors so that the reply is read
+            # straight into them (the push has left them by then: the round's result comes
+            # after every push of it), not into a buffer and copied
+            self.kv.pushpull(keys, values, out=values)
         else:
             self.kv.pushpull(bucket.key, bucket.flat, out=bucket.weights)
 
     # ---- in step() --------------------------------------------------------------------
     def synchronize(self) -> None:
         """Send what backward did not, wait for every bucket, then write the results into
-        ``.grad`` (or, with update_on_kvstore, into the parameters)."""
+        ``.grad`` (or, with update_on_kvstore, into the parameters), and the buffers."""
         th = import_torch()
         try:
-            for bucket in self.buckets:
-                for j, i in enumerate(bucket.members):
-                    if j not in bucket.ready:
-                        self.ready(i)
+            with self.lock:
+                for bucket in self.buckets[self.next_send:]:
+                    bucket.waiting = 0
+                self._send_ready()
             for bucket in self.buckets:
                 if bucket.future is not None:
                     bucket.future.result()
+            if not self.buckets and self.buffers is not None:
+                self.buffers.fill()
+                self.kv.pushpull(self.buffers.keys, self.buffers.flats)
         finally:
             self.reset()
+        strided = th.strided
         with th.no_grad():
             for bucket in self.buckets:
+                if bucket.weights is not None:
+                    copy_all([self.params[i] for i in bucket.members], bucket.weight_views)
+                    continue
+                dsts, srcs = [], []
                 for j, i in enumerate(bucket.members):
                     p = self.params[i]
-                    if bucket.weights is not None:
-                        p.copy_(bucket.view(j, bucket.weights).view_as(p))
-                    elif p.grad is None or p.grad.layout != th.strided:
-                        p.grad = bucket.view(j).view_as(p).clone()
+                    grad = p.grad
+                    if grad is None or grad.layout != strided:
+                        p.grad = bucket.grads[j].clone()
                     else:
-                        p.grad.copy_(bucket.view(j).view_as(p))
+                        dsts.append(grad)
+                        srcs.append(bucket.grads[j])
+                copy_all(dsts, srcs)
+            if self.buffers is not None:
+                self.buffers.unpack()
         if self.sparse is not None:
             self.sparse.synchronize()
 
@@ -217,7 +295,7 @@ class Synchronizer:
             for bucket in self.buckets:
                 if bucket.future is not None and not bucket.future.done():
                     bucket.future.cancel()
-                bucket.ready.clear()
+                bucket.waiting = len(bucket.members)
                 bucket.future = None
             self.next_send = 0
             self.countdown = [self.passes] * len(self.params)
