@@ -249,31 +249,35 @@ class KVServer:
         waiting, self._takeovers = self._takeovers, []
         now = time.monotonic()
         for deadline, conn, worker, meta, arrays in waiting:
-            try:
-                if expire and now < deadline:
-                    self._takeovers.append((deadline, conn, worker, meta, arrays))
-                else:
-                    self._serve(conn, worker, meta, arrays, deadline, last=expire)
-            except KVStoreError as err:
-                self._error(conn, meta.ts, err)
-            except Exception as err:  # a node never dies of a request; the peer hears why
-                log.exception("%s: %s from worker %d failed", self._where(), meta.cmd.name,
-                              worker)
-                self._error(conn, meta.ts, ClusterError(f"{type(err).__name__}: {err}"))
+            if expire and now < deadline:
+                self._takeovers.append((deadline, conn, worker, meta, arrays))
+            else:
+                self._guarded(conn, worker, meta, functools.partial(
+                    self._serve, conn, worker, meta, arrays, deadline, last=expire))
+
+    def _guarded(self, conn: Any, worker: Any, meta: Meta, run: Callable[[], None]) -> None:
+        """Run a request held back earlier; what it raises goes to its worker (a node never
+        dies of a request)."""
+        try:
+            run()
+        except KVStoreError as err:
+            self._error(conn, meta.ts, err)
+        except Exception as err:  # the peer hears why
+            log.exception("%s: %s from worker %d failed", self._where(), meta.cmd.name,
+                          worker)
+            self._error(conn, meta.ts, ClusterError(f"{type(err).__name__}: {err}"))
 
     # ---- the global staleness bound (_ps/staleness.py, _server_staleness.py) ------------
     def _resume(self, items: list[Any]) -> None:
         """Run reads the staleness bound held back, now that it lets them."""
         for conn, worker, meta, arrays, index in items:
-            try:
-                self._handlers[meta.cmd](self, self.shards.get(index), conn, worker, meta.ts,
-                                         meta.keys, meta.body, arrays)
-            except KVStoreError as err:
-                self._error(conn, meta.ts, err)
-            except Exception as err:  # a node never dies of a request; the peer hears why
-                log.exception("%s: %s from worker %d failed", self._where(), meta.cmd.name,
-                              worker)
-                self._error(conn, meta.ts, ClusterError(f"{type(err).__name__}: {err}"))
+            self._guarded(conn, worker, meta, functools.partial(
+                self._resume_one, conn, worker, meta, arrays, index))
+
+    def _resume_one(self, conn: Any, worker: Any, meta: Meta, arrays: list[np.ndarray],
+                    index: Any) -> None:
+        self._handlers[meta.cmd](self, self.shards.get(index), conn, worker, meta.ts,
+                                 meta.keys, meta.body, arrays)
 
     def _fail_parked(self, failed: list[tuple[Any, KVStoreError]]) -> None:
         for (conn, _worker, meta, _arrays, _index), err in failed:
