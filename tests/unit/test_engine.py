@@ -5,6 +5,8 @@ with tickets standing in for requests and a fake clock for round timeouts.
 """
 from __future__ import annotations
 
+import itertools
+
 from typing import Any
 
 import numpy as np
@@ -217,7 +219,7 @@ def test_a_dense_round_is_summed_in_worker_rank_order_whatever_the_arrival_order
     for v in (values[1], values[0], values[2]):
         shuffled += v
     assert not np.array_equal(want, shuffled), "the values must tell the orders apart"
-    for order in ([3, 1, 0, 2], [0, 1, 2, 3], [2, 3, 1, 0]):
+    for order in itertools.permutations(range(4)):     # rank 1 first too (no copy: below)
         h = Harness(4)
         h.engine.init(0, np.zeros(257, np.float32))
         for ts, w in enumerate(order, 1):
@@ -227,3 +229,17 @@ def test_a_dense_round_is_summed_in_worker_rank_order_whatever_the_arrival_order
         for ts, w in enumerate(reversed(order), 10):
             h.push(w, 0, values[w], ts=ts)
         np.testing.assert_array_equal(h.value(0), want)
+
+
+def test_rank_one_may_start_a_round_without_a_copy() -> None:
+    # v1 + v0 is v0 + v1 to the bit: a round that rank 1 opens keeps no copy of its push
+    h = Harness(3)
+    h.engine.init(0, np.zeros(5, np.float32))
+    h.push(1, 0, np.full(5, 0.1, np.float32), ts=1)
+    assert not h.engine._entries[0].early
+    h.push(2, 0, np.full(5, 0.3, np.float32), ts=2)       # before rank 0: kept aside
+    assert list(h.engine._entries[0].early) == [2]
+    h.push(0, 0, np.full(5, 0.7, np.float32), ts=3)
+    want = (np.float32(0.7) + np.float32(0.1)) + np.float32(0.3)
+    np.testing.assert_array_equal(h.value(0), np.full(5, want, np.float32))
+    assert not h.engine._entries[0].early and h.engine._entries[0].next_rank == 0

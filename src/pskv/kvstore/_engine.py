@@ -101,8 +101,9 @@ class _Entry:
     table: tables.ServedTable | None = None   # a table key's shard (then ``stored`` is empty)
     part_workers: list[int] = field(default_factory=list)   # the worker of each table part
     again: list[np.ndarray] = field(default_factory=list)   # IDs of table pushes sent again
-    # a dense sync round is summed in worker-rank order: the next rank to add, and copies of
-    # pushes that came before a lower rank's (Engine._add_in_order)
+    # a dense sync round is summed in worker-rank order: the next rank to add (-1: rank 1
+    # opened the round, rank 0 is next), and copies of pushes that came before a lower
+    # rank's (Engine._add_in_order)
     next_rank: int = 0
     early: dict[int, tuple[list[np.ndarray], str]] = field(default_factory=dict)
 
@@ -341,11 +342,22 @@ class Engine:
         whatever order the pushes arrive in, so a round's sum is the same bits every run
         (and the same as the collective path's, docs/collective.md); a push that comes
         before a lower rank's is copied until its turn."""
-        if worker != entry.next_rank:
+        if worker == 1 and entry.next_rank == 0 and kind != "c" \
+                and arrays[0].dtype == entry.stored.dtype:
+            # v1 + v0 is v0 + v1 to the bit (IEEE addition commutes): rank 1 may start the
+            # round, no copy; -1 says rank 0 is added next, then rank 2 on
+            self.accumulate(key, arrays, kind, first=True)
+            entry.next_rank = -1
+            return
+        if entry.next_rank == -1 and worker == 0:
+            self.accumulate(key, arrays, kind, first=False)
+            entry.next_rank = 2
+        elif worker != entry.next_rank:
             entry.early[worker] = ([np.array(a) for a in arrays], kind)
             return
-        self.accumulate(key, arrays, kind, first=entry.next_rank == 0)
-        entry.next_rank += 1
+        else:
+            self.accumulate(key, arrays, kind, first=entry.next_rank == 0)
+            entry.next_rank += 1
         while entry.next_rank in entry.early:
             held, held_kind = entry.early.pop(entry.next_rank)
             self.accumulate(key, held, held_kind, first=entry.next_rank == 0)
