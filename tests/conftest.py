@@ -37,6 +37,7 @@ DIST_IN_UNIT = frozenset({
     "test_durability_units.py::test_supervisor_restarts_a_dead_worker_with_its_rank",
     "test_launch_argv.py::test_build_processes_local_shares_port_and_secret",  # free port
     "test_launch_argv.py::test_free_port_is_bindable",
+    "test_launch_argv.py::test_free_port_avoids_the_ephemeral_range",
     "test_launch_argv.py::test_guess_host_ip_is_not_loopback",  # a UDP socket, no traffic
     "test_launch_flags.py::test_missing_hostfile_is_a_usage_error",  # main(): host-ip guess
     "test_launch_flags.py::test_log_level",  # main() builds a job spec: a free port

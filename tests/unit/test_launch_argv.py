@@ -366,3 +366,15 @@ def test_guess_host_ip_is_not_loopback() -> None:
         assert "--host-ip" in str(err)
     else:
         assert not ip.startswith("127.") and ip != "::1"
+
+
+def test_free_port_avoids_the_ephemeral_range() -> None:
+    # the OS gives ports of its ephemeral range to any program's bind(0) (srun's I/O, for
+    # one): a scheduler port picked there was taken before the scheduler bound it
+    from pskv.launch._net import FIRST_PORT, ephemeral_low
+    low = ephemeral_low()
+    if low - FIRST_PORT < 1000:
+        pytest.skip(f"no room below this OS's ephemeral range (it starts at {low})")
+    ports = {free_port() for _ in range(20)}
+    assert all(FIRST_PORT <= p < low for p in ports), ports
+    assert len(ports) > 1          # random, not one port every time

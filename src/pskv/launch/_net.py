@@ -6,6 +6,7 @@ was asked, and another process may take it before it is bound again.
 from __future__ import annotations
 
 import ipaddress
+import random
 import socket
 
 from ..errors import ConfigError
@@ -13,13 +14,44 @@ from ..errors import ConfigError
 __all__ = ["free_port", "guess_host_ip"]
 
 
+#: the lowest port `free_port` tries below the OS's ephemeral range
+FIRST_PORT = 20000
+
+
+def ephemeral_low() -> int:
+    """The first port of the OS's ephemeral range (Linux: ip_local_port_range; else the
+    IANA default 49152)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS says is free on `host` now (as torch.distributed picks one)."""
+    """A TCP port free on `host` now, below the OS's ephemeral range when there is room.
+
+    The OS hands ports of its ephemeral range to every program's ``bind(0)`` and outgoing
+    connection (srun's I/O ports, for one), and may hand out the one just released again,
+    so a port picked there can be taken before the scheduler binds it. Random ports from
+    :data:`FIRST_PORT` up to that range are tried first; else the OS picks one.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    low = ephemeral_low()
+    if low - FIRST_PORT >= 1000:
+        pick = random.SystemRandom()
+        for _ in range(64):
+            port = pick.randrange(FIRST_PORT, low)
+            try:
+                with socket.socket(family, socket.SOCK_STREAM) as sock:
+                    sock.bind((host, port))
+            except OSError:      # in use (or in TIME_WAIT): another
+                continue
+            return port
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-    return port
+        chosen: int = sock.getsockname()[1]
+    return chosen
 
 
 def guess_host_ip() -> str:
