@@ -102,16 +102,21 @@ def _flood_stream(endpoint: str, body: dict[str, Any], stop: threading.Event,
 
 
 def _rounds(kv: Any, seconds: float, key: int = 1) -> list[float]:
-    """Push and pull ``key`` for ``seconds``; how long each round took."""
+    """Push and pull ``key`` until ``seconds`` have passed on every worker; how long each
+    round took. A worker pushes ones while its time lasts and zeros after: the pulled sum
+    says when all are done, so that every worker makes the same number of rounds (a
+    worker whose own clock stopped it one round early would leave the others' last
+    round waiting in ``dist_sync``)."""
     took = []
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while True:
         start = time.monotonic()
-        kv.push(key, mx.nd.ones((3,)))
-        kv.pull(key).asnumpy()
+        kv.push(key, mx.nd.full((3,), float(start < end)))
+        total = kv.pull(key).asnumpy()[0]
         took.append(time.monotonic() - start)
+        if total == 0:
+            return took
         time.sleep(0.02)
-    return took
 
 
 @pytest.mark.timeout(150)

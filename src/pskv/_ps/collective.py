@@ -29,6 +29,7 @@ both sides (an ERROR goes back) and never kills the thread.
 from __future__ import annotations
 
 import collections
+import functools
 import hmac
 import logging
 import os
@@ -106,7 +107,7 @@ class _Out:
 
 @dataclass
 class _Sent:
-    left: int
+    left: set[int]        # the peers that have not taken this push yet
 
 
 class Collective:
@@ -318,7 +319,7 @@ class Collective:
     def push(self, pskey: int, flat: np.ndarray) -> None:
         """Send ``flat`` (this worker's value, 1-D, the key's dtype) to the chunks' owners;
         return once every byte is written (then ``flat`` may change)."""
-        sent = _Sent(len(self.peers))
+        sent = _Sent(set(self.peers))
         with self._cond:
             self._raise_failure()
             self._raise_gone("to push", set(self.peers))
@@ -330,14 +331,14 @@ class Collective:
             k.own.append(own)
             self._dirty.add(pskey)
 
-            def one_sent() -> None:
-                sent.left -= 1
             for p in self.peers:
                 s, e = k.bounds[p]
-                self._queue(p, Command.PUSH, k.pushed, pskey, flat[s:e], one_sent)
+                self._queue(p, Command.PUSH, k.pushed, pskey, flat[s:e],
+                            functools.partial(sent.left.discard, p))
         self._wake()
-        self._wait(lambda: sent.left == 0, lambda: self._what_send(k, sent),
-                   lambda: set(self.peers))
+        # a peer that closed its store after taking this push is no failure
+        self._wait(lambda: not sent.left, lambda: self._what_send(k, sent),
+                   lambda: set(sent.left))
 
     def pull(self, pskey: int, out: np.ndarray) -> None:
         """Wait for the sum of the round of this worker's last push; copy it into ``out``
@@ -357,8 +358,10 @@ class Collective:
         return k.free.pop() if k.free else np.empty(hi - lo, k.dtype)
 
     def _what_send(self, k: _Key, sent: _Sent) -> str:
-        return (f"its push of key {k.name!r} to be taken by {sent.left} of the other workers "
-                "(a worker that does not read)")
+        late = sorted(sent.left)
+        return (f"its push of key {k.name!r} to be taken by worker"
+                f"{'s' if len(late) > 1 else ''} {', '.join(map(str, late))} (a worker that "
+                "does not read)")
 
     def _what_round(self, k: _Key, n: int) -> str:
         late = [p for p in self.peers if k.came[p] < n]
@@ -502,10 +505,11 @@ class Collective:
         self._fail(NodeFailedError, f"worker {p} is gone: its collective link to worker "
                    f"{self.rank} broke ({why}). The job cannot go on without it.")
 
-    def _read(self, p: int) -> None:
+    def _read(self, p: int) -> bool:
+        """Read up to 16 messages from ``p``; whether there may be more."""
         conn = self._conns[p]
         if p in self._gone or p in self._deaf:
-            return
+            return False
         alloc_for = self._alloc_for(p)
         for _ in range(16):
             # one message a call: a read that meets the end of the stream raises, and would
@@ -519,7 +523,7 @@ class Collective:
                     self._goodbye_eof(p)
                 else:
                     self._lost(p, str(err))
-                return
+                return False
             except ProtocolError as err:
                 self._deaf.add(p)         # its stream cannot be followed any more
                 try:
@@ -528,11 +532,12 @@ class Collective:
                     pass
                 self._refuse(p, ProtocolError, f"worker {p} sent a bad message on the "
                              f"collective path: {err}")
-                return
+                return False
             if not got:
-                return
+                return False
             meta, arrays = got[0]
             self._on_message(p, meta, arrays)
+        return True
 
     def _drop_out(self, p: int) -> None:
         """Forget what was queued for ``p`` (its link is closed), running each message's
@@ -677,7 +682,13 @@ class Collective:
             except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 return
             except OSError as err:
+                # what it sent before it closed is still to be read here: its GOODBYE may
+                # be among it (a peer that closed its store is no failure)
+                while self._read(p):
+                    pass
                 with self._cond:
+                    if p in self._gone:
+                        return
                     closed = p in self._said_goodbye
                 if closed:      # it closed its store: what it did not read it did not need
                     self._goodbye_eof(p)
