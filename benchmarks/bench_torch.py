@@ -26,7 +26,11 @@ Reported: median samples/s (models) or ms per average, pskv / DDP, whether rank 
 weights (or the average) are bit-identical to DDP's, and the overlap: the share of the
 communication time hidden behind backward, ``1 - (backward + step, overlap=True) -
 backward(overlap=False)) / step(overlap=False)``, medians of the wall times per step, where
-``step`` is what ``opt.step()`` takes (pskv only: DDP has no switch).
+``step`` is what ``opt.step()`` takes (pskv only: DDP has no switch). Each model also
+runs once more per repeat with no exchange at all (``--worker solo``: each worker steps
+on its own slice, launched as DDP's are; ``--no-ceiling`` skips it): its speed against DDP
+is the most that any way of synchronising could reach on this machine, which says whether
+the 1.3x aim is reachable here at all.
 The CPU time per step of every process of a job (user + system, from ``/proc``, over rank
 0's timed steps) is reported per role (workers, servers, scheduler, launcher): on a busy
 machine it moves far less than samples/s. ``--load N`` keeps N busy processes running
@@ -161,6 +165,8 @@ def run_worker(args: argparse.Namespace) -> int:
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
         kv = None
+    elif args.worker == "solo":      # the ceiling: the same steps with no exchange at all
+        kv = None
     else:
         import pskv as mx
         kv = mx.kv.create("dist_sync")
@@ -173,7 +179,7 @@ def run_worker(args: argparse.Namespace) -> int:
     finally:
         if kv is not None:
             kv.close()
-        else:
+        elif args.worker == "ddp":
             import torch.distributed as dist
             dist.barrier()            # no rank tears gloo down while another still sends
             dist.destroy_process_group()
@@ -224,7 +230,9 @@ def _train(args: argparse.Namespace, kv: Any, rank: int, world: int) \
     def sgd(m: Any) -> Any:
         return torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
 
-    if kv is None:
+    if args.worker == "solo":
+        net, opt = model, sgd(model)
+    elif kv is None:
         from torch.nn.parallel import DistributedDataParallel
         net = DistributedDataParallel(model)
         opt = sgd(model)
@@ -287,6 +295,10 @@ def _train(args: argparse.Namespace, kv: Any, rank: int, world: int) \
 
 
 # ---- the driver ------------------------------------------------------------------------------
+#: the run of a model with no exchange at all (each worker steps on its own slice, launched
+#: as DDP's are): the samples/s that no way of synchronising can beat on this machine
+CEILING = "no exchange (ceiling)"
+
 #: one busy process of ``--load``: spins until its time is up (it ends by itself if the
 #: driver is killed before it can end it)
 _SPIN = ("import sys, time\n"
@@ -364,10 +376,12 @@ def run_driver(args: argparse.Namespace) -> int:
     for rep in range(args.repeats):
         for case in cases:
             jobs = [("ddp", 0)] + [("pskv", t) for t in thresholds]
+            if case != "avg100mb" and args.ceiling:
+                jobs.append(("solo", 0))
             if rep % 2:
                 jobs.reverse()                 # alternate who runs first
             for kind, t in jobs:
-                label = kind if kind == "ddp" else f"pskv (collective {t})"
+                label = {"ddp": "ddp", "solo": CEILING}.get(kind, f"pskv (collective {t})")
                 print(f"[{rep + 1}/{args.repeats}] {case}: {label}", flush=True)
                 with busy(args.load, args.timeout + 60):
                     result, arrays = _job(kind, case, args, t)
@@ -398,14 +412,15 @@ def run_driver(args: argparse.Namespace) -> int:
                 entry["overlap_hidden"] = min(1.0, max(0.0, 1 - (both - back) / plain)) \
                     if plain > 0 else None
             table.setdefault(case, {})[label] = entry
-            aim = "" if label == "ddp" else (
+            aim = "" if label in ("ddp", CEILING) else (
                 "PASS" if (ratio >= 1.3 if metric == "samples_per_s" else ratio >= 1.0)
                 else "MISS")
             hidden = entry.get("overlap_hidden")
             keys = rs[0].get("collective_keys")
             rows.append([case, label, "" if keys is None else keys,
                          f"{value:.1f} {'ms' if metric == 'ms' else 'samples/s'}",
-                         f"{ratio:.2f}x", "yes" if same else f"no ({diff:.2g})",
+                         f"{ratio:.2f}x", "n/a" if label == CEILING else
+                         "yes" if same else f"no ({diff:.2g})",
                          "" if hidden is None else f"{100 * hidden:.0f}%",
                          " ".join(f"{role} {ms:.1f}" for role, ms in
                                   entry["cpu_ms_per_step"].items() if ms >= 0.05), aim])
@@ -435,7 +450,7 @@ def run_driver(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """The driver (default), or one worker (``--worker``, started by the driver)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worker", choices=["pskv", "ddp"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["pskv", "ddp", "solo"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--cases", default=",".join(MODELS + ("avg100mb",)))
@@ -453,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
                          "on the servers, 65536 is the optimizer's default")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",
+                    help=f"skip the {CEILING!r} run of each model")
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--load", type=int, default=0, metavar="N",
                     help="run N busy processes during every job: the figure 'with other "
