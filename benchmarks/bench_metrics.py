@@ -6,19 +6,27 @@ Run from the repository root::
     python benchmarks/bench_metrics.py --quick    # smoke run, seconds; writes no results
     python benchmarks/bench_metrics.py --profile  # calls per push+pull, off and on (cProfile)
 
-One small job per setting, as threads of this process (a scheduler, one server, one
-``dist_sync`` worker) on this host's default transport, with metrics off and on (each node
-then counts every request and serves ``/metrics``; a scraper thread reads every node's
-endpoint once a second, as Prometheus would). Figures: microseconds per push+pull of a
-small key, and MB/s per push+pull of a 64 MB float32 key. Off and on alternate, several
-rounds each, in the same run, so machine load falls on both alike; the aim (issue 18) is
-within 3 %. Results go to ``benchmarks/results/bench_metrics.{json,md}``.
+One small job per setting (a scheduler, one server, one ``dist_sync`` worker on this host's
+default transport), with metrics off and on (each node then counts every request and serves
+``/metrics``; a scraper thread reads every node's endpoint once a second, as Prometheus
+would), run two ways: as ``pskv-launch`` runs a job (``processes``: each node its own
+process, as users run pskv) and as threads of this process (``threads``: every node's hooks
+share one interpreter lock, so each hook's cost lands on the round trip: the worst case).
+Figures: microseconds per push+pull of a small key, and MB/s per push+pull of a 64 MB
+float32 key. Off and on alternate, several rounds each, in the same run, so machine load
+falls on both alike; the aim (issue 18) is within 3 %. Results go to
+``benchmarks/results/bench_metrics.{json,md}``.
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
+import os
+import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -87,6 +95,60 @@ def job(metrics: bool, size: int, iters: int) -> list[float]:
             scraper.join(10)
 
 
+def child(size: int, iters: int) -> int:
+    """The worker of a ``processes`` job (under ``pskv-launch``): prints its samples."""
+    kv = mx.kv.create("dist_sync")
+    try:
+        value = mx.nd.array(np.ones(size, np.float32))
+        out = mx.nd.zeros((size,))
+        kv.init(0, mx.nd.zeros((size,)))
+        for _ in range(3):                       # warm-up
+            kv.push(0, value)
+            kv.pull(0, out=out)
+        samples = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            kv.push(0, value)
+            kv.pull(0, out=out)
+            samples.append(time.perf_counter() - start)
+        print("SAMPLES " + json.dumps(samples), flush=True)
+    finally:
+        kv.close()
+    return 0
+
+
+def job_processes(metrics: bool, size: int, iters: int, timeout: float = 300.0) \
+        -> list[float]:
+    """As :func:`job`, each node a process of ``pskv-launch -n 1 -s 1``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PSKV_METRICS")}
+    port = free_port() if metrics else 0
+    if metrics:
+        env["PSKV_METRICS_PORT"] = str(port)
+    argv = [sys.executable, "-m", "pskv.launch", "-n", "1", "-s", "1", sys.executable,
+            __file__, "--child", str(size), str(iters)]
+    scraping = threading.Event()
+    scraper = threading.Thread(target=_scrape, args=(port, scraping), daemon=True)
+    if metrics:
+        scraper.start()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    finally:
+        scraping.set()
+        if scraper.is_alive():
+            scraper.join(10)
+    for line in out.splitlines():
+        if "SAMPLES " in line:
+            return [float(x) for x in json.loads(line.split("SAMPLES ", 1)[1])]
+    raise RuntimeError(f"the job printed no samples (exit {proc.returncode}): "
+                       f"{(out + err)[-2000:]}")
+
+
 def profile(iters: int = 2000) -> dict[str, dict[str, float]]:
     """Python-level calls per push+pull of a small key, per thread, metrics off and on:
     every thread runs under its own cProfile (counts, not times: a busy machine's timings
@@ -133,10 +195,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run (no results)")
     parser.add_argument("--rounds", type=int, default=5,
-                        help="off/on pairs per size (default 5)")
+                        help="off/on pairs per size and way (default 5)")
+    parser.add_argument("--ways", default="processes,threads",
+                        help="how nodes run: processes, threads or both (default both)")
     parser.add_argument("--profile", action="store_true",
                         help="count calls per push+pull per thread, off and on (no timing)")
+    parser.add_argument("--child", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        return child(*args.child)
     if args.profile:
         got = profile(200 if args.quick else 2000)
         names = sorted(set(got["off"]) | set(got["on"]))
@@ -146,35 +213,47 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = {16: "64 B", 65536: "256 KB"} if args.quick else SIZES
     rounds = 1 if args.quick else args.rounds
+    ways = {"processes": job_processes, "threads": job}
+    chosen = [w for w in args.ways.split(",") if w]
+    unknown = sorted(set(chosen) - set(ways))
+    if unknown:
+        parser.error(f"--ways: unknown {unknown}; choose from {sorted(ways)}")
+    header = ["nodes", "key", "metrics off", "metrics on", "time cost (on / off - 1)", "aim"]
     rows: list[list[str]] = []
     data: dict[str, Any] = {
         "machine": _common.machine_info(), "commit": _common.commit_info(),
         "command": _common.command_line(argv), "when": _common.timestamp(), "results": {}}
-    for size, label in sizes.items():
-        iters = 20 if args.quick else (2000 if size <= 1024 else 20)
-        off: list[float] = []
-        on: list[float] = []
-        for r in range(rounds):        # alternate, and swap who goes first each round
-            order = (False, True) if r % 2 == 0 else (True, False)
-            for metrics in order:
-                (on if metrics else off).append(statistics.median(job(metrics, size, iters)))
-        t_off, t_on = statistics.median(off), statistics.median(on)
-        mb = size * 4 / 1e6
-        entry = {"off_s": t_off, "on_s": t_on, "cost": t_on / t_off - 1, "off_runs": off,
-                 "on_runs": on, "iters": iters}
-        data["results"][label] = entry
-        cells = [f"{s * 1e6:.0f} us" if size <= 1024 else f"{mb / s:.0f} MB/s"
-                 for s in (t_off, t_on)]
-        rows.append([label, *cells, f"{100 * (t_on / t_off - 1):+.1f} %"])
-        print(_common.text_table(["key", "metrics off", "metrics on", "time cost"],
-                                 rows[-1:]), flush=True)
-    md = ("# What metrics cost (PSKV_METRICS_PORT)\n\n" + _common.md_table(
-        ["key", "metrics off", "metrics on", "time cost (on / off - 1)"], rows) +
-        f"\n\nOne worker, one server, threads of one process, default transport; /metrics of "
-        f"every node read once a second while metrics are on. Medians of {rounds} alternating "
-        f"off/on jobs per size. Machine: {data['machine'].get('cpu_model')}, "
-        f"{data['machine'].get('cpu_count')} cores, Python {data['machine'].get('python')}; "
-        f"commit {data['commit']['commit']}, {data['when']}. `{data['command']}`\n")
+    for way in chosen:
+        for size, label in sizes.items():
+            iters = 20 if args.quick else (2000 if size <= 1024 else 20)
+            off: list[float] = []
+            on: list[float] = []
+            for r in range(rounds):        # alternate, and swap who goes first each round
+                order = (False, True) if r % 2 == 0 else (True, False)
+                for metrics in order:
+                    (on if metrics else off).append(
+                        statistics.median(ways[way](metrics, size, iters)))
+            t_off, t_on = statistics.median(off), statistics.median(on)
+            mb = size * 4 / 1e6
+            cost = t_on / t_off - 1
+            data["results"][f"{way} {label}"] = {
+                "nodes": way, "key": label, "off_s": t_off, "on_s": t_on, "cost": cost,
+                "off_runs": off, "on_runs": on, "iters": iters}
+            cells = [f"{s * 1e6:.0f} us" if size <= 1024 else f"{mb / s:.0f} MB/s"
+                     for s in (t_off, t_on)]
+            rows.append([way, label, *cells, f"{100 * cost:+.1f} %",
+                         "PASS" if cost <= 0.03 else "MISS"])
+            print(_common.text_table(header, rows[-1:]), flush=True)
+    md = ("# What metrics cost (PSKV_METRICS_PORT)\n\n" + _common.md_table(header, rows) +
+          "\n\nOne worker and one server, dist_sync, default transport; `processes`: each "
+          "node its own process under `pskv-launch` (as users run pskv), `threads`: every "
+          "node a thread of one process (every hook on one interpreter lock: the worst "
+          "case). /metrics of every node read once a second while metrics are on. Medians "
+          f"of {rounds} alternating off/on jobs per size and way (each job: the median of "
+          f"its push+pull times). Aim: within 3 %. Machine: "
+          f"{data['machine'].get('cpu_model')}, {data['machine'].get('cpu_count')} cores, "
+          f"Python {data['machine'].get('python')}; commit {data['commit']['commit']}, "
+          f"{data['when']}. `{data['command']}`\n")
     if not args.quick:
         _common.write_results("bench_metrics", data, md)
     print(md)
