@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -116,6 +117,47 @@ def test_worker_times_answered_requests_only() -> None:
     assert got[key("pskv_worker_request_seconds_count", "pull")] == 1
     assert got[key("pskv_worker_received_bytes_total", "pull")] == 400
     assert key("pskv_worker_request_seconds_count", "push") not in got
+
+
+def test_worker_records_from_many_threads_add_up_exactly() -> None:
+    """Requests and replies recorded by several threads at once, across automatic folds
+    and scrapes in between: no count is lost, every reply finds its request, and what is
+    kept between folds stays bounded."""
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to test metrics")
+    from pskv._ps import series
+    m = series.WorkerMetrics(0, "job")
+    per, threads = 3 * series._FOLD, 4
+    start = threading.Barrier(threads + 1)
+
+    def run(first: int) -> None:
+        start.wait()
+        for i in range(per):
+            ts = first + i
+            m.sent(ts, Command.PULL, [_nbytes(8)])
+            m.received(ts, [_nbytes(16)])
+
+    pool = [threading.Thread(target=run, args=(1 + t * per,)) for t in range(threads)]
+    for t in pool:
+        t.start()
+    start.wait()
+    scrapes = 0
+    while any(t.is_alive() for t in pool):       # scrapes in between fold too
+        _samples(m.registry)
+        scrapes += 1
+    for t in pool:
+        t.join()
+    assert len(m._requests) < series._FOLD
+    got = _samples(m.registry)
+    key = (("command", "pull"),) + (("job", job_label("job")), ("rank", "0"),
+                                    ("role", "worker"))
+    key = tuple(sorted(key))
+    n = per * threads
+    assert got[("pskv_worker_requests_total", key)] == n
+    assert got[("pskv_worker_sent_bytes_total", key)] == 8 * n
+    assert got[("pskv_worker_received_bytes_total", key)] == 16 * n
+    assert got[("pskv_worker_request_seconds_count", key)] == n
+    assert not m._started and not m._replies, scrapes
 
 
 def test_scheduler_series() -> None:

@@ -21,6 +21,8 @@ __all__ = ["SchedulerMetrics", "ServerMetrics", "WorkerMetrics"]
 
 #: requests timed at most at once by a worker (a lost reply's entry is dropped beyond it)
 _MAX_TIMED = 1 << 16
+#: a worker's records added up every this many requests (and at each scrape)
+_FOLD = 4096
 
 
 class _Calls:
@@ -207,18 +209,19 @@ def _gauge(name: str, doc: str, labels: list[str], value: float) -> Any:
 class WorkerMetrics(NodeMetrics):
     """A worker's series: requests, bytes, and request latency by command; re-sends.
 
-    :meth:`sent` and :meth:`received` run on whichever threads send and read, so they add
-    to plain numbers under one lock (one acquisition per call).
+    :meth:`sent` and :meth:`received` run on whichever threads send and read: each appends
+    one record to a deque (an atomic append, no lock), and the records are added up under
+    a lock, in order, when ``/metrics`` is scraped or every :data:`_FOLD` requests.
     """
 
     def __init__(self, rank: int, job: str,
                  resent: Callable[[], tuple[int, int]] | None = None) -> None:
         super().__init__("worker", rank, job)
-        # one record per wire command made now, so that the hooks only read the dict (a
-        # command of another kind is made on first use, under the lock)
-        self._calls: collections.defaultdict[Any, _Calls] = collections.defaultdict(
-            _Calls, {cmd: _Calls() for cmd in Command})
+        self._calls: collections.defaultdict[Any, _Calls] = collections.defaultdict(_Calls)
         self._started: dict[int, tuple[_Calls, float]] = {}
+        # (cmd, bytes, ts, time) of each request; (ts, bytes, time) of each reply
+        self._requests: collections.deque[tuple[Any, int, int, float]] = collections.deque()
+        self._replies: collections.deque[tuple[int, int, float]] = collections.deque()
         self._lock = threading.Lock()
         self._resent = resent
         self._collectors.append(self._collect)
@@ -229,31 +232,44 @@ class WorkerMetrics(NodeMetrics):
         nbytes = 0
         for a in arrays:
             nbytes += a.nbytes
-        started = self._started
-        now = time.monotonic() if ts > 0 else 0.0
-        with self._lock:
-            calls = self._calls[cmd]
-            calls.requests += 1
-            calls.sent += nbytes
-            if ts > 0:
-                if len(started) >= _MAX_TIMED:     # replies that never came (a lost server)
-                    started.clear()
-                started[ts] = (calls, now)
+        requests = self._requests
+        requests.append((cmd, nbytes, ts, time.monotonic() if ts > 0 else 0.0))
+        if len(requests) >= _FOLD:
+            self._fold()
 
     def received(self, ts: int, arrays: Sequence[Any]) -> None:
         """The reply to ``ts`` came with ``arrays``."""
-        now = time.monotonic()
         nbytes = 0
         for a in arrays:
             nbytes += a.nbytes
+        self._replies.append((ts, nbytes, time.monotonic()))
+
+    def _fold(self) -> None:
+        """Add the records up. A reply is recorded after its request: the replies counted
+        before the requests are drained all find theirs (later ones wait for the next
+        fold)."""
         with self._lock:
-            started = self._started.pop(ts, None)
-            if started is None:
-                return
-            calls, t0 = started
-            calls.counts[bisect.bisect_left(LATENCY_BUCKETS, now - t0)] += 1
-            calls.sum += now - t0
-            calls.received += nbytes
+            requests, replies, started = self._requests, self._replies, self._started
+            calls_of = self._calls
+            waiting = len(replies)
+            while requests:
+                cmd, nbytes, ts, t0 = requests.popleft()
+                calls = calls_of[cmd]
+                calls.requests += 1
+                calls.sent += nbytes
+                if ts > 0:
+                    if len(started) >= _MAX_TIMED:     # replies that never came
+                        started.clear()
+                    started[ts] = (calls, t0)
+            for _ in range(waiting):
+                ts, nbytes, now = replies.popleft()
+                got = started.pop(ts, None)
+                if got is None:
+                    continue
+                calls, t0 = got
+                calls.counts[bisect.bisect_left(LATENCY_BUCKETS, now - t0)] += 1
+                calls.sum += now - t0
+                calls.received += nbytes
 
     def _collect(self) -> Any:
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
@@ -268,6 +284,7 @@ class WorkerMetrics(NodeMetrics):
             "pskv_worker_request_seconds", "Seconds from a request to its server's reply, "
             "by command (a pull waits for its round; a flush for every push before it to "
             "be applied)", labels=by)
+        self._fold()
         with self._lock:
             rows = [(_label(cmd), c.requests, c.sent, c.received, list(c.counts), c.sum)
                     for cmd, c in self._calls.items() if c.requests]
