@@ -1,0 +1,89 @@
+"""The long chaos soak (issue 20): faults survived and time lost per fault, to results.
+
+Run from the repository root (a quiet machine; about four times ``--seconds`` in all)::
+
+    python benchmarks/bench_chaos.py                  # 300 s of faults per store type
+    python benchmarks/bench_chaos.py --seconds 60     # shorter
+    python benchmarks/bench_chaos.py --quick          # the CI variant's size; writes nothing
+
+It runs ``tests/durability/test_chaos.py`` with ``CHAOS_SECONDS`` set: 3 servers and 3
+workers under ``pskv-launch`` with replicas and restarts, a random server or worker
+SIGKILLed every few seconds. ``dist_sync`` must end with the weights of an undisturbed run
+of the same steps (run first: the time lost per fault is the difference of the two run
+times over the faults); ``dist_async`` must apply every push exactly once. The tests assert
+those; this script reports what they print, and fails if they fail. Results go to
+``benchmarks/results/bench_chaos.{json,md}`` with the machine and the commit.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import _common
+
+ROOT = Path(__file__).resolve().parent.parent
+#: what each test prints once its job ended
+LINE = re.compile(r"chaos (dist_sync|dist_async): (\d+) faults survived in (\d+) s"
+                  r"(?:, ([\d.]+) s lost per fault)?: (.*)")
+
+
+def soak(seconds: float, timeout: float) -> tuple[int, str, list[dict[str, Any]]]:
+    """Run the chaos tests for ``seconds`` of faults each; (exit code, output, reports)."""
+    env = {**os.environ, "CHAOS_SECONDS": str(seconds)}
+    cmd = [sys.executable, "-m", "pytest", "-s", "-q", "-p", "no:cacheprovider",
+           "--timeout", str(int(timeout)), str(ROOT / "tests" / "durability" / "test_chaos.py")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=2 * timeout + 60, check=False)
+    out = proc.stdout + proc.stderr
+    reports = []
+    for m in LINE.finditer(out):
+        mode, faults, took, lost, kills = m.groups()
+        reports.append({"mode": mode, "faults": int(faults), "seconds": int(took),
+                        "lost_per_fault_s": None if lost is None else float(lost),
+                        "kills": kills.strip()})
+    return proc.returncode, out, reports
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=300.0,
+                    help="seconds of faults per store type (default 300)")
+    ap.add_argument("--quick", action="store_true",
+                    help="the CI variant's size (about six faults); writes nothing")
+    args = ap.parse_args(argv)
+    seconds = 0.0 if args.quick else args.seconds
+    code, out, reports = soak(seconds, timeout=max(600.0, 8 * seconds))
+    header = ["store", "faults survived", "job s", "s lost per fault", "killed (s into the job)"]
+    rows = [[r["mode"], r["faults"], r["seconds"],
+             "" if r["lost_per_fault_s"] is None else f"{r['lost_per_fault_s']:.1f}",
+             r["kills"]] for r in reports]
+    print(_common.text_table(header, rows))
+    if code != 0 or len(reports) != 2:
+        print(out[-4000:])
+        print(f"the chaos tests failed (exit {code}): nothing written")
+        return 1
+    data = {"benchmark": "bench_chaos", "time": _common.timestamp(),
+            "machine": _common.machine_info(), **_common.commit_info(),
+            "command": _common.command_line(argv), "seconds": seconds, "results": reports}
+    md = (f"# bench_chaos\n\n{data['command']}\n\nCommit {data['commit']}"
+          f"{' (dirty)' if data['dirty'] else ''}, {data['time']}, "
+          f"{data['machine']['cpu_model']} x{data['machine']['cpu_count']}. 3 servers and 3 "
+          "workers under pskv-launch, PSKV_REPLICAS=1 and --max-restarts, a random server "
+          f"or worker SIGKILLed every few seconds for {seconds:g} s of steps per store "
+          "type. dist_sync ended with the undisturbed run's weights and dist_async applied "
+          "every push once (asserted by tests/durability/test_chaos.py); the time lost per "
+          "fault is (chaos run - undisturbed run) / faults, dist_sync only.\n\n"
+          + _common.md_table(header, rows) + "\n")
+    if not args.quick:
+        paths = _common.write_results("bench_chaos", data, md)
+        print("wrote", *(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
