@@ -42,7 +42,7 @@ from . import validate
 from .auth import CHALLENGE, Verifier
 from .limits import ADMISSION_BYTES, ADMISSION_FRAMES, UNADMITTED_BUDGET, RefusalLog
 from .message import Command, Meta, decode, error_body
-from .stream import StreamConn, StreamListener
+from .stream import SEND_PATIENCE, StreamConn, StreamListener
 from .transport import Connection
 from .zeromq import ZmqPeer, recv_capped
 
@@ -277,6 +277,8 @@ class ServeLoop:
         self._unadmitted.pop(conn, None)
         self._challenged.pop(conn, None)
         conn.max_bytes = self._max_message
+        if isinstance(conn, StreamConn):     # a reply may wait a moment for it to read
+            conn.patience = SEND_PATIENCE
 
     def hold(self, conn: Connection) -> None:
         """``conn`` proved itself and waits for its handler's decision (a restart's claim on
