@@ -313,14 +313,14 @@ class StreamConn:
         time, and :data:`SEND_MIN_RATE` bounds the total); copy what is left to the queue."""
         first = 0
         if not self._out:
-            deadline = 0.0
+            deadline, woke = 0.0, False
             while first < len(bufs):
                 sent = self._write_some(bufs[first:first + _IOV_MAX])
                 if sent:
-                    first = drop_sent(bufs, first, sent)
+                    first, woke = drop_sent(bufs, first, sent), False
                     continue
-                if self.patience <= 0:
-                    break
+                if self.patience <= 0 or woke:   # woke: writable, yet nothing went (TLS
+                    break                        # wants to read first): no spinning
                 now = time.monotonic()
                 if not deadline:
                     deadline = now + self.patience + \
@@ -328,6 +328,7 @@ class StreamConn:
                 left = min(self.patience, deadline - now)
                 if left <= 0 or not self._wait_writable(left):
                     break
+                woke = True
             if first == len(bufs):
                 return
             self._out_since = time.monotonic()
