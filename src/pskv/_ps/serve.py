@@ -16,9 +16,11 @@ its handler's business (:class:`Handler`). Invariants, on every transport and po
 * refusals are logged once per peer per interval (:class:`.limits.RefusalLog`), never
   with what the peer sent; a stream peer that stalls half-way through a message is dropped
   after its timeout;
-* the loop never waits on one peer: stream connections are in queued mode (a reply the
-  kernel does not take waits in that connection's output queue, written when the socket
-  is writable, and nothing more is read from that peer until it is), ZeroMQ sends never
+* the loop waits on one peer only a bounded moment: stream connections are in queued mode
+  (a reply to an admitted peer with nothing queued waits for room at most
+  :data:`.stream.SEND_PATIENCE` at a time; what the kernel does not take then, or at once
+  for a stranger, waits in that connection's output queue, written when the socket is
+  writable, and nothing more is read from that peer until it is), ZeroMQ sends never
   wait (a peer whose pipe is full is dropped), and a peer whose output has not moved for
   its timeout is dropped; so deadlines run even while a peer floods;
 * an unadmitted peer gets at most :data:`MAX_CHALLENGES` CHALLENGEs, each replacing the

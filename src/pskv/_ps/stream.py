@@ -19,11 +19,16 @@ and every length before it reads data, and gives up (ProtocolError, the connecti
 closed) at the first inconsistency. Sockets are non-blocking: reads are incremental (a
 peer that stops half-way through a message stalls nobody but itself, and is dropped after
 the timeout). Writes wait for room at most the timeout, except on a connection in *queued*
-mode (a node's loop: :class:`.serve.ServeLoop`), whose writes never wait: what the kernel
-does not take is copied to the connection's output queue, written when the socket is
-writable (:meth:`StreamConn.flush`), and the loop reads nothing more from that peer until
-the queue is empty, so a peer that does not read costs at most the replies to what it had
-sent, and stalls nobody but itself.
+mode (a node's loop: :class:`.serve.ServeLoop`), whose writes wait only a bounded moment:
+while the output queue is empty, a reply to an admitted peer is written straight from the
+caller's arrays as the peer reads (no copy: pull replies are most of a training step's
+bytes), waiting for room at most :data:`SEND_PATIENCE` at a time and that plus its size at
+:data:`SEND_MIN_RATE` in all; what is left (everything the kernel does not take at once,
+for a stranger or a peer with output queued) is copied to the connection's output queue,
+written when the socket is writable (:meth:`StreamConn.flush`), and the loop reads nothing
+more from that peer until the queue is empty. So a peer that does not read costs its node's
+loop at most one :data:`SEND_PATIENCE` per draining of its queue and the replies to what it
+had sent, and stalls nobody but itself.
 """
 from __future__ import annotations
 
