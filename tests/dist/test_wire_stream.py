@@ -8,8 +8,10 @@ import threading
 
 import numpy as np
 
+from pskv._ps.auth import Verifier
 from pskv._ps.message import Command, Meta
-from pskv._ps.stream import StreamConn
+from pskv._ps.serve import ServeLoop
+from pskv._ps.stream import SEND_PATIENCE, StreamConn, StreamListener
 
 
 def test_stream_carries_binary_and_json_headers() -> None:
@@ -194,3 +196,135 @@ def test_a_queued_connection_never_waits_and_keeps_a_copy_of_what_it_queued() ->
     finally:
         a.close()
         b.close()
+
+
+def _count_waits(conn: StreamConn) -> list[float]:
+    """Record the timeout of every wait for room ``conn`` makes (and still wait)."""
+    waits: list[float] = []
+    wait = conn._wait_writable
+
+    def counted(timeout: float) -> bool:
+        waits.append(timeout)
+        return wait(timeout)
+    conn._wait_writable = counted  # type: ignore[method-assign]
+    return waits
+
+
+def _read_all(conn: StreamConn, want: int, writer: StreamConn | None = None,
+              seconds: float = 20.0) -> list:
+    """Read ``want`` messages (copies of their arrays), flushing ``writer`` meanwhile."""
+    got: list = []
+    end = time.monotonic() + seconds
+    while len(got) < want and time.monotonic() < end:
+        if writer is not None:
+            writer.flush()
+        select.select([conn.sock], [], [], 0.01)
+        # one at a time: the next message may reuse this one's buffers
+        got += [(m, [arr.copy() for arr in arrays]) for m, arrays in conn.receive(None, 1)]
+    return got
+
+
+def test_a_queued_send_to_a_reader_waits_for_room_and_copies_nothing() -> None:
+    # an admitted peer that reads: the send writes straight from the caller's array while
+    # the peer takes it (no copy queued), and what the peer gets is the array at send time
+    a, b, _ = pair()
+    a.queued, a.patience = True, 10.0      # generous: a loaded machine schedules late
+    calls: list[int] = []
+    a.on_queued = lambda: calls.append(a.queued_bytes())
+    waits = _count_waits(a)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.extend(_read_all(b, 1)), daemon=True)
+    try:
+        x = np.arange(8 << 20, dtype=np.float32)        # 32 MiB: several times the buffers
+        want = x.copy()
+        reader.start()
+        a.send(Command.DATA, 1, arrays=[x])
+        assert calls == [] and a.queued_bytes() == 0     # nothing was copied
+        assert waits and all(t <= 10.0 for t in waits)   # it waited for the reader
+        x[:] = -1                                        # the kernel has its own copy
+        reader.join(20)
+        assert [m.ts for m, _ in got] == [1]
+        np.testing.assert_array_equal(got[0][1][0], want)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_queued_send_to_a_peer_that_stops_reading_waits_once_per_drain() -> None:
+    # a peer that reads nothing: the first reply waits for room at most the patience (one
+    # wait, never more than the bound), then the rest is copied; replies while output
+    # waits are copied at once (no wait at all); the peer gets every reply as it was at
+    # send time, and once its queue drained the next reply may wait again
+    a, b, _ = pair()
+    a.queued, a.patience = True, 0.05
+    waits = _count_waits(a)
+    try:
+        x = np.arange(4 << 20, dtype=np.float32)        # 16 MiB: more than the buffers
+        y = np.arange(4 << 20, 0, -1, dtype=np.float32)
+        want = [x.copy(), y.copy()]
+        a.send(Command.DATA, 1, arrays=[x])
+        assert len(waits) == 1 and waits[0] <= 0.05, waits
+        assert a.queued_bytes() > 0
+        x[:] = -1
+        a.send(Command.DATA, 2, arrays=[y])
+        a.send(Command.ACK, 3)
+        assert len(waits) == 1, waits                    # output waits: copies at once
+        y[:] = -1
+        got = _read_all(b, 3, writer=a)
+        assert [m.ts for m, _ in got] == [1, 2, 3]
+        np.testing.assert_array_equal(got[0][1][0], want[0])
+        np.testing.assert_array_equal(got[1][1][0], want[1])
+        assert a.flush() and a.queued_bytes() == 0
+        a.send(Command.DATA, 4, arrays=[np.ones(4 << 20, np.float32)])
+        assert len(waits) == 2 and waits[1] <= 0.05, waits   # drained: may wait again
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_queued_send_to_a_stranger_never_waits() -> None:
+    # patience 0 (a connection not admitted): what the kernel does not take is copied
+    a, b, _ = pair()
+    a.queued = True
+    waits = _count_waits(a)
+    try:
+        a.send(Command.DATA, 1, arrays=[np.ones(4 << 20, np.float32)])
+        assert waits == [] and a.queued_bytes() > 0
+    finally:
+        a.close()
+        b.close()
+
+
+class _Quiet:
+    """A handler that admits nobody and ignores everything."""
+
+    def admit(self, conn: object, meta: Meta) -> None:
+        return None
+
+    def handle(self, conn: object, peer: object, meta: Meta, arrays: list) -> None:
+        pass
+
+    def tick(self) -> None:
+        pass
+
+    def dropped(self, conn: object) -> None:
+        pass
+
+
+def test_a_loop_lets_a_reply_wait_for_room_only_for_an_admitted_peer() -> None:
+    lis = StreamListener(host="127.0.0.1")
+    loop = ServeLoop("server", _Quiet(), Verifier("server", "job", lambda r, k: b"k"), 5.0,
+                     listeners=[lis])
+    client = socket.create_connection(lis.sock.getsockname()[:2], 5)
+    try:
+        end = time.monotonic() + 10
+        while not loop._conns and time.monotonic() < end:
+            select.select([lis.sock], [], [], 0.1)
+            loop._accept(lis.pollable(), lis)
+        (conn,) = loop._conns.values()
+        assert conn.queued and conn.patience == 0        # a stranger's replies never wait
+        loop.admit_now(conn, "worker 0")
+        assert conn.patience == SEND_PATIENCE > 0
+    finally:
+        client.close()
+        loop.close()

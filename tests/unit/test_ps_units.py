@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections import deque
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from pskv._ps.config import (ENV_BIGARRAY_BOUND, ENV_HEARTBEAT_INTERVAL,
 from pskv._ps.message import (ALLOWED_DTYPES, BINARY_TAG, MAX_HEADER, Command, Meta, decode,
                               encode)
 from pskv._ps.partition import Segment, covers, place, ps_key
+from pskv._ps.stream import drop_sent
 from pskv.errors import ConfigError, KVStoreError, ProtocolError
 
 
@@ -280,3 +282,21 @@ def test_auth_key_for_refusal_and_no_key() -> None:
 def test_auth_challenge_needs_nonce_and_job() -> None:
     with pytest.raises(ProtocolError):
         auth.prove(b"s", "server", {"nonce": 1}, "worker", 0)
+
+
+@pytest.mark.parametrize("sent, first, rest", [
+    (0, 0, [b"abc", b"de", b"fgh"]),
+    (2, 0, [b"c", b"de", b"fgh"]),          # part of the first: its rest replaces it
+    (3, 1, [b"abc", b"de", b"fgh"]),        # the first whole: the index moves, no trim
+    (4, 1, [b"abc", b"e", b"fgh"]),
+    (5, 2, [b"abc", b"de", b"fgh"]),
+    (8, 3, [b"abc", b"de", b"fgh"]),        # all of it
+])
+def test_drop_sent_moves_past_whole_buffers_and_trims_the_next(
+        sent: int, first: int, rest: list[bytes]) -> None:
+    for kind in (list, deque):
+        bufs = kind(memoryview(b) for b in (b"abc", b"de", b"fgh"))
+        assert drop_sent(bufs, 0, sent) == first
+        assert [bytes(b) for b in bufs] == rest
+    bufs = [memoryview(b"xx"), memoryview(b"abc"), memoryview(b"de")]
+    assert drop_sent(bufs, 1, 4) == 2 and bytes(bufs[2]) == b"e"   # from index 1 on

@@ -49,7 +49,8 @@ from .auth import new_key, prove
 from .config import ClusterConfig, advertised_host
 from .limits import ADMISSION_BYTES
 from .message import Command, Meta, encode, error_body, error_from_body
-from .stream import _MAGIC, _PREFIX, Alloc, StreamConn, StreamListener, ipc_path
+from .stream import (_MAGIC, _PREFIX, Alloc, StreamConn, StreamListener, drop_sent,
+                     ipc_path)
 from .tls import client_context, server_context
 
 __all__ = ["Collective", "chunks"]
@@ -696,13 +697,7 @@ class Collective:
                     self._lost(p, str(err))
                 return
             with self._cond:
-                while sent and item.first < len(bufs):
-                    if sent >= bufs[item.first].nbytes:
-                        sent -= bufs[item.first].nbytes
-                        item.first += 1
-                    else:
-                        bufs[item.first] = bufs[item.first][sent:]
-                        sent = 0
+                item.first = drop_sent(bufs, item.first, sent)
                 if item.first == len(bufs):
                     self._out[p].popleft()
                     if item.done is not None:

@@ -16,9 +16,11 @@ its handler's business (:class:`Handler`). Invariants, on every transport and po
 * refusals are logged once per peer per interval (:class:`.limits.RefusalLog`), never
   with what the peer sent; a stream peer that stalls half-way through a message is dropped
   after its timeout;
-* the loop never waits on one peer: stream connections are in queued mode (a reply the
-  kernel does not take waits in that connection's output queue, written when the socket
-  is writable, and nothing more is read from that peer until it is), ZeroMQ sends never
+* the loop waits on one peer only a bounded moment: stream connections are in queued mode
+  (a reply to an admitted peer with nothing queued waits for room at most
+  :data:`.stream.SEND_PATIENCE` at a time; what the kernel does not take then, or at once
+  for a stranger, waits in that connection's output queue, written when the socket is
+  writable, and nothing more is read from that peer until it is), ZeroMQ sends never
   wait (a peer whose pipe is full is dropped), and a peer whose output has not moved for
   its timeout is dropped; so deadlines run even while a peer floods;
 * an unadmitted peer gets at most :data:`MAX_CHALLENGES` CHALLENGEs, each replacing the
@@ -42,7 +44,7 @@ from . import validate
 from .auth import CHALLENGE, Verifier
 from .limits import ADMISSION_BYTES, ADMISSION_FRAMES, UNADMITTED_BUDGET, RefusalLog
 from .message import Command, Meta, decode, error_body
-from .stream import StreamConn, StreamListener
+from .stream import SEND_PATIENCE, StreamConn, StreamListener
 from .transport import Connection
 from .zeromq import ZmqPeer, recv_capped
 
@@ -277,6 +279,8 @@ class ServeLoop:
         self._unadmitted.pop(conn, None)
         self._challenged.pop(conn, None)
         conn.max_bytes = self._max_message
+        if isinstance(conn, StreamConn):     # a reply may wait a moment for it to read
+            conn.patience = SEND_PATIENCE
 
     def hold(self, conn: Connection) -> None:
         """``conn`` proved itself and waits for its handler's decision (a restart's claim on

@@ -19,11 +19,16 @@ and every length before it reads data, and gives up (ProtocolError, the connecti
 closed) at the first inconsistency. Sockets are non-blocking: reads are incremental (a
 peer that stops half-way through a message stalls nobody but itself, and is dropped after
 the timeout). Writes wait for room at most the timeout, except on a connection in *queued*
-mode (a node's loop: :class:`.serve.ServeLoop`), whose writes never wait: what the kernel
-does not take is copied to the connection's output queue, written when the socket is
-writable (:meth:`StreamConn.flush`), and the loop reads nothing more from that peer until
-the queue is empty, so a peer that does not read costs at most the replies to what it had
-sent, and stalls nobody but itself.
+mode (a node's loop: :class:`.serve.ServeLoop`), whose writes wait only a bounded moment:
+while the output queue is empty, a reply to an admitted peer is written straight from the
+caller's arrays as the peer reads (no copy: pull replies are most of a training step's
+bytes), waiting for room at most :data:`SEND_PATIENCE` at a time and that plus its size at
+:data:`SEND_MIN_RATE` in all; what is left (everything the kernel does not take at once,
+for a stranger or a peer with output queued) is copied to the connection's output queue,
+written when the socket is writable (:meth:`StreamConn.flush`), and the loop reads nothing
+more from that peer until the queue is empty. So a peer that does not read costs its node's
+loop at most one :data:`SEND_PATIENCE` per draining of its queue and the replies to what it
+had sent, and stalls nobody but itself.
 """
 from __future__ import annotations
 
@@ -40,14 +45,15 @@ import sys
 import tempfile
 import time
 from collections import deque
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, MutableSequence, Sequence
 
 import numpy as np
 
 from ..errors import ClusterTimeoutError, NodeFailedError, ProtocolError
 from .message import MAX_HEADER, Command, Meta, encode, parse_header
 
-__all__ = ["Alloc", "StreamConn", "StreamListener", "ipc_path"]
+__all__ = ["Alloc", "SEND_MIN_RATE", "SEND_PATIENCE", "StreamConn", "StreamListener",
+           "drop_sent", "ipc_path"]
 
 _MAGIC = b"PSKV"
 _PREFIX = struct.Struct("<4sI")
@@ -64,6 +70,16 @@ _JOIN_BYTES = 1 << 14
 #: and are parsed out of this buffer; a bigger rest of an array is read straight into place
 READ_BUFFER = 1 << 16
 
+#: a queued-mode send to an admitted peer whose output queue is empty writes straight from
+#: the caller's arrays while the peer reads: it waits for room in the socket (poll,
+#: POLLOUT) at most this many seconds at a time, and at most this plus the message's bytes
+#: at :data:`SEND_MIN_RATE` in all, then copies the rest to the queue. A peer that reads
+#: keeps its big replies uncopied; one that stops reading costs its node's loop at most
+#: this once per draining of its queue (a peer with output queued gets copies at once)
+SEND_PATIENCE = 0.01
+#: bytes per second a peer must read on average to keep a reply uncopied (see above)
+SEND_MIN_RATE = 256 << 20
+
 #: ``alloc(index, dtype, shape)``: where array ``index`` of a message should land (None:
 #: in the connection's own reused buffer)
 Alloc = Callable[[int, np.dtype[Any], tuple[int, ...]], "np.ndarray | None"]
@@ -72,6 +88,21 @@ Alloc = Callable[[int, np.dtype[Any], tuple[int, ...]], "np.ndarray | None"]
 #: Linux has abstract Unix sockets: names, not files, gone with the last process holding
 #: them, so a SIGKILLed server leaves nothing behind. "@name" is how pskv writes one.
 ABSTRACT = sys.platform.startswith("linux")
+
+
+def drop_sent(bufs: MutableSequence[memoryview], first: int, sent: int) -> int:
+    """``sent`` bytes of ``bufs[first:]`` were written: the index of the first buffer not
+    written whole, whose unwritten rest replaces it (earlier buffers are left as they
+    are: a caller pops them, or keeps the index)."""
+    while sent and first < len(bufs):
+        size = bufs[first].nbytes
+        if sent >= size:
+            sent -= size
+            first += 1
+        else:
+            bufs[first] = bufs[first][sent:]
+            sent = 0
+    return first
 
 
 def ipc_path(tag: str) -> str:
@@ -139,6 +170,10 @@ class StreamConn:
         #: output starts to wait in the queue (the loop then polls for writability)
         self.queued = False
         self.on_queued: Callable[[], None] | None = None
+        #: queued mode: seconds a send may wait at a time for room while the queue is
+        #: empty, before it copies the rest (0: never waits; a loop sets
+        #: :data:`SEND_PATIENCE` once the peer is admitted, so a stranger never holds it)
+        self.patience = 0.0
         self._out: deque[memoryview] = deque()   # owned copies, written in order
         self._out_bytes = 0
         self._out_since = 0.0                  # when the queue last moved
@@ -262,13 +297,7 @@ class StreamConn:
                             "not reading. Raise PSKV_REQUEST_TIMEOUT if it is just slow.") \
                             from None
                     continue
-                while sent and first < len(bufs):
-                    if sent >= bufs[first].nbytes:
-                        sent -= bufs[first].nbytes
-                        first += 1
-                    else:
-                        bufs[first] = bufs[first][sent:]
-                        sent = 0
+                first = drop_sent(bufs, first, sent)
         except OSError as err:
             raise NodeFailedError(f"the connection to {self.peer} broke: {err}") from err
 
@@ -284,20 +313,27 @@ class StreamConn:
             raise NodeFailedError(f"the connection to {self.peer} broke: {err}") from err
 
     def _send_queued(self, bufs: list[memoryview]) -> None:
-        """Queued mode: write what goes now; copy the rest to the output queue."""
+        """Queued mode: write what goes now, straight from the caller's buffers; when the
+        queue was empty, wait for room while the peer reads (at most :attr:`patience` at a
+        time, and :data:`SEND_MIN_RATE` bounds the total); copy what is left to the queue."""
         first = 0
         if not self._out:
+            deadline, woke = 0.0, False
             while first < len(bufs):
                 sent = self._write_some(bufs[first:first + _IOV_MAX])
-                if not sent:
+                if sent:
+                    first, woke = drop_sent(bufs, first, sent), False
+                    continue
+                if self.patience <= 0 or woke:   # woke: writable, yet nothing went (TLS
+                    break                        # wants to read first): no spinning
+                now = time.monotonic()
+                if not deadline:
+                    deadline = now + self.patience + \
+                        sum(b.nbytes for b in bufs[first:]) / SEND_MIN_RATE
+                left = min(self.patience, deadline - now)
+                if left <= 0 or not self._wait_writable(left):
                     break
-                while sent and first < len(bufs):
-                    if sent >= bufs[first].nbytes:
-                        sent -= bufs[first].nbytes
-                        first += 1
-                    else:
-                        bufs[first] = bufs[first][sent:]
-                        sent = 0
+                woke = True
             if first == len(bufs):
                 return
             self._out_since = time.monotonic()
@@ -328,13 +364,16 @@ class StreamConn:
                 return False
             self._out_since = time.monotonic()
             self._out_bytes -= sent
-            while sent:
-                if sent >= out[0].nbytes:
-                    sent -= out.popleft().nbytes
-                else:
-                    out[0] = out[0][sent:]
-                    sent = 0
+            for _ in range(drop_sent(out, 0, sent)):
+                out.popleft()
         return True
+
+    def _wait_writable(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for room in the socket (or an error, which the
+        next write raises); whether there is. poll, not select: any descriptor number."""
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLOUT)
+        return bool(poller.poll(max(1, math.ceil(timeout * 1000))))
 
     def write_stalled(self, now: float) -> bool:
         """Whether output has waited in the queue, unmoved, for longer than ``timeout``."""
