@@ -1,10 +1,12 @@
 """Stream framing carries both header forms (binary for the hot path, JSON for control)."""
 from __future__ import annotations
 
+import os
+import resource
 import select
 import socket
-import time
 import threading
+import time
 
 import numpy as np
 
@@ -48,6 +50,36 @@ def drain(conn: StreamConn, want: int, limit: int = 64) -> list:
         if len(got) >= want:
             break
     return got
+
+
+def test_a_blocking_send_waits_for_room_on_any_descriptor_number() -> None:
+    """A send that fills the socket waits for the reader with poll: select() refuses
+    descriptors from 1024 up, which a process with many connections reaches."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        import pytest
+        pytest.skip(f"the open-files limit ({hard}) allows no descriptor above 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100) if hard ==
+                                                resource.RLIM_INFINITY else hard, hard))
+    s1, s2 = socket.socketpair()
+    high = [os.dup2(s1.fileno(), 1050), os.dup2(s2.fileno(), 1051)]
+    s1.close()
+    s2.close()
+    a = StreamConn(socket.socket(fileno=high[0]), 5.0, "a")
+    b = StreamConn(socket.socket(fileno=high[1]), 5.0, "b")
+    big = np.arange(4 << 20, dtype=np.float32)       # far more than the socket holds
+    got: list = []
+    reader = threading.Thread(target=lambda: got.extend(drain(b, 1)), daemon=True)
+    try:
+        reader.start()
+        a.send(Command.DATA, 1, [0], None, [big])
+        reader.join(20)
+        assert len(got) == 1
+        np.testing.assert_array_equal(got[0][1][0], big)
+    finally:
+        a.close()
+        b.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_many_small_messages_in_one_read_come_out_one_by_one() -> None:

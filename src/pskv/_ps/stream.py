@@ -291,7 +291,7 @@ class StreamConn:
                     sent = self.sock.send(bufs[first][:1 << 20]) if self.tls else \
                         self.sock.sendmsg(bufs[first:first + _IOV_MAX])
                 except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
-                    if not select.select([], [self.sock], [], self.timeout)[1]:
+                    if not self._wait_writable(self.timeout):
                         raise ClusterTimeoutError(
                             f"sending to {self.peer} waited over {self.timeout:g} s: it is "
                             "not reading. Raise PSKV_REQUEST_TIMEOUT if it is just slow.") \
