@@ -252,9 +252,9 @@ class Collective:
                     f"{'s' if len(want) > 1 else ''} {', '.join(map(str, sorted(want)))} to "
                     "open its collective link. Check that every worker reached the same "
                     "kv.init, or raise PSKV_CONNECT_TIMEOUT.")
-            ready = select.select([ls.sock for ls in self._listeners], [], [], min(left, 0.2))
+            ready = _readable([ls.sock for ls in self._listeners], min(left, 0.2))
             for ls in self._listeners:
-                if ls.sock not in ready[0]:
+                if ls.sock.fileno() not in ready:
                     continue
                 for conn in ls.accept(self.cfg.handshake_timeout, 8):
                     conn.max_bytes = ADMISSION_BYTES
@@ -746,4 +746,13 @@ def _read_one(conn: StreamConn, deadline: float, what: str) -> Meta:
         left = deadline - time.monotonic()
         if left <= 0:
             raise ClusterTimeoutError(f"waited too long for {what} ({conn.peer})")
-        select.select([conn.sock], [], [], min(left, 0.2))
+        _readable([conn.sock], min(left, 0.2))
+
+
+def _readable(socks: list[socket.socket], timeout: float) -> set[int]:
+    """The descriptors of ``socks`` with something to read within ``timeout`` seconds
+    (poll, not select: any descriptor number)."""
+    poller = select.poll()
+    for sock in socks:
+        poller.register(sock.fileno(), select.POLLIN)
+    return {fd for fd, _ in poller.poll(max(1, int(timeout * 1000)))}
