@@ -267,3 +267,50 @@ def test_a_shard_sends_a_round_to_its_backup_before_its_periodic_copy() -> None:
     engine.observer = Shard(0, engine, replicator=Repl(), periodic=Periodic())  # type: ignore[arg-type]
     engine.push(3, 0, [np.full(1, 5, np.float32)], "d")
     assert order == ["backup 3:1:[5.0]", "copy 3:1"]
+
+
+
+def test_a_primary_reads_every_buffered_acknowledgment_before_it_sleeps(monkeypatch: Any) \
+        -> None:
+    """A step of many keys (ResNet-50: 71 and 90 rounds per shard) leaves more of the
+    backup's acknowledgments in the connection's read buffer than one read hands out; poll
+    does not see them there, so the primary must read on, not sleep until its poll times
+    out (it slept 0.5 s a step, most of what replication cost for many keys)."""
+    from types import SimpleNamespace
+
+    from pskv._ps.message import Command, Meta
+    from pskv.kvstore import _replica
+    from pskv.kvstore._replica import Replicator
+
+    class Buffered:
+        """A link whose acknowledgments all arrived: held in its read buffer, where poll
+        does not look, and handed out ``limit`` at a time (the Connection contract)."""
+        peer, max_bytes = "server 1", None
+
+        def __init__(self, n: int) -> None:
+            self.held = [Meta(Command.ACK, ts) for ts in range(1, n + 1)]
+
+        def receive(self, alloc_for: Any = None, limit: int = 64) -> list[Any]:
+            got, self.held = self.held[:limit], self.held[limit:]
+            return [(meta, []) for meta in got]
+
+        def pollable(self) -> int:
+            return -1
+
+        def close(self) -> None:
+            pass
+
+    class NoPoll:
+        def register(self, *args: Any) -> None:
+            pass
+
+        def poll(self, *args: Any) -> list[Any]:
+            raise AssertionError("the primary slept with acknowledgments it had not taken")
+
+    monkeypatch.setattr(_replica.zmq, "Poller", NoPoll)
+    n = 3 * 64 + 5
+    repl = Replicator.__new__(Replicator)
+    repl.cfg = SimpleNamespace(request_timeout=5.0)  # type: ignore[assignment]
+    repl.backup, repl._conn, repl._outstanding = 1, Buffered(n), set(range(1, n + 1))
+    repl.drain()
+    assert repl.pending == 0 and repl.up        # every one taken, and the link kept
