@@ -272,7 +272,7 @@ def test_a_shard_sends_a_round_to_its_backup_before_its_periodic_copy() -> None:
 
 def test_a_primary_reads_every_buffered_acknowledgment_before_it_sleeps(monkeypatch: Any) \
         -> None:
-    """A step of many keys (ResNet-50: 71 and 90 rounds per shard) leaves more of the
+    """A step of many keys (ResNet-50: 71 and 100 rounds per shard) leaves more of the
     backup's acknowledgments in the connection's read buffer than one read hands out; poll
     does not see them there, so the primary must read on, not sleep until its poll times
     out (it slept 0.5 s a step, most of what replication cost for many keys)."""
