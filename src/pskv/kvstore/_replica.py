@@ -5,7 +5,8 @@ server ``x`` serves it, and server ``x`` itself once the backup has taken it ove
 ``x`` was restarted (:func:`backup_of`). The server that serves a shard sends its backup,
 on the loop thread and before it answers anyone, every init, every setting (optimizer,
 compression, states) and each applied round's merged value with the round
-counters and the optimizer's counts (:class:`Replicator`); the backup logs the rounds of
+counters and the optimizer's counts (:class:`Replicator`; the rounds one request closed go
+as one ``r_rounds`` message, queued without copies); the backup logs the rounds of
 dense keys and applies them when its copy is needed, the others at once
 (:mod:`._backup_log`), so both stay bit-identical. A new backup first gets the whole
 shard (:func:`encode_copy`).
