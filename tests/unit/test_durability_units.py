@@ -312,7 +312,7 @@ def test_a_primary_reads_every_buffered_acknowledgment_before_it_sleeps(monkeypa
     repl = Replicator.__new__(Replicator)
     repl.cfg = SimpleNamespace(request_timeout=5.0)  # type: ignore[assignment]
     repl.backup, repl._conn, repl._outstanding = 1, Buffered(n), set(range(1, n + 1))
-    repl._batch = []
+    repl._batch, repl._batch_bytes = [], 0
     repl.drain()
     assert repl.pending == 0 and repl.up        # every one taken, and the link kept
 
@@ -350,9 +350,11 @@ def _linked(engine: Engine) -> tuple[Any, _Link]:
     from pskv.kvstore._shards import Shard
     repl = Replicator.__new__(Replicator)
     link = _Link()
-    repl.cfg = SimpleNamespace(request_timeout=5.0)  # type: ignore[assignment]
+    repl.cfg = SimpleNamespace(request_timeout=5.0,  # type: ignore[assignment]
+                               max_message_bytes=4 << 30)
     repl.engine, repl.shard, repl.backup, repl.endpoints = engine, 0, 1, {}
     repl._conn, repl._ts, repl._outstanding, repl._batch = link, 0, set(), []
+    repl._batch_bytes = 0
     shard = Shard(0, engine, replicator=repl)
     engine.observer = shard
     return shard, link
@@ -400,6 +402,24 @@ def test_a_round_is_sent_before_a_deferred_push_reuses_its_buffer() -> None:
     sent = [(b, a) for b, a in link.sent]
     assert len(sent) == 1 and sent[0][0]["round"] == 1
     np.testing.assert_array_equal(sent[0][1][0], np.full(3, 3.0, np.float32))
+
+
+def test_a_batch_never_carries_more_than_its_cap(monkeypatch: Any) -> None:
+    """Rounds that would pass the cap (64 MiB, and never PSKV_MAX_MESSAGE_BYTES, which the
+    backup enforces on every message) go in the next message, in order."""
+    from pskv._ps.ops import ReplOp, parse
+    from pskv.kvstore import _replica
+    monkeypatch.setattr(_replica, "BATCH_BYTES", 40)      # two rounds of 16 bytes fit
+    engine = Engine(num_workers=1)
+    for k in range(5):
+        engine.init(k, np.zeros(4, np.float32))
+    shard, link = _linked(engine)
+    for k in range(5):
+        engine.push(k, 0, [np.full(4, float(k), np.float32)], "d")
+    shard.replicator.drain()
+    assert [[r["key"] for r in body["rounds"]] if parse(body) is ReplOp.ROUNDS
+            else [body["key"]] for body, _ in link.sent] == [[0, 1], [2, 3], [4]]
+    assert all(sum(a.nbytes for a in arrays) <= 40 for _, arrays in link.sent)
 
 
 @pytest.mark.parametrize("body, narrays, match", [

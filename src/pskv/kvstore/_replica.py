@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 PURPOSE = "backup"
 #: acknowledgments read from the backup at a time (the rest stay buffered for the next read)
 ACKS_PER_READ = 64
+#: the most bytes of rounds one batch carries (and never over PSKV_MAX_MESSAGE_BYTES, which
+#: the backup enforces): a round that would pass it goes in the next message
+BATCH_BYTES = 64 << 20
 
 
 class Replicator:
@@ -79,6 +82,7 @@ class Replicator:
         #: rounds applied and not sent yet (body, arrays): sent as one message by
         #: :meth:`flush`, before anyone is answered and before their arrays change
         self._batch: list[tuple[dict[str, Any], list[np.ndarray]]] = []
+        self._batch_bytes = 0
         #: where the backup's replication listeners are; None while it is dead
         self.endpoints: dict[str, str] | None = None
 
@@ -113,6 +117,7 @@ class Replicator:
         """Forget the backup (it died, or another takes its place)."""
         self._outstanding.clear()
         self._batch.clear()
+        self._batch_bytes = 0
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -147,7 +152,7 @@ class Replicator:
         ``r_rounds`` message (one header, one acknowledgment), without waiting."""
         if not self._batch:
             return
-        batch, self._batch = self._batch, []
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
         if len(batch) == 1:
             self.send(ReplOp.ROUND, batch[0][0], batch[0][1], wait=False)
             return
@@ -228,15 +233,23 @@ class Replicator:
         counters = {"key": key, "round": rnd, "applied": [[w, n] for w, n in applied.items()]}
         if isinstance(merged, TableRound):      # a table shard's changed rows
             fields = list(merged.arrays)
-            self._batch.append(({**counters, "kind": "t", "fields": fields,
-                                 "table": merged.meta},
-                                [np.ascontiguousarray(merged.arrays[f]) for f in fields]))
+            self._queue({**counters, "kind": "t", "fields": fields, "table": merged.meta},
+                        [np.ascontiguousarray(merged.arrays[f]) for f in fields])
         elif isinstance(merged, RowSparseNDArray):
-            self._batch.append(({**counters, "kind": "r"},
-                                [np.ascontiguousarray(merged._indices),
-                                 np.ascontiguousarray(merged._data)]))
+            self._queue({**counters, "kind": "r"},
+                        [np.ascontiguousarray(merged._indices),
+                         np.ascontiguousarray(merged._data)])
         else:       # acknowledged before any answer: KVServer._send drains first
-            self._batch.append(self._dense(key, merged, rnd, counters))
+            self._queue(*self._dense(key, merged, rnd, counters))
+
+    def _queue(self, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        """Queue one round for :meth:`flush`, after the queued ones if they fit together."""
+        size = sum(a.nbytes for a in arrays)
+        if self._batch and self._batch_bytes + size > min(BATCH_BYTES,
+                                                          self.cfg.max_message_bytes):
+            self.flush()
+        self._batch.append((body, arrays))
+        self._batch_bytes += size
 
     def _dense(self, key: Key, merged: NDArray, rnd: int,
                counters: dict[str, Any]) -> tuple[dict[str, Any], list[np.ndarray]]:
