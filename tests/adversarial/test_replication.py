@@ -52,6 +52,11 @@ def test_a_worker_cannot_write_into_a_backup(thread_cluster: Any) -> None:
                         "op": "r_round", "shard": other, "key": pk, "round": 1,
                         "kind": "d", "applied": []}, [np.full(4, 1e6, np.float32)])
                     seen[f"{srv} round"] = next_reply(conn)
+                    conn.send(Command.COMMAND, 4, (), {
+                        "op": "r_rounds", "shard": other, "arrays": [1], "rounds": [{
+                            "key": pk, "round": 1, "kind": "d", "applied": []}]},
+                        [np.full(4, 1e6, np.float32)])
+                    seen[f"{srv} rounds"] = next_reply(conn)
                 finally:
                     conn.close()
         kv.barrier()
@@ -59,11 +64,12 @@ def test_a_worker_cannot_write_into_a_backup(thread_cluster: Any) -> None:
         return kv.pull(3).asnumpy()
 
     res = cluster.run(fn)
-    assert len(seen) == 6, seen
+    assert len(seen) == 8, seen
     for label, meta in seen.items():
         assert meta.cmd == Command.ERROR, (label, meta)
     assert "refused" in seen["0 secret"].body["msg"], seen["0 secret"].body
     assert "never admitted" in seen["0 round"].body["msg"], seen["0 round"].body
+    assert "never admitted" in seen["1 rounds"].body["msg"], seen["1 rounds"].body
     assert_unharmed(cluster, res, np.full(4, 2.0, np.float32))
 
 
@@ -86,6 +92,10 @@ def test_a_worker_cannot_route_requests_to_copies_or_send_replication_ops(
                     "applied": []}, [np.full(6, 9.0, np.float32)]),
                 "copy taken": (Command.COMMAND, (), {"op": "r_state", "shard": 1,
                                                      "entries": []}, []),
+                "batch of rounds": (Command.COMMAND, (), {
+                    "op": "r_rounds", "shard": 0, "arrays": [1], "rounds": [{
+                        "key": pk, "round": 7, "kind": "d", "applied": []}]},
+                    [np.full(6, 9.0, np.float32)]),
                 "shard not an int": (Command.PULL, [pk], {"shard": "1"}, []),
                 "shard out of range": (Command.PULL, [pk], {"shard": 9}, []),
                 "another server's shard": (Command.PULL, [pk], {"shard": 1}, []),
@@ -103,11 +113,13 @@ def test_a_worker_cannot_route_requests_to_copies_or_send_replication_ops(
         return kv.pull(5).asnumpy()
 
     res = cluster.run(fn)
-    assert set(errors) == {"replication op", "copy taken", "shard not an int",
-                           "shard out of range", "another server's shard", "again not a bool"}
+    assert set(errors) == {"replication op", "copy taken", "batch of rounds",
+                           "shard not an int", "shard out of range", "another server's shard",
+                           "again not a bool"}
     for label, err in errors.items():
         assert isinstance(err, ProtocolError), (label, err)
     assert "unknown command" in str(errors["replication op"])
+    assert "unknown command" in str(errors["batch of rounds"])
     # with replicas server 0 holds a copy of shard 1 (its backup), but server 1 lives:
     # refused (after waiting a moment for a death report), never taken over
     assert ("not known dead" if replicas else "holds no shard") in \

@@ -94,6 +94,22 @@ def test_sync_replicas_failover_bit_identical(tmp_path: Path, seed: int) -> None
         np.testing.assert_array_equal(killed[k], calm[k])
 
 
+# server 1 serves more than one of the 4 keys: its rounds of a step go as one batch
+@pytest.mark.parametrize("rank, batch", [(1, 2), (1, 40)])
+def test_a_primary_killed_between_a_batch_and_its_acknowledgment_loses_nothing(
+        tmp_path: Path, rank: int, batch: int) -> None:
+    """A step's rounds reach the backup as one message (``r_rounds``) and no reply goes
+    out before its acknowledgment: a primary SIGKILLed right after sending a batch, before
+    reading the acknowledgment, leaves the job the undisturbed run's weights."""
+    one_call = {"TRAIN_ONE_CALL": "1"}
+    assert _job(tmp_path / "calm", "dist_sync", None, every=0, extra=one_call) == 0
+    assert _job(tmp_path / "killed", "dist_sync", (rank, f"batch:{batch}"), every=0,
+                extra={**one_call, "PSKV_REPLICAS": "1"}) == 0
+    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
 def test_sync_replicas_failover_with_pushpull_bit_identical(tmp_path: Path) -> None:
     """A pushpull's push is kept by reference until its reply (no copy): a server killed
     while the workers overwrite their gradient buffers every step still ends the job

@@ -267,3 +267,184 @@ def test_a_shard_sends_a_round_to_its_backup_before_its_periodic_copy() -> None:
     engine.observer = Shard(0, engine, replicator=Repl(), periodic=Periodic())  # type: ignore[arg-type]
     engine.push(3, 0, [np.full(1, 5, np.float32)], "d")
     assert order == ["backup 3:1:[5.0]", "copy 3:1"]
+
+
+
+def test_a_primary_reads_every_buffered_acknowledgment_before_it_sleeps(monkeypatch: Any) \
+        -> None:
+    """A step of many keys (ResNet-50: 71 and 100 rounds per shard) leaves more of the
+    backup's acknowledgments in the connection's read buffer than one read hands out; poll
+    does not see them there, so the primary must read on, not sleep until its poll times
+    out (it slept 0.5 s a step, most of what replication cost for many keys)."""
+    from types import SimpleNamespace
+
+    from pskv._ps.message import Command, Meta
+    from pskv.kvstore import _replica
+    from pskv.kvstore._replica import Replicator
+
+    class Buffered:
+        """A link whose acknowledgments all arrived: held in its read buffer, where poll
+        does not look, and handed out ``limit`` at a time (the Connection contract)."""
+        peer, max_bytes = "server 1", None
+
+        def __init__(self, n: int) -> None:
+            self.held = [Meta(Command.ACK, ts) for ts in range(1, n + 1)]
+
+        def receive(self, alloc_for: Any = None, limit: int = 64) -> list[Any]:
+            got, self.held = self.held[:limit], self.held[limit:]
+            return [(meta, []) for meta in got]
+
+        def pollable(self) -> int:
+            return -1
+
+        def close(self) -> None:
+            pass
+
+    class NoPoll:
+        def register(self, *args: Any) -> None:
+            pass
+
+        def poll(self, *args: Any) -> list[Any]:
+            raise AssertionError("the primary slept with acknowledgments it had not taken")
+
+    monkeypatch.setattr(_replica.zmq, "Poller", NoPoll)
+    n = 3 * 64 + 5
+    repl = Replicator.__new__(Replicator)
+    repl.cfg = SimpleNamespace(request_timeout=5.0)  # type: ignore[assignment]
+    repl.backup, repl._conn, repl._outstanding = 1, Buffered(n), set(range(1, n + 1))
+    repl._batch, repl._batch_bytes = [], 0
+    repl.drain()
+    assert repl.pending == 0 and repl.up        # every one taken, and the link kept
+
+
+class _Link:
+    """A primary's link to its backup, without sockets: what is sent (copied as it goes,
+    as a socket would), each acknowledged at once."""
+    peer, max_bytes = "server 1", None
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[dict[str, Any], list[np.ndarray]]] = []
+        self.acks: list[Any] = []
+
+    def send(self, cmd: Any, ts: int = 0, keys: Any = (), body: Any = None,
+             arrays: Any = ()) -> None:
+        from pskv._ps.message import Command, Meta
+        self.sent.append((body, [np.array(a) for a in arrays]))
+        self.acks.append((Meta(Command.ACK, ts), []))
+
+    def receive(self, alloc_for: Any = None, limit: int = 64) -> list[Any]:
+        got, self.acks = self.acks[:limit], self.acks[limit:]
+        return got
+
+    def pollable(self) -> int:
+        return -1
+
+    def close(self) -> None:
+        pass
+
+
+def _linked(engine: Engine) -> tuple[Any, _Link]:
+    from types import SimpleNamespace
+
+    from pskv.kvstore._replica import Replicator
+    from pskv.kvstore._shards import Shard
+    repl = Replicator.__new__(Replicator)
+    link = _Link()
+    repl.cfg = SimpleNamespace(request_timeout=5.0,  # type: ignore[assignment]
+                               max_message_bytes=4 << 30)
+    repl.engine, repl.shard, repl.backup, repl.endpoints = engine, 0, 1, {}
+    repl._conn, repl._ts, repl._outstanding, repl._batch = link, 0, set(), []
+    repl._batch_bytes = 0
+    shard = Shard(0, engine, replicator=repl)
+    engine.observer = shard
+    return shard, link
+
+
+def test_the_rounds_of_one_request_reach_the_backup_as_one_message() -> None:
+    from pskv._ps import validate
+    from pskv._ps.message import Command, Meta
+    from pskv._ps.ops import ReplOp, parse
+    engine = Engine(num_workers=1)
+    engine.set_optimizer_spec(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9).to_spec())
+    for k in range(3):
+        engine.init(k, np.zeros(4, np.float32))
+    shard, link = _linked(engine)
+    for k in range(3):                      # one push message of three keys
+        engine.push(k, 0, [np.full(4, k + 1.0, np.float32)], "d")
+    assert link.sent == []                  # queued: nothing is answered yet
+    shard.forward(ReplOp.OPTIMIZER, {"spec": None})     # another change: the rounds first
+    (body, arrays), (after, _) = link.sent
+    assert parse(body) is ReplOp.ROUNDS and parse(after) is ReplOp.OPTIMIZER
+    assert [r["key"] for r in body["rounds"]] == [0, 1, 2]
+    assert sum(body["arrays"]) == len(arrays)
+    validate.request(Meta(Command.COMMAND, 1, (), body), arrays)    # well formed
+    pos = 0
+    for k, (one, n) in enumerate(zip(body["rounds"], body["arrays"])):
+        if one["kind"] != "f":              # a logged round: the merged push
+            np.testing.assert_array_equal(arrays[pos], np.full(4, k + 1.0, np.float32))
+        pos += n
+    engine.push(0, 0, [np.ones(4, np.float32)], "d")    # one round alone: as r_round
+    shard.replicator.drain()
+    assert parse(link.sent[-1][0]) is ReplOp.ROUND and shard.replicator.pending == 0
+
+
+def test_a_round_is_sent_before_a_deferred_push_reuses_its_buffer() -> None:
+    """A worker's next push of a key may wait in the engine while its round is open; when
+    the round closes it opens the next one in the same merge buffer, in the same request:
+    the closed round must reach the backup as it was, not as the buffer is then."""
+    engine = Engine(num_workers=2)
+    engine.init(7, np.zeros(3, np.float32))
+    _shard, link = _linked(engine)
+    engine.push(7, 0, [np.full(3, 1.0, np.float32)], "d")
+    engine.push(7, 0, [np.full(3, 10.0, np.float32)], "d")     # deferred: its next round
+    engine.push(7, 1, [np.full(3, 2.0, np.float32)], "d")      # closes round 1
+    engine.observer.replicator.flush()  # type: ignore[union-attr]
+    sent = [(b, a) for b, a in link.sent]
+    assert len(sent) == 1 and sent[0][0]["round"] == 1
+    np.testing.assert_array_equal(sent[0][1][0], np.full(3, 3.0, np.float32))
+
+
+def test_a_batch_never_carries_more_than_its_cap(monkeypatch: Any) -> None:
+    """Rounds that would pass the cap (64 MiB, and never PSKV_MAX_MESSAGE_BYTES, which the
+    backup enforces on every message) go in the next message, in order."""
+    from pskv._ps.ops import ReplOp, parse
+    from pskv.kvstore import _replica
+    monkeypatch.setattr(_replica, "BATCH_BYTES", 40)      # two rounds of 16 bytes fit
+    engine = Engine(num_workers=1)
+    for k in range(5):
+        engine.init(k, np.zeros(4, np.float32))
+    shard, link = _linked(engine)
+    for k in range(5):
+        engine.push(k, 0, [np.full(4, float(k), np.float32)], "d")
+    shard.replicator.drain()
+    assert [[r["key"] for r in body["rounds"]] if parse(body) is ReplOp.ROUNDS
+            else [body["key"]] for body, _ in link.sent] == [[0, 1], [2, 3], [4]]
+    assert all(sum(a.nbytes for a in arrays) <= 40 for _, arrays in link.sent)
+
+
+@pytest.mark.parametrize("body, narrays, match", [
+    ({"rounds": [], "arrays": []}, 0, "a list of rounds"),
+    ({"rounds": [{"key": 1, "round": 1, "kind": "d", "applied": []}], "arrays": [2]}, 1,
+     "a list of rounds"),
+    ({"rounds": [{"key": 1, "round": 1, "kind": "d", "applied": []}], "arrays": [-1]}, 1,
+     "a list of rounds"),
+    ({"rounds": "x", "arrays": [1]}, 1, "a list of rounds"),
+    ({"rounds": [7], "arrays": [1]}, 1, "a list of rounds"),
+    ({"rounds": [{"key": 1, "round": 1, "kind": "d", "applied": []},
+                 {"key": 2, "round": 1, "kind": "x", "applied": []}], "arrays": [1, 1]}, 2,
+     "kind"),
+    ({"rounds": [{"key": 1, "round": 1, "kind": "l", "applied": []}], "arrays": [1]}, 1,
+     "update counts"),
+    ({"rounds": [{"key": 1, "round": 1, "kind": "d", "applied": []},
+                 {"key": 2, "round": 1, "kind": "d", "applied": []}], "arrays": [2, 0]}, 2,
+     "merged value"),
+])
+def test_a_malformed_batch_of_rounds_is_refused(body: dict[str, Any], narrays: int,
+                                                match: str) -> None:
+    from pskv._ps import validate
+    from pskv._ps.message import Command, Meta
+    from pskv.errors import ProtocolError
+    full = {"op": "r_rounds", "shard": 0, **body}
+    with pytest.raises(ProtocolError, match=match):
+        validate.request(Meta(Command.COMMAND, 1, (), full),
+                         [np.zeros(2, np.float32)] * narrays)

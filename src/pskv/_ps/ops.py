@@ -46,6 +46,7 @@ class ReplOp(str, enum.Enum):
 
     STATE = "r_state"              # the whole shard: entries, optimizer, states, compression
     ROUND = "r_round"              # one applied round's merged value and its counters
+    ROUNDS = "r_rounds"            # several rounds as one message: rounds, arrays (counts)
     INIT = "r_init"                # keys initialized
     OPTIMIZER = "r_optimizer"      # as Op.OPTIMIZER
     COMPRESSION = "r_compression"  # as Op.COMPRESSION
@@ -57,7 +58,7 @@ class ReplOp(str, enum.Enum):
     def applied_first(self) -> bool:
         """Whether the primary applies this change before replicating it (a whole copy
         taken at that moment has it, so it is not sent again after that copy)."""
-        return self in (ReplOp.NOOP, ReplOp.INIT, ReplOp.ROUND)
+        return self in (ReplOp.NOOP, ReplOp.INIT, ReplOp.ROUND, ReplOp.ROUNDS)
 
 
 _REPLICATED = {Op.OPTIMIZER: ReplOp.OPTIMIZER, Op.COMPRESSION: ReplOp.COMPRESSION,

@@ -234,6 +234,21 @@ def _r_round(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None
         raise ProtocolError("a replicated round carries its merged value's arrays")
 
 
+def _r_rounds(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """Rounds sent as one message: ``rounds`` (each as ``r_round``'s fields) and ``arrays``,
+    how many of the message's arrays each carries, in order, all of them."""
+    rounds, counts = body.get("rounds"), body.get("arrays")
+    if not isinstance(rounds, list) or not rounds or not isinstance(counts, list) or \
+            len(counts) != len(rounds) or not all(isinstance(r, dict) for r in rounds) or \
+            not all(type(n) is int and n >= 0 for n in counts) or sum(counts) != len(arrays):
+        raise ProtocolError("r_rounds carries a list of rounds and, for each, how many of "
+                            "its arrays the round has (all of them, in order)")
+    pos = 0
+    for one, n in zip(rounds, counts):
+        _r_round(meta, one, arrays[pos:pos + n])
+        pos += n
+
+
 def _state_shape(desc: Any, depth: int) -> bool:
     """Whether ``desc`` describes an optimizer state as ``_backup_log`` writes it."""
     if desc is None or desc == "a":
@@ -263,7 +278,8 @@ _OPS: dict[Op | ReplOp, Callable[[Meta, dict[str, Any], list[np.ndarray]], None]
     Op.SAVE: _dump, Op.LOAD: _state_bytes, Op.CHECKPOINT: _path, Op.RESTORE: _path,
     Op.APPLIED: _nothing, Op.INITIAL: _nothing, Op.LOOKUP: _lookup, Op.TABLE_STATS: _table_key,
     Op.CLOCK: _clock,
-    ReplOp.STATE: _r_entries, ReplOp.ROUND: _r_round, ReplOp.INIT: _r_init,
+    ReplOp.STATE: _r_entries, ReplOp.ROUND: _r_round, ReplOp.ROUNDS: _r_rounds,
+    ReplOp.INIT: _r_init,
     ReplOp.OPTIMIZER: _spec("spec", nullable=True), ReplOp.COMPRESSION: _spec("params", True),
     ReplOp.LOAD: _state_bytes, ReplOp.RESTORE: _path, ReplOp.NOOP: _nothing,
 }

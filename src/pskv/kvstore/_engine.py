@@ -60,6 +60,10 @@ class RoundObserver(Protocol):
     def rows_born(self, key: Key, born: Any, rnd: int, applied: dict[int, int]) -> None:
         """A training lookup of table ``key`` inserted rows (``born``: a TableRound)."""
 
+    def settle(self) -> None:
+        """The arrays handed to :meth:`round_applied` are about to change (a deferred push
+        opens the key's next round in its merge buffer): done with them now."""
+
 
 class Ticket:
     """One request waiting for the rounds of some of its keys to close.
@@ -463,6 +467,8 @@ class Engine:
         deferred: list[tuple[int, list[np.ndarray], str, Ticket | None]] = []
         if entry.deferred:
             deferred, entry.deferred = entry.deferred, []
+            if self.observer is not None:
+                self.observer.settle()    # the round's arrays change from here on
         pulls: list[tuple[int, Ticket]] = []
         if entry.pulls:
             pulls, entry.pulls = entry.pulls, []

@@ -5,7 +5,8 @@ server ``x`` serves it, and server ``x`` itself once the backup has taken it ove
 ``x`` was restarted (:func:`backup_of`). The server that serves a shard sends its backup,
 on the loop thread and before it answers anyone, every init, every setting (optimizer,
 compression, states) and each applied round's merged value with the round
-counters and the optimizer's counts (:class:`Replicator`); the backup logs the rounds of
+counters and the optimizer's counts (:class:`Replicator`; the rounds one request closed go
+as one ``r_rounds`` message, queued without copies); the backup logs the rounds of
 dense keys and applies them when its copy is needed, the others at once
 (:mod:`._backup_log`), so both stay bit-identical. A new backup first gets the whole
 shard (:func:`encode_copy`).
@@ -58,6 +59,11 @@ __all__ = ["Backups", "PURPOSE", "Replicator", "apply_change",
 log = logging.getLogger(__name__)
 #: what a proof on the replication link is made for (auth.py): worthless anywhere else
 PURPOSE = "backup"
+#: acknowledgments read from the backup at a time (the rest stay buffered for the next read)
+ACKS_PER_READ = 64
+#: the most bytes of rounds one batch carries (and never over PSKV_MAX_MESSAGE_BYTES, which
+#: the backup enforces): a round that would pass it goes in the next message
+BATCH_BYTES = 64 << 20
 
 
 class Replicator:
@@ -73,6 +79,10 @@ class Replicator:
         self._conn: Connection | None = None
         self._ts = 0
         self._outstanding: set[int] = set()
+        #: rounds applied and not sent yet (body, arrays): sent as one message by
+        #: :meth:`flush`, before anyone is answered and before their arrays change
+        self._batch: list[tuple[dict[str, Any], list[np.ndarray]]] = []
+        self._batch_bytes = 0
         #: where the backup's replication listeners are; None while it is dead
         self.endpoints: dict[str, str] | None = None
 
@@ -106,6 +116,8 @@ class Replicator:
     def close(self) -> None:
         """Forget the backup (it died, or another takes its place)."""
         self._outstanding.clear()
+        self._batch.clear()
+        self._batch_bytes = 0
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -114,6 +126,8 @@ class Replicator:
              wait: bool = True) -> None:
         """One change of the shard. ``wait``: return once the backup has applied it and
         every change before it (or is found dead); else :meth:`drain` waits for it."""
+        if op not in (ReplOp.ROUND, ReplOp.ROUNDS):
+            self.flush()            # the rounds before this change go first
         if (self._conn is None and self.endpoints is None) or \
                 (op is ReplOp.NOOP and self._conn is not None):
             return
@@ -133,8 +147,23 @@ class Replicator:
         except KVStoreError as err:
             self._lost(err)
 
+    def flush(self) -> None:
+        """Send the rounds queued by :meth:`round`: one as ``r_round``, several as one
+        ``r_rounds`` message (one header, one acknowledgment), without waiting."""
+        if not self._batch:
+            return
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
+        if len(batch) == 1:
+            self.send(ReplOp.ROUND, batch[0][0], batch[0][1], wait=False)
+            return
+        self.send(ReplOp.ROUNDS, {"rounds": [body for body, _ in batch],
+                                  "arrays": [len(arrays) for _, arrays in batch]},
+                  [a for _, arrays in batch for a in arrays], wait=False)
+
     def drain(self) -> None:
-        """Wait until the backup has applied every change sent (before answering anyone)."""
+        """Send the queued rounds, and wait until the backup has applied every change sent
+        (before answering anyone)."""
+        self.flush()
         if self._outstanding:
             try:
                 self._wait()
@@ -173,13 +202,19 @@ class Replicator:
         poller.register(conn.pollable(), zmq.POLLIN)
         last: Meta | None = None
         while self._outstanding:
-            for meta, _arrays in conn.receive(None, 64):
+            got = conn.receive(None, ACKS_PER_READ)
+            for meta, _arrays in got:
                 self._outstanding.discard(meta.ts)
                 last = meta
                 if meta.cmd == Command.ERROR:
                     raise error_from_body(meta.body, f"server {self.backup}")
             if not self._outstanding:
                 return last
+            if len(got) == ACKS_PER_READ:
+                # more may wait in the connection's read buffer, where poll does not see
+                # them: read on (polling here slept 0.5 s whenever a step had over 64
+                # rounds to acknowledge)
+                continue
             left = deadline - time.monotonic()
             if left <= 0:
                 raise KVStoreError(f"no answer from server {self.backup} in "
@@ -190,20 +225,31 @@ class Replicator:
     # ---- what the engine and the server replicate ------------------------------------------
     def round(self, key: Key, merged: NDArray | TableRound, rnd: int,
               applied: dict[int, int]) -> None:
-        """The engine's ``replicate`` hook: one applied round (or async push) of ``key``."""
+        """The engine's ``replicate`` hook: one applied round (or async push) of ``key``,
+        queued until :meth:`flush` (the arrays are not copied: the caller flushes before
+        they change, and before anyone is answered)."""
+        if self._conn is None and self.endpoints is None:
+            return                  # no backup: nothing to keep
         counters = {"key": key, "round": rnd, "applied": [[w, n] for w, n in applied.items()]}
         if isinstance(merged, TableRound):      # a table shard's changed rows
             fields = list(merged.arrays)
-            self.send(ReplOp.ROUND, {**counters, "kind": "t", "fields": fields,
-                                     "table": merged.meta},
-                      [np.ascontiguousarray(merged.arrays[f]) for f in fields], wait=False)
+            self._queue({**counters, "kind": "t", "fields": fields, "table": merged.meta},
+                        [np.ascontiguousarray(merged.arrays[f]) for f in fields])
         elif isinstance(merged, RowSparseNDArray):
-            self.send(ReplOp.ROUND, {**counters, "kind": "r"},
-                      [np.ascontiguousarray(merged._indices), np.ascontiguousarray(merged._data)],
-                      wait=False)
+            self._queue({**counters, "kind": "r"},
+                        [np.ascontiguousarray(merged._indices),
+                         np.ascontiguousarray(merged._data)])
         else:       # acknowledged before any answer: KVServer._send drains first
-            body, arrays = self._dense(key, merged, rnd, counters)
-            self.send(ReplOp.ROUND, body, arrays, wait=False)
+            self._queue(*self._dense(key, merged, rnd, counters))
+
+    def _queue(self, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        """Queue one round for :meth:`flush`, after the queued ones if they fit together."""
+        size = sum(a.nbytes for a in arrays)
+        if self._batch and self._batch_bytes + size > min(BATCH_BYTES,
+                                                          self.cfg.max_message_bytes):
+            self.flush()
+        self._batch.append((body, arrays))
+        self._batch_bytes += size
 
     def _dense(self, key: Key, merged: NDArray, rnd: int,
                counters: dict[str, Any]) -> tuple[dict[str, Any], list[np.ndarray]]:
@@ -375,9 +421,25 @@ class Backups:
         """Where the arrays of a round to be logged land: buffers of the pool, which the
         log then keeps without a copy (ServeLoop calls this for each message)."""
         body = meta.body
-        if meta.cmd == Command.COMMAND and isinstance(body, dict) and \
-                body.get("kind") in ("l", "f") and parse(body) is ReplOp.ROUND:
+        if meta.cmd != Command.COMMAND or not isinstance(body, dict):
+            return None
+        op = parse(body)
+        if op is ReplOp.ROUND and body.get("kind") in ("l", "f"):
             return self._land
+        if op is ReplOp.ROUNDS:
+            # the arrays of logged rounds and whole states; the others' are applied at once
+            rounds, counts = body.get("rounds"), body.get("arrays")
+            if not isinstance(rounds, list) or not isinstance(counts, list):
+                return None         # refused by validate.request once read
+            land: set[int] = set()
+            pos = 0
+            for one, n in zip(rounds, counts):
+                if type(n) is not int or not 0 <= n <= 1 << 20:
+                    return None
+                if isinstance(one, dict) and one.get("kind") in ("l", "f"):
+                    land.update(range(pos, pos + n))
+                pos += n
+            return lambda i, dtype, shape: self._land(i, dtype, shape) if i in land else None
         return None
 
     def _land(self, index: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
@@ -407,16 +469,18 @@ class Backups:
             self.loop.send(conn, Command.ACK, meta.ts)
             return
         with self.lock:
-            if op is ReplOp.ROUND and shard in self.engines:
-                # the round is safe once it is here: acknowledge, then log or apply it
-                # (still under the lock, so a takeover sees it) while the primary answers
+            if op in (ReplOp.ROUND, ReplOp.ROUNDS) and shard in self.engines:
+                # the rounds are safe once they are here: acknowledge, then log or apply
+                # them (still under the lock, so a takeover sees them) while the primary
+                # answers
                 self.loop.send(conn, Command.ACK, meta.ts)
-                if body.get("kind") in ("t", "r"):
-                    self.logs[shard].flush()        # in turn with the logged rounds
-                    apply_change(self.engines[shard], op, body, arrays)
-                    self.logs[shard].synced()
-                else:
-                    self.logs[shard].round(body, arrays)
+                if op is ReplOp.ROUND:
+                    self._round(shard, body, arrays)
+                    return
+                pos = 0
+                for one, n in zip(body["rounds"], body["arrays"]):
+                    self._round(shard, one, arrays[pos:pos + n])
+                    pos += n
                 return
             if op is ReplOp.STATE:
                 engine = self.engines[shard] = self._make()
@@ -431,6 +495,15 @@ class Backups:
                 self.logs[shard].flush()            # every logged round before the change
                 apply_change(engine, op, body, arrays)
         self.loop.send(conn, Command.ACK, meta.ts)
+
+    def _round(self, shard: int, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        """One round of a shard held here: logged, or applied at once (under the lock)."""
+        if body.get("kind") in ("t", "r"):
+            self.logs[shard].flush()        # in turn with the logged rounds
+            _round(self.engines[shard], body, arrays)
+            self.logs[shard].synced()
+        else:
+            self.logs[shard].round(body, arrays)
 
     def tick(self) -> None:
         """Nothing on a timer."""

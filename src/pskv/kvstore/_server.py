@@ -221,7 +221,10 @@ class KVServer:
             self.metrics.request(meta.cmd, arrays)
         check_key_count(len(meta.keys), self.cfg.max_keys_per_message, meta.cmd.name,
                         self._where())
-        self._serve(conn, worker, meta, arrays, time.monotonic() + self._takeover_wait)
+        try:
+            self._serve(conn, worker, meta, arrays, time.monotonic() + self._takeover_wait)
+        finally:    # its rounds to the backups as one message, before their arrays change
+            self.shards.flush()
 
     def _serve(self, conn: Connection, worker: Any, meta: Meta, arrays: list[np.ndarray],
                deadline: float, last: bool = False) -> None:
@@ -259,7 +262,10 @@ class KVServer:
         """Run a request held back earlier; what it raises goes to its worker (a node never
         dies of a request)."""
         try:
-            run()
+            try:
+                run()
+            finally:
+                self.shards.flush()
         except KVStoreError as err:
             self._error(conn, meta.ts, err)
         except Exception as err:  # the peer hears why

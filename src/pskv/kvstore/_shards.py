@@ -71,6 +71,12 @@ class Shard:
         if self.periodic is not None:
             self.periodic.round_applied(key, merged, rnd, applied)
 
+    def settle(self) -> None:
+        """The engine is about to change arrays of rounds it handed over (a deferred push
+        opens the key's next round): the backup gets those rounds now."""
+        if self.replicator is not None:
+            self.replicator.flush()
+
     def rows_born(self, key: Key, born: Any, rnd: int, applied: dict[int, int]) -> None:
         """A training lookup inserted rows of table ``key``: to the backup (not a round,
         so not to the periodic copies)."""
@@ -161,6 +167,13 @@ class Shards:
                 repl.endpoints = backup_endpoints(self.po.servers[rank])
                 repl.close()
                 repl.send(ReplOp.NOOP, {})       # connect now: the whole shard, then this
+
+    def flush(self) -> None:
+        """Send every backup the rounds queued for it (at the end of each request: the
+        arrays of its rounds may change with the next one)."""
+        for shard in self.served.values():
+            if shard.replicator is not None:
+                shard.replicator.flush()
 
     def drain(self) -> None:
         """Wait until every backup has every change sent (before answering anyone)."""

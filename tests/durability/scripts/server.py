@@ -6,7 +6,8 @@ installed N whole shard copies as backups, so that a second death comes only onc
 one's server is a backup again), DIE_MARK (a file each creates, suffixed with its rank, just
 before dying; a restarted server creates ``DIE_MARK-copy-I`` for each whole copy it
 installs; or ``hellos``: when the last worker's first HELLO arrives, before answering it,
-so that the workers are still connecting). Only the first start of a server dies; a restart
+so that the workers are still connecting; or ``batch:N``: right after it sent its backup
+its N-th batch of rounds (``r_rounds``), before the backup's acknowledgment is read). Only the first start of a server dies; a restart
 (PSKV_RESTART > 0) serves.
 """
 from __future__ import annotations
@@ -56,6 +57,22 @@ def _die_at_last_hello(me: str) -> None:
     serve.ServeLoop._hello = hello  # type: ignore[method-assign]
 
 
+def _die_after_batch(me: str, n: int) -> None:
+    from pskv._ps.ops import ReplOp
+    from pskv.kvstore import _replica
+    real = _replica.Replicator.send
+    sent = [0]
+
+    def send(self: Any, op: Any, *args: Any, **kwargs: Any) -> None:
+        real(self, op, *args, **kwargs)
+        if op is ReplOp.ROUNDS:
+            sent[0] += 1
+            if sent[0] == n:
+                Path(f"{os.environ['DIE_MARK']}-{me}").touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+    _replica.Replicator.send = send  # type: ignore[method-assign]
+
+
 def _arm() -> None:
     if os.environ.get("DMLC_ROLE") != "server":
         return
@@ -71,6 +88,9 @@ def _arm() -> None:
     when = delays[ranks.index(me)]
     if when == "hellos":
         _die_at_last_hello(me)
+        return
+    if when.startswith("batch:"):
+        _die_after_batch(me, int(when[len("batch:"):]))
         return
     copies = 0
     if when.startswith("copies:"):

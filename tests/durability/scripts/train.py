@@ -8,6 +8,8 @@ step, so "n" counts the pushes the servers applied. With DIE_WORKER and DIE_STEP
 worker SIGKILLs itself in the middle of that step on its first run (after pushing one key).
 With TRAIN_PUSHPULL=1 each step is one ``pushpull`` per key from a gradient array that is
 overwritten in place every step (as a framework's backward pass does), not push and pull.
+With TRAIN_ONE_CALL=1 each step pushes every key in one call, then pulls them in one (a
+server's rounds of a step then reach its backup as one batch).
 """
 from __future__ import annotations
 
@@ -24,6 +26,14 @@ import pskv as mx
 SHAPES = {"n": (2,), "w0": (300,), "w1": (40, 30), "w2": (7,)}
 
 
+def _grad(step: int, rank: int, k: str) -> np.ndarray:
+    """The gradient of key ``k`` at ``step`` on worker ``rank``."""
+    if k == "n":
+        return np.ones(SHAPES[k], np.float32)
+    rng = np.random.default_rng([step, rank, len(k), ord(k[-1])])
+    return rng.standard_normal(SHAPES[k]).astype(np.float32)
+
+
 def main() -> None:
     out, steps = sys.argv[1], int(sys.argv[2])
     store_type = sys.argv[3] if len(sys.argv) > 3 else "dist_sync"
@@ -36,15 +46,20 @@ def main() -> None:
     die = os.environ.get("PSKV_RESTART", "0") == "0" \
         and os.environ.get("DIE_WORKER") == str(kv.rank)
     pushpull = os.environ.get("TRAIN_PUSHPULL") == "1"
+    one_call = os.environ.get("TRAIN_ONE_CALL") == "1"
     grads = {k: mx.nd.zeros(SHAPES[k]) for k in keys}
     weights = {k: mx.nd.zeros(SHAPES[k]) for k in keys}
     for step in range(steps):
+        if one_call:
+            kv.push(keys, [mx.nd.array(_grad(step, kv.rank, k)) for k in keys])
+            pushes += len(keys)
+            kv.pull(keys, out=[weights[k] for k in keys])
+            time.sleep(0.01)
+            continue
         for i, k in enumerate(keys):
             if die and step == int(os.environ["DIE_STEP"]) and i == 1:
                 os.kill(os.getpid(), signal.SIGKILL)
-            rng = np.random.default_rng([step, kv.rank, len(k), ord(k[-1])])
-            grad = np.ones(SHAPES[k], np.float32) if k == "n" else \
-                rng.standard_normal(SHAPES[k]).astype(np.float32)
+            grad = _grad(step, kv.rank, k)
             if pushpull:
                 grads[k][:] = grad           # the same buffer every step, as backward fills
                 kv.pushpull(k, grads[k], out=weights[k])
