@@ -27,8 +27,9 @@ bytes), waiting for room at most :data:`SEND_PATIENCE` at a time and that plus i
 for a stranger or a peer with output queued) is copied to the connection's output queue,
 written when the socket is writable (:meth:`StreamConn.flush`), and the loop reads nothing
 more from that peer until the queue is empty. So a peer that does not read costs its node's
-loop at most one :data:`SEND_PATIENCE` per draining of its queue and the replies to what it
-had sent, and stalls nobody but itself.
+loop, per draining of its queue, at most one reply's bound (in practice one
+:data:`SEND_PATIENCE`: a socket nobody reads offers no room) and the replies to what it had
+sent, and stalls nobody but itself.
 """
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ READ_BUFFER = 1 << 16
 #: the caller's arrays while the peer reads: it waits for room in the socket (poll,
 #: POLLOUT) at most this many seconds at a time, and at most this plus the message's bytes
 #: at :data:`SEND_MIN_RATE` in all, then copies the rest to the queue. A peer that reads
-#: keeps its big replies uncopied; one that stops reading costs its node's loop at most
+#: keeps its big replies uncopied; one that stops reading costs its node's loop about
 #: this once per draining of its queue (a peer with output queued gets copies at once)
 SEND_PATIENCE = 0.01
 #: bytes per second a peer must read on average to keep a reply uncopied (see above)
