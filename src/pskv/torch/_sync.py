@@ -54,11 +54,15 @@ class Synchronizer:
     filled (one ``_foreach_copy_`` and one division of the whole bucket, the same numbers
     as dividing each gradient) when its last gradient is final, and emptied back into
     ``.grad`` the same way, so a model of many small tensors costs few Python calls.
+    With ``grad_views`` the emptying is no copy: ``.grad`` becomes the bucket's view (DDP's
+    ``gradient_as_bucket_view``), and a gradient that is that view already (accumulated in
+    place after ``zero_grad(set_to_none=False)``) is not copied in either.
     """
 
     def __init__(self, kv: Any, names: list[str], params: list[torch.Tensor], prefix: str,
                  update_on_kvstore: bool, op: str, cap_bytes: int | None, overlap: bool,
-                 backward_passes_per_step: int, sparse_as_dense: bool = False) -> None:
+                 backward_passes_per_step: int, sparse_as_dense: bool = False,
+                 grad_views: bool = False) -> None:
         th = import_torch()
         self.kv = kv
         self.names = names
@@ -72,6 +76,7 @@ class Synchronizer:
         self.sparse_as_dense = sparse_as_dense
         self.sparse: Any = None             # the SparseParams, set by DistributedOptimizer
         self.buffers: Any = None            # the _Buffers, sent with the last bucket
+        self.grad_views = grad_views        # .grad := the bucket's views at step()
         self.skip = False
         self.no_sync_depth = 0
         self.buckets: list[Bucket] = []
@@ -86,6 +91,7 @@ class Synchronizer:
             if bucket.weights is not None:
                 bucket.weight_views = [bucket.view(j, bucket.weights).view(params[i].shape)
                                        for j, i in enumerate(members)]
+            bucket.member_params = [params[i] for i in members]
             bucket.waiting = len(members)
             self.buckets.append(bucket)
         self.bucket_of = [self.buckets[0]] * len(params) if self.buckets else []
@@ -194,6 +200,8 @@ class Synchronizer:
             if grad is None:
                 bucket.grads[j].zero_()
                 continue
+            if grad is bucket.grads[j]:
+                continue            # gradient_as_bucket_view: accumulated in place already
             if grad.layout != strided:
                 grad = self._sparse_grad(i, grad)
             dsts.append(bucket.grads[j])
@@ -273,6 +281,11 @@ class Synchronizer:
             for bucket in self.buckets:
                 if bucket.weights is not None:
                     copy_all([self.params[i] for i in bucket.members], bucket.weight_views)
+                    continue
+                if self.grad_views:         # no copy: .grad is the bucket's view
+                    for p, view in zip(bucket.member_params, bucket.grads):
+                        if p.grad is not view:
+                            p.grad = view
                     continue
                 dsts, srcs = [], []
                 for j, i in enumerate(bucket.members):
