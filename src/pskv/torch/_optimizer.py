@@ -245,7 +245,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
         ``.grad`` kept from an earlier step changes then; after
         ``zero_grad(set_to_none=False)`` backward accumulates straight into the bucket and
         no gradient is copied at all. Do not write ``.grad`` between ``backward`` and
-        ``step()`` (call :meth:`synchronize` first, as for clipping).
+        ``step()`` (call the returned optimizer's ``synchronize()`` first, as for clipping).
 
     Returns
     -------
