@@ -477,3 +477,20 @@ def test_gradient_as_bucket_view_must_be_a_bool(kv: Any, bad: Any) -> None:
                                 kv_optimizer=mx.optimizer.SGD(learning_rate=0.1),
                                 gradient_as_bucket_view=True)
     assert not any(hasattr(p, "_pskv_synchronized_by") for p in model.parameters())
+
+
+def test_gradient_as_bucket_view_still_sees_a_parameter_that_changed_shape(kv: Any) -> None:
+    model = mlp()
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), kv, gradient_as_bucket_view=True)
+    x, y = data()[0]
+    loss_of(model, x, y).backward()
+    opt.step()
+    sync = opt._pskv_sync
+    assert all(p.grad is v for p, v in zip(sync.buckets[0].member_params, sync.buckets[0].grads))
+    with torch.no_grad():
+        model[0].weight.data = torch.zeros(8, 9)  # its .grad (a view) keeps the old shape
+    # every .grad is still its view, so only the parameter's own shape tells
+    with pytest.raises(ShapeMismatchError, match=r"'0.weight' has shape \(8, 9\) now"):
+        sync.fill(sync.buckets[0])
+    opt.close()

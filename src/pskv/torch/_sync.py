@@ -15,6 +15,7 @@ small-push coalescing (``kvstore/_held.py`` holds only plain pushes).
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterator
@@ -92,6 +93,7 @@ class Synchronizer:
                 bucket.weight_views = [bucket.view(j, bucket.weights).view(params[i].shape)
                                        for j, i in enumerate(members)]
             bucket.member_params = [params[i] for i in members]
+            bucket.shapes = [params[i].shape for i in members]
             bucket.waiting = len(members)
             self.buckets.append(bucket)
         self.bucket_of = [self.buckets[0]] * len(params) if self.buckets else []
@@ -189,6 +191,12 @@ class Synchronizer:
 
         Checks every member's shape against the one at construction first.
         """
+        params = bucket.member_params
+        if self.grad_views and all(map(operator.is_, [p.grad for p in params], bucket.grads)) \
+                and [p.shape for p in params] == bucket.shapes:
+            # gradient_as_bucket_view, accumulated in place: every gradient is in the bucket
+            self._divide(bucket)
+            return
         strided = import_torch().strided
         dsts, srcs = [], []
         for j, i in enumerate(bucket.members):
@@ -207,6 +215,9 @@ class Synchronizer:
             dsts.append(bucket.grads[j])
             srcs.append(grad)
         copy_all(dsts, srcs)
+        self._divide(bucket)
+
+    def _divide(self, bucket: Bucket) -> None:
         if self.divisor != 1:
             # DDP divides before it sums (Reducer's div_factor); per element the same as
             # dividing each gradient
