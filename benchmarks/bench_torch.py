@@ -13,6 +13,8 @@ overlap at their defaults, ``op='average'``) and ``torchrun --standalone --nproc
 benchmarks/bench_torch.py --worker ddp ...`` (``DistributedDataParallel`` over gloo). Both
 train the same seeded model on the same batches (each worker its slice of every global
 batch), one torch thread per process, with ``torch.optim.SGD(lr, momentum)``.
+``--gradient-as-bucket-view`` gives both DDP and pskv ``gradient_as_bucket_view=True``,
+``--zero-grads`` makes every run zero its gradients in place (``set_to_none=False``).
 
 Cases: ``mlp202`` (101 Linear layers: 202 tensors, 443k parameters), ``cnn`` (two
 convolutions with BatchNorm, buffers broadcast as DDP does), ``transformer`` (one
@@ -234,7 +236,8 @@ def _train(args: argparse.Namespace, kv: Any, rank: int, world: int) \
         net, opt = model, sgd(model)
     elif kv is None:
         from torch.nn.parallel import DistributedDataParallel
-        net = DistributedDataParallel(model)
+        net = DistributedDataParallel(model,
+                                      gradient_as_bucket_view=args.gradient_as_bucket_view)
         opt = sgd(model)
     else:
         import pskv.torch as pt
@@ -244,7 +247,8 @@ def _train(args: argparse.Namespace, kv: Any, rank: int, world: int) \
         threshold = int(os.environ.get("PSKV_COLLECTIVE_BYTES", "0"))
         opt = pt.DistributedOptimizer(sgd(model), model.named_parameters(), kv,
                                       named_buffers=model.named_buffers(), prefix="main/",
-                                      collective_bytes=threshold)
+                                      collective_bytes=threshold,
+                                      gradient_as_bucket_view=args.gradient_as_bucket_view)
 
     def steps(net: Any, opt: Any, first: int, count: int) \
             -> tuple[float, list[float], list[float]]:
@@ -257,7 +261,7 @@ def _train(args: argparse.Namespace, kv: Any, rank: int, world: int) \
                 if first == 0 and rank == 0:
                     cpu[0] = job_cpu()
             x, y = batch(i, per * world)
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=not args.zero_grads)
             loss = torch.nn.functional.cross_entropy(net(x[rows]), y[rows])
             t0 = time.perf_counter()
             loss.backward()
@@ -286,7 +290,8 @@ def _train(args: argparse.Namespace, kv: Any, rank: int, world: int) \
         # step() waits is all the exchange
         plain = pt.DistributedOptimizer(sgd(model), model.named_parameters(), kv,
                                         named_buffers=model.named_buffers(), prefix="plain/",
-                                        overlap=False, collective_bytes=threshold)
+                                        overlap=False, collective_bytes=threshold,
+                                        gradient_as_bucket_view=args.gradient_as_bucket_view)
         _, plain_backs, plain_waits = steps(net, plain, total, total)
         plain.close()  # type: ignore[attr-defined]
         result["backward_no_overlap_ms"] = 1000 * statistics.median(plain_backs)
@@ -336,6 +341,8 @@ def _job(kind: str, case: str, args: argparse.Namespace, threshold: int) \
         worker = [str(here), "--worker", kind, "--model", case, "--out", tmp,
                   "--steps", str(args.steps), "--warmup", str(args.warmup),
                   "--batch", str(args.batch), "--mb", str(args.mb), "--scale", str(args.scale)]
+        worker += ["--gradient-as-bucket-view"] * args.gradient_as_bucket_view
+        worker += ["--zero-grads"] * args.zero_grads
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         if kind == "pskv":
             argv = [sys.executable, "-m", "pskv.launch", "-n", str(args.workers), "-s",
@@ -466,6 +473,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="PSKV_COLLECTIVE_BYTES values pskv runs with (comma-separated), "
                          "also DistributedOptimizer's collective_bytes: 0 keeps every key "
                          "on the servers, 65536 is the optimizer's default")
+    ap.add_argument("--gradient-as-bucket-view", action="store_true",
+                    help="gradient_as_bucket_view=True for DDP and pskv alike (.grad is a "
+                         "view of the bucket: one copy less per step)")
+    ap.add_argument("--zero-grads", action="store_true",
+                    help="zero_grad(set_to_none=False) in every run: gradients accumulate "
+                         "in place (into the buckets, with --gradient-as-bucket-view)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",

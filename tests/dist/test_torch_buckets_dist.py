@@ -78,6 +78,14 @@ def test_every_layout_gives_the_same_weights_in_both_modes(run_threads: Any,
                         model.named_parameters(), kv, **kw)
                 out[f"{mode}{n}"] = train(model, opt, half, passes)
                 opt.close()
+            if mode == "torch":    # .grad as the buckets' views (gradient_as_bucket_view)
+                model = mlp()
+                opt = pt.DistributedOptimizer(
+                    torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
+                    model.named_parameters(), kv, bucket_cap_mb=0.0003, prefix="views/",
+                    backward_passes_per_step=passes, gradient_as_bucket_view=True)
+                out["views"] = train(model, opt, half, passes)
+                opt.close()
         return out
 
     results = run_threads(fn, 2, 2, bigarray_bound=40)
@@ -93,6 +101,10 @@ def test_every_layout_gives_the_same_weights_in_both_modes(run_threads: Any,
             for n in range(len(LAYOUTS)):
                 for a, b in zip(results[rank][f"{mode}{n}"], base):
                     assert torch.equal(a, b), (mode, n, rank)   # bit for bit, every layout
+        if mode == "torch":
+            for rank in (0, 1):
+                for a, b in zip(results[rank]["views"], base):
+                    assert torch.equal(a, b), ("views", rank)
         for a, b in zip(base, want):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 

@@ -1,6 +1,7 @@
 """pskv.torch's buckets, hooks, accumulation and bad input on a local store (issue #16)."""
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Iterator
 
 import pytest
@@ -404,3 +405,92 @@ def test_one_bucket_is_sent_by_backwards_thread(kv: Any) -> None:
     loss_of(model, x, y).backward()
     assert threads == [threading.current_thread().name]     # no hand-off to the thread
     opt.step()
+
+
+# ---- gradient_as_bucket_view ------------------------------------------------------------------
+def _in_a_bucket(opt: Any, t: Any) -> bool:
+    return any(t.untyped_storage().data_ptr() == b.flat.untyped_storage().data_ptr()
+               for b in opt._pskv_sync.buckets)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False], ids=["to-none", "zeros"])
+@pytest.mark.parametrize("passes", [1, 2])
+def test_gradient_as_bucket_view_gives_the_same_weights_without_copies(set_to_none: bool,
+                                                                       passes: int) -> None:
+    ref = mlp(dtype=torch.float64)
+    want = train(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), passes)
+    for cap, overlap in ((25, True), (0.0002, True), (None, False)):
+        model = mlp(dtype=torch.float64)
+        with mx.kv.create("local") as kv:
+            opt = pt.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                model.named_parameters(), kv, bucket_cap_mb=cap, overlap=overlap,
+                backward_passes_per_step=passes, gradient_as_bucket_view=True)
+            views = {id(p): v for b in opt._pskv_sync.buckets
+                     for p, v in zip(b.member_params, b.grads)}
+            for n, (x, y) in enumerate(data()):
+                opt.zero_grad(set_to_none=set_to_none)
+                for part in range(passes):
+                    rows = slice(part * len(x) // passes, (part + 1) * len(x) // passes)
+                    (loss_of(model, x[rows], y[rows]) / passes).backward()
+                if n and not set_to_none:   # accumulated straight into the bucket: no copy in
+                    assert all(p.grad is views[id(p)] for p in model.parameters())
+                opt.step()
+                assert all(p.grad is views[id(p)] for p in model.parameters())
+                assert all(_in_a_bucket(opt, p.grad) for p in model.parameters())
+            opt.close()
+        for a, b in zip(model.parameters(), want):
+            assert torch.equal(a.detach(), b), (cap, overlap)   # bit for bit, as the copies
+
+
+def test_gradient_as_bucket_view_with_no_sync_and_a_parameter_without_gradient(kv: Any) -> None:
+    ref = mlp()
+    frozen_ref = ref[0].weight
+    want = []
+    model = mlp()
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), kv, gradient_as_bucket_view=True)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for net, o, views in ((ref, ref_opt, False), (model, opt, True)):
+        for x, y in data():
+            o.zero_grad(set_to_none=False)
+            net[0].weight.requires_grad_(False)          # no gradient in this step
+            with (o.no_sync() if views else contextlib.nullcontext()):
+                (loss_of(net, x[:8], y[:8]) / 2).backward()
+            (loss_of(net, x[8:], y[8:]) / 2).backward()
+            net[0].weight.requires_grad_(True)
+            o.step()
+        want.append([p.detach().clone() for p in net.parameters()])
+    assert frozen_ref is ref[0].weight
+    for a, b in zip(*want):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("bad", [1, "yes", None])
+def test_gradient_as_bucket_view_must_be_a_bool(kv: Any, bad: Any) -> None:
+    model = mlp()
+    with pytest.raises(ConfigError, match="gradient_as_bucket_view=.* is not a bool"):
+        pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                model.named_parameters(), kv, gradient_as_bucket_view=bad)
+    with pytest.raises(ConfigError, match="with update_on_kvstore=True"):
+        pt.DistributedOptimizer(None, model.named_parameters(), kv, update_on_kvstore=True,
+                                kv_optimizer=mx.optimizer.SGD(learning_rate=0.1),
+                                gradient_as_bucket_view=True)
+    assert not any(hasattr(p, "_pskv_synchronized_by") for p in model.parameters())
+
+
+def test_gradient_as_bucket_view_still_sees_a_parameter_that_changed_shape(kv: Any) -> None:
+    model = mlp()
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), kv, gradient_as_bucket_view=True)
+    x, y = data()[0]
+    loss_of(model, x, y).backward()
+    opt.step()
+    sync = opt._pskv_sync
+    assert all(p.grad is v for p, v in zip(sync.buckets[0].member_params, sync.buckets[0].grads))
+    with torch.no_grad():
+        model[0].weight.data = torch.zeros(8, 9)  # its .grad (a view) keeps the old shape
+    # every .grad is still its view, so only the parameter's own shape tells
+    with pytest.raises(ShapeMismatchError, match=r"'0.weight' has shape \(8, 9\) now"):
+        sync.fill(sync.buckets[0])
+    opt.close()

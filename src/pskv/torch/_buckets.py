@@ -40,6 +40,8 @@ class Bucket:
     weights: torch.Tensor | None  # update_on_kvstore: the store's new weights land here
     grads: list[torch.Tensor] = field(default_factory=list)
     weight_views: list[torch.Tensor] = field(default_factory=list)
+    member_params: list[torch.Tensor] = field(default_factory=list)   # params[members[j]]
+    shapes: list[Any] = field(default_factory=list)       # their shapes at construction
     waiting: int = 0              # members whose gradient is not final yet in this step
     future: Any = None            # the pushpull in flight (concurrent.futures.Future)
 

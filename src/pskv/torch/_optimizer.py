@@ -165,7 +165,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
         overlap: bool = True, backward_passes_per_step: int = 1,
         named_buffers: Any = None, broadcast_buffers: bool = True, sparse_params: Any = None,
         sparse_as_dense: bool = False,
-        collective_bytes: int | None = DEFAULT_COLLECTIVE_BYTES) -> torch.optim.Optimizer:
+        collective_bytes: int | None = DEFAULT_COLLECTIVE_BYTES,
+        gradient_as_bucket_view: bool = False) -> torch.optim.Optimizer:
     """Wrap a torch optimizer so that ``step()`` first combines the gradients of all workers.
 
     A collective call: every worker constructs it the same way (it checks that every
@@ -236,6 +237,15 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
         encryption, replicas or periodic checkpoints), and stay on the servers elsewhere.
         None or 0: only ``PSKV_COLLECTIVE_BYTES`` and ``kv.set_collective`` choose. A
         store with a bucket on that path cannot ``save_checkpoint``.
+    gradient_as_bucket_view : bool, default False
+        DDP's option of the same name, with ``update_on_kvstore=False``: at ``step()`` each
+        ``.grad`` becomes a view of its bucket instead of receiving a copy (the same
+        numbers, one copy of the gradients less per step; docs/torch.md says what it
+        saves). The bucket is written again at the next ``backward``, so a
+        ``.grad`` kept from an earlier step changes then; after
+        ``zero_grad(set_to_none=False)`` backward accumulates straight into the bucket and
+        no gradient is copied at all. Do not write ``.grad`` between ``backward`` and
+        ``step()`` (call the returned optimizer's ``synchronize()`` first, as for clipping).
 
     Returns
     -------
@@ -246,7 +256,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
     Raises
     ------
     ConfigError
-        For an unknown ``op``, a ``collective_bytes`` that is not None or an int >= 0, no
+        For an unknown ``op``, a ``collective_bytes`` that is not None or an int >= 0,
+        ``gradient_as_bucket_view=True`` with ``update_on_kvstore=True``, no
         parameters, a ``sparse_params`` name that is not a
         parameter (or, at ``backward``, a sparse gradient outside ``sparse_params``), a
         ``bucket_cap_mb`` that is not positive, a
@@ -278,6 +289,14 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
         raise ConfigError(f"collective_bytes={collective_bytes!r} is not a number of bytes. "
                           f"Pass an int >= 0 (default {DEFAULT_COLLECTIVE_BYTES}), or None "
                           "to leave the choice to PSKV_COLLECTIVE_BYTES.")
+    if not isinstance(gradient_as_bucket_view, bool):
+        raise ConfigError(f"gradient_as_bucket_view={gradient_as_bucket_view!r} is not a "
+                          "bool. Pass True or False.")
+    if gradient_as_bucket_view and update_on_kvstore:
+        raise ConfigError("gradient_as_bucket_view=True with update_on_kvstore=True: the "
+                          "store updates the weights and no gradient is written back into "
+                          ".grad. Leave gradient_as_bucket_view False, or use "
+                          "update_on_kvstore=False.")
     named = [(n, p) for n, p in named_tensors(named_parameters, "DistributedOptimizer") if p.requires_grad]
     if not named:
         raise ConfigError("DistributedOptimizer got no parameters that require grad. Pass "
@@ -304,7 +323,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
                           [all_params[i] for i in sparse_at], prefix, update_on_kvstore,
                           kv.num_workers if op == "average" else 1)
     sync = Synchronizer(kv, names, params, prefix, update_on_kvstore, op, cap_bytes, overlap,
-                        backward_passes_per_step, bool(sparse_as_dense))
+                        backward_passes_per_step, bool(sparse_as_dense),
+                        gradient_as_bucket_view)
     sync.sparse = sparse if len(sparse) else None
     if kv.num_workers > 1:
         check_same_layout(kv, prefix, all_names, all_params, "DistributedOptimizer")

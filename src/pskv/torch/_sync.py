@@ -15,6 +15,7 @@ small-push coalescing (``kvstore/_held.py`` holds only plain pushes).
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterator
@@ -54,11 +55,15 @@ class Synchronizer:
     filled (one ``_foreach_copy_`` and one division of the whole bucket, the same numbers
     as dividing each gradient) when its last gradient is final, and emptied back into
     ``.grad`` the same way, so a model of many small tensors costs few Python calls.
+    With ``grad_views`` the emptying is no copy: ``.grad`` becomes the bucket's view (DDP's
+    ``gradient_as_bucket_view``), and a gradient that is that view already (accumulated in
+    place after ``zero_grad(set_to_none=False)``) is not copied in either.
     """
 
     def __init__(self, kv: Any, names: list[str], params: list[torch.Tensor], prefix: str,
                  update_on_kvstore: bool, op: str, cap_bytes: int | None, overlap: bool,
-                 backward_passes_per_step: int, sparse_as_dense: bool = False) -> None:
+                 backward_passes_per_step: int, sparse_as_dense: bool = False,
+                 grad_views: bool = False) -> None:
         th = import_torch()
         self.kv = kv
         self.names = names
@@ -72,6 +77,7 @@ class Synchronizer:
         self.sparse_as_dense = sparse_as_dense
         self.sparse: Any = None             # the SparseParams, set by DistributedOptimizer
         self.buffers: Any = None            # the _Buffers, sent with the last bucket
+        self.grad_views = grad_views        # .grad := the bucket's views at step()
         self.skip = False
         self.no_sync_depth = 0
         self.buckets: list[Bucket] = []
@@ -86,6 +92,8 @@ class Synchronizer:
             if bucket.weights is not None:
                 bucket.weight_views = [bucket.view(j, bucket.weights).view(params[i].shape)
                                        for j, i in enumerate(members)]
+            bucket.member_params = [params[i] for i in members]
+            bucket.shapes = [params[i].shape for i in members]
             bucket.waiting = len(members)
             self.buckets.append(bucket)
         self.bucket_of = [self.buckets[0]] * len(params) if self.buckets else []
@@ -183,6 +191,12 @@ class Synchronizer:
 
         Checks every member's shape against the one at construction first.
         """
+        params = bucket.member_params
+        if self.grad_views and all(map(operator.is_, [p.grad for p in params], bucket.grads)) \
+                and [p.shape for p in params] == bucket.shapes:
+            # gradient_as_bucket_view, accumulated in place: every gradient is in the bucket
+            self._divide(bucket)
+            return
         strided = import_torch().strided
         dsts, srcs = [], []
         for j, i in enumerate(bucket.members):
@@ -194,11 +208,16 @@ class Synchronizer:
             if grad is None:
                 bucket.grads[j].zero_()
                 continue
+            if grad is bucket.grads[j]:
+                continue            # gradient_as_bucket_view: accumulated in place already
             if grad.layout != strided:
                 grad = self._sparse_grad(i, grad)
             dsts.append(bucket.grads[j])
             srcs.append(grad)
         copy_all(dsts, srcs)
+        self._divide(bucket)
+
+    def _divide(self, bucket: Bucket) -> None:
         if self.divisor != 1:
             # DDP divides before it sums (Reducer's div_factor); per element the same as
             # dividing each gradient
@@ -273,6 +292,11 @@ class Synchronizer:
             for bucket in self.buckets:
                 if bucket.weights is not None:
                     copy_all([self.params[i] for i in bucket.members], bucket.weight_views)
+                    continue
+                if self.grad_views:         # no copy: .grad is the bucket's view
+                    for p, view in zip(bucket.member_params, bucket.grads):
+                        if p.grad is not view:
+                            p.grad = view
                     continue
                 dsts, srcs = [], []
                 for j, i in enumerate(bucket.members):
