@@ -153,9 +153,10 @@ def run_job(workload: str, replicas: int, steps: int, quick: bool,
         return got
 
 
-def throughput(workload: str, replicas: int, steps: int, quick: bool) -> float:
+def throughput(workload: str, replicas: int, steps: int, quick: bool,
+               loop: str = "push-pull") -> float:
     """Steps per second of one job."""
-    return 1.0 / run_job(workload, replicas, steps, quick)["seconds_per_step"]
+    return 1.0 / run_job(workload, replicas, steps, quick, loop=loop)["seconds_per_step"]
 
 
 def cpu_per_step(workload: str, replicas: int, steps: int, quick: bool,
@@ -198,7 +199,9 @@ def render(data: dict[str, Any], header: list[str], rows: list[list[str]]) -> st
             f"{m['mem_total_gib']} GiB, {m['platform']}, Python {m['python']}, NumPy "
             f"{m['numpy']}; load average at start {m['loadavg_at_start']}\n- jobs: a scheduler, "
             "2 servers and 2 workers on this host, dist_sync, SGD with momentum on the servers; "
-            "replicas 0 and 1 alternate, 3 rounds, the median of each\n\n"
+            "replicas 0 and 1 alternate, 3 rounds, the median of each; each step is "
+            "`kv.push` of every key then `kv.pull` (rows marked `pushpull`: one "
+            "`kv.pushpull`, as gluon's Trainer and pskv.torch do)\n\n"
             + _common.md_table(header, rows) + "\n\n" + COST_NOTE)
 
 
@@ -209,7 +212,8 @@ time): the job is CPU-bound on 2 cores shared by 4 processes, so extra work is l
 throughput. Replication adds, per step, the worker's copy of every push it may have to
 send again (none for a `pushpull`), each server's send of every applied round to its
 backup (every 4th round of a key: its value and optimizer state instead), and the
-backup's receive of it into a reused buffer. The backup no longer runs the optimizer
+backup's receive of it into a reused buffer; the rounds one request closes go to the
+backup as one message with one acknowledgment. The backup no longer runs the optimizer
 on each round: it logs them and applies them on a takeover (docs/durability.md). The
 pause of a checkpoint is the in-memory copy of the shard (values and momentum); the write
 happens on a thread.
@@ -295,9 +299,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="only this workload (repeatable)")
     p.add_argument("--profile", metavar="DIR",
                    help="with --cpu: cProfile every thread of the servers and workers")
-    p.add_argument("--loop", choices=("push-pull", "pushpull"), default="push-pull",
-                   help="with --cpu: each step is kv.push then kv.pull (default), or one "
-                        "kv.pushpull (what gluon's Trainer calls)")
+    p.add_argument("--loop", choices=("push-pull", "pushpull"), default=None,
+                   help="each step is kv.push then kv.pull, or one kv.pushpull (what "
+                        "gluon's Trainer and pskv.torch call); default: both for the "
+                        "throughput table, push-pull with --cpu")
     p.add_argument("--against", metavar="SRC",
                    help="with --cpu: run each job at the same time as the same job on the "
                         "pskv of SRC (another checkout's src directory): same load for both")
@@ -307,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker", nargs=3, metavar=("OUT", "WORKLOAD", "STEPS"),
                    help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.worker or args.cpu:
+        args.loop = args.loop or "push-pull"
     if args.worker:
         out, workload, steps = args.worker
         worker(out, workload, int(steps), args.quick, args.loop, args.warmup)
@@ -318,17 +325,20 @@ def main(argv: list[str] | None = None) -> int:
     rows, data = [], {"machine": _common.machine_info(), "commit": _common.commit_info(),
                       "command": _common.command_line(), "time": _common.timestamp(),
                       "results": {}}
-    for workload in args.workload or ("resnet50", "64mb"):
+    loops = [args.loop] if args.loop else ["push-pull", "pushpull"]
+    for workload, loop in ((w, lp) for w in args.workload or ("resnet50", "64mb")
+                           for lp in loops):
         got: dict[int, list[float]] = {0: [], 1: []}
         for _ in range(rounds):
             for replicas in (0, 1):
-                got[replicas].append(throughput(workload, replicas, steps, args.quick))
+                got[replicas].append(throughput(workload, replicas, steps, args.quick, loop))
         base, repl = statistics.median(got[0]), statistics.median(got[1])
         pause = snapshot_pause(workload, args.quick, repeats)
         cost = 1 - repl / base
-        data["results"][workload] = {"steps_per_s": {"replicas_0": base, "replicas_1": repl},
-                                     "replication_cost": cost, "snapshot": pause}
-        rows.append([workload, f"{base:.2f}", f"{repl:.2f}", f"{cost:.0%}",
+        name = workload if loop == "push-pull" else f"{workload} ({loop})"
+        data["results"][name] = {"steps_per_s": {"replicas_0": base, "replicas_1": repl},
+                                 "replication_cost": cost, "snapshot": pause, "loop": loop}
+        rows.append([name, f"{base:.2f}", f"{repl:.2f}", f"{cost:.0%}",
                      "PASS" if cost <= 0.25 else "MISS", f"{pause['shard_mb']:.0f}",
                      f"{pause['pause_ms']:.1f}", f"{pause['pause_ms_per_100mb']:.1f}",
                      "PASS" if pause["pause_ms_per_100mb"] < 50 else "MISS"])
