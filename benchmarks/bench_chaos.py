@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,12 @@ def main(argv: list[str] | None = None) -> int:
              r["kills"]] for r in reports]
     print(_common.text_table(header, rows))
     if code != 0 or len(reports) != 2:
+        fd, path = tempfile.mkstemp(prefix="bench-chaos-", suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            f.write(out)
         print(out[-4000:])
-        print(f"the chaos tests failed (exit {code}): nothing written")
+        print(f"the chaos tests failed (exit {code}): nothing written; the whole output "
+              f"is in {path}")
         return 1
     data = {"benchmark": "bench_chaos", "time": _common.timestamp(),
             "machine": _common.machine_info(), **_common.commit_info(),
