@@ -207,3 +207,24 @@ class Worker:
             except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
                 self.kill()
         self._stderr.close()
+
+
+def push_pull_samples(kv: Any, nd: Any, size: int, iters: int, warmup: int = 3) \
+        -> list[float]:
+    """Seconds per ``kv.push`` + ``kv.pull`` of a ``size``-element float32 key 0, one sample
+    per iteration after ``warmup`` untimed ones (``nd``: the store's ``mx.nd``; this module
+    imports no pskv)."""
+    import time
+    value = nd.array(np.ones(size, np.float32))
+    out = nd.zeros((size,))
+    kv.init(0, nd.zeros((size,)))
+    for _ in range(warmup):
+        kv.push(0, value)
+        kv.pull(0, out=out)
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        kv.push(0, value)
+        kv.pull(0, out=out)
+        samples.append(time.perf_counter() - start)
+    return samples

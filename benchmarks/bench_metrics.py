@@ -28,13 +28,11 @@ import statistics
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 import _common
-import numpy as np
 
 import pskv as mx
 from pskv._ps.config import ClusterConfig, Role
@@ -72,19 +70,7 @@ def job(metrics: bool, size: int, iters: int) -> list[float]:
     try:
         if metrics:
             scraper.start()
-        value = mx.nd.array(np.ones(size, np.float32))
-        out = mx.nd.zeros((size,))
-        kv.init(0, mx.nd.zeros((size,)))
-        for _ in range(3):                       # warm-up
-            kv.push(0, value)
-            kv.pull(0, out=out)
-        samples = []
-        for _ in range(iters):
-            start = time.perf_counter()
-            kv.push(0, value)
-            kv.pull(0, out=out)
-            samples.append(time.perf_counter() - start)
-        return samples
+        return _common.push_pull_samples(kv, mx.nd, size, iters)
     finally:
         scraping.set()
         kv.close()
@@ -99,18 +85,7 @@ def child(size: int, iters: int) -> int:
     """The worker of a ``processes`` job (under ``pskv-launch``): prints its samples."""
     kv = mx.kv.create("dist_sync")
     try:
-        value = mx.nd.array(np.ones(size, np.float32))
-        out = mx.nd.zeros((size,))
-        kv.init(0, mx.nd.zeros((size,)))
-        for _ in range(3):                       # warm-up
-            kv.push(0, value)
-            kv.pull(0, out=out)
-        samples = []
-        for _ in range(iters):
-            start = time.perf_counter()
-            kv.push(0, value)
-            kv.pull(0, out=out)
-            samples.append(time.perf_counter() - start)
+        samples = _common.push_pull_samples(kv, mx.nd, size, iters)
         print("SAMPLES " + json.dumps(samples), flush=True)
     finally:
         kv.close()

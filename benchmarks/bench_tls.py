@@ -23,11 +23,9 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import _common
-import numpy as np
 
 import pskv as mx
 from pskv._ps.config import ClusterConfig, Role
@@ -72,19 +70,7 @@ def job(tls: tuple[str, str, str] | None, size: int, iters: int,
         t.start()
     kv = DistKVStore("dist_sync", cfg)
     try:
-        value = mx.nd.array(np.ones(size, np.float32))
-        out = mx.nd.zeros((size,))
-        kv.init(0, mx.nd.zeros((size,)))
-        for _ in range(2):                       # warm-up
-            kv.push(0, value)
-            kv.pull(0, out=out)
-        samples = []
-        for _ in range(iters):
-            start = time.perf_counter()
-            kv.push(0, value)
-            kv.pull(0, out=out)
-            samples.append(time.perf_counter() - start)
-        return samples
+        return _common.push_pull_samples(kv, mx.nd, size, iters, warmup=2)
     finally:
         kv.close()
         for t in nodes:
