@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -38,10 +39,62 @@ INTERVAL = 4.0
 pytestmark = pytest.mark.timeout(600)
 
 
+#: the servers' log lines that say where a shard and its copy are
+SERVES = re.compile(r"server (\d+): serves shard (\d+) now")
+COPIED = re.compile(r"server (\d+): server (\d+) is the backup of shard (\d+) \(")
+
+
+class Copies:
+    """Which shards lack a backup holding their copy, read from the servers' log lines as
+    they come (a text stream for ``launch(stderr=...)``, passed on to ``sys.stderr``).
+
+    One backup per shard survives one death at a time: a server's death leaves each shard
+    it served or backed up *exposed* until a survivor has copied that shard to its new
+    backup (the restarted server); a second death then could lose it, a double fault that
+    replicas do not promise to survive. The chaos kills a server only while none is."""
+
+    def __init__(self, servers: int) -> None:
+        self.lock = threading.Lock()
+        self.host = list(range(servers))
+        self.backup = [(s + 1) % servers for s in range(servers)]
+        self.exposed: set[int] = set()
+        self._part = ""
+
+    def write(self, text: str) -> int:
+        sys.stderr.write(text)
+        with self.lock:
+            lines = (self._part + text).split("\n")
+            self._part = lines.pop()
+            for line in lines:
+                if (m := SERVES.search(line)) is not None:
+                    host, shard = int(m[1]), int(m[2])
+                    self.host[shard] = host
+                    self.exposed.add(shard)         # its new backup has no copy yet
+                elif (m := COPIED.search(line)) is not None:
+                    host, backup, shard = int(m[1]), int(m[2]), int(m[3])
+                    self.host[shard], self.backup[shard] = host, backup
+                    self.exposed.discard(shard)
+        return len(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def safe(self) -> bool:
+        """Whether every shard has a live copy besides the one its server serves."""
+        with self.lock:
+            return not self.exposed
+
+    def died(self, server: int) -> None:
+        with self.lock:
+            self.exposed |= {s for s in range(len(self.host))
+                             if server in (self.host[s], self.backup[s])}
+
+
 @dataclass
 class Chaos:
     """SIGKILLs a random server or worker of the job this process launched, every
-    `interval` seconds, until stopped; records what it killed."""
+    `interval` seconds, until stopped; records what it killed. A server is killed only
+    while every shard has a backup holding its copy (:class:`Copies`)."""
 
     seed: int
     interval: float = INTERVAL
@@ -49,6 +102,7 @@ class Chaos:
     max_kills: int | None = None
     kills: list[tuple[float, str]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
+    copies: Copies = field(default_factory=lambda: Copies(SERVERS))
 
     def _victims(self) -> dict[int, str]:
         """This process's children that are servers or workers: pid -> 'server 1'."""
@@ -82,10 +136,15 @@ class Chaos:
             if len(victims) < SIZE + SERVERS:
                 continue            # one is restarting: a second death now could lose a shard
             pid = rng.choice(sorted(victims))
+            role, rank = victims[pid].split()
+            if role == "server" and not self.copies.safe():
+                continue            # a shard has no copy but its server's: not a fault
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 continue
+            if role == "server":
+                self.copies.died(int(rank))
             self.kills.append((time.monotonic() - start, victims[pid]))
 
 
@@ -102,7 +161,8 @@ def _job(out: Path, store_type: str, steps: int, chaos: Chaos | None) -> tuple[L
     try:
         result = launch([sys.executable, str(HERE / "train.py"), str(out), str(steps),
                          store_type], SIZE, SERVERS, env=env, max_restarts=100, timeout=500,
-                        server_command=[sys.executable, "-m", "pskv.server"])
+                        server_command=[sys.executable, "-m", "pskv.server"],
+                        stderr=None if chaos is None else chaos.copies)  # type: ignore[arg-type]
         elapsed = time.monotonic() - start
     finally:
         if chaos is not None and thread is not None:

@@ -78,6 +78,28 @@ def test_supervisor_restarts_a_dead_worker_with_its_rank(tmp_path: Path) -> None
     assert run_processes([failing], max_restarts=1, stdout=out, stderr=out).returncode == 4
 
 
+def test_no_restart_once_the_scheduler_has_exited(tmp_path: Path) -> None:
+    """The job is over once its scheduler exited (a failed job's scheduler ends cleanly): a
+    worker that fails then is the job's end, not a restart that waits out its connect
+    timeout for a scheduler that is gone (the long chaos soak restarted 17 so)."""
+    gone = tmp_path / "scheduler-gone"
+    scheduler = ProcessSpec(Role.SCHEDULER, None, (
+        sys.executable, "-c", f"open({str(gone)!r}, 'w').close()"))
+    body = ("import os, sys, time\n"
+            f"open({str(tmp_path / 'runs')!r}, 'a').write('run\\n')\n"
+            f"while not os.path.exists({str(gone)!r}): time.sleep(0.01)\n"
+            "time.sleep(0.2)\n"
+            "sys.exit(5)\n")
+    worker = ProcessSpec(Role.WORKER, 0, (sys.executable, "-c", body),
+                         (("DMLC_WORKER_ID", "0"),))
+    out = io.StringIO()
+    result = run_processes([scheduler, worker], max_restarts=3, stdout=out, stderr=out,
+                           timeout=60)
+    assert result.returncode == 5 and result.failed is not None
+    assert result.failed.label == "worker 0"
+    assert (tmp_path / "runs").read_text().split() == ["run"]
+
+
 def test_backup_placement_rule() -> None:
     assert [backup_of(s, s, 3) for s in range(3)] == [1, 2, 0]
     assert backup_of(0, 1, 3) == 0        # taken over by server 1: its restart backs it up
@@ -448,3 +470,83 @@ def test_a_malformed_batch_of_rounds_is_refused(body: dict[str, Any], narrays: i
     with pytest.raises(ProtocolError, match=match):
         validate.request(Meta(Command.COMMAND, 1, (), full),
                          [np.zeros(2, np.float32)] * narrays)
+
+
+def _shards_with_fakes(monkeypatch: Any, rank: int, held: dict[int, int],
+                       restart: int = 0) -> tuple[Any, list[Any]]:
+    """A server's `Shards` whose backup links are recorded, not opened; its backups hold
+    a copy of each shard in `held` (shard -> the server it came from)."""
+    from types import SimpleNamespace
+
+    from pskv.kvstore import _shards
+    links: list[Any] = []
+
+    class Link:
+        def __init__(self, cfg: Any, zctx: Any, po: Any, shard: int, backup: int,
+                     engine: Engine) -> None:
+            self.shard, self.backup, self.endpoints = shard, backup, None
+            self.sent: list[Any] = []
+            links.append(self)
+
+        def send(self, op: Any, body: Any, arrays: Any = (), wait: bool = True) -> None:
+            if self.endpoints is not None:      # a link with no backup sends nothing
+                self.sent.append(op)
+
+        def close(self) -> None:
+            pass
+
+    class Held:
+        def held_from(self, shard: int) -> tuple[int, float] | None:
+            return (held[shard], 0.0) if shard in held else None
+
+        def take(self, shard: int) -> Engine | None:
+            return Engine(num_workers=2) if held.pop(shard, None) is not None else None
+
+    monkeypatch.setattr(_shards, "Replicator", Link)
+    monkeypatch.setattr(_shards, "backup_endpoints", lambda where: {"at": where})
+    po = SimpleNamespace(rank=rank, num_servers=3, num_workers=2,
+                         servers={r: f"server-{r}" for r in range(3)})
+    cfg = SimpleNamespace(restart=restart)
+    snapshots = SimpleNamespace(start=lambda engine, index, n: None)
+    shards = _shards.Shards(cfg, None, po, snapshots, Held(), Engine())  # type: ignore[arg-type]
+    return shards, links
+
+
+def test_a_takeover_whose_backup_is_back_copies_the_shard_before_answering(
+        monkeypatch: Any) -> None:
+    """Server 0 died and was restarted before a worker asked server 2 for shard 2 (server 0
+    had served it, server 2 kept its copy): the restarted server 0 is shard 2's backup now
+    and gets the whole shard at the takeover, not at its next change, which may come after
+    server 2 died too (the long chaos soak lost shard 2 so)."""
+    from pskv._ps.ops import ReplOp
+    shards, links = _shards_with_fakes(monkeypatch, rank=2, held={2: 0})
+    shards.rejoined(0)
+    shards.lost[0] = 1.0
+    shard = shards.get(2)
+    (link,) = links
+    assert (shard.index, link.backup, link.endpoints) == (2, 0, {"at": "server-0"})
+    assert link.sent == [ReplOp.NOOP]           # connects and sends the whole shard now
+
+
+def test_a_takeover_whose_backup_is_dead_copies_when_it_is_back(monkeypatch: Any) -> None:
+    # server 1 died (it served shard 1; server 2 kept the copy): its restart is the backup
+    from pskv._ps.ops import ReplOp
+    shards, links = _shards_with_fakes(monkeypatch, rank=2, held={1: 1})
+    shards.lost[1] = 1.0
+    shards.get(1)
+    (link,) = links
+    assert (link.backup, link.endpoints, link.sent) == (1, None, [])
+    shards.rejoined(1)
+    assert link.sent == [ReplOp.NOOP]
+
+
+def test_a_restarted_server_asked_for_a_shard_it_never_got_says_the_shard_is_lost(
+        monkeypatch: Any) -> None:
+    from pskv.errors import ProtocolError
+    shards, _links = _shards_with_fakes(monkeypatch, rank=0, held={}, restart=1)
+    shards.backups = None
+    with pytest.raises(ProtocolError, match="holds no shard 2"):
+        shards.get(2)
+    shards, _links = _shards_with_fakes(monkeypatch, rank=0, held={}, restart=1)
+    with pytest.raises(ProtocolError, match="holds no copy of shard 2.*is lost.*checkpoint"):
+        shards.get(2)

@@ -563,11 +563,9 @@ class KVServer:
                      self.po.mode or "sync", self.po.num_workers,
                      ", ".join(sorted(self._endpoints.values())))
             if not (self.cfg.restart and self.cfg.replicas):
-                shard = self.shards.serve(self.po.rank, own)
-                if shard.replicator is not None:
-                    # its backup gets the whole (empty) shard before any worker is admitted
-                    # here: a death while the workers connect leaves it a copy to serve
-                    shard.replicator.send(ReplOp.NOOP, {})
+                # its backup gets the whole (empty) shard before any worker is admitted
+                # here: a death while the workers connect leaves it a copy to serve
+                self.shards.serve(self.po.rank, own)
             # else: its backup took its shard over; it rejoins as a backup
             failed_seen = False
             lost_at: float | None = None

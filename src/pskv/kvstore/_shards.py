@@ -139,6 +139,13 @@ class Shards:
                 engine.num_workers = self.po.num_workers
                 shard = self.serve(index, engine)
         if shard is None:
+            if self.backups is not None and self.cfg.restart:
+                raise ProtocolError(
+                    f"server {self.po.rank} holds no copy of shard {index}: it was restarted, "
+                    f"and the server that served shard {index} died before sending it one "
+                    "(two deaths closer together than a whole copy takes), so that shard is "
+                    "lost. Restart the job from a checkpoint (kv.load_checkpoint), or leave "
+                    "more time between faults")
             raise ProtocolError(f"server {self.po.rank} holds no shard {index} (with "
                                 "PSKV_REPLICAS=1 a server serves its own shard and, once its "
                                 "primary died, the one it backs up)")
@@ -155,6 +162,12 @@ class Shards:
             if backup != index or index in self._restarted:   # else the dead primary: not yet
                 shard.replicator.endpoints = backup_endpoints(self.po.servers[backup])
         engine.observer = shard
+        if shard.replicator is not None:
+            # the backup gets the whole shard now, before anyone is answered: a takeover
+            # whose backup is already back (restarted before a worker asked for the shard)
+            # must not wait for the shard's next change to copy it, or a death meanwhile
+            # loses the shard (found by the long chaos soak)
+            shard.replicator.send(ReplOp.NOOP, {})
         return shard
 
     def rejoined(self, rank: int) -> None:

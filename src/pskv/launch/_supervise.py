@@ -261,6 +261,10 @@ class _Supervisor:
         used = self.restarts.get(ps.label, 0)
         if ps.role is Role.SCHEDULER or ps.rank is None or used >= self.max_restarts:
             return False
+        if any(c.spec.role is Role.SCHEDULER and not c.running for c in self.children):
+            # the job is over once its scheduler exited (a failed job's ends cleanly): a
+            # restart would only wait out its connect timeout for a scheduler that is gone
+            return False
         self.restarts[ps.label] = used + 1
         logger.warning("%s (pid %d) exited with status %d; restarting it (%d of %d)",
                        ps.label, child.popen.pid, exit_status(rc), used + 1, self.max_restarts)
