@@ -127,3 +127,32 @@ def test_killed_server_is_reported_and_leaves_no_socket_file(local_cluster: Any)
     assert all("server 0" in r["msg"] for r in errors), errors
     assert codes["scheduler"] == 1, codes
     assert abstract or not Path(uds).exists(), "the killed server's socket file was left behind"
+
+
+def test_a_loss_report_about_a_ranks_earlier_process_is_ignored() -> None:
+    """A server that could not reach where server 0 *was* (its earlier process, dead and
+    restarted since) reports that loss late: the scheduler must not fail the live restart
+    for it (the long chaos soak lost a shard so). A report naming the live process's
+    endpoints, or none (as before), still counts."""
+    from pskv._ps.scheduler import Scheduler, _Node
+    from pskv.launch._net import free_port
+    env = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(free_port()),
+           "DMLC_NUM_SERVER": "2", "DMLC_NUM_WORKER": "1"}
+    sched = Scheduler(ClusterConfig.from_env(env, Role.SCHEDULER))
+    try:
+        now = time.monotonic()
+        live = {"uds": "@pskv-server-new", "r_uds": "@pskv-backup-new"}
+        server0 = _Node(b"s0", "server", 0, {"role": "server", "endpoints": live}, now)
+        server1 = _Node(b"s1", "server", 1, {"role": "server", "endpoints": {}}, now)
+        sched._nodes = {b"s0": server0, b"s1": server1}
+        earlier = {"uds": "@pskv-server-old", "r_uds": "@pskv-backup-old"}
+        sched._peer_lost(server1, {"role": "server", "rank": 0, "endpoints": earlier})
+        assert server0.lost == 0.0
+        sched._peer_lost(server1, {"role": "server", "rank": 0, "endpoints": dict(live)})
+        assert server0.lost > 0.0 and server0.lost_by == "server 1"
+        server0.lost = 0.0
+        sched._peer_lost(server1, {"role": "server", "rank": 0})
+        assert server0.lost > 0.0
+    finally:
+        sched.loop.close()
+        sched._zctx.close()

@@ -75,7 +75,9 @@ def test_admitted_nodes_send_malformed_control_messages(thread_cluster: Any) -> 
         if kv.rank == 0:
             po = kv._po
             for body in (None, {"group": None}, {"group": ["worker"]}, {"group": "nobody"},
-                         {"role": "worker", "rank": "x"}, {"role": 1, "rank": 0}):
+                         {"role": "worker", "rank": "x"}, {"role": 1, "rank": 0},
+                         {"role": "worker", "rank": 0, "endpoints": "x"},
+                         {"role": "worker", "rank": 0, "endpoints": {"uds": 7}}):
                 for cmd in (Command.BARRIER, Command.PEER_LOST):
                     po._post(cmd, body)
             for cmd in (Command.ADMIT, Command.ACK, Command.SHUTDOWN):

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -488,6 +489,9 @@ def _shards_with_fakes(monkeypatch: Any, rank: int, held: dict[int, int],
             self.sent: list[Any] = []
             links.append(self)
 
+        def aim(self, announced: Any) -> None:
+            self.endpoints = announced
+
         def send(self, op: Any, body: Any, arrays: Any = (), wait: bool = True) -> None:
             if self.endpoints is not None:      # a link with no backup sends nothing
                 self.sent.append(op)
@@ -503,7 +507,6 @@ def _shards_with_fakes(monkeypatch: Any, rank: int, held: dict[int, int],
             return Engine(num_workers=2) if held.pop(shard, None) is not None else None
 
     monkeypatch.setattr(_shards, "Replicator", Link)
-    monkeypatch.setattr(_shards, "backup_endpoints", lambda where: {"at": where})
     po = SimpleNamespace(rank=rank, num_servers=3, num_workers=2,
                          servers={r: f"server-{r}" for r in range(3)})
     cfg = SimpleNamespace(restart=restart)
@@ -520,19 +523,35 @@ def test_a_takeover_whose_backup_is_back_copies_the_shard_before_answering(
     server 2 died too (the long chaos soak lost shard 2 so)."""
     from pskv._ps.ops import ReplOp
     shards, links = _shards_with_fakes(monkeypatch, rank=2, held={2: 0})
+    shards.lost[0] = time.monotonic()
     shards.rejoined(0)
-    shards.lost[0] = 1.0
     shard = shards.get(2)
     (link,) = links
-    assert (shard.index, link.backup, link.endpoints) == (2, 0, {"at": "server-0"})
+    assert (shard.index, link.backup, link.endpoints) == (2, 0, "server-0")
     assert link.sent == [ReplOp.NOOP]           # connects and sends the whole shard now
+
+
+def test_a_takeover_never_aims_at_a_backup_reported_dead_and_not_back(monkeypatch: Any) \
+        -> None:
+    """Shard 2 came back to server 2 from server 0, which died: its backup is server 0,
+    which is not back yet. Connecting to where server 0 was would fail and report server 0
+    lost, and the scheduler took that for the death of server 0's restart (the long chaos
+    soak lost shard 2 so): the link waits for the restart's announcement."""
+    from pskv._ps.ops import ReplOp
+    shards, links = _shards_with_fakes(monkeypatch, rank=2, held={2: 0})
+    shards.lost[0] = time.monotonic()
+    shards.get(2)
+    (link,) = links
+    assert (link.backup, link.endpoints, link.sent) == (0, None, [])
+    shards.rejoined(0)
+    assert (link.endpoints, link.sent) == ("server-0", [ReplOp.NOOP])
 
 
 def test_a_takeover_whose_backup_is_dead_copies_when_it_is_back(monkeypatch: Any) -> None:
     # server 1 died (it served shard 1; server 2 kept the copy): its restart is the backup
     from pskv._ps.ops import ReplOp
     shards, links = _shards_with_fakes(monkeypatch, rank=2, held={1: 1})
-    shards.lost[1] = 1.0
+    shards.lost[1] = time.monotonic()
     shards.get(1)
     (link,) = links
     assert (link.backup, link.endpoints, link.sent) == (1, None, [])

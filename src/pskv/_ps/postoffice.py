@@ -291,10 +291,16 @@ class Postoffice:
         payloads: dict[str, Any] = reply["payloads"]
         return payloads
 
-    def report_lost(self, role: str, rank: int) -> None:
-        """Tell the scheduler this node's connection to ``role`` ``rank`` broke."""
+    def report_lost(self, role: str, rank: int,
+                    endpoints: Mapping[str, str] | None = None) -> None:
+        """Tell the scheduler this node's connection to ``role`` ``rank`` broke;
+        ``endpoints``: where that node was when the connection was made (a report about a
+        node that has been restarted since, elsewhere, is then ignored)."""
         if self._thread is not None and self._thread.is_alive():
-            self._post(Command.PEER_LOST, {"role": role, "rank": rank})
+            body: dict[str, Any] = {"role": role, "rank": rank}
+            if endpoints is not None:
+                body["endpoints"] = dict(endpoints)
+            self._post(Command.PEER_LOST, body)
 
     def goodbye(self) -> None:
         """Tell the scheduler this node is done (no reply is awaited)."""

@@ -499,9 +499,16 @@ class Scheduler:
 
     def _peer_lost(self, reporter: _Node, body: dict[str, Any]) -> None:
         """``reporter``'s connection to a peer broke: unless that peer says GOODBYE within
-        the grace period (its goodbye may be on its way), it is reported failed."""
+        the grace period (its goodbye may be on its way), it is reported failed. A report
+        that names where the peer was, when that is not where the live node with its rank
+        is, is about an earlier life of that rank (restarted since): ignored."""
         for node in self._live():
             if node.role == body["role"] and node.rank == body["rank"] and not node.lost:
+                if "endpoints" in body and body["endpoints"] != node.body.get("endpoints"):
+                    log.info("scheduler: %s %d was restarted since %s %d lost its "
+                             "connection to it; the report is about its earlier process",
+                             node.role, node.rank, reporter.role, reporter.rank)
+                    continue
                 node.lost = time.monotonic()
                 node.lost_by = f"{reporter.role} {reporter.rank}"
 

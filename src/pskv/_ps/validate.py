@@ -64,6 +64,10 @@ def _hello(meta: Meta, arrays: list[np.ndarray]) -> None:
         _str(meta, body, field, optional=True)
     _str(meta, body, "mode", _STORE_MODES, optional=True)
     _int(meta, body, "pid", 0, 1 << 31, optional=True)
+    _endpoints(meta, body)
+
+
+def _endpoints(meta: Meta, body: dict[str, Any]) -> None:
     eps = body.get("endpoints", {})
     if not isinstance(eps, dict) or len(eps) > 8 or not all(
             isinstance(k, str) and isinstance(v, str) and len(v) <= _MAX_STR
@@ -80,6 +84,7 @@ def _peer_lost(meta: Meta, arrays: list[np.ndarray]) -> None:
     body = _body(meta)
     _str(meta, body, "role", ROLES)
     _int(meta, body, "rank", 0, _MAX_RANK)
+    _endpoints(meta, body)          # where the reporter knew it (optional)
 
 
 def _none(meta: Meta, arrays: list[np.ndarray]) -> None:

@@ -67,6 +67,9 @@ class KVWorker:
         self._ts = itertools.count(1)
         self._conns: list[Connection] = []
         self._server_of: dict[Any, int] = {}        # pollable -> server rank
+        #: server rank -> the endpoints its current link was made to (a loss report names
+        #: them: the scheduler ignores one about a server restarted since)
+        self._conn_at: dict[int, Mapping[str, str]] = {}
         self._poller = zmq.Poller()
         self._done: dict[int, tuple[Meta, list[np.ndarray]] | Exception] = {}
         self._dirty: set[int] = set()              # servers pushed to since the last flush
@@ -145,6 +148,7 @@ class KVWorker:
     def _connect(self, rank: int, ep: Mapping[str, str]) -> Connection:
         conn = connect(self.cfg, ep, ep.get("host") == socket.gethostname(), f"server {rank}",
                        self._zctx, self._tls, (self.po.key_for(rank), "worker", self.po.rank))
+        self._conn_at[rank] = ep
         self._zmq = self._zmq or not isinstance(conn.pollable(), int)
         self._server_of[conn.pollable()] = rank
         self._poller.register(conn.pollable(), zmq.POLLIN)
@@ -378,7 +382,7 @@ class KVWorker:
                         first = server not in self._lost
                         self._lost.add(server)
                     if first:                        # the others hear it from the scheduler
-                        self.po.report_lost("server", server)
+                        self.po.report_lost("server", server, self._conn_at.get(server))
                     if self.failover is None:
                         self.po.check()  # a cluster already failed: that is the cause
                         raise NodeFailedError(f"server {server} is gone: {err}") from None

@@ -85,6 +85,14 @@ class Replicator:
         self._batch_bytes = 0
         #: where the backup's replication listeners are; None while it is dead
         self.endpoints: dict[str, str] | None = None
+        #: the backup's endpoints as the scheduler announced them (:meth:`aim`)
+        self.announced: Mapping[str, str] | None = None
+
+    def aim(self, announced: Mapping[str, str]) -> None:
+        """The backup is the server the scheduler announced at ``announced`` (the next
+        change connects to it): a broken link is reported as that process's loss."""
+        self.announced = announced
+        self.endpoints = backup_endpoints(announced)
 
     @property
     def up(self) -> bool:
@@ -173,7 +181,7 @@ class Replicator:
     def _lost(self, err: KVStoreError) -> None:
         broke = isinstance(err, NodeFailedError)
         if broke:      # its link broke: the scheduler hears it, and warns of the death once
-            self._po.report_lost("server", self.backup)
+            self._po.report_lost("server", self.backup, self.announced)
         # a backup that is alive but dropped (it stopped answering) has no other warning
         log.log(logging.INFO if broke else logging.WARNING,
                 "server %d: the backup of shard %d (server %d) is lost (%s); the shard "

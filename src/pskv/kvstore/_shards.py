@@ -16,6 +16,7 @@ touches only ``Backups``' own copies, under its lock).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -30,7 +31,7 @@ from .._types import Key
 from ..nd.ndarray import NDArray
 from ._durable import PeriodicCopies, Snapshots
 from ._engine import Engine
-from ._replica import Backups, Replicator, backup_endpoints
+from ._replica import Backups, Replicator
 
 __all__ = ["TakeoverPending", "Shard", "Shards"]
 
@@ -114,7 +115,8 @@ class Shards:
         self.own = own
         #: shard index -> the shard served here
         self.served: dict[int, Shard] = {}
-        self._restarted: set[int] = set()   # servers restarted since this one started
+        #: server -> when it was last reported restarted (a new backup)
+        self._rejoined: dict[int, float] = {}
         #: server -> when the scheduler last reported it dead: a copy that came from it
         #: before then may be taken over; a worker alone cannot make a backup split the
         #: shard of a server that lives (or of its restarted self, which sent a new copy)
@@ -159,8 +161,8 @@ class Shards:
         if self.backups is not None:
             backup = backup_of(index, self.po.rank, self.po.num_servers)
             shard.replicator = Replicator(self.cfg, self._zctx, self.po, index, backup, engine)
-            if backup != index or index in self._restarted:   # else the dead primary: not yet
-                shard.replicator.endpoints = backup_endpoints(self.po.servers[backup])
+            if self._alive(backup):     # else it is aimed at once it is back (rejoined)
+                shard.replicator.aim(self.po.servers[backup])
         engine.observer = shard
         if shard.replicator is not None:
             # the backup gets the whole shard now, before anyone is answered: a takeover
@@ -170,14 +172,21 @@ class Shards:
             shard.replicator.send(ReplOp.NOOP, {})
         return shard
 
+    def _alive(self, server: int) -> bool:
+        """Whether ``server`` lives as far as this server has heard: never reported dead,
+        or restarted since (a takeover's backup is the dead server it took over from)."""
+        if server not in self.lost:
+            return True
+        return self.lost[server] < self._rejoined.get(server, float("-inf"))
+
     def rejoined(self, rank: int) -> None:
         """Server ``rank`` was restarted: the new backup of the shards served here that it
         backs (it gets the whole shard at once, then every change)."""
-        self._restarted.add(rank)
+        self._rejoined[rank] = time.monotonic()
         for shard in self.served.values():
             repl = shard.replicator
             if repl is not None and repl.backup == rank:
-                repl.endpoints = backup_endpoints(self.po.servers[rank])
+                repl.aim(self.po.servers[rank])
                 repl.close()
                 repl.send(ReplOp.NOOP, {})       # connect now: the whole shard, then this
 
