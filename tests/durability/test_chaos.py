@@ -4,9 +4,11 @@ restarts, a random server or worker SIGKILLed every few seconds while the job ru
 dist_sync must end with the weights of the undisturbed run (to the last bits that the
 order of three workers' float sums changes; the counting key bit for bit); dist_async must
 apply every push exactly once (the "n" key counts them); and after the job no process is
-left and no socket file. The short variant here runs in CI (a few faults); for a soak of
-several minutes run ``CHAOS_SECONDS=300 python -m pytest -s tests/durability/test_chaos.py``:
-each test prints the faults it survived and the time lost per fault.
+left and no socket file. The short variant here runs in CI (a few faults, until the job
+ends); for a soak of several minutes run
+``CHAOS_SECONDS=300 python -m pytest -s tests/durability/test_chaos.py``: faults for that
+many seconds of a longer job, which must then finish; each test prints the faults it
+survived and the time lost per fault.
 """
 from __future__ import annotations
 
@@ -36,7 +38,6 @@ SERVERS = 3
 #: before the next death (one backup per shard survives one death at a time)
 INTERVAL = 4.0
 
-pytestmark = pytest.mark.timeout(600)
 
 
 #: the servers' log lines that say where a shard and its copy are
@@ -98,8 +99,10 @@ class Chaos:
 
     seed: int
     interval: float = INTERVAL
-    #: stop after this many kills (None: until the job ends)
-    max_kills: int | None = None
+    #: stop killing after this many seconds (None: until the job ends); a long soak stops,
+    #: then the job must finish: every restarted worker replays its steps from the first,
+    #: so faults every few seconds for ever would outpace a long job
+    seconds: float | None = None
     kills: list[tuple[float, str]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     copies: Copies = field(default_factory=lambda: Copies(SERVERS))
@@ -130,7 +133,7 @@ class Chaos:
         rng = random.Random(self.seed)
         start = time.monotonic()
         while not self.stop.wait(self.interval * rng.uniform(0.8, 1.2)):
-            if self.max_kills is not None and len(self.kills) >= self.max_kills:
+            if self.seconds is not None and time.monotonic() - start >= self.seconds:
                 return
             victims = self._victims()
             if len(victims) < SIZE + SERVERS:
@@ -160,7 +163,8 @@ def _job(out: Path, store_type: str, steps: int, chaos: Chaos | None) -> tuple[L
     start = time.monotonic()
     try:
         result = launch([sys.executable, str(HERE / "train.py"), str(out), str(steps),
-                         store_type], SIZE, SERVERS, env=env, max_restarts=100, timeout=500,
+                         store_type], SIZE, SERVERS, env=env, max_restarts=100,
+                        timeout=500 + 4 * _soak(),
                         server_command=[sys.executable, "-m", "pskv.server"],
                         stderr=None if chaos is None else chaos.copies)  # type: ignore[arg-type]
         elapsed = time.monotonic() - start
@@ -184,6 +188,10 @@ def _soak() -> float:
     return float(os.environ.get("CHAOS_SECONDS", "0"))
 
 
+#: the calm run, the soak, then the job's own end (its restarted workers catch up)
+pytestmark = pytest.mark.timeout(600 + 10 * _soak())
+
+
 def _steps() -> int:
     return int(_soak() * 20) or 400
 
@@ -193,7 +201,7 @@ def test_sync_job_under_chaos_ends_with_the_calm_weights(tmp_path: Path, seed: i
     steps = _steps()
     calm, calm_s = _job(tmp_path / "calm", "dist_sync", steps, None)
     assert calm.returncode == 0
-    chaos = Chaos(seed)
+    chaos = Chaos(seed, seconds=_soak() or None)
     result, chaos_s = _job(tmp_path / "chaos", "dist_sync", steps, chaos)
     assert result.returncode == 0, (chaos.kills, result)
     assert chaos.kills, "the job ended before anything was killed: raise its steps"
@@ -210,7 +218,7 @@ def test_sync_job_under_chaos_ends_with_the_calm_weights(tmp_path: Path, seed: i
 @pytest.mark.parametrize("seed", [12])
 def test_async_job_under_chaos_applies_every_push_once(tmp_path: Path, seed: int) -> None:
     steps = _steps()
-    chaos = Chaos(seed)
+    chaos = Chaos(seed, seconds=_soak() or None)
     result, chaos_s = _job(tmp_path / "chaos", "dist_async", steps, chaos)
     assert result.returncode == 0, (chaos.kills, result)
     assert chaos.kills, "the job ended before anything was killed: raise its steps"
