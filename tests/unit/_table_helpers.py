@@ -1,6 +1,7 @@
 """What the table-rule tests share (``test_table_rows.py``, ``test_table_eviction.py``,
-``test_table_state.py``): a fake clock, a table or a ``local`` store holding table key
-``KEY`` that reads it, and small builders of IDs and gradient rows."""
+``test_table_state.py``; ``test_table_optim.py`` its state check): a fake clock, a table
+or a ``local`` store holding table key ``KEY`` that reads it, small builders of IDs and
+gradient rows, and the check that two table states are the same."""
 from __future__ import annotations
 
 from typing import Any
