@@ -16,7 +16,7 @@ import pytest
 
 import pskv as mx
 from pskv._ps.auth import prove
-from pskv._ps.message import Command, encode
+from pskv._ps.message import Command, encode, error_from_body
 from pskv._ps.stream import StreamConn
 from pskv.errors import KVStoreError, ProtocolError
 
@@ -71,6 +71,88 @@ def test_a_worker_cannot_write_into_a_backup(thread_cluster: Any) -> None:
     assert "never admitted" in seen["0 round"].body["msg"], seen["0 round"].body
     assert "never admitted" in seen["1 rounds"].body["msg"], seen["1 rounds"].body
     assert_unharmed(cluster, res, np.full(4, 2.0, np.float32))
+
+
+#: placements an INIT may carry that describe no part of its key: (label, place)
+BAD_PLACES = [
+    ("not a list", "0:4"),
+    ("two fields", [0, 4]),
+    ("start not an int", ["0", 4, [4]]),
+    ("shape not a list", [0, 4, "ab"]),
+    ("units beyond the key", [0, 4, [2]]),
+    ("a key over the size limit", [0, 4, [1 << 40]]),
+]
+
+
+@pytest.mark.timeout(60)
+def test_a_replicated_init_with_bad_placements_is_refused_as_a_workers(
+        thread_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backup checks a replicated INIT's placements with the check a server gives a
+    worker's INIT (``bounds.check_init``): a bad one from a primary's link (a bug, or a
+    holder of the servers' key) gets the same error, and the copy holds nothing of it."""
+    from pskv.kvstore import _replica
+    backups: dict[int, Any] = {}
+    real_start = _replica.Backups.start
+
+    def start(self: Any, po: Any) -> None:
+        backups[po.rank] = self
+        real_start(self, po)
+
+    monkeypatch.setattr(_replica.Backups, "start", start)
+    cluster = thread_cluster(2, 2, replicas=1, bigarray_bound=4)
+    fake = 1 << 20                  # an ikey no worker uses
+    seen: dict[tuple[int, str], Any] = {}
+
+    def fn(kv: Any) -> Any:
+        kv.init(3, mx.nd.ones((8,)))        # split: each server serves a part, backs the other
+        kv.barrier()
+        if kv.rank == 0:
+            for srv in range(2):
+                po, other = backups[srv]._po, 1 - srv       # pretend to be the primary
+                conn = StreamConn.connect(kv._po.servers[srv]["r_tcp"], 5.0, "backups")
+                try:
+                    conn.send(Command.HELLO, 1, body={"role": "server", "rank": other})
+                    challenge = next_reply(conn)
+                    conn.send(Command.HELLO, 2, body={
+                        "role": "server", "rank": other,
+                        **prove(po.server_key, _replica.PURPOSE, challenge.body, "server",
+                                other)})
+                    assert next_reply(conn).cmd == Command.ACK
+                    for ts, (label, place) in enumerate(BAD_PLACES, 3):
+                        entry = {"key": "w", "shape": [4], "place": place}
+                        conn.send(Command.COMMAND, ts, (), {
+                            "op": "r_init", "shard": other, "keys": [fake],
+                            "entries": [entry]}, [np.ones(4, np.float32)])
+                        got = next_reply(conn)
+                        wts = kv._kv.request(srv, Command.INIT, [fake], {"entries": [entry]},
+                                             [np.ones(4, np.float32)])
+                        try:
+                            kv._kv.wait(wts)
+                            worker_err = None
+                        except KVStoreError as err:
+                            worker_err = err
+                        seen[srv, label] = (got, worker_err)
+                finally:
+                    conn.close()
+                with backups[srv].lock:
+                    seen[srv, "held"] = fake in backups[srv].engines[other]
+        kv.barrier()
+        kv.push(3, mx.nd.ones((8,)))
+        return kv.pull(3).asnumpy()
+
+    res = cluster.run(fn)
+    assert len(seen) == 2 * (len(BAD_PLACES) + 1), seen
+    for srv in range(2):
+        assert seen[srv, "held"] is False, srv
+        for label, _ in BAD_PLACES:
+            got, worker_err = seen[srv, label]
+            assert got.cmd == Command.ERROR, (srv, label, got)
+            assert worker_err is not None, (srv, label)
+            backup_err = error_from_body(got.body, f"server {srv}")
+            assert type(backup_err) is type(worker_err), (srv, label, backup_err, worker_err)
+            assert str(backup_err) == str(worker_err), (srv, label)
+    assert type(seen[0, "a key over the size limit"][1]).__name__ == "LimitError"
+    assert_unharmed(cluster, res, np.full(8, 2.0, np.float32))
 
 
 @pytest.mark.timeout(60)

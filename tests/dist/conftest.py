@@ -142,15 +142,15 @@ class ThreadCluster:
 
 def run_threads(fn: Callable[..., Any], num_workers: int = 2, num_servers: int = 1,
                 store_type: str = "dist_sync", expect_codes: int | None = 0,
-                **overrides: Any) -> dict[int, Any]:
+                timeout: float = 30.0, **overrides: Any) -> dict[int, Any]:
     """One whole thread cluster running ``fn`` on every worker; results by rank.
 
     Worker exceptions are returned, not raised; with ``expect_codes`` the scheduler's and
-    every server's exit status is checked.
+    every server's exit status is checked. ``timeout``: how long the workers may run.
     """
     cluster = ThreadCluster(num_workers, num_servers, overrides).start()
     try:
-        results = cluster.run(fn, store_type)
+        results = cluster.run(fn, store_type, timeout)
         codes = cluster.join()
     finally:
         cluster.shutdown()

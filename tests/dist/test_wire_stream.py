@@ -7,8 +7,10 @@ import select
 import socket
 import threading
 import time
+from typing import Iterator
 
 import numpy as np
+import pytest
 
 from pskv._ps.auth import Verifier
 from pskv._ps.message import Command, Meta
@@ -16,31 +18,35 @@ from pskv._ps.serve import ServeLoop
 from pskv._ps.stream import SEND_PATIENCE, StreamConn, StreamListener
 
 
-def test_stream_carries_binary_and_json_headers() -> None:
+#: two connected StreamConns: ``a`` (sends, mostly) and ``b``
+Pair = tuple[StreamConn, StreamConn]
+
+
+@pytest.fixture
+def conns() -> Iterator[Pair]:
+    """The two ends of a socket pair as StreamConns, ``a`` and ``b``; closed after the test."""
     s1, s2 = socket.socketpair()
     a, b = StreamConn(s1, 5.0, "a"), StreamConn(s2, 5.0, "b")
-    try:
-        x = np.arange(6, dtype=np.float32).reshape(2, 3)
-        a.send(Command.PUSHPULL, 3, [6], {"kinds": "d"}, [x])
-        a.send(Command.BARRIER, 4, body={"group": "all"})
-        a.send(Command.ACK, 5)
-        got: list = []
-        for _ in range(100):
-            got += b.receive()
-            if len(got) == 3:
-                break
-        assert [m for m, _ in got] == [Meta(Command.PUSHPULL, 3, (6,), {"kinds": "d"}),
-                                       Meta(Command.BARRIER, 4, (), {"group": "all"}),
-                                       Meta(Command.ACK, 5)]
-        np.testing.assert_array_equal(got[0][1][0], x)
-    finally:
-        a.close()
-        b.close()
+    yield a, b
+    a.close()
+    b.close()
 
 
-def pair() -> tuple[StreamConn, StreamConn, socket.socket]:
-    s1, s2 = socket.socketpair()
-    return StreamConn(s1, 5.0, "a"), StreamConn(s2, 5.0, "b"), s1
+def test_stream_carries_binary_and_json_headers(conns: Pair) -> None:
+    a, b = conns
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    a.send(Command.PUSHPULL, 3, [6], {"kinds": "d"}, [x])
+    a.send(Command.BARRIER, 4, body={"group": "all"})
+    a.send(Command.ACK, 5)
+    got: list = []
+    for _ in range(100):
+        got += b.receive()
+        if len(got) == 3:
+            break
+    assert [m for m, _ in got] == [Meta(Command.PUSHPULL, 3, (6,), {"kinds": "d"}),
+                                   Meta(Command.BARRIER, 4, (), {"group": "all"}),
+                                   Meta(Command.ACK, 5)]
+    np.testing.assert_array_equal(got[0][1][0], x)
 
 
 def drain(conn: StreamConn, want: int, limit: int = 64) -> list:
@@ -57,7 +63,6 @@ def test_a_blocking_send_waits_for_room_on_any_descriptor_number() -> None:
     descriptors from 1024 up, which a process with many connections reaches."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 1100:
-        import pytest
         pytest.skip(f"the open-files limit ({hard}) allows no descriptor above 1024")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100) if hard ==
                                                 resource.RLIM_INFINITY else hard, hard))
@@ -82,25 +87,21 @@ def test_a_blocking_send_waits_for_room_on_any_descriptor_number() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_many_small_messages_in_one_read_come_out_one_by_one() -> None:
-    a, b, _ = pair()
-    try:
-        for i in range(300):
-            a.send(Command.PUSH, -i - 1, [2 * i], {"kinds": "d"}, [np.full(3, i, np.float32)])
-        got = []
-        end = time.monotonic() + 20       # a bound in time: polls run fast on a quiet machine
-        while time.monotonic() < end:     # and slowly on a loaded one
-            one = b.receive(None, 1)
-            assert len(one) <= 1
-            got += [(m, arrays[0].copy()) for m, arrays in one]
-            if len(got) == 300:
-                break
-        assert [m.ts for m, _ in got] == [-i - 1 for i in range(300)]
-        assert all((arr == i).all() for i, (_, arr) in enumerate(got))
-        assert b.buffered() == 0
-    finally:
-        a.close()
-        b.close()
+def test_many_small_messages_in_one_read_come_out_one_by_one(conns: Pair) -> None:
+    a, b = conns
+    for i in range(300):
+        a.send(Command.PUSH, -i - 1, [2 * i], {"kinds": "d"}, [np.full(3, i, np.float32)])
+    got = []
+    end = time.monotonic() + 20       # a bound in time: polls run fast on a quiet machine
+    while time.monotonic() < end:     # and slowly on a loaded one
+        one = b.receive(None, 1)
+        assert len(one) <= 1
+        got += [(m, arrays[0].copy()) for m, arrays in one]
+        if len(got) == 300:
+            break
+    assert [m.ts for m, _ in got] == [-i - 1 for i in range(300)]
+    assert all((arr == i).all() for i, (_, arr) in enumerate(got))
+    assert b.buffered() == 0
 
 
 def test_bytes_trickling_in_any_split_make_the_same_messages() -> None:
@@ -144,90 +145,76 @@ def test_bytes_trickling_in_any_split_make_the_same_messages() -> None:
         b.close()
 
 
-def test_a_big_reply_lands_in_the_callers_array() -> None:
-    a, b, _ = pair()
-    try:
-        big = np.arange(50_000, dtype=np.float32)
-        out = np.zeros_like(big)
-        a.send(Command.DATA, 7, arrays=[big])
+def test_a_big_reply_lands_in_the_callers_array(conns: Pair) -> None:
+    a, b = conns
+    big = np.arange(50_000, dtype=np.float32)
+    out = np.zeros_like(big)
+    a.send(Command.DATA, 7, arrays=[big])
+    got: list = []
+    for _ in range(10_000):
+        got += b.receive(lambda meta: (lambda i, dt, shape: out), 1)
+        if got:
+            break
+    assert got[0][1][0] is out
+    np.testing.assert_array_equal(out, big)
+
+
+def test_a_message_of_many_arrays_crossing_read_buffers(conns: Pair) -> None:
+    a, b = conns
+    arrays = [np.full(1000 + i % 7, i, np.float32) for i in range(300)]   # ~1.2 MB
+    sender = threading.Thread(target=a.send, args=(
+        Command.PUSH, -1, list(range(0, 600, 2)), {"kinds": "d" * 300}, arrays))
+    sender.start()                   # more than a socket buffer may hold: read meanwhile
+    got = drain(b, 1)
+    sender.join(10)
+    meta, back = got[0]
+    assert meta.keys == tuple(range(0, 600, 2)) and len(back) == 300
+    for want, arr in zip(arrays, back, strict=True):
+        np.testing.assert_array_equal(arr, want)
+
+
+def test_a_message_arriving_after_a_drained_read_is_read_by_the_next_poll(
+        conns: Pair) -> None:
+    a, b = conns
+    for ts in range(1, 50):
+        a.send(Command.ACK, ts)
+        assert select.select([b.fileno()], [], [], 5.0)[0]    # as every caller does
         got: list = []
-        for _ in range(10_000):
-            got += b.receive(lambda meta: (lambda i, dt, shape: out), 1)
-            if got:
-                break
-        assert got[0][1][0] is out
-        np.testing.assert_array_equal(out, big)
-    finally:
-        a.close()
-        b.close()
+        while not got:                    # poll is level-triggered: it says so again
+            got = b.receive(None, 1)
+            if not got:
+                assert select.select([b.fileno()], [], [], 5.0)[0]
+        assert [m.ts for m, _ in got] == [ts]
 
 
-def test_a_message_of_many_arrays_crossing_read_buffers() -> None:
-    a, b, _ = pair()
-    try:
-        arrays = [np.full(1000 + i % 7, i, np.float32) for i in range(300)]   # ~1.2 MB
-        sender = threading.Thread(target=a.send, args=(
-            Command.PUSH, -1, list(range(0, 600, 2)), {"kinds": "d" * 300}, arrays))
-        sender.start()                   # more than a socket buffer may hold: read meanwhile
-        got = drain(b, 1)
-        sender.join(10)
-        meta, back = got[0]
-        assert meta.keys == tuple(range(0, 600, 2)) and len(back) == 300
-        for want, arr in zip(arrays, back, strict=True):
-            np.testing.assert_array_equal(arr, want)
-    finally:
-        a.close()
-        b.close()
-
-
-def test_a_message_arriving_after_a_drained_read_is_read_by_the_next_poll() -> None:
-    a, b, _ = pair()
-    try:
-        for ts in range(1, 50):
-            a.send(Command.ACK, ts)
-            assert select.select([b.fileno()], [], [], 5.0)[0]    # as every caller does
-            got: list = []
-            while not got:                    # poll is level-triggered: it says so again
-                got = b.receive(None, 1)
-                if not got:
-                    assert select.select([b.fileno()], [], [], 5.0)[0]
-            assert [m.ts for m, _ in got] == [ts]
-    finally:
-        a.close()
-        b.close()
-
-
-def test_a_queued_connection_never_waits_and_keeps_a_copy_of_what_it_queued() -> None:
+def test_a_queued_connection_never_waits_and_keeps_a_copy_of_what_it_queued(
+        conns: Pair) -> None:
     # a node's loop: the reader does not read, yet send returns at once; the rest of the
     # message waits in the output queue (a copy: the caller may change its array), is
     # written in order when flushed, and the reader gets each message whole
-    a, b, _ = pair()
+    a, b = conns
     a.queued = True
     calls: list[int] = []
     a.on_queued = lambda: calls.append(a.queued_bytes())
-    try:
-        x = np.arange(4 << 20, dtype=np.float32)        # 16 MiB: more than the buffers
-        start = time.monotonic()
-        a.send(Command.DATA, 1, arrays=[x])
-        a.send(Command.ACK, 2)
-        assert time.monotonic() - start < 2.0
-        assert len(calls) == 1 and a.queued_bytes() > 0
-        want = x.copy()
-        x[:] = -1                                       # queued bytes are a copy
-        assert not a.write_stalled(time.monotonic())
-        assert a.write_stalled(time.monotonic() + 10.0)
-        got: list = []
-        end = time.monotonic() + 20
-        while len(got) < 2 and time.monotonic() < end:
-            a.flush()
-            select.select([b.sock], [], [], 0.01)
-            got += [(m, [arr.copy() for arr in arrays]) for m, arrays in b.receive()]
-        assert [m.ts for m, _ in got] == [1, 2]
-        np.testing.assert_array_equal(got[0][1][0], want)
-        assert a.flush() and a.queued_bytes() == 0
-    finally:
-        a.close()
-        b.close()
+    x = np.arange(4 << 20, dtype=np.float32)        # 16 MiB: more than the buffers
+    start = time.monotonic()
+    a.send(Command.DATA, 1, arrays=[x])
+    a.send(Command.ACK, 2)
+    assert time.monotonic() - start < 2.0
+    assert len(calls) == 1 and a.queued_bytes() > 0
+    want = x.copy()
+    x[:] = -1                                       # queued bytes are a copy
+    assert not a.write_stalled(time.monotonic())
+    assert a.write_stalled(time.monotonic() + 10.0)
+    got: list = []
+    end = time.monotonic() + 20
+    while len(got) < 2 and time.monotonic() < end:
+        a.flush()
+        select.select([b.sock], [], [], 0.01)
+        got += [(m, [arr.copy() for arr in arrays]) for m, arrays in b.receive()]
+    assert [m.ts for m, _ in got] == [1, 2]
+    np.testing.assert_array_equal(got[0][1][0], want)
+    assert a.flush() and a.queued_bytes() == 0
 
 
 def _count_waits(conn: StreamConn) -> list[float]:
@@ -258,10 +245,10 @@ def _read_all(conn: StreamConn, want: int, writer: StreamConn | None = None,
     return got
 
 
-def test_a_queued_send_to_a_reader_waits_for_room_and_copies_nothing() -> None:
+def test_a_queued_send_to_a_reader_waits_for_room_and_copies_nothing(conns: Pair) -> None:
     # an admitted peer that reads: the send writes straight from the caller's array while
     # the peer takes it (no copy queued), and what the peer gets is the array at send time
-    a, b, _ = pair()
+    a, b = conns
     a.queued, a.patience = True, 10.0      # generous: a loaded machine schedules late
     calls: list[int] = []
     a.on_queued = lambda: calls.append(a.queued_bytes())
@@ -271,68 +258,56 @@ def test_a_queued_send_to_a_reader_waits_for_room_and_copies_nothing() -> None:
         time.sleep(0.2)            # late: the send finds the socket full and must wait
         got.extend(_read_all(b, 1))
     reader = threading.Thread(target=read, daemon=True)
-    try:
-        x = np.arange(8 << 20, dtype=np.float32)        # 32 MiB: several times the buffers
-        want = x.copy()
-        reader.start()
-        a.send(Command.DATA, 1, arrays=[x])
-        assert calls == [] and a.queued_bytes() == 0     # nothing was copied
-        assert waits and all(t <= 10.0 for t in waits)   # it waited for the reader
-        x[:] = -1                                        # the kernel has its own copy
-        reader.join(20)
-        assert [m.ts for m, _ in got] == [1]
-        np.testing.assert_array_equal(got[0][1][0], want)
-    finally:
-        a.close()
-        b.close()
+    x = np.arange(8 << 20, dtype=np.float32)        # 32 MiB: several times the buffers
+    want = x.copy()
+    reader.start()
+    a.send(Command.DATA, 1, arrays=[x])
+    assert calls == [] and a.queued_bytes() == 0     # nothing was copied
+    assert waits and all(t <= 10.0 for t in waits)   # it waited for the reader
+    x[:] = -1                                        # the kernel has its own copy
+    reader.join(20)
+    assert [m.ts for m, _ in got] == [1]
+    np.testing.assert_array_equal(got[0][1][0], want)
 
 
-def test_a_queued_send_to_a_peer_that_stops_reading_waits_once_per_drain() -> None:
+def test_a_queued_send_to_a_peer_that_stops_reading_waits_once_per_drain(conns: Pair) -> None:
     # a peer that reads nothing: the first reply waits for room, each wait within the
     # patience, then the rest is copied; replies while output
     # waits are copied at once (no wait at all); the peer gets every reply as it was at
     # send time, and once its queue drained the next reply may wait again
-    a, b, _ = pair()
+    a, b = conns
     a.queued, a.patience = True, 0.05
     waits = _count_waits(a)
-    try:
-        x = np.arange(4 << 20, dtype=np.float32)        # 16 MiB: more than the buffers
-        y = np.arange(4 << 20, 0, -1, dtype=np.float32)
-        want = [x.copy(), y.copy()]
-        a.send(Command.DATA, 1, arrays=[x])
-        # a wait or a few (the kernel may say "room" for a little more), each within the
-        # patience, all before anything was queued
-        first = len(waits)
-        assert first and all(t <= 0.05 for t in waits), waits
-        assert a.queued_bytes() > 0
-        x[:] = -1
-        a.send(Command.DATA, 2, arrays=[y])
-        a.send(Command.ACK, 3)
-        assert len(waits) == first, waits                # output waits: copies at once
-        y[:] = -1
-        got = _read_all(b, 3, writer=a)
-        assert [m.ts for m, _ in got] == [1, 2, 3]
-        np.testing.assert_array_equal(got[0][1][0], want[0])
-        np.testing.assert_array_equal(got[1][1][0], want[1])
-        assert a.flush() and a.queued_bytes() == 0
-        a.send(Command.DATA, 4, arrays=[np.ones(4 << 20, np.float32)])
-        assert len(waits) > first and all(t <= 0.05 for t in waits), waits  # may again
-    finally:
-        a.close()
-        b.close()
+    x = np.arange(4 << 20, dtype=np.float32)        # 16 MiB: more than the buffers
+    y = np.arange(4 << 20, 0, -1, dtype=np.float32)
+    want = [x.copy(), y.copy()]
+    a.send(Command.DATA, 1, arrays=[x])
+    # a wait or a few (the kernel may say "room" for a little more), each within the
+    # patience, all before anything was queued
+    first = len(waits)
+    assert first and all(t <= 0.05 for t in waits), waits
+    assert a.queued_bytes() > 0
+    x[:] = -1
+    a.send(Command.DATA, 2, arrays=[y])
+    a.send(Command.ACK, 3)
+    assert len(waits) == first, waits                # output waits: copies at once
+    y[:] = -1
+    got = _read_all(b, 3, writer=a)
+    assert [m.ts for m, _ in got] == [1, 2, 3]
+    np.testing.assert_array_equal(got[0][1][0], want[0])
+    np.testing.assert_array_equal(got[1][1][0], want[1])
+    assert a.flush() and a.queued_bytes() == 0
+    a.send(Command.DATA, 4, arrays=[np.ones(4 << 20, np.float32)])
+    assert len(waits) > first and all(t <= 0.05 for t in waits), waits  # may again
 
 
-def test_a_queued_send_to_a_stranger_never_waits() -> None:
+def test_a_queued_send_to_a_stranger_never_waits(conns: Pair) -> None:
     # patience 0 (a connection not admitted): what the kernel does not take is copied
-    a, b, _ = pair()
+    a, b = conns
     a.queued = True
     waits = _count_waits(a)
-    try:
-        a.send(Command.DATA, 1, arrays=[np.ones(4 << 20, np.float32)])
-        assert waits == [] and a.queued_bytes() > 0
-    finally:
-        a.close()
-        b.close()
+    a.send(Command.DATA, 1, arrays=[np.ones(4 << 20, np.float32)])
+    assert waits == [] and a.queued_bytes() > 0
 
 
 class _Quiet:

@@ -17,6 +17,8 @@ import pskv as mx
 from pskv.errors import UnsupportedError
 from pskv.table import DynamicTable, ReadOnly, TableSpec, Uniform, initial_values
 
+from _table_helpers import assert_same_state
+
 DIM = 3
 IDS = np.array([10**15, -5, 7, 2**63 - 1, -2**63, 0], np.int64)
 SPEC = TableSpec(dim=DIM, init=Uniform(-1.0, 1.0), seed=11)
@@ -180,7 +182,7 @@ def test_rowwise_layout_refuses_other_optimizers(make: Make) -> None:
     before = table.state()
     with pytest.raises(UnsupportedError, match="rowwise"):
         table.push(IDS, np.ones((IDS.size, DIM), np.float32), optimizer=make(), key=KEY)
-    _assert_same_state(before, table.state())
+    assert_same_state(before, table.state())
 
 
 def test_other_optimizers_and_adagrad_wd_are_refused() -> None:
@@ -192,7 +194,7 @@ def test_other_optimizers_and_adagrad_wd_are_refused() -> None:
                 mx.optimizer.SGD(multi_precision=True)):
         with pytest.raises(UnsupportedError, match=repr(KEY)):
             table.push(IDS, g, optimizer=opt, key=KEY)
-        _assert_same_state(before, table.state())
+        assert_same_state(before, table.state())
 
 
 def test_without_an_optimizer_a_push_assigns() -> None:
@@ -219,7 +221,7 @@ def test_a_custom_updater_is_refused_and_changes_nothing() -> None:
     before = table.state()
     with pytest.raises(UnsupportedError, match="set_updater"):
         kv.push(KEY, (IDS, np.ones((IDS.size, DIM), np.float32)))
-    _assert_same_state(before, table.state())
+    assert_same_state(before, table.state())
 
 
 def test_changing_the_optimizer_starts_fresh_states() -> None:
@@ -242,11 +244,3 @@ def _store(spec: TableSpec) -> Any:
     kv.init(KEY, spec)
     kv._tables.tables[KEY] = DynamicTable(spec, name=KEY, clock=lambda: 100.0)
     return kv
-
-
-def _assert_same_state(a: tuple[dict[str, np.ndarray], dict[str, Any]],
-                       b: tuple[dict[str, np.ndarray], dict[str, Any]]) -> None:
-    assert a[1] == b[1]
-    assert sorted(a[0]) == sorted(b[0])
-    for name in a[0]:
-        np.testing.assert_array_equal(a[0][name], b[0][name], err_msg=name)

@@ -501,7 +501,8 @@ class Backups:
                     raise ProtocolError(f"{op} for shard {shard}, which this server does not "
                                         "back up (its whole copy, r_state, comes first)")
                 self.logs[shard].flush()            # every logged round before the change
-                apply_change(engine, op, body, arrays)
+                apply_change(engine, op, body, arrays, self.cfg.max_key_bytes,
+                             f"server {self._po.rank if self._po else '?'}")
         self.loop.send(conn, Command.ACK, meta.ts)
 
     def _round(self, shard: int, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
@@ -539,10 +540,6 @@ def _round(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> No
     engine.replay(key, merged, int(body["round"]), applied)
 
 
-def _init(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
-    init_entries(engine, tuple(body["keys"]), body["entries"], arrays)
-
-
 def _restore(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     reader = Reader(str(body.get("path")))
     try:
@@ -551,9 +548,10 @@ def _restore(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> 
         reader.close()
 
 
-#: how a backup applies each change to its copy (``ReplOp.STATE`` makes the copy)
+#: how a backup applies each change to its copy (``ReplOp.STATE`` makes the copy,
+#: ``ReplOp.INIT`` is checked as a worker's INIT: :func:`apply_change`)
 _CHANGES: dict[ReplOp, Callable[[Engine, dict[str, Any], list[np.ndarray]], None]] = {
-    ReplOp.ROUND: _round, ReplOp.INIT: _init, ReplOp.RESTORE: _restore,
+    ReplOp.ROUND: _round, ReplOp.RESTORE: _restore,
     ReplOp.OPTIMIZER: lambda engine, body, arrays: engine.set_optimizer_spec(body.get("spec")),
     ReplOp.COMPRESSION: lambda engine, body, arrays: engine.set_compression(body.get("params")),
     ReplOp.LOAD: lambda engine, body, arrays: engine.states_updater("load").set_states(
@@ -562,8 +560,13 @@ _CHANGES: dict[ReplOp, Callable[[Engine, dict[str, Any], list[np.ndarray]], None
 
 
 def apply_change(engine: Engine, op: ReplOp, body: dict[str, Any],
-                 arrays: list[np.ndarray]) -> None:
-    """Apply one replicated change (not ``ReplOp.STATE``) to a backup copy."""
+                 arrays: list[np.ndarray], max_key_bytes: int, where: str) -> None:
+    """Apply one replicated change (not ``ReplOp.STATE``) to a backup copy. An INIT goes
+    through the checks of a worker's (``init_entries``, refusals naming ``where``)."""
+    if op is ReplOp.INIT:
+        init_entries(engine, tuple(body["keys"]), body["entries"], arrays, max_key_bytes,
+                     where)
+        return
     apply = _CHANGES.get(op)
     if apply is None:
         raise KVStoreError(f"{op.value} is not a change of a backup copy")

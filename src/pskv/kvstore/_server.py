@@ -22,7 +22,7 @@ import zmq
 from ..errors import CheckpointError, ClusterError, KVStoreError, NodeFailedError, ProtocolError, \
     ShapeMismatchError
 from .._ps.auth import Verifier, server_proof
-from .._ps.bounds import check_init, check_key_count, check_reply
+from .._ps.bounds import check_key_count, check_reply
 from .._ps.config import ClusterConfig, advertised_host
 from .._ps.membership import ServerRejoined
 from .._ps.metrics import start as start_metrics
@@ -379,12 +379,12 @@ class KVServer:
             kept = [i for i, k in enumerate(keys) if k not in shard.engine]
             keys = tuple(keys[i] for i in kept)
             specs, arrays = [specs[i] for i in kept], [arrays[i] for i in kept]
-        places = check_init(specs, arrays, self.cfg.max_key_bytes, self._where())
         for k, spec, arr in zip(keys, specs, arrays):
             if tuple(spec.get("shape", ())) != arr.shape:
                 raise ShapeMismatchError(f"INIT of key {spec.get('key')!r}: shape "
                                          f"{arr.shape} != declared {spec.get('shape')}")
-        init_entries(shard.engine, keys, specs, arrays, places)     # table keys too
+        init_entries(shard.engine, keys, specs, arrays,      # table keys too
+                     self.cfg.max_key_bytes, self._where())
         shard.forward(ReplOp.INIT, {"keys": list(keys), "entries": specs}, arrays)
         self._send(conn, Command.ACK, ts)
 

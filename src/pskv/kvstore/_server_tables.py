@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import KeyAlreadyInitializedError, TableSpecError
 from ..table import TableSpec
+from .._ps.bounds import check_init
 from .._ps.message import Command
 from .._ps.ops import Op
 from ._engine import Engine, Ticket
@@ -25,11 +26,13 @@ __all__ = ["cmd_lookup", "cmd_table_stats", "init_entries", "stats_reply"]
 
 
 def init_entries(engine: Engine, keys: tuple[int, ...], specs: list[dict[str, Any]],
-                 arrays: list[np.ndarray], places: list[Any] | None = None) -> None:
-    """Init every entry of an INIT (or its replicated copy): arrays and table shards; all
-    checked (``places``: each entry's placement as ``bounds.check_init`` validated it)
-    and every table made first (a TableSpec that does not parse, a key held
-    already, rows that cannot be reserved), then held."""
+                 arrays: list[np.ndarray], max_key_bytes: int, where: str) -> None:
+    """Init every entry of an INIT (a worker's, or its copy replicated to a backup): arrays
+    and table shards; all checked first (each placement and whole key by
+    ``bounds.check_init``, the one parser of placements; a TableSpec that does not parse,
+    a key held already, rows that cannot be reserved), then held: a refused INIT holds
+    nothing."""
+    places = check_init(specs, arrays, max_key_bytes, where)
     tables: dict[int, Any] = {}
     for k, spec in zip(keys, specs):
         if k in engine:
@@ -50,18 +53,12 @@ def init_entries(engine: Engine, keys: tuple[int, ...], specs: list[dict[str, An
     for made in tables.values():
         if opt is not None:
             check_optimizer(made, opt)     # the row optimizer it would run (R12)
-    for i, (k, spec, arr) in enumerate(zip(keys, specs, arrays)):
+    for k, spec, arr, place in zip(keys, specs, arrays, places):
         if k in tables:
             engine.init_table(k, tables[k])
-            continue
-        if places is not None:
+        else:
             engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
-                        place=places[i])
-            continue
-        place = spec.get("place")
-        engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
-                    place=None if not isinstance(place, list) or len(place) != 3
-                    else (int(place[0]), int(place[1]), tuple(place[2])))
+                        place=place)
 
 
 def cmd_lookup(server: Any, shard: Any, conn: Any, worker: int, ts: int,

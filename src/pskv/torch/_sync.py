@@ -68,7 +68,6 @@ class Synchronizer:
         self.kv = kv
         self.names = names
         self.params = params
-        self.shapes = [p.shape for p in params]
         self.prefix = prefix
         self.update_on_kvstore = update_on_kvstore
         self.divisor = kv.num_workers if op == "average" else 1
@@ -166,11 +165,12 @@ class Synchronizer:
                     self._send_ready()
         return hook
 
-    def _shape_error(self, i: int) -> ShapeMismatchError:
+    def _shape_error(self, bucket: Bucket, j: int) -> ShapeMismatchError:
+        i = bucket.members[j]
         p = self.params[i]
         return ShapeMismatchError(
             f"parameter {self.names[i]!r} has shape {tuple(p.shape)} now, but had "
-            f"{tuple(self.shapes[i])} when the DistributedOptimizer was built (its store "
+            f"{tuple(bucket.shapes[j])} when the DistributedOptimizer was built (its store "
             "buckets have that size). Build a new DistributedOptimizer (with a new "
             "prefix=) after changing the model.", key=self.names[i], shape=tuple(p.shape))
 
@@ -189,22 +189,24 @@ class Synchronizer:
         """Copy the members' gradients into the bucket (zeros for a member without one:
         every worker pushes every key in every sync round), divided by the divisor.
 
-        Checks every member's shape against the one at construction first.
+        Checks every member's shape against the one at construction first (and the
+        shape of each gradient it copies).
         """
         params = bucket.member_params
-        if self.grad_views and all(map(operator.is_, [p.grad for p in params], bucket.grads)) \
-                and [p.shape for p in params] == bucket.shapes:
+        shapes = [p.shape for p in params]
+        if shapes != bucket.shapes:
+            raise self._shape_error(bucket, next(
+                j for j, (now, had) in enumerate(zip(shapes, bucket.shapes)) if now != had))
+        if self.grad_views and all(map(operator.is_, [p.grad for p in params], bucket.grads)):
             # gradient_as_bucket_view, accumulated in place: every gradient is in the bucket
             self._divide(bucket)
             return
         strided = import_torch().strided
         dsts, srcs = [], []
         for j, i in enumerate(bucket.members):
-            p = self.params[i]
-            grad = p.grad
-            shape = self.shapes[i]
-            if p.shape != shape or (grad is not None and grad.shape != shape):
-                raise self._shape_error(i)
+            grad = params[j].grad
+            if grad is not None and grad.shape != bucket.shapes[j]:
+                raise self._shape_error(bucket, j)
             if grad is None:
                 bucket.grads[j].zero_()
                 continue
