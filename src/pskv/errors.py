@@ -18,6 +18,7 @@ __all__ = [
     "ClusterTimeoutError",
     "CommandError",
     "ConfigError",
+    "DeviceError",
     "KVStoreError",
     "KeyAlreadyInitializedError",
     "KeyNotInitializedError",
@@ -124,6 +125,22 @@ class ValueTypeError(KVStoreError, TypeError):
 
     .. versionadded:: 0.1
     """
+
+
+class DeviceError(ValueTypeError):
+    """An array lives on a device this process cannot read or write for the store: a CUDA
+    device it cannot reach, a device other than CUDA, CUDA memory without PyTorch installed,
+    or an out that cannot be written (a JAX array). ``device`` names the device
+    (``'cuda:1'``); docs/gpu.md lists each case and its fix.
+
+    .. versionadded:: 0.5
+    """
+
+    def __init__(self, message: str, *, key: object = None, shape: object = None,
+                 store_type: str | None = None, device: str | None = None) -> None:
+        super().__init__(message, key=key, shape=shape, store_type=store_type)
+        #: the device the array is on, e.g. ``'cuda:1'``
+        self.device = device
 
 
 class TableIdError(ValueTypeError):

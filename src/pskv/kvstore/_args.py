@@ -10,10 +10,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import KeyTypeError, ShapeMismatchError, UnsupportedError, ValueTypeError
+from ..errors import DeviceError, KeyTypeError, ShapeMismatchError, UnsupportedError, ValueTypeError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from ..table import TableSpec
+from ._device_io import device_of, read_ids, to_device
 
 __all__ = ["as_numpy", "check_key", "dtype_hint", "is_array", "normalize", "tensor_maker"]
 
@@ -52,24 +53,32 @@ def as_numpy(obj: Any) -> np.ndarray:
 
 
 def _check_host(obj: Any) -> None:
-    """Raise ValueTypeError for an array in device memory (a CUDA or meta torch tensor)."""
+    """Raise DeviceError for an array in device memory that reached a host-only argument
+    (a table key's IDs or rows; a meta tensor anywhere)."""
     device = getattr(obj, "device", None)
     kind = getattr(device, "type", device)
+    dev = device_of(obj)
+    if dev is not None:
+        device, kind = f"{'cuda' if dev[0] == 2 else f'device type {dev[0]}'}:{dev[1]}", ""
     if isinstance(kind, str) and kind != "cpu":
-        raise ValueTypeError(
-            f"got a {type(obj).__name__} on device {device!s}; pskv stores hold host memory. "
-            "Pass CPU arrays (tensor.cpu()), and copy the result back to the device.")
+        raise DeviceError(
+            f"got a {type(obj).__name__} on device {device!s} where pskv reads host memory "
+            "only (docs/gpu.md lists the arguments that take CUDA arrays). Pass a CPU array "
+            "here (tensor.cpu()).", device=str(device))
 
 
 def tensor_maker(value: Any) -> Callable[[np.ndarray], Any] | None:
     """``torch.from_numpy`` if ``value`` is a torch tensor, else None.
 
     A key initialized with a torch tensor keeps it as the prototype of what
-    ``pull(key)`` (``out=None``) returns: a tensor sharing the new NumPy array's memory.
+    ``pull(key)`` (``out=None``) returns: a tensor sharing the new NumPy array's memory
+    (for a CUDA tensor, a new tensor on its device).
     """
     if type(value).__module__.partition(".")[0] != "torch":
         return None
     import torch  # already imported: value is one of its tensors
+    if value.is_cuda:        # a new tensor on the init value's device
+        return to_device(value.device)
     return torch.from_numpy
 
 
@@ -178,7 +187,7 @@ def row_ids_by_key(key: Any, keys: list[int | str], groups: list[list[Any]],
     ``row_ids`` is one array for every out, or one per out (as the outs are given).
     """
     def clean(r: Any) -> np.ndarray:
-        arr = as_numpy(r)
+        arr = as_numpy(r) if device_of(r) is None else read_ids(key, r)
         if arr.dtype.kind not in "iuf" and arr.size:
             raise ValueTypeError(f"row_sparse_pull of key {key!r}: row_ids of dtype "
                                  f"{arr.dtype} are not numbers. Pass integer row numbers.",

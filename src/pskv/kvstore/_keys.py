@@ -62,8 +62,12 @@ class KeyTable:
         self._warned: set[Key] = set()
 
     # ---- records -----------------------------------------------------------------------
-    def make(self, key: Key, value: Any) -> KeyRecord:
-        """A record of ``key`` initialized with ``value`` (validated), not yet added."""
+    def make(self, key: Key, value: Any, given: Any = None) -> KeyRecord:
+        """A record of ``key`` initialized with ``value`` (validated), not yet added.
+
+        ``given``: what the caller passed, when ``value`` is its host copy (a CUDA
+        tensor's): ``pull(key)`` then makes tensors on that device.
+        """
         sparse = isinstance(value, RowSparseNDArray)
         arr = value if isinstance(value, NDArray) else as_numpy(value)
         if sparse:
@@ -71,7 +75,7 @@ class KeyTable:
         elif isinstance(value, NDArray):
             proto = type(value)
         else:
-            proto = tensor_maker(value) or np.ndarray
+            proto = tensor_maker(value if given is None else given) or np.ndarray
         ctx = value.context if isinstance(value, NDArray) else None
         return KeyRecord(key, -1, tuple(arr.shape), np.dtype(arr.dtype), sparse, ctx, proto)
 

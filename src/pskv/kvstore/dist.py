@@ -41,6 +41,7 @@ from ._collective import Choice, CollectiveMethods
 from ._dist_checkpoints import CheckpointMethods
 from ._dist_tables import DistTables, init_table
 from ._datapath import DataPath
+from ._device_io import DeviceIO, Staged, has_device
 from ._held import HeldPush
 from ._keys import KeyRecord, KeyTable
 from ._reduce import Reducer
@@ -104,6 +105,8 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
             self._zctx.close()
             raise
         self._loads = [0] * self._po.num_servers
+        #: CUDA values and outs: read into, and written from, pinned buffers (docs/gpu.md)
+        self._device = DeviceIO(name)
         self._path = DataPath(self._store, self._kv, self._reducer, self._wait_all)
         #: table keys (docs/embeddings.md): rows on the servers, by a hash of the ID
         self._tables = DistTables(name, self._kv, self._po.num_servers, self._wait_all)
@@ -205,6 +208,14 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
                         "but a table key stays on the servers. Call "
                         f"set_collective({k!r}, False) first.", key=k, store_type=self._type)
             return init_table(self, key, value)
+        staged: list[Staged] = []
+        try:
+            self._init_keys(key, value, staged)
+        finally:
+            for st in staged:        # rank 0 has sent the values: the buffers are free
+                st.release()
+
+    def _init_keys(self, key: KeyArg, value: ValueArg, staged: list[Staged]) -> None:
         with self._collective_lock, self._lock:
             self._begin()
             self._tables.taken(key)
@@ -213,7 +224,10 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
             specs = None
             error: KVStoreError | None = None
             try:
-                keys, groups = normalize(key, value)
+                keys, given = normalize(key, value)
+                groups, held = self._device.values(keys, given, self._store)
+                if held is not None:
+                    staged.append(held)
                 self._keys.validate_init(keys, groups)
                 self._check_bounds(keys, groups, "init")
                 specs = [init_spec(k, vals[0], self._by_pskey) for k, vals in zip(keys, groups)]
@@ -228,8 +242,8 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
                     raise error
                 assert specs is not None
                 for i in sorted(range(len(keys)), key=lambda i: specs[i][0]):
-                    self._by_pskey[self._keys.add(self._place(keys[i], groups[i][0])).pskey] \
-                        = keys[i]
+                    self._by_pskey[self._keys.add(self._place(
+                        keys[i], groups[i][0], given[i][0])).pskey] = keys[i]
                 return
             extra: dict[str, Any] = {}
             if coll:
@@ -245,7 +259,7 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
             check_agreement(payloads, specs, self.rank)
             self._check_collective_agreement(payloads, coll)
             order = sorted(range(len(keys)), key=lambda i: specs[i][0])
-            recs = {keys[i]: self._place(keys[i], groups[i][0]) for i in order}
+            recs = {keys[i]: self._place(keys[i], groups[i][0], given[i][0]) for i in order}
             if self.rank == 0:
                 self._send_init(keys, groups, recs)
             if coll:
@@ -290,9 +304,10 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
                 store_type=self._type)
         return payloads
 
-    def _place(self, key: Key, value: Any) -> KeyRecord:
-        """``key``'s record, with its ps_key and segments (not added yet)."""
-        rec = self._keys.make(key, value)
+    def _place(self, key: Key, value: Any, given: Any = None) -> KeyRecord:
+        """``key``'s record, with its ps_key and segments (not added yet); ``given``: the
+        caller's value when ``value`` is its host copy."""
+        rec = self._keys.make(key, value, given)
         size, dtype, shape = rec.size, rec.dtype, rec.shape
         if rec.sparse:
             row = size // shape[0] if shape[0] else 0
@@ -336,11 +351,19 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
                 self._tables.push(key, value, None)
             else:
                 keys, groups = normalize(key, value)
-                self._check_bounds(keys, groups, "push")
-                self._keys.validate_push(keys, groups, self._path.compressor is not None)
-                self._push_validated(keys, groups)
+                if has_device(groups):
+                    self._device.run(keys, groups, None, None, self._store,
+                                     lambda g, _: self._push_checked(keys, g),
+                                     self._path.compressor is not None)
+                else:
+                    self._push_checked(keys, groups)
             if self._stale is not None:
                 self._stale.pushed()
+
+    def _push_checked(self, keys: list[Key], groups: list[list[Any]]) -> None:
+        self._check_bounds(keys, groups, "push")
+        self._keys.validate_push(keys, groups, self._path.compressor is not None)
+        self._push_validated(keys, groups)
 
     def _first_push(self) -> None:
         """Before worker 0's first push, with periodic checkpoints: the initial values as
@@ -451,10 +474,17 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
             if out is None:
                 return self._pull_new(key)
             keys, groups = normalize(key, out, "out")
-            self._check_bounds(keys, groups, "pull")
-            self._keys.validate_pull(keys, groups)
-            self._pull_validated(keys, groups, ignore_sparse)
+            if has_device(groups):
+                return self._device.run(None, None, keys, groups, self._store,
+                                        lambda _, o: self._pull_checked(keys, o, ignore_sparse))
+            self._pull_checked(keys, groups, ignore_sparse)
             return None
+
+    def _pull_checked(self, keys: list[Key], groups: list[list[Any]],
+                      ignore_sparse: bool) -> None:
+        self._check_bounds(keys, groups, "pull")
+        self._keys.validate_pull(keys, groups)
+        self._pull_validated(keys, groups, ignore_sparse)
 
     def pushpull(self, key: KeyArg, value: ValueArg, out: OutArg | None = None,
                  priority: int = 0) -> None:
@@ -465,28 +495,39 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
                 self._tables.refuse(key, "pushpull")
             keys, groups = normalize(key, value)
             okeys, ogroups = normalize(key, value if out is None else out, "out")
-            self._keys.validate_push(keys, groups, self._path.compressor is not None)
-            self._keys.validate_pull(okeys, ogroups)
-            self._check_bounds(keys, groups, "pushpull")
-            self._first_push()
-            if self._coll is not None and any(self._store[k].collective for k in keys):
-                # the collective keys' pushes are written when this returns: then the pull
-                # may land in the values (out=None)
-                self._push_validated(keys, groups)
-                self._pull_validated(okeys, ogroups, True)
-                return
-            if self._stale is not None:
-                # a push call, then a bounded read: apart, so that the servers see the
-                # clock before the read (the global bound) and the read may flush (K)
-                self._path.send(self._path.items(keys, groups))
-                self._stale.pushed()
-                self._stale.before_read()
-                return self._pull_validated(okeys, ogroups, True)
-            items = self._path.items(keys, groups)
-            # with out=None the reply overwrites the values: after they were sent
-            targets = self._path.targets(okeys, ogroups) if out is not None else {}
-            fetched = self._path.fetch(keys, Command.PUSHPULL, items, targets)
-            self._pull_validated(okeys, ogroups, True, fetched)
+            if has_device(groups) or has_device(ogroups):
+                # the outs are pinned buffers, never the values: the reply may land there
+                return self._device.run(
+                    keys, groups, okeys, ogroups, self._store,
+                    lambda g, o: self._pushpull_checked(keys, g, okeys, o, True),
+                    self._path.compressor is not None)
+            self._pushpull_checked(keys, groups, okeys, ogroups, out is not None)
+
+    def _pushpull_checked(self, keys: list[Key], groups: list[list[Any]], okeys: list[Key],
+                          ogroups: list[list[Any]], apart: bool) -> None:
+        """``apart``: the outs are not the values (the reply may be read into them)."""
+        self._keys.validate_push(keys, groups, self._path.compressor is not None)
+        self._keys.validate_pull(okeys, ogroups)
+        self._check_bounds(keys, groups, "pushpull")
+        self._first_push()
+        if self._coll is not None and any(self._store[k].collective for k in keys):
+            # the collective keys' pushes are written when this returns: then the pull
+            # may land in the values (out=None)
+            self._push_validated(keys, groups)
+            self._pull_validated(okeys, ogroups, True)
+            return
+        if self._stale is not None:
+            # a push call, then a bounded read: apart, so that the servers see the
+            # clock before the read (the global bound) and the read may flush (K)
+            self._path.send(self._path.items(keys, groups))
+            self._stale.pushed()
+            self._stale.before_read()
+            return self._pull_validated(okeys, ogroups, True)
+        items = self._path.items(keys, groups)
+        # with out=None the reply overwrites the values: after they were sent
+        targets = self._path.targets(okeys, ogroups) if apart else {}
+        fetched = self._path.fetch(keys, Command.PUSHPULL, items, targets)
+        self._pull_validated(okeys, ogroups, True, fetched)
 
     def broadcast(self, key: KeyArg, value: ValueArg, out: OutArg, priority: int = 0) -> None:
         """Initialize with rank 0's ``value`` and pull it into ``out`` on every worker."""
@@ -634,6 +675,7 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
                 self._kv.close()
                 self._zctx.close()
                 self._reducer.close()
+                self._device.close()
 
     def is_capable(self, capability: str) -> bool:
         """Whether the store supports ``capability``; ``'optimizer'`` is supported."""

@@ -25,6 +25,7 @@ from ..nd.sparse import RowSparseNDArray
 from ..table import TableSpec
 from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
 from ._args import as_numpy, dense_data, normalize, row_ids_by_key
+from ._device_io import DeviceIO, has_device
 from ._engine import Engine
 from ._keys import KeyTable
 from ._snapshot import Reader, check_keys, write_manifest, write_shard
@@ -62,6 +63,8 @@ class LocalKVStore(TableMethods, KVStoreBase):
         self._store: dict[Key, NDArray] = self._engine.stored
         self._reducer = Reducer()     # PSKV_REDUCE_THREADS, read by the config module
         self._devices = DeviceMerge(self._reducer)
+        #: CUDA values and outs: read into, and written from, pinned buffers (docs/gpu.md)
+        self._device = DeviceIO(name)
         self._lock = threading.RLock()
         self._tables = Tables(name)          # table keys (docs/embeddings.md)
         #: the staleness bounds set (PSKV_STALENESS / PSKV_GLOBAL_STALENESS by default):
@@ -106,12 +109,19 @@ class LocalKVStore(TableMethods, KVStoreBase):
                 return self._tables.init(key, value, self._keys)
             self._tables.taken(key)
             keys, groups = normalize(key, value)
-            self._keys.validate_init(keys, groups)
-            for k, vals in zip(keys, groups):
-                self._init_one(k, vals[0])
+            if has_device(groups):
+                return self._device.run(keys, groups, None, None, self._keys.records,
+                                        lambda g, _: self._init_checked(keys, g, groups))
+            self._init_checked(keys, groups, groups)
 
-    def _init_one(self, key: Key, value: Any) -> None:
-        self._keys.add(self._keys.make(key, value))
+    def _init_checked(self, keys: list[Key], groups: list[list[Any]],
+                      given: list[list[Any]]) -> None:
+        self._keys.validate_init(keys, groups)
+        for k, vals, orig in zip(keys, groups, given):
+            self._init_one(k, vals[0], orig[0])
+
+    def _init_one(self, key: Key, value: Any, given: Any = None) -> None:
+        self._keys.add(self._keys.make(key, value, given))
         sparse = isinstance(value, RowSparseNDArray)
         data = value._dense() if isinstance(value, NDArray) else as_numpy(value)
         self._engine.init(key, data, sparse, ctx=value.context if isinstance(value, NDArray)
@@ -148,8 +158,15 @@ class LocalKVStore(TableMethods, KVStoreBase):
             if self._tables.owns(key):
                 return self._tables.push(key, value, self._engine.updater)
             keys, groups = normalize(key, value)
-            self._keys.validate_push(keys, groups, self._devices.compressor is not None)
-            self._push_validated(keys, groups)
+            squeeze = self._devices.compressor is not None
+            if has_device(groups):
+                return self._device.run(keys, groups, None, None, self._keys.records,
+                                        lambda g, _: self._push_checked(keys, g), squeeze)
+            self._push_checked(keys, groups)
+
+    def _push_checked(self, keys: list[Key], groups: list[list[Any]]) -> None:
+        self._keys.validate_push(keys, groups, self._devices.compressor is not None)
+        self._push_validated(keys, groups)
 
     def _fast_push(self, key: Any, value: Any) -> bool:
         """One key, one dense array of the stored shape and dtype, assign: copy it in.
@@ -237,9 +254,16 @@ class LocalKVStore(TableMethods, KVStoreBase):
             if out is None:
                 return self._pull_new(key)
             keys, groups = normalize(key, out, "out")
-            self._keys.validate_pull(keys, groups)
-            self._pull_validated(keys, groups, ignore_sparse)
+            if has_device(groups):
+                return self._device.run(None, None, keys, groups, self._keys.records,
+                                        lambda _, o: self._pull_checked(keys, o, ignore_sparse))
+            self._pull_checked(keys, groups, ignore_sparse)
             return None
+
+    def _pull_checked(self, keys: list[Key], groups: list[list[Any]],
+                      ignore_sparse: bool) -> None:
+        self._keys.validate_pull(keys, groups)
+        self._pull_validated(keys, groups, ignore_sparse)
 
     def _pull_validated(self, keys: list[Key], groups: list[list[Any]],
                         ignore_sparse: bool) -> None:
@@ -289,10 +313,18 @@ class LocalKVStore(TableMethods, KVStoreBase):
                 self._tables.refuse(key, "pushpull")
             keys, groups = normalize(key, value)
             okeys, ogroups = normalize(key, value if out is None else out, "out")
-            self._keys.validate_push(keys, groups, self._devices.compressor is not None)
-            self._keys.validate_pull(okeys, ogroups)
-            self._push_validated(keys, groups)
-            self._pull_validated(okeys, ogroups, True)
+            if has_device(groups) or has_device(ogroups):
+                return self._device.run(keys, groups, okeys, ogroups, self._keys.records,
+                                        lambda g, o: self._pushpull_checked(keys, g, okeys, o),
+                                        self._devices.compressor is not None)
+            self._pushpull_checked(keys, groups, okeys, ogroups)
+
+    def _pushpull_checked(self, keys: list[Key], groups: list[list[Any]], okeys: list[Key],
+                          ogroups: list[list[Any]]) -> None:
+        self._keys.validate_push(keys, groups, self._devices.compressor is not None)
+        self._keys.validate_pull(okeys, ogroups)
+        self._push_validated(keys, groups)
+        self._pull_validated(okeys, ogroups, True)
 
     def broadcast(self, key: KeyArg, value: ValueArg, out: OutArg, priority: int = 0) -> None:
         """Initialize ``key`` with ``value`` and pull it into ``out``.
@@ -311,10 +343,16 @@ class LocalKVStore(TableMethods, KVStoreBase):
             self._tables.taken(key)
             keys, groups = normalize(key, value)
             okeys, ogroups = normalize(key, out, "out")
-            self._keys.validate_broadcast(key, keys, groups, okeys, ogroups)
-            for k, vals in zip(keys, groups):
-                self._init_one(k, vals[0])
-            self._pull_validated(okeys, ogroups, True)
+
+            def checked(g: list[list[Any]], o: list[list[Any]]) -> None:
+                self._keys.validate_broadcast(key, keys, g, okeys, o)
+                for k, vals, orig in zip(keys, g, groups):
+                    self._init_one(k, vals[0], orig[0])
+                self._pull_validated(okeys, o, True)
+            if has_device(groups) or has_device(ogroups):
+                return self._device.run(keys, groups, okeys, ogroups, self._keys.records,
+                                        checked)
+            checked(groups, ogroups)
 
     def row_sparse_pull(self, key: KeyArg, out: OutArg | None = None, priority: int = 0,
                         row_ids: Any = None) -> None:
@@ -570,6 +608,7 @@ class LocalKVStore(TableMethods, KVStoreBase):
         with self._lock:
             self._keys.closed = True
             self._reducer.close()
+            self._device.close()
 
     def __repr__(self) -> str:
         return f"<LocalKVStore type={self._type!r} keys={len(self._store)}>"
