@@ -1,8 +1,8 @@
 """Shared fixtures and markers.
 
 * Every test starts with no DMLC_*, PSKV_* or MXNET_* variables set (``clean_environ``).
-* Markers follow folders: every test under tests/dist is marked ``dist`` and every test under
-  tests/mxnet ``mxnet``. The few tests in tests/unit that open a socket or start a process
+* Markers follow folders: every test under tests/dist is marked ``dist``, every test under
+  tests/mxnet ``mxnet``, and every test under tests/gpu ``gpu`` and ``dist``. The few tests in tests/unit that open a socket or start a process
   are listed in ``DIST_IN_UNIT`` (docstring examples in ``DIST_DOCTESTS``) and marked
   ``dist`` too, so ``pytest -m "not dist"`` is the fast, in-process suite.
 * A test in tests/unit that is not marked ``dist`` may not open a socket: it fails, saying to
@@ -27,13 +27,14 @@ TESTS = Path(__file__).resolve().parent
 #: folder under tests/ -> the markers each of its tests gets
 FOLDER_MARKERS = {"dist": ("dist",), "mxnet": ("mxnet",), "multihost": ("multihost", "dist"),
                   "adversarial": ("adversarial", "dist"),
-                  "durability": ("dist",)}
+                  "durability": ("dist",), "gpu": ("gpu", "dist")}
 
 #: tests in tests/unit that open a socket or start a process ("file::test", without
 #: parameters); they are marked ``dist``
 DIST_IN_UNIT = frozenset({
     # bench_embeddings --quick --dist in a child python: a local case and one pskv job
     "test_bench_embeddings.py::test_quick_run_writes_the_partial_results",
+    "test_device_io.py::test_dist_store_refuses_on_every_call",  # an inproc cluster
     "test_durability_units.py::test_supervisor_restarts_a_dead_worker_with_its_rank",
     "test_launch_argv.py::test_build_processes_local_shares_port_and_secret",  # free port
     "test_launch_argv.py::test_free_port_is_bindable",

@@ -94,6 +94,11 @@ def _torch(key: Any, obj: Any, dev: tuple[int, int], what: str) -> Any:
 def _as_tensor(key: Any, obj: Any, dev: tuple[int, int], what: str) -> Any:
     """``obj`` as a CUDA torch tensor sharing its memory, checked; else DeviceError."""
     name = _name(dev)
+    if what == "out" and type(obj).__module__.partition(".")[0] in ("jax", "jaxlib"):
+        raise DeviceError(
+            f"the out for key {key!r} is a JAX array ({name}), and JAX arrays cannot be "
+            "written in place. Pull into a torch tensor or CuPy array, then "
+            "jax.numpy.asarray(...) it (or pull with out=None).", key=key, device=name)
     if dev[0] != _CUDA:
         raise DeviceError(
             f"the {what} for key {key!r} is in {name} memory; pskv stores read host and CUDA "
@@ -110,11 +115,6 @@ def _as_tensor(key: Any, obj: Any, dev: tuple[int, int], what: str) -> Any:
     if isinstance(obj, th.Tensor):
         tensor = obj.detach()
     else:
-        if what == "out" and type(obj).__module__.partition(".")[0] in ("jax", "jaxlib"):
-            raise DeviceError(
-                f"the out for key {key!r} is a JAX array ({name}), and JAX arrays cannot be "
-                "written in place. Pull into a torch tensor or CuPy array, then "
-                "jax.numpy.asarray(...) it (or pull with out=None).", key=key, device=name)
         try:
             tensor = th.from_dlpack(obj)      # the producer's stream joins ours (DLPack)
         except (TypeError, ValueError, RuntimeError, BufferError) as err:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..errors import ConfigError, KeyAlreadyInitializedError, ValueTypeError
+from ..errors import ConfigError, DeviceError, KeyAlreadyInitializedError, ValueTypeError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["broadcast_optimizer_state", "broadcast_parameters", "import_torch", "init_keys",
-           "named_tensors"]
+__all__ = ["broadcast_optimizer_state", "broadcast_parameters", "check_one_device",
+           "import_torch", "init_keys", "named_tensors"]
 
 
 def import_torch() -> Any:
@@ -27,7 +27,7 @@ def import_torch() -> Any:
 
 def named_tensors(params: Any, what: str) -> list[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` pairs from a state_dict, named_parameters() or a list of pairs;
-    names unique, tensors on the CPU."""
+    names unique, tensors on the CPU or a CUDA device."""
     th = import_torch()
     items = list(params.items()) if isinstance(params, Mapping) else list(params)
     out: list[tuple[str, torch.Tensor]] = []
@@ -42,16 +42,33 @@ def named_tensors(params: Any, what: str) -> list[tuple[str, torch.Tensor]]:
         if not isinstance(tensor, th.Tensor):
             raise ValueTypeError(f"{what}: entry {name!r} is a {type(tensor).__name__}, not "
                                  "a torch tensor. Leave it out.", key=name)
-        if tensor.device.type != "cpu":
-            raise ValueTypeError(
-                f"{what}: tensor {name!r} is on device {tensor.device}; pskv stores hold host "
-                "memory. Keep the model on the CPU.", key=name)
+        if tensor.device.type not in ("cpu", "cuda"):
+            raise DeviceError(
+                f"{what}: tensor {name!r} is on device {tensor.device}; pskv stores read host "
+                "and CUDA memory only. Move the model to the CPU or a CUDA device.",
+                key=name, device=str(tensor.device))
         if name in seen:
             raise ValueTypeError(f"{what}: the name {name!r} appears twice. Names must be "
                                  "unique.", key=name)
         seen.add(name)
         out.append((name, tensor))
     return out
+
+
+def check_one_device(named: list[tuple[str, torch.Tensor]], what: str) -> None:
+    """Every tensor of ``named`` is on the first one's device, or DeviceError naming the
+    first that is not (a bucket is one flat tensor on one device)."""
+    if not named:
+        return
+    first, device = named[0][0], named[0][1].device
+    for name, tensor in named:
+        if tensor.device != device:
+            raise DeviceError(
+                f"{what}: parameter {name!r} is on {tensor.device}, but {first!r} is on "
+                f"{device}; a bucket holds its parameters in one flat tensor on one device. "
+                f"Move the whole model to one device (model.to({str(device)!r})), or wrap "
+                "the parameters of each device in a DistributedOptimizer of its own (with "
+                "its own prefix=).", key=name, device=str(tensor.device))
 
 
 def _check_root(kv: Any, root_rank: int) -> None:
@@ -113,7 +130,9 @@ def broadcast_parameters(params: Any, kv: Any, root_rank: int = 0, prefix: str =
     Raises
     ------
     ValueTypeError
-        For an entry that is not a CPU tensor, or a repeated name.
+        For an entry that is not a torch tensor, or a repeated name.
+    DeviceError
+        For a tensor neither on the CPU nor on a CUDA device this process reaches.
     ConfigError
         For a ``root_rank`` that is not a worker's rank.
     KeyAlreadyInitializedError

@@ -44,6 +44,8 @@ class Bucket:
     shapes: list[Any] = field(default_factory=list)       # their shapes at construction
     waiting: int = 0              # members whose gradient is not final yet in this step
     future: Any = None            # the pushpull in flight (concurrent.futures.Future)
+    ready: Any = None             # CUDA: event after the fill, on the filling thread's stream
+    landed: Any = None            # CUDA: event after the pushpull's copies into the bucket
 
     def view(self, j: int, buf: torch.Tensor | None = None) -> torch.Tensor:
         """Member ``j``'s slice of ``flat`` (or of ``buf``), flat."""

@@ -11,7 +11,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..errors import ConfigError, UnsupportedError, ValueTypeError
-from ._broadcast import import_torch, init_keys, named_tensors
+from ._broadcast import check_one_device, import_torch, init_keys, named_tensors
 from ._buckets import DEFAULT_BUCKET_CAP_MB, bucket_cap_bytes, check_same_layout
 from ._sparse import SparseParams, check_sparse_names
 from ._sync import HOOK_ATTR, Synchronizer, copy_all
@@ -50,7 +50,8 @@ class _Buffers:
         for _, t in named:
             by_dtype.setdefault(t.dtype, []).append(t)
         for n, (dtype, tensors) in enumerate(by_dtype.items()):
-            flat = th.zeros(sum(t.numel() for t in tensors), dtype=dtype)
+            flat = th.zeros(sum(t.numel() for t in tensors), dtype=dtype,
+                            device=tensors[0].device)
             views, offset = [], 0
             for t in tensors:
                 views.append(flat[offset:offset + t.numel()].view(t.shape))
@@ -264,10 +265,14 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
         ``backward_passes_per_step`` below 1, ``update_on_kvstore`` and ``kv_optimizer``
         that do not fit together, or parameters that another DistributedOptimizer hooks.
     UnsupportedError
-        For buffers to broadcast with ``update_on_kvstore=True``, or ``sparse_params`` with
-        ``update_on_kvstore=True`` on more than one worker.
+        For buffers to broadcast with ``update_on_kvstore=True``, ``sparse_params`` with
+        ``update_on_kvstore=True`` on more than one worker, or ``sparse_params`` of a
+        model on a CUDA device.
     ValueTypeError
-        For parameters that are not CPU tensors, or repeated names.
+        For parameters that are not torch tensors, or repeated names.
+    DeviceError
+        For parameters (or buffers) on different devices, naming the first that differs,
+        or on a device other than the CPU and CUDA.
     ShapeMismatchError
         If the workers' parameters differ (raised on every worker, naming the parameter);
         from ``backward`` or ``step()``, if a parameter changed shape since.
@@ -315,8 +320,16 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
             "broadcast_buffers with update_on_kvstore=True: the store's optimizer would "
             "update the buffer keys too. Pass broadcast_buffers=False (each worker keeps its "
             "own buffers, as MXNet does), or use update_on_kvstore=False.")
+    check_one_device(named + buffers, "DistributedOptimizer")
     all_names, all_params = [n for n, _ in named], [p for _, p in named]
     sparse_at = check_sparse_names(sparse_params, all_names, all_params)
+    if sparse_at and all_params[0].is_cuda:
+        raise UnsupportedError(
+            f"sparse_params with a model on {all_params[0].device}: parameter "
+            f"{all_names[sorted(sparse_at)[0]]!r} would travel as row_sparse rows, which "
+            "pskv reads from host memory only. Pass sparse_as_dense=True (and no "
+            "sparse_params), or keep the model on the CPU.",
+            key=all_names[sorted(sparse_at)[0]])
     names = [n for i, n in enumerate(all_names) if i not in sparse_at]
     params = [p for i, p in enumerate(all_params) if i not in sparse_at]
     sparse = SparseParams(kv, [all_names[i] for i in sparse_at],

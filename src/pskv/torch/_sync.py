@@ -45,6 +45,14 @@ def copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
         d.copy_(src)
 
 
+def _recorded(device: Any) -> Any:
+    """A CUDA event recorded now on ``device``'s current stream (of this thread)."""
+    th = import_torch()
+    event = th.cuda.Event()
+    event.record(th.cuda.current_stream(device))
+    return event
+
+
 class Synchronizer:
     """What a DistributedOptimizer adds to its torch optimizer: buckets, hooks and a thread.
 
@@ -84,7 +92,8 @@ class Synchronizer:
         for b, members in enumerate(assign_buckets(params, cap_bytes)):
             numels = [params[i].numel() for i in members]
             offsets = [sum(numels[:j]) for j in range(len(numels))]
-            flat = th.zeros(sum(numels), dtype=params[members[0]].dtype)
+            flat = th.zeros(sum(numels), dtype=params[members[0]].dtype,
+                            device=params[members[0]].device)
             bucket = Bucket(b, f"{prefix}bucket.{b}", members, offsets, numels, flat,
                             flat.clone() if update_on_kvstore else None)
             bucket.grads = [bucket.view(j).view(params[i].shape) for j, i in enumerate(members)]
@@ -236,6 +245,10 @@ class Synchronizer:
             with_buffers = self.buffers is not None and bucket.index == last
             if with_buffers:
                 self.buffers.fill()       # after forward: this step's running statistics
+            if bucket.flat.is_cuda:
+                # the pushpull may run on the communication thread, whose current stream
+                # is not this one: it waits for this event before reading the bucket
+                bucket.ready = _recorded(bucket.flat.device)
             if self.executor is None:
                 self._pushpull(bucket, with_buffers)
             elif bucket.index == last and self._idle():
@@ -258,6 +271,13 @@ class Synchronizer:
         return all(b.future is None or b.future.done() for b in self.buckets[:self.next_send])
 
     def _pushpull(self, bucket: Bucket, with_buffers: bool = False) -> None:
+        if bucket.ready is not None:
+            import_torch().cuda.current_stream(bucket.flat.device).wait_event(bucket.ready)
+        self._pushpull_ordered(bucket, with_buffers)
+        if bucket.ready is not None:     # step() waits for the copies into the bucket
+            bucket.landed = _recorded(bucket.flat.device)
+
+    def _pushpull_ordered(self, bucket: Bucket, with_buffers: bool) -> None:
         keys: list[str] = [bucket.key]
         values = [bucket.flat]
         if with_buffers:       # one message: the buffers ride with the last bucket
@@ -284,6 +304,8 @@ class Synchronizer:
             for bucket in self.buckets:
                 if bucket.future is not None:
                     bucket.future.result()
+                if bucket.landed is not None:
+                    th.cuda.current_stream(bucket.flat.device).wait_event(bucket.landed)
             if not self.buckets and self.buffers is not None:
                 self.buffers.fill()
                 self.kv.pushpull(self.buffers.keys, self.buffers.flats)
@@ -323,6 +345,7 @@ class Synchronizer:
                     bucket.future.cancel()
                 bucket.waiting = len(bucket.members)
                 bucket.future = None
+                bucket.ready = bucket.landed = None
             self.next_send = 0
             self.countdown = [self.passes] * len(self.params)
 
