@@ -35,6 +35,7 @@ DIST_IN_UNIT = frozenset({
     # bench_embeddings --quick --dist in a child python: a local case and one pskv job
     "test_bench_embeddings.py::test_quick_run_writes_the_partial_results",
     "test_device_io.py::test_dist_store_refuses_on_every_call",  # an inproc cluster
+    "test_device_io_simulated.py::test_dist_scenario_matches_the_host_path",  # likewise
     "test_durability_units.py::test_supervisor_restarts_a_dead_worker_with_its_rank",
     "test_launch_argv.py::test_build_processes_local_shares_port_and_secret",  # free port
     "test_launch_argv.py::test_free_port_is_bindable",

@@ -2,6 +2,7 @@
 
     pskv-launch -n 2 -s 1 python -m pskv.examples.train_torch --kv-store dist_sync
     python -m pskv.examples.train_torch                      # one process, a local store
+    python -m pskv.examples.train_torch --device cuda        # the model on the GPU
 
 Each worker trains on its own shard of the training set, ``--batch-size`` samples per
 step. ``broadcast_parameters`` makes every worker start from rank 0's weights;
@@ -41,7 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
         epochs=10, batch_size=32, lr=0.1, update_on_kvstore=0)
     p.add_argument("--momentum", type=_cli.nonnegative_float, default=0.9,
                    help="SGD momentum (default: 0.9)")
+    p.add_argument("--device", type=_device, default="cpu",
+                   help="where the model and the data live: cpu, cuda or cuda:N; the store "
+                        "copies gradients through pinned host buffers (docs/gpu.md) "
+                        "(default: cpu)")
     return p
+
+
+def _device(text: str) -> str:
+    """``--device``: cpu, cuda or cuda:N."""
+    kind, _, index = text.partition(":")
+    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
+        raise argparse.ArgumentTypeError(f"{text!r} is not cpu, cuda or cuda:N")
+    return text
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -88,9 +101,11 @@ def train(args: argparse.Namespace, kv: Any,
     start = time.perf_counter()
     rank, num_workers = kv.rank, kv.num_workers
     d = _data(rank, num_workers, args.seed)
+    if args.device != "cpu":
+        d = {k: v.to(args.device) for k, v in d.items()}
     torch.manual_seed(args.seed + rank + 1)    # different on each worker: broadcast fixes it
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 10))
+                                torch.nn.Linear(64, 10)).to(args.device)
     pt.broadcast_parameters(model.state_dict(), kv)
     opt: Any        # the torch optimizer's class plus DistributedOptimizer's methods
     if args.update_on_kvstore:
@@ -109,7 +124,7 @@ def train(args: argparse.Namespace, kv: Any,
     for epoch in range(args.epochs):
         if args.max_steps is not None and result.steps >= args.max_steps:
             break
-        order = torch.randperm(len(x), generator=gen)
+        order = torch.randperm(len(x), generator=gen).to(args.device)
         starts = list(range(0, len(x) - bs + 1, bs))   # whole batches: every worker steps
         if args.max_steps is not None:
             starts = starts[:args.max_steps - result.steps]
@@ -142,7 +157,7 @@ def train(args: argparse.Namespace, kv: Any,
         result.train_seconds += seconds
         if on_epoch is not None:
             on_epoch(stats)
-    result.weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    result.weights = {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
     result.seconds = time.perf_counter() - start
     return result
 
@@ -160,12 +175,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import torch
         torch.set_num_threads(1)
+        if args.device != "cpu" and not (torch.cuda.is_available() and int(
+                args.device.partition(":")[2] or 0) < torch.cuda.device_count()):
+            print(f"train_torch: --device {args.device}: this process sees "
+                  f"{torch.cuda.device_count()} CUDA device(s). Use --device cpu, or run "
+                  "where the GPU is visible.", file=sys.stderr)
+            return 2
         rank, num_workers = kv.rank, kv.num_workers
         report = None
         if rank == 0 and not args.quiet:
             print(f"training a 64-64-10 torch MLP on digits: {kv.type}, "
                   f"{plural(num_workers, 'worker')}, batch {args.batch_size} per worker, "
-                  f"sgd lr {args.lr:g}, update_on_kvstore={args.update_on_kvstore}",
+                  f"sgd lr {args.lr:g}, update_on_kvstore={args.update_on_kvstore}, "
+                  f"model on {args.device}",
                   flush=True)
 
             def report(s: EpochStats) -> None:
