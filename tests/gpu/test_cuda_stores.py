@@ -195,6 +195,7 @@ def test_values_and_outs_on_two_gpus() -> None:
     assert kv.pull(0).device == torch.device("cuda:1")
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # CuPy/JAX import notes
 def test_cupy_arrays_in_and_out() -> None:
     cp = pytest.importorskip("cupy")
     x = np.arange(12, dtype=np.float32)
@@ -206,6 +207,7 @@ def test_cupy_arrays_in_and_out() -> None:
     np.testing.assert_array_equal(cp.asnumpy(out), 3 * x)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # CuPy/JAX import notes
 def test_jax_arrays_in_and_refused_as_outs() -> None:
     jnp = pytest.importorskip("jax.numpy")
     import jax

@@ -56,8 +56,9 @@ def train(kv: Any, device: str, update_on_kvstore: bool) -> list[np.ndarray]:
         opt.zero_grad()
         ((net.a(x) * c).sum() + net.b(y).sum()).backward()
         opt.step()
-    out = [read(p) for p in net.parameters()] + [read(net.seen)]
-    if not update_on_kvstore:
+    out = [read(p) for p in net.parameters()]
+    if not update_on_kvstore:       # the buffer is rank 0's, and so is the state
+        out.append(read(net.seen))
         pt.broadcast_optimizer_state(sgd, kv, prefix="state/")
         out += [read(sgd.state[p]["momentum_buffer"]) for p in net.parameters()]
     opt.close()

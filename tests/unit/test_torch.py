@@ -233,10 +233,13 @@ def test_a_dtype_numpy_cannot_read_raises(kv: Any) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and a CUDA build of torch; run it on a GPU machine")
-def test_cuda_tensors_raise(kv: Any) -> None:  # pragma: no cover - no GPU in CI
+def test_cuda_tensors_are_read_and_bfloat16_refused(kv: Any) -> None:  # pragma: no cover
+    # docs/gpu.md: CUDA values are read through pinned buffers; tests/gpu has the rest
     kv.init(3, torch.zeros(SHAPE))
-    with pytest.raises(ValueTypeError, match="cuda"):
-        kv.push(3, torch.zeros(SHAPE, device="cuda"))
+    kv.push(3, torch.ones(SHAPE, device="cuda"))
+    assert kv.pull(3).tolist() == torch.ones(SHAPE).tolist()
+    with pytest.raises(ValueTypeError, match="bfloat16"):
+        kv.push(3, torch.zeros(SHAPE, device="cuda", dtype=torch.bfloat16))
 
 
 # ---- pskv.torch on a local store ------------------------------------------------------------
