@@ -93,7 +93,7 @@ class PinnedPool:
 def read(torch: Any, pairs: list[tuple[Pinned, Any]]) -> None:
     """``buf := tensor`` for each pair (a CUDA tensor into a pinned buffer), each copy on
     the current stream of its tensor's device; returns when every byte has arrived."""
-    devices = {}
+    devices: dict[Any, None] = {}
     for buf, tensor in pairs:
         buf.tensor.copy_(tensor, non_blocking=True)
         devices[tensor.device] = None
