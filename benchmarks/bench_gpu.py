@@ -101,8 +101,8 @@ class _Set:
                     torch.nn.Parameter(torch.zeros(s, device="cuda"))
                     for s in resnet50_shapes())
 
-            def forward(self) -> Any:
-                return sum(p.sum() for p in self.params)
+            def forward(self, x: Any) -> Any:   # DDP with device_ids needs an input
+                return sum(p.sum() for p in self.params) + x
         return Params()
 
 
@@ -114,11 +114,12 @@ def run_ddp(args: argparse.Namespace) -> int:
     torch.cuda.set_device(0)                   # both processes share the one GPU
     ddp = torch.nn.parallel.DistributedDataParallel(_Set.build(torch), device_ids=[0])
     params = list(ddp.module.parameters())
+    zero = torch.zeros((), device="cuda")
 
     def step() -> None:
         for p in params:
             p.grad = None
-        ddp().backward()                       # DDP averages the gradients in backward
+        ddp(zero).backward()                   # DDP averages the gradients in backward
     seconds = _steps(step, args.warmup, args.steps, torch.cuda.synchronize)
     ok = bool((params[0].grad == 1).all())
     if rank == 0:

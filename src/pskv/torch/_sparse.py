@@ -25,6 +25,7 @@ together.
 """
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -204,11 +205,16 @@ class SparseParams:
             if self.workers > 1:
                 rows, values = self._all_gather(i, rows, values)
             shape = self.shapes[i]
-            # rows unique and sorted, so the tensor is coalesced: no invariant check
-            p.grad = th.sparse_coo_tensor(
-                th.from_numpy(np.array(rows, np.int64)).reshape(1, -1),
-                th.from_numpy(np.array(values, copy=True)).reshape((rows.size,) + shape[1:]),
-                shape, is_coalesced=True, check_invariants=False)
+            # rows unique and sorted, so the tensor is coalesced: no invariant check (some
+            # torch releases, 2.11 among them, warn that the check is off even when asked)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Sparse invariant checks are "
+                                        "implicitly disabled", category=UserWarning)
+                p.grad = th.sparse_coo_tensor(
+                    th.from_numpy(np.array(rows, np.int64)).reshape(1, -1),
+                    th.from_numpy(np.array(values, copy=True)).reshape(
+                        (rows.size,) + shape[1:]),
+                    shape, is_coalesced=True, check_invariants=False)
 
     def _update(self, i: int, rows: np.ndarray, values: np.ndarray) -> None:
         """Push the rows to the store's optimizer and pull the new ones (one worker)."""
