@@ -539,3 +539,29 @@ def test_held_push_is_sent_while_its_worker_blocks_outside_the_store(run_threads
     results = run_threads(fn, 2, 1, request_timeout=15.0)
     assert results[0] is True, results
     np.testing.assert_array_equal(results[1], np.full(2, 3.0))
+
+
+@pytest.mark.parametrize("store_type", ["dist_async", "dist_sync"])
+def test_inproc_big_pushes_are_copied_not_held_by_the_server(store_type: str) -> None:
+    # ZeroMQ inproc hands the message itself to the server's thread, which keeps a
+    # dist_async push's frames as arrays: a push sent without a copy waited for them to be
+    # let go (30 s, then "it is not reading") once a server's part reached 64 KiB; and
+    # the array the worker changes after its push must not change what the server holds
+    from pskv._cluster import InprocCluster
+    n = 131072                                      # 512 KiB, split over both servers
+
+    def job(kv: Any) -> Any:
+        kv.init("a", np.zeros(n, np.float32))
+        value = np.ones(n, np.float32)
+        for _ in range(3):
+            kv.push("a", value)
+            value[:] = 7.0                          # after the push returned
+            out = np.zeros(n, np.float32)
+            kv.pull("a", out=out)
+            value[:] = 1.0
+        return out
+
+    with InprocCluster(num_workers=1, num_servers=2, bigarray_bound=1000) as cluster:
+        got = cluster.run(job, store_type=store_type, timeout=60)[0]
+    assert not isinstance(got, BaseException), got
+    np.testing.assert_array_equal(got, np.ones(n, np.float32))

@@ -160,11 +160,8 @@ def test_a_steady_loop_allocates_no_pinned_memory() -> None:
 
 
 def _dist(store_type: str, workers: int, servers: int, make: Make) -> dict[int, Any]:
-    # dist_async in an in-process cluster stalls on a 512 KiB push (host arrays too: a
-    # transport matter, not this one's), so its big key is smaller
-    big = BIG if "async" not in store_type else 1000
     with InprocCluster(num_workers=workers, num_servers=servers, bigarray_bound=1000) as c:
-        results = c.run(lambda kv: scenario(kv, make, kv.rank, big), store_type=store_type,
+        results = c.run(lambda kv: scenario(kv, make, kv.rank, BIG), store_type=store_type,
                         timeout=120)
     for rank, got in results.items():
         assert not isinstance(got, BaseException), (rank, got)

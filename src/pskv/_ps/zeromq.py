@@ -126,9 +126,9 @@ def recv_capped(sock: zmq.Socket[Any], cap: Callable[[bytes], tuple[int | None, 
 class ZmqConn:
     """A DEALER socket to one server: the ZeroMQ :class:`.transport.Connection`.
 
-    ``send`` hands small arrays to ZeroMQ as copies and big ones without a copy, then waits
-    (at most ``timeout``) until ZeroMQ is done with them: when it returns, the caller may
-    change its arrays, as with a stream connection.
+    ``send`` hands small arrays to ZeroMQ as copies and big ones without a copy (except
+    over inproc), then waits (at most ``timeout``) until ZeroMQ is done with them: when it
+    returns, the caller may change its arrays, as with a stream connection.
     """
 
     max_bytes: int | None = None
@@ -143,6 +143,10 @@ class ZmqConn:
         self.sock.connect(endpoint)
         self.timeout = timeout
         self.peer = peer
+        # inproc hands the message itself to the receiving thread, which may keep its
+        # frames as arrays (a dist_async push is applied without a copy): a send without a
+        # copy would then wait for as long as the server keeps them, so inproc copies
+        self._zero_copy = not endpoint.startswith("inproc://")
 
     def pollable(self) -> Any:
         """What a zmq.Poller polls for replies."""
@@ -151,7 +155,7 @@ class ZmqConn:
     def send(self, cmd: Command, ts: int = 0, keys: Sequence[int] = (), body: Any = None,
              arrays: Sequence[np.ndarray] = ()) -> None:
         """Send one message; the arrays are free again when this returns."""
-        big = any(a.nbytes >= zmq.COPY_THRESHOLD for a in arrays)
+        big = self._zero_copy and any(a.nbytes >= zmq.COPY_THRESHOLD for a in arrays)
         try:
             tracker = send_message(self.sock, cmd, ts, keys, body, arrays, copy=not big,
                                    track=big)

@@ -7,8 +7,11 @@ one's server is a backup again), DIE_MARK (a file each creates, suffixed with it
 before dying; a restarted server creates ``DIE_MARK-copy-I`` for each whole copy it
 installs; or ``hellos``: when the last worker's first HELLO arrives, before answering it,
 so that the workers are still connecting; or ``batch:N``: right after it sent its backup
-its N-th batch of rounds (``r_rounds``), before the backup's acknowledgment is read). Only the first start of a server dies; a restart
-(PSKV_RESTART > 0) serves.
+its N-th batch of rounds (``r_rounds``), before the backup's acknowledgment is read; or
+``rounds:N``: once it has applied N rounds (sync) or pushes (async) of the keys it serves,
+before anyone is answered: a kill tied to the job's progress, not to the clock, so that a
+slow start on a busy machine cannot move it before the workers connected). Only the first
+start of a server dies; a restart (PSKV_RESTART > 0) serves.
 """
 from __future__ import annotations
 
@@ -73,6 +76,20 @@ def _die_after_batch(me: str, n: int) -> None:
     _replica.Replicator.send = send  # type: ignore[method-assign]
 
 
+def _die_after_rounds(me: str, n: int) -> None:
+    from pskv.kvstore import _shards
+    real = _shards.Shard.round_applied
+    applied = [0]
+
+    def round_applied(self: Any, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        applied[0] += 1
+        if applied[0] == n:
+            Path(f"{os.environ['DIE_MARK']}-{me}").touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+    _shards.Shard.round_applied = round_applied  # type: ignore[method-assign]
+
+
 def _arm() -> None:
     if os.environ.get("DMLC_ROLE") != "server":
         return
@@ -91,6 +108,9 @@ def _arm() -> None:
         return
     if when.startswith("batch:"):
         _die_after_batch(me, int(when[len("batch:"):]))
+        return
+    if when.startswith("rounds:"):
+        _die_after_rounds(me, int(when[len("rounds:"):]))
         return
     copies = 0
     if when.startswith("copies:"):
