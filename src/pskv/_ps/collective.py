@@ -11,14 +11,12 @@ all-gather; BytePS's analysis and Horovod's ring), but every chunk has one owner
 the workers' parts in rank order, so the result does not depend on which worker started the
 ring. docs/collective.md has the rules.
 
-Links: one stream connection per pair of workers (the lower rank connects, over a Unix
-socket within a host, TCP (TLS with ``PSKV_TLS_*``) between hosts), authenticated both ways:
-each worker draws a random key, the keys and listeners travel through the scheduler in the
-init barrier that puts the first key on this path, and each side proves its rank with an
-HMAC over the other's nonce (:mod:`.auth`). Then one progress thread does all socket I/O
-without blocking: it reads parts straight into place, writes what the sockets take, and
-sums a chunk as soon as its round is complete, so a worker busy outside the store (a
-backward pass) does not hold the others up. Callers hand it sends and wait on a condition.
+Links: one authenticated stream connection per pair of workers (:mod:`.peerlinks`: a Unix
+socket within a host, TCP (TLS with ``PSKV_TLS_*``) between hosts). One progress thread
+does all socket I/O without blocking: it reads parts straight into place, writes what the
+sockets take, and sums a chunk as soon as its round is complete, so a worker busy outside
+the store (a backward pass) does not hold the others up. Callers hand it sends and wait on
+a condition.
 
 Within a host (a Unix-socket link, both workers with ``PSKV_COLLECTIVE_SHM`` on) a round's
 data moves through shared memory (:mod:`.shm`): each worker has one segment per key, its
@@ -29,27 +27,31 @@ sums its chunk reading every push slot in place, writes the sum into its sum slo
 sends a DATA without data; a pull copies every owner's sum slot into ``out``. Peers on
 other hosts (TCP, TLS) get the bytes over the link as before; a key mixes both.
 
-Invariants: a key's chunk of round ``n + 1`` is summed only after round ``n``'s sum has
-been written to every socket peer (it is sent from the sum buffer); a push slot is
-rewritten (round ``n + 1``) only after every owner said (DATA of round ``n``) that it summed
-round ``n`` from it, and this worker's own chunk is summed; a worker pushes round ``n + 1``
-only once its pulls of earlier rounds are over (no pull reads a sum slot then), so an
-owner, which sums round ``n + 1`` only with every push of it in, never overwrites a sum
-that a peer still reads; a peer's segment is mapped only once checked (a sealed memfd of
-exactly its layout's size), and a segment that breaks that is refused; every wait is bounded by
-``PSKV_REQUEST_TIMEOUT`` and names the workers it waits for; a peer whose link breaks
-fails every call, naming it, at once; a message that breaks the rules fails the job on
-both sides (an ERROR goes back) and never kills the thread.
+Invariants:
+
+* a key's chunk of round ``n + 1`` is summed only after round ``n``'s sum has been written
+  to every socket peer (it is sent from the sum buffer);
+* shared memory: a segment reaches a peer (SEGMENT, its descriptor alongside) before the
+  first PUSH of its key on that link, and is mapped only once checked (a memfd of exactly
+  its layout's size, sealed against any change of size), else refused;
+* a push slot is rewritten (round ``n + 1``) only once every owner said that it summed
+  round ``n`` from it (its DATA of round ``n`` is the acknowledgement) and this worker's
+  own chunk of round ``n`` is summed;
+* a worker pushes round ``n + 1`` only once its pulls of earlier rounds are over (a pull
+  counts itself in ``readers`` when it picks its round); an owner sums round ``n + 1`` only
+  with every push of it in, so it never overwrites a sum slot that a peer still reads;
+* every wait is bounded by ``PSKV_REQUEST_TIMEOUT`` and names the workers it waits for; a
+  peer whose link breaks fails every call, naming it, at once; a message (or descriptor)
+  that breaks the rules fails the job on both sides (an ERROR goes back) and never kills
+  the thread.
 """
 from __future__ import annotations
 
 import collections
 import functools
-import hmac
 import logging
 import os
 import select
-import socket
 import ssl
 import threading
 import time
@@ -60,22 +62,17 @@ import numpy as np
 
 from ..errors import (ClusterError, ClusterTimeoutError, KVStoreError, NodeFailedError,
                       ProtocolError)
-from .auth import new_key, prove
-from .config import ClusterConfig, advertised_host
-from .limits import ADMISSION_BYTES
+from .config import ClusterConfig
 from .message import Command, Meta, encode, error_body, error_from_body
-from .shm import FdInbox, Segment, fd_message, layout, supported
-from .stream import (_MAGIC, _PREFIX, Alloc, StreamConn, StreamListener, drop_sent,
-                     ipc_path)
-from .tls import client_context, server_context
+from .peerlinks import PeerLinks
+from .shm import FdInbox, Segment, fd_message, layout
+from .stream import _MAGIC, _PREFIX, Alloc, StreamConn, drop_sent
 
 __all__ = ["Collective", "chunks"]
 
 log = logging.getLogger(__name__)
 
 _IOV_MAX = 512
-_ACCEPTOR = "collective-acceptor"     # what the accepting side proves (auth purposes)
-_CONNECTOR = "collective"
 
 
 def chunks(size: int, num_workers: int) -> list[tuple[int, int]]:
@@ -152,11 +149,9 @@ class Collective:
         self.rank = rank
         self.num_workers = num_workers
         self.peers = [p for p in range(num_workers) if p != rank]
-        self._job = job
         self._check = check
         self._on_lost = on_lost
-        self._key = new_key().encode()
-        self._listeners: list[StreamListener] = []
+        self._links = PeerLinks(cfg, rank, num_workers, job)
         self._conns: dict[int, StreamConn] = {}
         self._by_fd: dict[int, int] = {}
         self._keys: dict[int, _Key] = {}
@@ -168,7 +163,6 @@ class Collective:
         self._gone: set[int] = set()          # peers whose link is closed
         self._shm: set[int] = set()           # peers linked through shared memory
         self._inbox: dict[int, FdInbox] = {}  # descriptors each Unix-socket peer passed
-        self._linking: dict[int, FdInbox] = {}  # the same while connecting, by id(conn)
         self._said_goodbye: set[int] = set()  # peers that closed their store
         self._deaf: set[int] = set()          # peers no longer read (a broken stream)
         self._stop = False
@@ -180,34 +174,9 @@ class Collective:
 
     # ---- setting up ---------------------------------------------------------------------
     def listen(self) -> dict[str, str]:
-        """Open this worker's listeners; what the peers need to connect (sent through the
-        scheduler in an init barrier): the endpoints, the host, this worker's key."""
-        if not self._listeners:
-            tls = server_context(*self.cfg.tls) if self.cfg.tls is not None else None
-            host = advertised_host(self.cfg.node_host, self.cfg.root_uri)
-            self._listeners.append(StreamListener(host=self.cfg.node_host, advertise=host,
-                                                  tls=tls))
-            self._listeners.append(StreamListener(path=ipc_path("worker")))
-        return {"tcp": self._listeners[0].endpoint, "uds": self._listeners[1].endpoint,
-                "host": socket.gethostname(), "key": self._key.decode(),
-                "shm": "1" if self._shm_on() else "0"}
-
-    def _shm_on(self) -> bool:
-        return self.cfg.collective_shm and supported()
-
-    def _unix(self, conn: StreamConn) -> StreamConn:
-        """Read a Unix-socket link through an FdInbox (descriptors it passes are kept)."""
-        if self._shm_on() and conn.sock.family == socket.AF_UNIX and not conn.tls:
-            inbox = FdInbox(conn.sock)
-            conn.reader = inbox.recv_into
-            self._linking[id(conn)] = inbox
-        return conn
-
-    def _close_link(self, conn: StreamConn) -> None:
-        conn.close()
-        inbox = self._linking.pop(id(conn), None)
-        if inbox is not None:
-            inbox.close()
+        """Open this worker's listeners; what the peers need to connect, sent through the
+        scheduler in an init barrier (:meth:`.peerlinks.PeerLinks.listen`)."""
+        return self._links.listen()
 
     @property
     def connected(self) -> bool:
@@ -216,33 +185,10 @@ class Collective:
 
     def connect(self, peers: Mapping[int, Mapping[str, str]]) -> None:
         """Link to every peer (their :meth:`listen` answers, by rank) and start the
-        progress thread. Collective: every worker calls it after the same barrier; each
-        connects to the higher ranks, then accepts the lower ones (no cycle can wait)."""
-        keys: dict[int, bytes] = {}
-        for p in self.peers:
-            info = peers.get(p)
-            if not isinstance(info, Mapping) or not isinstance(info.get("key"), str):
-                raise ClusterError(f"worker {self.rank}: worker {p} sent no collective "
-                                   "endpoint at the init barrier (a mismatched "
-                                   "PSKV_COLLECTIVE_BYTES?)")
-            keys[p] = str(info["key"]).encode()
-        deadline = time.monotonic() + self.cfg.connect_timeout
-        try:
-            for p in self.peers:
-                if p > self.rank:
-                    self._conns[p] = self._dial(p, peers[p], keys[p], deadline)
-            self._accept_lower(keys, deadline)
-        except BaseException:
-            for conn in self._conns.values():
-                self._close_link(conn)
-            self._conns.clear()
-            raise
+        progress thread. Collective: every worker calls it after the same barrier."""
+        links = self._links.connect(peers)
+        self._conns, self._inbox, self._shm = links.conns, links.inboxes, links.shm
         for p, conn in self._conns.items():
-            inbox = self._linking.pop(id(conn), None)
-            if inbox is not None:
-                self._inbox[p] = inbox
-                if peers[p].get("shm") == "1":    # both ends on one host, both willing
-                    self._shm.add(p)
             conn.max_bytes = self.cfg.max_message_bytes
             self._by_fd[conn.fileno()] = p
             self._poll.register(conn.fileno(), select.POLLIN)
@@ -250,96 +196,6 @@ class Collective:
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"pskv-collective-{self.rank}")
         self._thread.start()
-
-    def _dial(self, p: int, info: Mapping[str, str], key: bytes, deadline: float) \
-            -> StreamConn:
-        same_host = info.get("host") == socket.gethostname()
-        where = info.get("uds") if same_host and self.cfg.transport != "tcp" \
-            else info.get("tcp")
-        if not isinstance(where, str):
-            raise ClusterError(f"worker {self.rank}: worker {p} announced no endpoint")
-        tls = client_context(*self.cfg.tls) \
-            if self.cfg.tls is not None and where.startswith("tcp:") else None
-        conn = self._unix(StreamConn.connect(where, self.cfg.request_timeout, f"worker {p}",
-                                             tls))
-        try:
-            nonce = new_key()
-            conn.send(Command.HELLO, 1, body={"role": "worker", "rank": self.rank,
-                                              "nonce": nonce})
-            meta = _read_one(conn, deadline, f"worker {p}'s challenge")
-            body = meta.body if isinstance(meta.body, dict) else {}
-            want = prove(key, _ACCEPTOR, {"nonce": nonce, "job": self._job}, "worker", p)
-            if meta.cmd != Command.CHALLENGE or body.get("job") != self._job or \
-                    not hmac.compare_digest(str(body.get("proof", "")).encode(),
-                                            want["proof"].encode()):
-                raise ClusterError(f"worker {self.rank}: the collective endpoint of worker "
-                                   f"{p} ({where}) did not prove it is worker {p} of this "
-                                   "job. Check that nothing else listens there.")
-            conn.send(Command.HELLO, 2, body={
-                "role": "worker", "rank": self.rank,
-                **prove(self._key, _CONNECTOR, body, "worker", self.rank)})
-            meta = _read_one(conn, deadline, f"worker {p}'s admission")
-            if meta.cmd != Command.ADMIT:
-                raise error_from_body(meta.body, f"worker {p}") \
-                    if meta.cmd == Command.ERROR else \
-                    ProtocolError(f"worker {p} answered {meta.cmd.name} to a HELLO")
-        except BaseException:
-            self._close_link(conn)
-            raise
-        return conn
-
-    def _accept_lower(self, keys: dict[int, bytes], deadline: float) -> None:
-        """Admit one connection from each lower rank; a stranger's is closed."""
-        want = {p for p in self.peers if p < self.rank}
-        while want:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ClusterTimeoutError(
-                    f"worker {self.rank} waited {self.cfg.connect_timeout:g} s for worker"
-                    f"{'s' if len(want) > 1 else ''} {', '.join(map(str, sorted(want)))} to "
-                    "open its collective link. Check that every worker reached the same "
-                    "kv.init, or raise PSKV_CONNECT_TIMEOUT.")
-            ready = _readable([ls.sock for ls in self._listeners], min(left, 0.2))
-            for ls in self._listeners:
-                if ls.sock.fileno() not in ready:
-                    continue
-                for conn in ls.accept(self.cfg.handshake_timeout, 8):
-                    conn.max_bytes = ADMISSION_BYTES
-                    self._unix(conn)
-                    try:
-                        p = self._admit(conn, keys, want, deadline)
-                    except KVStoreError as err:
-                        log.warning("worker %d: refused a collective link: %s", self.rank, err)
-                        self._close_link(conn)
-                        continue
-                    self._conns[p] = conn
-                    want.discard(p)
-
-    def _admit(self, conn: StreamConn, keys: dict[int, bytes], want: set[int],
-               deadline: float) -> int:
-        limit = min(deadline, time.monotonic() + self.cfg.handshake_timeout)
-        meta = _read_one(conn, limit, "a collective HELLO")
-        body = meta.body if isinstance(meta.body, dict) else {}
-        p, cnonce = body.get("rank"), body.get("nonce")
-        if meta.cmd != Command.HELLO or type(p) is not int or p not in want or \
-                not isinstance(cnonce, str) or len(cnonce) > 256:
-            raise ProtocolError(f"a HELLO that names no lower worker still to link ({p!r})")
-        nonce = new_key()
-        conn.send(Command.CHALLENGE, meta.ts, body={
-            "nonce": nonce, "job": self._job,
-            "proof": prove(self._key, _ACCEPTOR, {"nonce": cnonce, "job": self._job},
-                           "worker", self.rank)["proof"]})
-        meta = _read_one(conn, limit, f"worker {p}'s proof")
-        body = meta.body if isinstance(meta.body, dict) else {}
-        good = prove(keys[p], _CONNECTOR, {"nonce": nonce, "job": self._job}, "worker", p)
-        if meta.cmd != Command.HELLO or body.get("rank") != p or not hmac.compare_digest(
-                str(body.get("proof", "")).encode(), good["proof"].encode()):
-            conn.send(Command.ERROR, meta.ts, body=error_body(ClusterError(
-                f"worker {self.rank} refused a collective link: a wrong proof of worker {p}")))
-            raise ProtocolError(f"a wrong proof of worker {p}")
-        conn.send(Command.ADMIT, meta.ts, body={"rank": self.rank})
-        conn.peer = f"worker {p}"
-        return p
 
     # ---- keys ---------------------------------------------------------------------------
     def add_key(self, name: Any, pskey: int, size: int, dtype: np.dtype[Any],
@@ -875,10 +731,9 @@ class Collective:
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()
-        for inbox in [*self._inbox.values(), *self._linking.values()]:
+        for inbox in self._inbox.values():
             inbox.close()
         self._inbox.clear()
-        self._linking.clear()
         with self._cond:
             for q in self._out.values():
                 q.clear()
@@ -890,33 +745,10 @@ class Collective:
                     seg.close()
                 k.mapped.clear()
                 k.seg = None
-        for ls in self._listeners:
-            ls.close()
-        self._listeners.clear()
+        self._links.close()
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
             except OSError:
                 pass
         self._wake_r = self._wake_w = -1
-
-
-def _read_one(conn: StreamConn, deadline: float, what: str) -> Meta:
-    """One message from ``conn`` (a handshake's), waiting at most until ``deadline``."""
-    while True:
-        got = conn.receive(None, 1)
-        if got:
-            return got[0][0]
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise ClusterTimeoutError(f"waited too long for {what} ({conn.peer})")
-        _readable([conn.sock], min(left, 0.2))
-
-
-def _readable(socks: list[socket.socket], timeout: float) -> set[int]:
-    """The descriptors of ``socks`` with something to read within ``timeout`` seconds
-    (poll, not select: any descriptor number)."""
-    poller = select.poll()
-    for sock in socks:
-        poller.register(sock.fileno(), select.POLLIN)
-    return {fd for fd, _ in poller.poll(max(1, int(timeout * 1000)))}
