@@ -18,7 +18,8 @@ import pytest
 from pskv._ps import shm
 from pskv._ps.config import ENV_COLLECTIVE_SHM, KNOWN_ENV, ClusterConfig
 from pskv._ps.message import Command
-from pskv.errors import ConfigError, KVStoreError, NodeFailedError, ProtocolError
+from pskv.errors import (ClusterError, ConfigError, KVStoreError, NodeFailedError,
+                         ProtocolError)
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(120),
               pytest.mark.skipif(not shm.supported(), reason="no sealed memfds here")]
@@ -159,8 +160,8 @@ def _bad_fds(kind: str, nbytes: int, tmp: Path) -> list[int]:
 
 
 @pytest.mark.parametrize("kind", ["wrong size", "unsealed", "a file", "a pipe", "too many",
-                                  "no descriptor"])
-def test_a_segment_that_breaks_the_rules_fails_both_sides_not_the_thread(
+                                  "no descriptor", "push before segment", "push with data"])
+def test_a_segment_or_round_that_breaks_the_rules_fails_both_sides_not_the_thread(
         run_threads: Any, kind: str, tmp_path: Path) -> None:
     def fn(kv: Any) -> Any:
         kv.init("w", np.zeros(300, np.float32))
@@ -169,9 +170,13 @@ def test_a_segment_that_breaks_the_rules_fails_both_sides_not_the_thread(
         fds = []
         if kv.rank == 1:        # instead of its first push (which sends the real one)
             lay = shm.layout(300, k.dtype, k.bounds[1])
-            fds = _bad_fds(kind, lay.nbytes, tmp_path)
             with coll._cond:
-                coll._queue(0, Command.SEGMENT, 0, k.pskey, None, fds=fds)
+                if kind.startswith("push"):      # a round's message, no segment sent
+                    coll._queue(0, Command.PUSH, 1, k.pskey,
+                                np.ones(150, np.float32) if kind.endswith("data") else None)
+                else:
+                    fds = _bad_fds(kind, lay.nbytes, tmp_path)
+                    coll._queue(0, Command.SEGMENT, 0, k.pskey, None, fds=fds)
             coll._wake()
         try:
             with pytest.raises(KVStoreError) as info:
@@ -191,14 +196,18 @@ def test_a_segment_that_breaks_the_rules_fails_both_sides_not_the_thread(
         return type(info.value), str(info.value)
 
     res = ok(run_threads(fn, collective_bytes=8))
-    assert res[0][0] is ProtocolError and res[1][0] is ProtocolError, res
+    cls = ClusterError if kind.startswith("push") else ProtocolError
+    assert res[0][0] is cls and res[1][0] is cls, res
     assert res[0][1].startswith("worker 1 sent "), res[0]
     assert "reported by worker 0" in res[1][1] and "worker 1 sent" in res[1][1], res[1]
     nbytes = shm.layout(300, np.dtype(np.float32), (150, 300)).nbytes
-    want = {"wrong size": f"of {nbytes + 64} bytes, not {nbytes}", "unsealed": "size is not sealed",
+    want = {"wrong size": f"of {nbytes + 64} bytes, not {nbytes}",
+            "unsealed": "size is not sealed",
             "a file": "not a memfd", "a pipe": "not a memory file",
             "too many": f"more than {shm.MAX_PENDING} descriptors",
-            "no descriptor": "without its descriptor"}[kind]
+            "no descriptor": "without its descriptor",
+            "push before segment": "key 'w': round 1 before its shared-memory segment",
+            "push with data": "key 'w': 1 arrays on a shared-memory link"}[kind]
     assert want in res[0][1], res[0]
 
 
@@ -280,6 +289,8 @@ def test_a_worker_killed_mid_round_is_named_and_its_memory_goes(local_cluster: A
     for p in cluster.workers:     # its segments are memfds, nothing with a path
         maps = Path(f"/proc/{p.pid}/maps").read_text()
         assert "memfd:pskv-" in maps and "/dev/shm/" not in maps, p.label
+    assert not [n for n in _listing(Path("/dev/shm")) if "pskv" in n.lower()]
+    assert list(own_tmp.iterdir()) == []
     victim = cluster.worker_by_rank(1)
     time.sleep(0.3)                        # rank 0 is now waiting for rank 1's push
     victim.kill()
