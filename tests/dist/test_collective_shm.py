@@ -117,6 +117,15 @@ def test_one_worker_with_shm_off_links_every_pair_by_socket(thread_cluster: Any)
         same(res[r], res[0])
 
 
+def test_tcp_links_between_workers_of_one_host_keep_the_sockets(run_threads: Any) -> None:
+    # PSKV_TRANSPORT=tcp: the workers link as if on different hosts, so nothing is shared
+    tcp = ok(run_threads(rounds, num_workers=2, collective_bytes=8, transport="tcp"))
+    servers = ok(run_threads(rounds, num_workers=2))
+    for r in range(2):
+        assert tcp[r]["shm"] == [] and tcp[r]["segments"] == []
+        same(tcp[r], servers[r])
+
+
 def test_the_switch_is_read_from_the_environment() -> None:
     env = {"DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9000",
            "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "2"}
