@@ -6,6 +6,7 @@ the thread; nothing is left in /dev/shm or the temp dir; a killed worker is name
 ``PSKV_COLLECTIVE_SHM=0`` gives the socket path."""
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 import time
@@ -102,6 +103,27 @@ def test_shared_memory_gives_the_servers_and_the_sockets_bits(run_threads: Any,
     for r in range(1, workers):
         want += grad(r, 0, "b")
     same(shared[0]["pull0"][1], want)
+
+
+def _memfds() -> tuple[int, int]:
+    """This process's pskv memfd mappings and descriptors."""
+    maps = Path("/proc/self/maps").read_text().count("memfd:pskv-")
+    fds = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:pskv-")
+        except OSError:
+            pass
+    return maps, fds
+
+
+def test_closed_stores_unmap_and_close_every_segment(run_threads: Any) -> None:
+    before = _memfds()
+    seen = ok(run_threads(lambda kv: (rounds(kv), _memfds())[1], num_workers=3,
+                          collective_bytes=8))
+    assert all(maps > before[0] and fds > before[1] for maps, fds in seen.values()), seen
+    gc.collect()
+    assert _memfds() == before
 
 
 def test_one_worker_with_shm_off_links_every_pair_by_socket(thread_cluster: Any) -> None:
