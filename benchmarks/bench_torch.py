@@ -334,7 +334,7 @@ def busy(n: int, seconds: float) -> Iterator[None]:
                 p.wait(timeout=10)
 
 
-def _job(kind: str, case: str, args: argparse.Namespace, threshold: int) \
+def _job(kind: str, case: str, args: argparse.Namespace, threshold: int, shm: str = "1") \
         -> tuple[dict[str, Any], list[np.ndarray]]:
     here = Path(__file__).resolve()
     with tempfile.TemporaryDirectory(prefix="bench-torch-") as tmp:
@@ -348,6 +348,7 @@ def _job(kind: str, case: str, args: argparse.Namespace, threshold: int) \
             argv = [sys.executable, "-m", "pskv.launch", "-n", str(args.workers), "-s",
                     str(args.servers), sys.executable, *worker]
             env["PSKV_COLLECTIVE_BYTES"] = str(threshold)
+            env["PSKV_COLLECTIVE_SHM"] = shm
         else:
             argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                     "--nproc-per-node", str(args.workers), *worker]
@@ -378,20 +379,23 @@ def run_driver(args: argparse.Namespace) -> int:
     import _common
     cases = [c for c in args.cases.split(",") if c]
     thresholds = [int(t) for t in args.collective_bytes.split(",")]
+    shms = [v for v in args.collective_shm.split(",") if v]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     weights: dict[str, dict[str, list[np.ndarray]]] = {}
     for rep in range(args.repeats):
         for case in cases:
-            jobs = [("ddp", 0)] + [("pskv", t) for t in thresholds]
+            jobs = [("ddp", 0, "1")] + [("pskv", t, v) for t in thresholds
+                                        for v in (shms if t else shms[:1])]
             if case != "avg100mb" and args.ceiling:
-                jobs.append(("solo", 0))
+                jobs.append(("solo", 0, "1"))
             if rep % 2:
                 jobs.reverse()                 # alternate who runs first
-            for kind, t in jobs:
-                label = {"ddp": "ddp", "solo": CEILING}.get(kind, f"pskv (collective {t})")
+            for kind, t, v in jobs:
+                label = {"ddp": "ddp", "solo": CEILING}.get(
+                    kind, f"pskv (collective {t}{', no shm' if t and v == '0' else ''})")
                 print(f"[{rep + 1}/{args.repeats}] {case}: {label}", flush=True)
                 with busy(args.load, args.timeout + 60):
-                    result, arrays = _job(kind, case, args, t)
+                    result, arrays = _job(kind, case, args, t, v)
                 runs.setdefault(case, {}).setdefault(label, []).append(result)
                 weights.setdefault(case, {})[label] = arrays
     rows: list[list[Any]] = []
@@ -473,6 +477,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="PSKV_COLLECTIVE_BYTES values pskv runs with (comma-separated), "
                          "also DistributedOptimizer's collective_bytes: 0 keeps every key "
                          "on the servers, 65536 is the optimizer's default")
+    ap.add_argument("--collective-shm", default="1",
+                    help="PSKV_COLLECTIVE_SHM values the runs with collective bytes run with "
+                         "(comma-separated): 1 shares memory between the workers, 0 keeps "
+                         "their sockets ('1,0' compares both)")
     ap.add_argument("--gradient-as-bucket-view", action="store_true",
                     help="gradient_as_bucket_view=True for DDP and pskv alike (.grad is a "
                          "view of the bucket: one copy less per step)")

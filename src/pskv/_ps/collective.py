@@ -11,30 +11,47 @@ all-gather; BytePS's analysis and Horovod's ring), but every chunk has one owner
 the workers' parts in rank order, so the result does not depend on which worker started the
 ring. docs/collective.md has the rules.
 
-Links: one stream connection per pair of workers (the lower rank connects, over a Unix
-socket within a host, TCP (TLS with ``PSKV_TLS_*``) between hosts), authenticated both ways:
-each worker draws a random key, the keys and listeners travel through the scheduler in the
-init barrier that puts the first key on this path, and each side proves its rank with an
-HMAC over the other's nonce (:mod:`.auth`). Then one progress thread does all socket I/O
-without blocking: it reads parts straight into place, writes what the sockets take, and
-sums a chunk as soon as its round is complete, so a worker busy outside the store (a
-backward pass) does not hold the others up. Callers hand it sends and wait on a condition.
+Links: one authenticated stream connection per pair of workers (:mod:`.peerlinks`: a Unix
+socket within a host, TCP (TLS with ``PSKV_TLS_*``) between hosts). One progress thread
+does all socket I/O without blocking: it reads parts straight into place, writes what the
+sockets take, and sums a chunk as soon as its round is complete, so a worker busy outside
+the store (a backward pass) does not hold the others up. Callers hand it sends and wait on
+a condition.
 
-Invariants: a key's chunk of round ``n + 1`` is summed only after round ``n``'s sum has
-been written to every peer (it is sent from the result buffer); every wait is bounded by
-``PSKV_REQUEST_TIMEOUT`` and names the workers it waits for; a peer whose link breaks
-fails every call, naming it, at once; a message that breaks the rules fails the job on
-both sides (an ERROR goes back) and never kills the thread.
+Within a host (a Unix-socket link, both workers with ``PSKV_COLLECTIVE_SHM`` on) a round's
+data moves through shared memory (:mod:`.shm`): each worker has one segment per key, its
+*push slot* (the whole value) and *sum slot* (the sum of its chunk), whose descriptor it
+passes to such a peer (a SEGMENT message) before its first push of the key. A push copies
+the value into the push slot once and sends each such peer a PUSH without data; the owner
+sums its chunk reading every push slot in place, writes the sum into its sum slot and
+sends a DATA without data; a pull copies every owner's sum slot into ``out``. Peers on
+other hosts (TCP, TLS) get the bytes over the link as before; a key mixes both.
+
+Invariants:
+
+* a key's chunk of round ``n + 1`` is summed only after round ``n``'s sum has been written
+  to every socket peer (it is sent from the sum buffer);
+* shared memory: a segment reaches a peer (SEGMENT, its descriptor alongside) before the
+  first PUSH of its key on that link, and is mapped only once checked (a memfd of exactly
+  its layout's size, sealed against any change of size), else refused;
+* a push slot is rewritten (round ``n + 1``) only once every owner said that it summed
+  round ``n`` from it (its DATA of round ``n`` is the acknowledgement) and this worker's
+  own chunk of round ``n`` is summed;
+* a worker pushes round ``n + 1`` only once its pulls of earlier rounds are over (a pull
+  counts itself in ``readers`` when it picks its round); an owner sums round ``n + 1`` only
+  with every push of it in, so it never overwrites a sum slot that a peer still reads;
+* every wait is bounded by ``PSKV_REQUEST_TIMEOUT`` and names the workers it waits for; a
+  peer whose link breaks fails every call, naming it, at once; a message (or descriptor)
+  that breaks the rules fails the job on both sides (an ERROR goes back) and never kills
+  the thread.
 """
 from __future__ import annotations
 
 import collections
 import functools
-import hmac
 import logging
 import os
 import select
-import socket
 import ssl
 import threading
 import time
@@ -45,21 +62,17 @@ import numpy as np
 
 from ..errors import (ClusterError, ClusterTimeoutError, KVStoreError, NodeFailedError,
                       ProtocolError)
-from .auth import new_key, prove
-from .config import ClusterConfig, advertised_host
-from .limits import ADMISSION_BYTES
+from .config import ClusterConfig
 from .message import Command, Meta, encode, error_body, error_from_body
-from .stream import (_MAGIC, _PREFIX, Alloc, StreamConn, StreamListener, drop_sent,
-                     ipc_path)
-from .tls import client_context, server_context
+from .peerlinks import PeerLinks
+from .shm import FdInbox, Segment, fd_message, layout
+from .stream import _MAGIC, _PREFIX, Alloc, StreamConn, drop_sent
 
 __all__ = ["Collective", "chunks"]
 
 log = logging.getLogger(__name__)
 
 _IOV_MAX = 512
-_ACCEPTOR = "collective-acceptor"     # what the accepting side proves (auth purposes)
-_CONNECTOR = "collective"
 
 
 def chunks(size: int, num_workers: int) -> list[tuple[int, int]]:
@@ -95,6 +108,9 @@ class _Key:
     free: list[np.ndarray] = field(default_factory=list)  # spare chunk buffers
     summed: int = 0                       # rounds of this worker's chunk summed
     sending: int = 0                      # this chunk's sum: peers it is not written to yet
+    seg: Segment | None = None            # this worker's shared memory (a same-host peer)
+    mapped: dict[int, Segment] = field(default_factory=dict)  # same-host peers' segments
+    readers: int = 0                      # pulls copying this key's sums now
 
 
 @dataclass
@@ -104,6 +120,7 @@ class _Out:
     bufs: list[memoryview]
     done: Callable[[], None] | None = None
     first: int = 0
+    fds: list[int] = field(default_factory=list)    # passed with its first bytes
 
 
 @dataclass
@@ -132,11 +149,9 @@ class Collective:
         self.rank = rank
         self.num_workers = num_workers
         self.peers = [p for p in range(num_workers) if p != rank]
-        self._job = job
         self._check = check
         self._on_lost = on_lost
-        self._key = new_key().encode()
-        self._listeners: list[StreamListener] = []
+        self._links = PeerLinks(cfg, rank, num_workers, job)
         self._conns: dict[int, StreamConn] = {}
         self._by_fd: dict[int, int] = {}
         self._keys: dict[int, _Key] = {}
@@ -146,6 +161,8 @@ class Collective:
         self._dirty: set[int] = set()         # keys whose chunk may be ready to sum
         self._failure: tuple[type[KVStoreError], str] | None = None
         self._gone: set[int] = set()          # peers whose link is closed
+        self._shm: set[int] = set()           # peers linked through shared memory
+        self._inbox: dict[int, FdInbox] = {}  # descriptors each Unix-socket peer passed
         self._said_goodbye: set[int] = set()  # peers that closed their store
         self._deaf: set[int] = set()          # peers no longer read (a broken stream)
         self._stop = False
@@ -157,16 +174,9 @@ class Collective:
 
     # ---- setting up ---------------------------------------------------------------------
     def listen(self) -> dict[str, str]:
-        """Open this worker's listeners; what the peers need to connect (sent through the
-        scheduler in an init barrier): the endpoints, the host, this worker's key."""
-        if not self._listeners:
-            tls = server_context(*self.cfg.tls) if self.cfg.tls is not None else None
-            host = advertised_host(self.cfg.node_host, self.cfg.root_uri)
-            self._listeners.append(StreamListener(host=self.cfg.node_host, advertise=host,
-                                                  tls=tls))
-            self._listeners.append(StreamListener(path=ipc_path("worker")))
-        return {"tcp": self._listeners[0].endpoint, "uds": self._listeners[1].endpoint,
-                "host": socket.gethostname(), "key": self._key.decode()}
+        """Open this worker's listeners; what the peers need to connect, sent through the
+        scheduler in an init barrier (:meth:`.peerlinks.PeerLinks.listen`)."""
+        return self._links.listen()
 
     @property
     def connected(self) -> bool:
@@ -175,27 +185,9 @@ class Collective:
 
     def connect(self, peers: Mapping[int, Mapping[str, str]]) -> None:
         """Link to every peer (their :meth:`listen` answers, by rank) and start the
-        progress thread. Collective: every worker calls it after the same barrier; each
-        connects to the higher ranks, then accepts the lower ones (no cycle can wait)."""
-        keys: dict[int, bytes] = {}
-        for p in self.peers:
-            info = peers.get(p)
-            if not isinstance(info, Mapping) or not isinstance(info.get("key"), str):
-                raise ClusterError(f"worker {self.rank}: worker {p} sent no collective "
-                                   "endpoint at the init barrier (a mismatched "
-                                   "PSKV_COLLECTIVE_BYTES?)")
-            keys[p] = str(info["key"]).encode()
-        deadline = time.monotonic() + self.cfg.connect_timeout
-        try:
-            for p in self.peers:
-                if p > self.rank:
-                    self._conns[p] = self._dial(p, peers[p], keys[p], deadline)
-            self._accept_lower(keys, deadline)
-        except BaseException:
-            for conn in self._conns.values():
-                conn.close()
-            self._conns.clear()
-            raise
+        progress thread. Collective: every worker calls it after the same barrier."""
+        links = self._links.connect(peers)
+        self._conns, self._inbox, self._shm = links.conns, links.inboxes, links.shm
         for p, conn in self._conns.items():
             conn.max_bytes = self.cfg.max_message_bytes
             self._by_fd[conn.fileno()] = p
@@ -204,94 +196,6 @@ class Collective:
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"pskv-collective-{self.rank}")
         self._thread.start()
-
-    def _dial(self, p: int, info: Mapping[str, str], key: bytes, deadline: float) \
-            -> StreamConn:
-        same_host = info.get("host") == socket.gethostname()
-        where = info.get("uds") if same_host and self.cfg.transport != "tcp" \
-            else info.get("tcp")
-        if not isinstance(where, str):
-            raise ClusterError(f"worker {self.rank}: worker {p} announced no endpoint")
-        tls = client_context(*self.cfg.tls) \
-            if self.cfg.tls is not None and where.startswith("tcp:") else None
-        conn = StreamConn.connect(where, self.cfg.request_timeout, f"worker {p}", tls)
-        try:
-            nonce = new_key()
-            conn.send(Command.HELLO, 1, body={"role": "worker", "rank": self.rank,
-                                              "nonce": nonce})
-            meta = _read_one(conn, deadline, f"worker {p}'s challenge")
-            body = meta.body if isinstance(meta.body, dict) else {}
-            want = prove(key, _ACCEPTOR, {"nonce": nonce, "job": self._job}, "worker", p)
-            if meta.cmd != Command.CHALLENGE or body.get("job") != self._job or \
-                    not hmac.compare_digest(str(body.get("proof", "")).encode(),
-                                            want["proof"].encode()):
-                raise ClusterError(f"worker {self.rank}: the collective endpoint of worker "
-                                   f"{p} ({where}) did not prove it is worker {p} of this "
-                                   "job. Check that nothing else listens there.")
-            conn.send(Command.HELLO, 2, body={
-                "role": "worker", "rank": self.rank,
-                **prove(self._key, _CONNECTOR, body, "worker", self.rank)})
-            meta = _read_one(conn, deadline, f"worker {p}'s admission")
-            if meta.cmd != Command.ADMIT:
-                raise error_from_body(meta.body, f"worker {p}") \
-                    if meta.cmd == Command.ERROR else \
-                    ProtocolError(f"worker {p} answered {meta.cmd.name} to a HELLO")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _accept_lower(self, keys: dict[int, bytes], deadline: float) -> None:
-        """Admit one connection from each lower rank; a stranger's is closed."""
-        want = {p for p in self.peers if p < self.rank}
-        while want:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ClusterTimeoutError(
-                    f"worker {self.rank} waited {self.cfg.connect_timeout:g} s for worker"
-                    f"{'s' if len(want) > 1 else ''} {', '.join(map(str, sorted(want)))} to "
-                    "open its collective link. Check that every worker reached the same "
-                    "kv.init, or raise PSKV_CONNECT_TIMEOUT.")
-            ready = _readable([ls.sock for ls in self._listeners], min(left, 0.2))
-            for ls in self._listeners:
-                if ls.sock.fileno() not in ready:
-                    continue
-                for conn in ls.accept(self.cfg.handshake_timeout, 8):
-                    conn.max_bytes = ADMISSION_BYTES
-                    try:
-                        p = self._admit(conn, keys, want, deadline)
-                    except KVStoreError as err:
-                        log.warning("worker %d: refused a collective link: %s", self.rank, err)
-                        conn.close()
-                        continue
-                    self._conns[p] = conn
-                    want.discard(p)
-
-    def _admit(self, conn: StreamConn, keys: dict[int, bytes], want: set[int],
-               deadline: float) -> int:
-        limit = min(deadline, time.monotonic() + self.cfg.handshake_timeout)
-        meta = _read_one(conn, limit, "a collective HELLO")
-        body = meta.body if isinstance(meta.body, dict) else {}
-        p, cnonce = body.get("rank"), body.get("nonce")
-        if meta.cmd != Command.HELLO or type(p) is not int or p not in want or \
-                not isinstance(cnonce, str) or len(cnonce) > 256:
-            raise ProtocolError(f"a HELLO that names no lower worker still to link ({p!r})")
-        nonce = new_key()
-        conn.send(Command.CHALLENGE, meta.ts, body={
-            "nonce": nonce, "job": self._job,
-            "proof": prove(self._key, _ACCEPTOR, {"nonce": cnonce, "job": self._job},
-                           "worker", self.rank)["proof"]})
-        meta = _read_one(conn, limit, f"worker {p}'s proof")
-        body = meta.body if isinstance(meta.body, dict) else {}
-        good = prove(keys[p], _CONNECTOR, {"nonce": nonce, "job": self._job}, "worker", p)
-        if meta.cmd != Command.HELLO or body.get("rank") != p or not hmac.compare_digest(
-                str(body.get("proof", "")).encode(), good["proof"].encode()):
-            conn.send(Command.ERROR, meta.ts, body=error_body(ClusterError(
-                f"worker {self.rank} refused a collective link: a wrong proof of worker {p}")))
-            raise ProtocolError(f"a wrong proof of worker {p}")
-        conn.send(Command.ADMIT, meta.ts, body={"rank": self.rank})
-        conn.peer = f"worker {p}"
-        return p
 
     # ---- keys ---------------------------------------------------------------------------
     def add_key(self, name: Any, pskey: int, size: int, dtype: np.dtype[Any],
@@ -320,19 +224,30 @@ class Collective:
     def push(self, pskey: int, flat: np.ndarray) -> None:
         """Send ``flat`` (this worker's value, 1-D, the key's dtype) to the chunks' owners;
         return once every byte is written (then ``flat`` may change)."""
-        sent = _Sent(set(self.peers))
+        sent = _Sent(set(self.peers) - self._shm)
         with self._cond:
             self._raise_failure()
             self._raise_gone("to push", set(self.peers))
             k = self._keys[pskey]
-            k.pushed += 1
-            lo, hi = k.bounds[self.rank]
-            own = self._buffer(k)
-            np.copyto(own, flat[lo:hi])
+        lo, hi = k.bounds[self.rank]
+        if self._shm:
+            seg = self._claim_slot(k)
+            np.copyto(seg.push, flat)     # the one copy; the owners read it in place
+            own = seg.push[lo:hi]
+        with self._cond:
+            if not self._shm:
+                k.pushed += 1
+                own = self._buffer(k)
+                np.copyto(own, flat[lo:hi])
             k.own.append(own)
             self._dirty.add(pskey)
-
             for p in self.peers:
+                if p in self._shm:
+                    if k.pushed == 1:      # its segment first, then the rounds
+                        assert k.seg is not None
+                        self._queue(p, Command.SEGMENT, 0, pskey, None, fds=[k.seg.fd])
+                    self._queue(p, Command.PUSH, k.pushed, pskey, None)
+                    continue
                 s, e = k.bounds[p]
                 self._queue(p, Command.PUSH, k.pushed, pskey, flat[s:e],
                             functools.partial(sent.left.discard, p))
@@ -341,15 +256,54 @@ class Collective:
         self._wait(lambda: not sent.left, lambda: self._what_send(k, sent),
                    lambda: set(sent.left))
 
+    def _claim_slot(self, k: _Key) -> Segment:
+        """Wait until this worker's push slot of ``k`` may be rewritten (see the module's
+        invariants), then count the push (the slot is this caller's until it queues the
+        round); the segment, made at the first push."""
+        def free() -> bool:
+            n = k.pushed
+            if k.readers or k.summed < n or any(k.got[p] < n for p in self._shm):
+                return False
+            k.pushed += 1
+            return True
+
+        def late() -> set[int]:
+            return {p for p in self._shm if k.got[p] < k.pushed}
+        self._wait(free, lambda: (f"the owners of key {k.name!r} to sum round {k.pushed} "
+                                  "(its push slot is read until then)"), late)
+        with self._cond:
+            if k.seg is None:
+                try:
+                    k.seg = Segment.create(layout(k.result.size, k.dtype, k.bounds[self.rank]),
+                                           f"pskv-{self.rank}-{k.pskey}")
+                except OSError as err:
+                    msg = (f"worker {self.rank} could not make shared memory for key "
+                           f"{k.name!r}: {err}. Set PSKV_COLLECTIVE_SHM=0 to use the sockets.")
+                    self._fail(ClusterError, msg)
+                    raise ClusterError(msg) from err
+            return k.seg
+
     def pull(self, pskey: int, out: np.ndarray) -> None:
         """Wait for the sum of the round of this worker's last push; copy it into ``out``
         (1-D, the key's size)."""
         k = self._keys[pskey]
         with self._cond:
             n = k.pushed
-        self._wait(lambda: self._complete(k, n), lambda: self._what_round(k, n),
-                   lambda: {p for p in self.peers if k.came[p] < n or k.got[p] < n})
-        np.copyto(out, k.result, casting="same_kind")
+            k.readers += 1       # no push of this key till the copy is over: see above
+        try:
+            self._wait(lambda: self._complete(k, n), lambda: self._what_round(k, n),
+                       lambda: {p for p in self.peers if k.came[p] < n or k.got[p] < n})
+            if k.seg is None or n == 0:
+                np.copyto(out, k.result, casting="same_kind")
+                return
+            for p, (lo, hi) in enumerate(k.bounds):
+                src = k.seg.total if p == self.rank else \
+                    k.mapped[p].total if p in self._shm else k.result[lo:hi]
+                np.copyto(out[lo:hi], src, casting="same_kind")
+        finally:
+            with self._cond:
+                k.readers -= 1
+                self._cond.notify_all()
 
     def _complete(self, k: _Key, n: int) -> bool:
         return k.summed >= n and all(k.got[p] >= n for p in self.peers)
@@ -427,14 +381,15 @@ class Collective:
 
     # ---- the progress thread ------------------------------------------------------------------
     def _queue(self, p: int, cmd: Command, ts: int, pskey: int, array: np.ndarray | None,
-               done: Callable[[], None] | None = None, body: Any = None) -> None:
+               done: Callable[[], None] | None = None, body: Any = None,
+               fds: list[int] | None = None) -> None:
         """Queue a message to peer ``p`` (lock held)."""
         frames = encode(cmd, ts, [pskey] if pskey >= 0 else [], body,
                         [array] if array is not None else [])
         head = frames[0]
         bufs = [memoryview(_PREFIX.pack(_MAGIC, len(head))), memoryview(head)]
         bufs += [memoryview(a).cast("B") for a in frames[1:] if a.nbytes]
-        self._out[p].append(_Out(bufs, done))
+        self._out[p].append(_Out(bufs, done, fds=fds or []))
 
     def _wake(self) -> None:
         try:
@@ -563,7 +518,7 @@ class Collective:
         def alloc_for(meta: Meta) -> Alloc | None:
             with self._cond:
                 k = self._keys.get(meta.keys[0]) if len(meta.keys) == 1 else None
-                if k is None:
+                if k is None or p in self._shm:     # no data comes: it is in the segment
                     return None
                 if meta.cmd == Command.PUSH:
                     lo, hi = k.bounds[self.rank]
@@ -590,6 +545,10 @@ class Collective:
             err = error_from_body(meta.body, f"worker {p}")
             self._fail(type(err), str(err))
             return
+        if meta.cmd == Command.SEGMENT:
+            self._on_segment(p, meta)
+            return
+        shm = p in self._shm
         with self._cond:
             k = self._keys.get(meta.keys[0]) if len(meta.keys) == 1 else None
             why = None
@@ -603,15 +562,20 @@ class Collective:
             else:
                 lo, hi = k.bounds[self.rank if meta.cmd == Command.PUSH else p]
                 last = k.came[p] if meta.cmd == Command.PUSH else k.got[p]
-                if len(arrays) != 1 or arrays[0].dtype != k.dtype or \
-                        arrays[0].shape != (hi - lo,):
+                if meta.ts != last + 1:
+                    why = f"key {k.name!r}: round {meta.ts} after round {last}"
+                elif shm and (arrays or p not in k.mapped):
+                    why = (f"key {k.name!r}: {len(arrays)} arrays on a shared-memory link"
+                           if arrays else f"key {k.name!r}: round {meta.ts} before its "
+                           "shared-memory segment")
+                elif not shm and (len(arrays) != 1 or arrays[0].dtype != k.dtype or
+                                  arrays[0].shape != (hi - lo,)):
                     why = (f"key {k.name!r}: {len(arrays)} arrays, not one {k.dtype} "
                            f"chunk of {hi - lo} elements")
-                elif meta.ts != last + 1:
-                    why = f"key {k.name!r}: round {meta.ts} after round {last}"
             if why is None and k is not None:
                 if meta.cmd == Command.PUSH:
-                    k.parts[p].append(arrays[0])
+                    # a same-host peer's part is read in place, from its push slot
+                    k.parts[p].append(k.mapped[p].push[lo:hi] if shm else arrays[0])
                     k.came[p] = meta.ts
                     self._dirty.add(k.pskey)
                 else:
@@ -619,6 +583,40 @@ class Collective:
                     self._cond.notify_all()
                 return
         self._refuse(p, ClusterError, f"worker {p} sent {why}")
+
+    def _on_segment(self, p: int, meta: Meta) -> None:
+        """A same-host peer's segment of a key: check it, map it (or refuse it)."""
+        inbox = self._inbox.get(p)
+        try:
+            fd = inbox.take() if inbox is not None else None
+        except ProtocolError as err:
+            self._refuse(p, ProtocolError, f"worker {p} sent {err}")
+            return
+        with self._cond:
+            k = self._keys.get(meta.keys[0]) if len(meta.keys) == 1 else None
+        why = None
+        if p not in self._shm:
+            why = "a shared-memory segment on a link that does not take one"
+        elif k is None:
+            why = (f"a shared-memory segment of ps_key {meta.keys[:1]} that worker "
+                   f"{self.rank} does not take on the collective path")
+        elif p in k.mapped:
+            why = f"a second shared-memory segment of key {k.name!r}"
+        elif fd is None:
+            why = f"a shared-memory segment of key {k.name!r} without its descriptor"
+        if why is None and k is not None and fd is not None:
+            try:
+                seg = Segment.open(fd, layout(k.result.size, k.dtype, k.bounds[p]),
+                                   f"worker {p}", f"a shared-memory segment of key {k.name!r}")
+            except ProtocolError as err:
+                self._refuse(p, ProtocolError, str(err))
+                return
+            with self._cond:
+                k.mapped[p] = seg
+            return
+        if fd is not None:
+            os.close(fd)
+        self._refuse(p, ProtocolError, f"worker {p} sent {why}")
 
     def _refuse(self, p: int, cls: type[KVStoreError], msg: str) -> None:
         """A peer broke the rules: tell it, fail this path (never the thread)."""
@@ -646,13 +644,16 @@ class Collective:
                 parts = {q: k.parts[q].popleft() for q in self.peers}
                 parts[self.rank] = own
             lo, hi = k.bounds[self.rank]
-            acc = k.result[lo:hi]
+            acc = k.result[lo:hi] if k.seg is None else k.seg.total
             # the server's arithmetic (Engine.accumulate): copy rank 0's, add the rest in order
             np.copyto(acc, parts[0], casting="same_kind")
             for q in range(1, self.num_workers):
                 np.add(acc, parts[q], out=acc, casting="same_kind")
             with self._cond:
-                k.free.extend(parts.values())
+                # spare buffers again: what came over a socket (and this worker's own part,
+                # without a segment); the segments' views are not buffers
+                k.free.extend(a for q, a in parts.items() if q not in self._shm and
+                              (q != self.rank or k.seg is None))
                 k.summed += 1
                 live = [p for p in self.peers if p not in self._gone]
                 k.sending = len(live)
@@ -660,9 +661,9 @@ class Collective:
                 def one_sent(k: _Key = k) -> None:
                     k.sending -= 1
                     self._dirty.add(k.pskey)
-                for p in live:
-                    self._queue(p, Command.DATA, k.summed, k.pskey, acc,
-                                one_sent)
+                for p in live:    # a same-host peer reads the sum from the sum slot
+                    self._queue(p, Command.DATA, k.summed, k.pskey,
+                                None if p in self._shm else acc, one_sent)
                 self._cond.notify_all()
             for p in live:
                 self._write(p)
@@ -678,6 +679,10 @@ class Collective:
                 bufs = item.bufs
                 if conn.tls:     # TLS sockets have no sendmsg (as StreamConn.send)
                     sent = conn.sock.send(bufs[item.first][:1 << 20])
+                elif item.fds:   # the descriptors go with the message's first bytes
+                    sent = conn.sock.sendmsg(bufs[item.first:item.first + _IOV_MAX],
+                                             fd_message(item.fds))
+                    item.fds = []
                 else:
                     sent = conn.sock.sendmsg(bufs[item.first:item.first + _IOV_MAX])
             except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
@@ -726,33 +731,24 @@ class Collective:
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()
-        for ls in self._listeners:
-            ls.close()
-        self._listeners.clear()
+        for inbox in self._inbox.values():
+            inbox.close()
+        self._inbox.clear()
+        with self._cond:
+            for q in self._out.values():
+                q.clear()
+            for k in self._keys.values():
+                k.own.clear()
+                for parts in k.parts.values():
+                    parts.clear()
+                for seg in [*k.mapped.values(), *([k.seg] if k.seg is not None else [])]:
+                    seg.close()
+                k.mapped.clear()
+                k.seg = None
+        self._links.close()
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
             except OSError:
                 pass
         self._wake_r = self._wake_w = -1
-
-
-def _read_one(conn: StreamConn, deadline: float, what: str) -> Meta:
-    """One message from ``conn`` (a handshake's), waiting at most until ``deadline``."""
-    while True:
-        got = conn.receive(None, 1)
-        if got:
-            return got[0][0]
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise ClusterTimeoutError(f"waited too long for {what} ({conn.peer})")
-        _readable([conn.sock], min(left, 0.2))
-
-
-def _readable(socks: list[socket.socket], timeout: float) -> set[int]:
-    """The descriptors of ``socks`` with something to read within ``timeout`` seconds
-    (poll, not select: any descriptor number)."""
-    poller = select.poll()
-    for sock in socks:
-        poller.register(sock.fileno(), select.POLLIN)
-    return {fd for fd, _ in poller.poll(max(1, int(timeout * 1000)))}

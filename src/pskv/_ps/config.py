@@ -18,7 +18,7 @@ from ..errors import ConfigError
 
 __all__ = [
     "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_CHECKPOINT_DIR", "ENV_CHECKPOINT_EVERY",
-    "ENV_CHECKPOINT_KEEP", "ENV_ENCRYPT", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_COALESCE_BYTES", "ENV_COLLECTIVE_BYTES", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
+    "ENV_CHECKPOINT_KEEP", "ENV_ENCRYPT", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_COALESCE_BYTES", "ENV_COLLECTIVE_BYTES", "ENV_COLLECTIVE_SHM", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REDUCE_THREADS", "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_KEY_BYTES", "ENV_MAX_KEYS_PER_MESSAGE",
@@ -58,6 +58,9 @@ ENV_COALESCE_BYTES = "PSKV_COALESCE_BYTES"
 #: dense dist_sync keys of at least this many bytes are summed among the workers
 #: (docs/collective.md); 0: none
 ENV_COLLECTIVE_BYTES = "PSKV_COLLECTIVE_BYTES"
+#: 0: the collective path's workers on one host exchange their chunks over the Unix socket
+#: instead of shared memory (_ps/shm.py; default 1)
+ENV_COLLECTIVE_SHM = "PSKV_COLLECTIVE_SHM"
 #: seconds a connection may take to be admitted; then it is closed
 ENV_HANDSHAKE_TIMEOUT = "PSKV_HANDSHAKE_TIMEOUT"
 #: connections not admitted yet that a node keeps at once; more are refused
@@ -240,6 +243,9 @@ class ClusterConfig:
     collective_bytes : dense ``dist_sync`` keys of at least this many bytes are summed among
         the workers instead of on the servers (PSKV_COLLECTIVE_BYTES, docs/collective.md);
         0: no key
+    collective_shm : on the collective path, workers on one host move a round's data through
+        shared memory, and only small messages through their Unix socket (PSKV_COLLECTIVE_SHM,
+        docs/collective.md); False: through the socket
     rank : the rank this worker or server asks the scheduler for (DMLC_WORKER_ID /
         DMLC_SERVER_ID); None takes the next free rank in arrival order
     handshake_timeout : seconds a connection may take to be admitted before it is closed
@@ -291,6 +297,7 @@ class ClusterConfig:
     transport: str = "auto"
     coalesce_bytes: int = 65536
     collective_bytes: int = 0
+    collective_shm: bool = True
     rank: int | None = None
     handshake_timeout: float = 10.0
     max_unadmitted: int = 64
@@ -412,6 +419,7 @@ class ClusterConfig:
             collective_bytes=_int(env, ENV_COLLECTIVE_BYTES, 0, "Set it to a number of bytes "
                                   "(e.g. 4194304: keys of 4 MiB and more are summed among "
                                   "the workers), or 0 to keep every key on the servers."),
+            collective_shm=_switch(env, ENV_COLLECTIVE_SHM, True),
             rank=rank,
             handshake_timeout=_seconds(env, ENV_HANDSHAKE_TIMEOUT, 10.0),
             max_unadmitted=_int(env, ENV_MAX_UNADMITTED, 64, "Set it to a number of "
@@ -466,14 +474,16 @@ def _tls(env: Mapping[str, str]) -> tuple[str, str, str] | None:
     return files[0], files[1], files[2]
 
 
-def _switch(env: Mapping[str, str], name: str) -> bool:
+def _switch(env: Mapping[str, str], name: str, default: bool = False) -> bool:
     raw = env.get(name, "").strip()
-    if raw in ("", "0"):
+    if raw == "":
+        return default
+    if raw == "0":
         return False
     if raw == "1":
         return True
-    raise ConfigError(f"{name}={raw!r} is not 0 or 1. Set it to 1 to switch it on, or unset "
-                      "it.")
+    raise ConfigError(f"{name}={raw!r} is not 0 or 1. Set it to 1 to switch it on, 0 to switch "
+                      f"it off, or unset it (default {int(default)}).")
 
 
 def _transport(raw: str) -> str:

@@ -124,6 +124,8 @@ class Command(enum.IntEnum):
     PEER_LOST = 11     # node -> scheduler: my connection to this peer broke
     NODE_REJOINED = 12  # scheduler -> nodes: a restarted node took a dead one's rank
     SEALED = 13        # PSKV_ENCRYPT=1 on a stream link: one encrypted message (sealed.py)
+    SEGMENT = 14       # worker -> worker on one host: a key's shared memory, its descriptor
+                       # passed with the message (collective path, shm.py)
     INIT = 20
     PUSH = 21
     PULL = 22

@@ -180,6 +180,9 @@ class StreamConn:
         self._out_since = 0.0                  # when the queue last moved
         #: bytes received so far (a stranger's budget is counted in them)
         self.received = 0
+        #: how bytes are read: ``reader(view, nbytes) -> count`` (the socket's ``recv_into``;
+        #: a collective link within a host also takes descriptors: :class:`.shm.FdInbox`)
+        self.reader: Callable[[memoryview, int], int] = sock.recv_into
         self._bufs: dict[int, np.ndarray] = {}
         # bytes received but not parsed yet: _rbuf[_rstart:_rend]
         self._rbuf = bytearray(READ_BUFFER)
@@ -474,10 +477,10 @@ class StreamConn:
             return False
         try:
             if need >= READ_BUFFER:          # a big array's rest: straight into place
-                k = self.sock.recv_into(target[pos:], need)
+                k = self.reader(target[pos:], need)
                 self._drained = k < need and not self.tls
             else:
-                k = self.sock.recv_into(self._rview, READ_BUFFER)
+                k = self.reader(self._rview, READ_BUFFER)
                 self._drained = k < READ_BUFFER and not self.tls
         except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return False
@@ -526,7 +529,7 @@ class StreamConn:
                         self._drained = False
                         break
                     try:
-                        k = self.sock.recv_into(self._rview, READ_BUFFER)
+                        k = self.reader(self._rview, READ_BUFFER)
                     except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                         break
                     except OSError as err:

@@ -2,7 +2,8 @@
 
 Three keys (two big, one small), five rounds of rank-scaled pushes, and a SHA-256 of every
 pulled value: a run with ``PSKV_COLLECTIVE_BYTES`` set must print the digest a run without
-it prints. Report: ``{"rank", "digest", "collective": [keys on the collective path]}``.
+it prints. Report: ``{"rank", "digest", "collective": [keys on the collective path], "shm": [workers it
+shares memory with]}``.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def main() -> int:
         for o in outs:
             digest.update(o.tobytes())
     print(json.dumps({"rank": kv.rank, "digest": digest.hexdigest(),
-                      "collective": sorted(k for k, r in kv._store.items() if r.collective)}),
+                      "collective": sorted(k for k, r in kv._store.items() if r.collective),
+                      "shm": sorted(kv._coll._shm) if kv._coll is not None else []}),
           flush=True)
     kv.close()
     return 0

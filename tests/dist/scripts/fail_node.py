@@ -6,7 +6,8 @@ can only close with rank 1's push) and reports the error it gets.
 of 0, so rank 0's pull waits on the server for rank 1's next push).
 ``server-dies``: both ranks push and pull a key split over every server, in a loop, until
 an error (the test kills a server); each reports its error.
-Reports: ``{"rank", "event": "ready", "servers"}`` (the server table), then ``{"rank", "error", "mro", "msg", "time"}``.
+Reports: ``{"rank", "event": "ready", "servers", "shm"}`` (the server table, the workers
+it shares memory with on the collective path), then ``{"rank", "error", "mro", "msg", "time"}``.
 Exits 3 after a KVStoreError, 0 if no error came within 30 s.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 import pskv as mx
 from pskv.errors import KVStoreError
@@ -21,6 +23,12 @@ from pskv.errors import KVStoreError
 
 def say(**fields: object) -> None:
     print(json.dumps(fields), flush=True)
+
+
+def shm_peers(kv: Any) -> list[int]:
+    """The workers this one shares memory with on the collective path."""
+    coll = getattr(kv, "_coll", None)
+    return sorted(coll._shm) if coll is not None else []
 
 
 def main(mode: str) -> int:
@@ -31,10 +39,12 @@ def main(mode: str) -> int:
     kv.pull("w")                                   # one good round first
     try:
         if mode.endswith("worker-dies") and rank == 1:
-            say(rank=rank, event="ready", servers=[dict(s) for s in kv._po.servers])
+            say(rank=rank, event="ready", servers=[dict(s) for s in kv._po.servers],
+                shm=shm_peers(kv))
             time.sleep(30)
             return 0
-        say(rank=rank, event="ready", servers=[dict(s) for s in kv._po.servers])
+        say(rank=rank, event="ready", servers=[dict(s) for s in kv._po.servers],
+            shm=shm_peers(kv))
         end = time.monotonic() + 30
         while time.monotonic() < end:
             kv.push("w", mx.nd.ones((64,)))
