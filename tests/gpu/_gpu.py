@@ -1,6 +1,12 @@
-"""Helpers of tests/gpu: the skip marks, and host or CUDA arrays made from NumPy."""
+"""Helpers of tests/gpu: the skip marks, and host or CUDA arrays made from NumPy.
+
+Every test of tests/gpu imports this first. tests/gpu has no conftest.py: beside
+tests/dist's, a second top-level ``conftest`` module fails collection under
+``--doctest-modules``.
+"""
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import numpy as np
@@ -10,6 +16,9 @@ try:
     import torch
 except ImportError:          # the marks below skip every test
     torch = None
+
+# JAX, if a test imports it, must not take the GPU's memory ahead of torch
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 HAVE_CUDA = torch is not None and torch.cuda.is_available()
 HAVE_TWO = HAVE_CUDA and torch.cuda.device_count() >= 2

@@ -171,7 +171,7 @@ def _dist(store_type: str, workers: int, servers: int, make: Make) -> dict[int, 
 @pytest.mark.parametrize("store_type,workers", [("dist_sync", 2), ("dist_device_sync", 2),
                                                 ("dist_async", 1)])
 def test_dist_stores_match_the_host_path(store_type: str, workers: int) -> None:
-    pytest.importorskip("zmq")
+    pytest.importorskip("zmq", reason="the dist stores need pyzmq (pip install pyzmq)")
     want = _dist(store_type, workers, 2, host)
     got = _dist(store_type, workers, 2, cuda)
     for rank in want:
@@ -194,7 +194,8 @@ def test_values_and_outs_on_two_gpus() -> None:
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # CuPy/JAX import notes
 def test_cupy_arrays_in_and_out() -> None:
-    cp = pytest.importorskip("cupy")
+    cp = pytest.importorskip(
+        "cupy", reason="CuPy is not installed (pip install the cupy build for this CUDA)")
     x = np.arange(12, dtype=np.float32)
     kv = mx.kv.create("device")
     kv.init(0, cp.asarray(x))
@@ -206,7 +207,8 @@ def test_cupy_arrays_in_and_out() -> None:
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # CuPy/JAX import notes
 def test_jax_arrays_in_and_refused_as_outs() -> None:
-    jnp = pytest.importorskip("jax.numpy")
+    jnp = pytest.importorskip("jax.numpy",
+                              reason="JAX is not installed (pip install jax with CUDA)")
     import jax
     gpus = [d for d in jax.devices() if d.platform == "gpu"]
     if not gpus:

@@ -67,7 +67,7 @@ def train(kv: Any, device: str, update_on_kvstore: bool) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("update_on_kvstore", [False, True])
 def test_distributed_optimizer_on_cuda_gives_the_cpu_weights(update_on_kvstore: bool) -> None:
-    pytest.importorskip("zmq")
+    pytest.importorskip("zmq", reason="the dist stores need pyzmq (pip install pyzmq)")
     torch.backends.cuda.matmul.allow_tf32 = False
     runs = {}
     for device in ("cpu", "cuda"):
@@ -93,6 +93,7 @@ def test_parameters_on_two_devices_are_refused_by_name() -> None:
 
 
 def test_train_torch_example_runs_on_cuda() -> None:
-    pytest.importorskip("sklearn")
+    pytest.importorskip(
+        "sklearn", reason="the training example needs scikit-learn (the examples extra)")
     from pskv.examples import train_torch
     assert train_torch.main(["--device", "cuda", "--epochs", "1", "--quiet"]) in (0, None)

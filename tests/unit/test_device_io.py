@@ -142,7 +142,7 @@ def test_cuda_row_ids_are_checked_too() -> None:
 
 
 def test_dist_store_refuses_on_every_call() -> None:
-    pytest.importorskip("zmq")
+    pytest.importorskip("zmq", reason="the dist stores need pyzmq (pip install pyzmq)")
     from pskv.testing import InprocCluster
 
     def fn(kv: Any) -> Any:
@@ -166,7 +166,7 @@ def test_dist_store_refuses_on_every_call() -> None:
 
 
 def test_torch_model_on_two_devices_names_the_parameter() -> None:
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch (pip install torch==2.13.0)")
     from pskv.torch._broadcast import check_one_device
     named: Any = [("fc1.weight", SimpleNamespace(device="cuda:0")),
                   ("fc1.bias", SimpleNamespace(device="cuda:0")),
@@ -179,7 +179,7 @@ def test_torch_model_on_two_devices_names_the_parameter() -> None:
 
 
 def test_torch_meta_tensors_are_refused() -> None:
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch (pip install torch==2.13.0)")
     import pskv.torch as pt
     kv = mx.kv.create("local")
     with pytest.raises(DeviceError, match="tensor 'w' is on device meta"):

@@ -18,7 +18,7 @@ import pytest
 import pskv as mx
 from pskv.kvstore import _args, _device_io
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch (pip install torch==2.13.0)")
 
 GPU_TESTS = Path(__file__).resolve().parents[1] / "gpu"
 
@@ -123,7 +123,7 @@ def test_a_refused_push_lands_and_keeps_nothing(simulated: list[int]) -> None:
                                                 ("dist_async", 1)])
 def test_dist_scenario_matches_the_host_path(simulated: list[int], store_type: str,
                                              workers: int) -> None:
-    pytest.importorskip("zmq")
+    pytest.importorskip("zmq", reason="the dist stores need pyzmq (pip install pyzmq)")
     gpu = _load("_gpu")
     stores = _load("test_cuda_stores")
     want = stores._dist(store_type, workers, 2, gpu.host)
