@@ -281,3 +281,38 @@ def test_without_replicas_a_pushpull_push_is_copied_at_once() -> None:
     _pushpull(fo, 0, 7, grad, 1)
     kept = _kept(fo, 0)
     assert kept[0] is not grad and kept[0].tolist() == [3.0] * 4
+
+
+def _made_again(fo: Failover, value: float) -> list[int]:
+    """A restarted worker makes a push of ps_key 7 to shard 0 again: the keys still sent."""
+    return fo.skip_applied(0, [7], {"kinds": "d"}, [np.full(2, value, np.float32)])[0]
+
+
+def test_a_catch_up_target_from_a_server_that_died_is_lowered_to_what_its_backup_holds() -> None:
+    # a restarted worker heard that server 0 holds 3 of its pushes of ps_key 7, the third
+    # only in a round still open (held, not applied); server 0 dies before that round
+    # closes and its backup holds 2: the third push made again must reach the backup, not
+    # be dropped (the long chaos soak: a round then waited for ever for that worker, and
+    # every later push of it landed one round late)
+    fo, links = _failover(servers=2)
+    fo.pushes.applied_before(0, {7: 3})
+    assert _made_again(fo, 0.0) == [] and _made_again(fo, 1.0) == []
+    links.applied[1] = {7: 2}
+    fo.recover(lambda: None if fo.host[0] != 0 else ServerLost(0))
+    assert [c for _s, c, *_ in links.take()] == [Command.COMMAND]     # nothing to send again
+    assert _made_again(fo, 2.0) == [7] and not fo.pushes.skipping
+
+
+def test_a_push_dropped_while_catching_up_goes_to_the_backup_that_lacks_it() -> None:
+    # as above, but the worker had made its third push again (and dropped it: server 0
+    # held it) before server 0 died: the backup gets it from the log, in order
+    fo, links = _failover(servers=2)
+    fo.pushes.applied_before(0, {7: 3})
+    assert [_made_again(fo, float(i)) for i in range(3)] == [[], [], []]
+    assert not fo.pushes.skipping
+    links.applied[1] = {7: 2}
+    fo.recover(lambda: None if fo.host[0] != 0 else ServerLost(0))
+    again = [(s, k, float(a[0][0])) for s, c, _ts, k, _b, a in links.take()
+             if c == Command.PUSH]
+    assert again == [(1, (7,), 2.0)]
+    assert _made_again(fo, 3.0) == [7]

@@ -257,7 +257,9 @@ class Failover:
         host = self.host[shard]
         tag = {} if host == shard else {"shard": shard}
         with self._lock:
-            pushes = self.pushes.since(shard, applied_counts(body))
+            applied = applied_counts(body)
+            self.pushes.rebase(shard, applied)
+            pushes = self.pushes.since(shard, applied)
             again = sorted(ts for ts, sent in self._sent.items() if sent[0] == shard)
             requests = [(ts, self._sent[ts]) for ts in again]
         for pk, kind, arrays in pushes:

@@ -4,7 +4,9 @@ A server counts, per key and worker, the pushes it has applied (and a checkpoint
 counts); a worker numbers its pushes of each key to each server the same way. After a
 restart the server says how many it holds and the worker sends the later ones again, in
 order (docs/durability.md: why re-send rather than roll back). Invariant: for each server
-and ps_key, the log holds the last ``keep`` pushes, numbered 1, 2, ... in send order.
+and ps_key, the log holds the last ``keep`` pushes made, numbered 1, 2, ... in the order
+they were made: sent, or dropped by a restarted worker catching up (the server said it
+held them, and may die before applying them).
 """
 from __future__ import annotations
 
@@ -71,6 +73,22 @@ class PushLog:
                 self._skip[(server, pk)] = n
         self.skipping = bool(self._skip)
 
+    def rebase(self, server: int, applied: dict[int, int]) -> None:
+        """``server``'s shard is now served by a host that holds ``applied[pk]`` of this
+        worker's pushes: a catch-up target above that came from a server that died
+        holding more (pushes of a round still open, never applied nor backed up), so it is
+        lowered. What this worker made again and dropped beyond ``applied`` is in the log,
+        and :meth:`since` sends it; later pushes are sent, not dropped."""
+        for (srv, pk), target in list(self._skip.items()):
+            have = applied.get(pk, 0)
+            if srv != server or target <= have:
+                continue
+            if self._count.get((srv, pk), 0) >= have:
+                del self._skip[(srv, pk)]
+            else:
+                self._skip[(srv, pk)] = have
+        self.skipping = bool(self._skip)
+
     def drop_applied(self, server: int, keys: Sequence[int], body: Any,
                      arrays: Sequence[np.ndarray]) \
             -> tuple[list[int], Any, list[np.ndarray]]:
@@ -85,7 +103,10 @@ class PushLog:
             have = self._skip.get((server, pk), 0)
             done = self._count.get((server, pk), 0)
             if done < have:
-                self._count[(server, pk)] = done + 1     # made again: drop it
+                # made again: not sent, but kept like a sent push: the server that said
+                # it holds it may die before applying it (a push of an open round), and
+                # the backup that takes its shard over then lacks it (:meth:`rebase`)
+                self.record(server, [pk], kind, arrays[pos:pos + n])
                 if done + 1 == have:
                     del self._skip[(server, pk)]
                     self.skipping = bool(self._skip)
