@@ -343,3 +343,29 @@ def test_a_loop_lets_a_reply_wait_for_room_only_for_an_admitted_peer() -> None:
     finally:
         client.close()
         loop.close()
+
+
+def test_a_reply_to_a_peer_already_dropped_is_let_go_quietly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # a round closes after one of its workers died: the reply to that worker's pull goes
+    # to a connection the loop dropped (closed) when the worker's link broke; it is let go
+    # without a WARNING ("dropping a worker: ... Bad file descriptor" after every death)
+    lis = StreamListener(host="127.0.0.1")
+    loop = ServeLoop("server", _Quiet(), Verifier("server", "job", lambda r, k: b"k"), 5.0,
+                     listeners=[lis])
+    client = socket.create_connection(lis.sock.getsockname()[:2], 5)
+    try:
+        end = time.monotonic() + 10
+        while not loop._conns and time.monotonic() < end:
+            select.select([lis.sock], [], [], 0.1)
+            loop._accept(lis.pollable(), lis)
+        (conn,) = loop._conns.values()
+        loop.admit_now(conn, "worker 0")
+        loop.drop(conn)
+        with caplog.at_level("INFO", logger="pskv._ps.serve"):
+            loop.send(conn, Command.ACK, 7)
+        assert [r for r in caplog.records if r.levelname == "WARNING"] == []
+        assert not loop._conns and conn not in loop.admitted
+    finally:
+        client.close()
+        loop.close()

@@ -140,6 +140,10 @@ class ServeLoop:
     def send(self, conn: Connection, cmd: Command, ts: int, body: Any = None,
              arrays: list[np.ndarray] | tuple[()] = ()) -> None:
         """Send to ``conn``; a peer that cannot be reached is dropped, never raised."""
+        if isinstance(conn, StreamConn) and conn.fileno() < 0:
+            # dropped already (its link broke): a reply that was waiting for a round, such
+            # as a dead worker's pull, has nobody to go to
+            return
         try:
             conn.send(cmd, ts, body=body, arrays=arrays)
         except KVStoreError as err:
