@@ -474,27 +474,36 @@ def test_a_malformed_batch_of_rounds_is_refused(body: dict[str, Any], narrays: i
 
 
 def _shards_with_fakes(monkeypatch: Any, rank: int, held: dict[int, int],
-                       restart: int = 0) -> tuple[Any, list[Any]]:
+                       restart: int = 0, unreachable: set[int] | None = None) \
+        -> tuple[Any, list[Any]]:
     """A server's `Shards` whose backup links are recorded, not opened; its backups hold
-    a copy of each shard in `held` (shard -> the server it came from)."""
+    a copy of each shard in `held` (shard -> the server it came from); a link to a server
+    in `unreachable` fails as a refused connection does (it forgets where the backup is)."""
     from types import SimpleNamespace
 
     from pskv.kvstore import _shards
     links: list[Any] = []
+    down = unreachable if unreachable is not None else set()
 
     class Link:
         def __init__(self, cfg: Any, zctx: Any, po: Any, shard: int, backup: int,
                      engine: Engine) -> None:
             self.shard, self.backup, self.endpoints = shard, backup, None
             self.sent: list[Any] = []
+            self.up = False
             links.append(self)
 
         def aim(self, announced: Any) -> None:
             self.endpoints = announced
 
         def send(self, op: Any, body: Any, arrays: Any = (), wait: bool = True) -> None:
-            if self.endpoints is not None:      # a link with no backup sends nothing
-                self.sent.append(op)
+            if self.endpoints is None:          # a link with no backup sends nothing
+                return
+            if self.backup in down:
+                self.endpoints = None
+                return
+            self.sent.append(op)
+            self.up = True
 
         def close(self) -> None:
             pass
@@ -505,6 +514,9 @@ def _shards_with_fakes(monkeypatch: Any, rank: int, held: dict[int, int],
 
         def take(self, shard: int) -> Engine | None:
             return Engine(num_workers=2) if held.pop(shard, None) is not None else None
+
+        def empty(self) -> Engine:
+            return Engine(num_workers=2)
 
     monkeypatch.setattr(_shards, "Replicator", Link)
     po = SimpleNamespace(rank=rank, num_servers=3, num_workers=2,
@@ -569,3 +581,50 @@ def test_a_restarted_server_asked_for_a_shard_it_never_got_says_the_shard_is_los
     shards, _links = _shards_with_fakes(monkeypatch, rank=0, held={}, restart=1)
     with pytest.raises(ProtocolError, match="holds no copy of shard 2.*is lost.*checkpoint"):
         shards.get(2)
+
+
+def test_a_backup_serves_empty_the_shard_of_a_server_that_died_before_its_first_copy(
+        monkeypatch: Any) -> None:
+    """Server 0 died before its first copy reached server 1 (a kill 0.8 s after start on a
+    loaded machine): a server answers no worker before that copy is in place, so the
+    shard is empty, and its first backup serves it empty once the scheduler says server 0
+    died (before, the request waits for that word)."""
+    from pskv.kvstore._shards import TakeoverPending
+    shards, links = _shards_with_fakes(monkeypatch, rank=1, held={})
+    with pytest.raises(TakeoverPending):
+        shards.get(0)
+    shards.lost[0] = time.monotonic()
+    shard = shards.get(0)
+    assert shard.index == 0 and len(shard.engine) == 0 and shards.get(0) is shard
+    assert [link.shard for link in links] == [0]     # its backup: server 0 once it is back
+
+
+def test_only_the_first_backup_never_restarted_serves_a_shard_empty(monkeypatch: Any) -> None:
+    from pskv.errors import ProtocolError
+    shards, _links = _shards_with_fakes(monkeypatch, rank=1, held={})
+    shards.lost[2] = time.monotonic()
+    with pytest.raises(ProtocolError, match="holds no shard 2"):
+        shards.get(2)                    # server 0 backs shard 2 up, not server 1
+    shards, _links = _shards_with_fakes(monkeypatch, rank=1, held={}, restart=1)
+    shards.lost[0] = time.monotonic()
+    with pytest.raises(ProtocolError, match="holds no copy of shard 0.*is lost"):
+        shards.get(0)                    # restarted: it may have lost the copy it had
+
+
+def test_a_server_answers_nobody_before_its_backup_has_the_first_copy(
+        monkeypatch: Any) -> None:
+    """The rule the empty takeover rests on: while the backup lives and cannot be reached,
+    the shard is not copied (the server waits, and tries again); once the scheduler
+    reports the backup dead, the copy waits for its restart."""
+    from pskv._ps.ops import ReplOp
+    down = {1}
+    shards, links = _shards_with_fakes(monkeypatch, rank=0, held={}, unreachable=down)
+    shards.serve(0, shards.own)
+    assert not shards.copied(0) and not shards.copied(0)
+    down.clear()                         # reachable again: the whole shard goes now
+    assert shards.copied(0) and links[0].sent == [ReplOp.NOOP]
+    down.add(1)
+    shards, links = _shards_with_fakes(monkeypatch, rank=0, held={}, unreachable=down)
+    shards.serve(0, shards.own)
+    shards.lost[1] = time.monotonic()
+    assert shards.copied(0) and links[0].sent == []

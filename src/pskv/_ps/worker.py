@@ -28,7 +28,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import zmq
@@ -54,6 +54,34 @@ _PENDING = object()
 #: seconds between reads of the links a request makes on its way out (a failed push's
 #: ERROR waits that long at most; a broken link is noticed by the idle hook meanwhile)
 READ_EVERY = 0.002
+
+
+class _Unreachable:
+    """The link to a server whose dial was refused while this worker connected, with
+    backups on: every send fails as a broken link's does (the failover then moves its
+    shard to the backup), nothing ever arrives, and it is never polled."""
+
+    max_bytes: int | None = None
+
+    def __init__(self, peer: str, why: NodeFailedError) -> None:
+        self.peer, self._why = peer, why
+
+    def send(self, cmd: Command, ts: int = 0, keys: Sequence[int] = (), body: Any = None,
+             arrays: Sequence[np.ndarray] = ()) -> None:
+        raise NodeFailedError(f"{self.peer} cannot be reached: {self._why}")
+
+    def receive(self, alloc_for: Callable[[Meta], Alloc | None] | None = None,
+                limit: int = 64) -> list[tuple[Meta, list[np.ndarray]]]:
+        return []
+
+    def pollable(self) -> Any:
+        return self             # never registered with the poller
+
+    def stalled(self, now: float) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
 
 
 class KVWorker:
@@ -146,8 +174,21 @@ class KVWorker:
                                                "worker", self.po.rank)}
 
     def _connect(self, rank: int, ep: Mapping[str, str]) -> Connection:
-        conn = connect(self.cfg, ep, ep.get("host") == socket.gethostname(), f"server {rank}",
-                       self._zctx, self._tls, (self.po.key_for(rank), "worker", self.po.rank))
+        try:
+            conn = connect(self.cfg, ep, ep.get("host") == socket.gethostname(),
+                           f"server {rank}", self._zctx, self._tls,
+                           (self.po.key_for(rank), "worker", self.po.rank))
+        except NodeFailedError as err:
+            if self._connected or self.failover is None or not self.failover.replicas:
+                raise
+            # its dial refused while this worker connects: it died first (a server answers
+            # no worker before its backup holds the first copy of its shard, so that
+            # backup serves it): as a link that breaks during the handshakes
+            self._conn_at[rank] = ep
+            self.po.report_lost("server", rank, ep)
+            log.info("worker %d: server %d cannot be reached (%s); its backup will serve "
+                     "its shard", self.po.rank, rank, err)
+            return _Unreachable(f"server {rank}", err)
         self._conn_at[rank] = ep
         self._zmq = self._zmq or not isinstance(conn.pollable(), int)
         self._server_of[conn.pollable()] = rank

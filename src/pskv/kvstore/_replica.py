@@ -453,6 +453,12 @@ class Backups:
     def _land(self, index: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
         return self._pool.take(dtype, shape)
 
+    def empty(self) -> Engine:
+        """A fresh engine for a shard taken over empty (``Shards.get``: its server died
+        before its first copy came here, so it never answered a worker)."""
+        engine: Engine = self._make()
+        return engine
+
     def held_from(self, shard: int) -> tuple[int, float] | None:
         """The server whose copy of ``shard`` this server holds and when the copy came
         (None: it holds none)."""

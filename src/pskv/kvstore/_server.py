@@ -566,6 +566,8 @@ class KVServer:
                 # its backup gets the whole (empty) shard before any worker is admitted
                 # here: a death while the workers connect leaves it a copy to serve
                 self.shards.serve(self.po.rank, own)
+                if self.backups is not None:
+                    self._await_first_copy()
             # else: its backup took its shard over; it rejoins as a backup
             failed_seen = False
             lost_at: float | None = None
@@ -604,6 +606,26 @@ class KVServer:
             return 0
         finally:
             self._close()
+
+    def _await_first_copy(self) -> None:
+        """Answer no worker before this server's shard has its first copy on its backup
+        (or the backup is reported dead, and gets the copy once it is back): a backup that
+        never got one then knows the shard is empty and may serve it so (``Shards.get``).
+        Bounded by PSKV_CONNECT_TIMEOUT; the workers' handshakes wait meanwhile."""
+        deadline = time.monotonic() + self.cfg.connect_timeout
+        while not self.shards.copied(self.po.rank):
+            if time.monotonic() >= deadline:
+                raise ClusterError(
+                    f"server {self.po.rank} could not send the first copy of its shard to "
+                    f"its backup within {self.cfg.connect_timeout:g} s, and the scheduler "
+                    "does not report that backup dead: check the network between the "
+                    "servers (PSKV_REPLICAS=1), or raise PSKV_CONNECT_TIMEOUT")
+            time.sleep(0.25)
+            while (event := self.po.next_event()) is not None:
+                if isinstance(event, ServerRejoined):
+                    self.shards.rejoined(event.rank)
+                else:
+                    self.shards.lost[event.rank] = time.monotonic()
 
     def _reload(self, rank: int) -> None:
         """Restarted by pskv-launch --max-restarts: this rank's shard from the newest

@@ -134,7 +134,16 @@ class Shards:
             if held is not None and self.lost.get(held[0], float("-inf")) < held[1]:
                 raise TakeoverPending(index, held[0])
             engine = self.backups.take(index)
-            if engine is not None:
+            if engine is None and held is None and self._first_backup_of(index):
+                # no copy ever came from its server: it died before its first copy was in
+                # place, and a server answers no worker before that (_server.run), so the
+                # shard is empty: served empty, once the scheduler says its server died
+                if index not in self.lost:
+                    raise TakeoverPending(index, index)
+                engine = self.backups.empty()
+                log.info("server %d: serves shard %d now, empty: its server died before "
+                         "its first copy reached this backup", self.po.rank, index)
+            elif engine is not None:
                 log.info("server %d: serves shard %d now, as its backup (its server died)",
                             self.po.rank, index)
             if engine is not None:
@@ -152,6 +161,24 @@ class Shards:
                                 "PSKV_REPLICAS=1 a server serves its own shard and, once its "
                                 "primary died, the one it backs up)")
         return shard
+
+    def _first_backup_of(self, index: int) -> bool:
+        """Whether this server, never restarted, is the backup that shard ``index`` had
+        when its own server served it (the only server its first copy goes to)."""
+        return not self.cfg.restart and index != self.po.rank and \
+            backup_of(index, index, self.po.num_servers) == self.po.rank
+
+    def copied(self, index: int) -> bool:
+        """Whether shard ``index``, served here, has its whole copy on its backup, or the
+        backup is reported dead (it gets the copy once it is back); else the copy is tried
+        again. A server answers no worker before this holds for its own shard: a backup
+        that got no copy from it may then take its shard over empty."""
+        repl = self.served[index].replicator
+        if repl is None or repl.up or not self._alive(repl.backup):
+            return True
+        repl.aim(self.po.servers[repl.backup])
+        repl.send(ReplOp.NOOP, {})          # connects, then sends the whole shard
+        return repl.up
 
     def serve(self, index: int, engine: Engine) -> Shard:
         """Serve shard ``index`` with ``engine``, replicating it to its backup if any."""

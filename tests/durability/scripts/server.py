@@ -10,8 +10,10 @@ so that the workers are still connecting; or ``batch:N``: right after it sent it
 its N-th batch of rounds (``r_rounds``), before the backup's acknowledgment is read; or
 ``rounds:N``: once it has applied N rounds (sync) or pushes (async) of the keys it serves,
 before anyone is answered: a kill tied to the job's progress, not to the clock, so that a
-slow start on a busy machine cannot move it before the workers connected). Only the first
-start of a server dies; a restart (PSKV_RESTART > 0) serves.
+slow start on a busy machine cannot move it before the workers connected; or
+``first-copy``: once admitted, before the first copy of its shard goes to its backup,
+while the workers connect). Only the first start of a server dies; a restart
+(PSKV_RESTART > 0) serves.
 """
 from __future__ import annotations
 
@@ -90,6 +92,18 @@ def _die_after_rounds(me: str, n: int) -> None:
     _shards.Shard.round_applied = round_applied  # type: ignore[method-assign]
 
 
+def _die_before_first_copy(me: str) -> None:
+    from pskv.kvstore import _shards
+    real = _shards.Shards.serve
+
+    def serve(self: Any, index: int, engine: Any) -> Any:
+        if index == int(me):
+            Path(f"{os.environ['DIE_MARK']}-{me}").touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, index, engine)
+    _shards.Shards.serve = serve  # type: ignore[method-assign]
+
+
 def _arm() -> None:
     if os.environ.get("DMLC_ROLE") != "server":
         return
@@ -108,6 +122,9 @@ def _arm() -> None:
         return
     if when.startswith("batch:"):
         _die_after_batch(me, int(when[len("batch:"):]))
+        return
+    if when == "first-copy":
+        _die_before_first_copy(me)
         return
     if when.startswith("rounds:"):
         _die_after_rounds(me, int(when[len("rounds:"):]))
