@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _compare import same as compare
 
 import pskv as mx
 from pskv._ps.collective import chunks
@@ -70,19 +71,7 @@ def training(kv: Any, override: bool) -> dict[str, Any]:
 
 
 def same(x: Any, y: Any) -> None:
-    if isinstance(x, dict):
-        assert x.keys() == y.keys()
-        for k in x:
-            if k != "on_path":
-                same(x[k], y[k])
-    elif isinstance(x, list):
-        assert len(x) == len(y)
-        for a, b in zip(x, y):
-            same(a, b)
-    else:
-        a, b = np.asarray(x), np.asarray(y)
-        assert a.dtype == b.dtype and a.shape == b.shape
-        assert np.array_equal(a, b), f"max difference {np.abs(a - b).max()}"
+    compare(x, y, skip=("on_path",))
 
 
 @pytest.mark.parametrize("workers", [2, 3, 4])

@@ -326,17 +326,24 @@ class _Quiet:
         pass
 
 
+def _accepted(loop: ServeLoop, lis: StreamListener) -> StreamConn:
+    """The one connection ``loop`` accepts on ``lis`` (a client has dialled it)."""
+    end = time.monotonic() + 10
+    while not loop._conns and time.monotonic() < end:
+        select.select([lis.sock], [], [], 0.1)
+        loop._accept(lis.pollable(), lis)
+    (conn,) = loop._conns.values()
+    assert isinstance(conn, StreamConn)
+    return conn
+
+
 def test_a_loop_lets_a_reply_wait_for_room_only_for_an_admitted_peer() -> None:
     lis = StreamListener(host="127.0.0.1")
     loop = ServeLoop("server", _Quiet(), Verifier("server", "job", lambda r, k: b"k"), 5.0,
                      listeners=[lis])
     client = socket.create_connection(lis.sock.getsockname()[:2], 5)
     try:
-        end = time.monotonic() + 10
-        while not loop._conns and time.monotonic() < end:
-            select.select([lis.sock], [], [], 0.1)
-            loop._accept(lis.pollable(), lis)
-        (conn,) = loop._conns.values()
+        conn = _accepted(loop, lis)
         assert conn.queued and conn.patience == 0        # a stranger's replies never wait
         loop.admit_now(conn, "worker 0")
         assert conn.patience == SEND_PATIENCE > 0
@@ -355,11 +362,7 @@ def test_a_reply_to_a_peer_already_dropped_is_let_go_quietly(
                      listeners=[lis])
     client = socket.create_connection(lis.sock.getsockname()[:2], 5)
     try:
-        end = time.monotonic() + 10
-        while not loop._conns and time.monotonic() < end:
-            select.select([lis.sock], [], [], 0.1)
-            loop._accept(lis.pollable(), lis)
-        (conn,) = loop._conns.values()
+        conn = _accepted(loop, lis)
         loop.admit_now(conn, "worker 0")
         loop.drop(conn)
         with caplog.at_level("INFO", logger="pskv._ps.serve"):
