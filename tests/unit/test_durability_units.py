@@ -605,6 +605,9 @@ def test_only_the_first_backup_never_restarted_serves_a_shard_empty(monkeypatch:
     shards.lost[2] = time.monotonic()
     with pytest.raises(ProtocolError, match="holds no shard 2"):
         shards.get(2)                    # server 0 backs shard 2 up, not server 1
+    shards.lost[3] = time.monotonic()
+    with pytest.raises(ProtocolError, match="holds no shard 3"):
+        shards.get(3)                    # no such shard (3 servers), though 3 + 1 = 1 mod 3
     shards, _links = _shards_with_fakes(monkeypatch, rank=1, held={}, restart=1)
     shards.lost[0] = time.monotonic()
     with pytest.raises(ProtocolError, match="holds no copy of shard 0.*is lost"):

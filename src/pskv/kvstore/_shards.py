@@ -166,6 +166,7 @@ class Shards:
         """Whether this server, never restarted, is the backup that shard ``index`` had
         when its own server served it (the only server its first copy goes to)."""
         return not self.cfg.restart and index != self.po.rank and \
+            0 <= index < self.po.num_servers and \
             backup_of(index, index, self.po.num_servers) == self.po.rank
 
     def copied(self, index: int) -> bool:
