@@ -147,6 +147,25 @@ def test_replicas_restarted_server_is_the_new_backup(tmp_path: Path) -> None:
         np.testing.assert_array_equal(killed[k], calm[k])
 
 
+def test_a_worker_restarted_after_a_takeover_of_a_whole_copy_keeps_the_momentum(
+        tmp_path: Path) -> None:
+    """Server 0 dies and comes back as the backup of both shards (whole copies, made
+    mid-job: their optimizer specs carry its counts); server 1 dies, server 0 serves both
+    from those copies; then a worker dies and is restarted, and sends its optimizer again.
+    That repeat must be a no-op: it reset the momentum of every key (found by the long
+    chaos soak, whose dist_sync job ended 32.13 off on its counting key)."""
+    assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
+    out = tmp_path / "killed"
+    assert _job(out, "dist_sync", [(0, "rounds:30"), (1, "copies:2+0.3")], every=0,
+                extra={"PSKV_REPLICAS": "1", "DIE_WORKER": "1",
+                       "DIE_STEP": str(STEPS - 5)}, max_restarts=2) == 0
+    assert (out / "died-worker-1").stat().st_mtime_ns > (out / "died-1").stat().st_mtime_ns, \
+        "the worker died before server 1: not the fault this test means (raise DIE_STEP)"
+    calm, killed = _weights(tmp_path / "calm"), _weights(out)
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k])
+
+
 @pytest.mark.parametrize("transport", ["tcp", "zmq"])
 def test_encrypted_links_survive_failover_and_restart(tmp_path: Path, transport: str) -> None:
     # PSKV_ENCRYPT=1: sealed stream links (or CURVE) through a death, the backup's

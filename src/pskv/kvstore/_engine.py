@@ -150,6 +150,9 @@ class Engine:
         self.stored: dict[Key, NDArray] = {}
         self._entries: dict[Key, _Entry] = {}
         self.updater: Updater | None = None
+        #: the optimizer spec as a worker sent it (no counts): a worker's identical repeat
+        #: (every worker sends it, a restarted one again) is a no-op, even once the
+        #: optimizer was rebuilt from a copy or a checkpoint whose spec carries its counts
         self._opt_spec: Any = None
         self.compressor: Any = None
         self._gc_params: Any = None
@@ -234,8 +237,12 @@ class Engine:
         else:
             np.copyto(stored._data, merged._data, casting="same_kind")
 
-    def set_optimizer_spec(self, spec: Any) -> None:
-        """Install the optimizer ``spec`` (JSON); identical repeats are no-ops."""
+    def set_optimizer_spec(self, spec: Any, sent: Any = None) -> None:
+        """Install the optimizer ``spec`` (JSON); identical repeats are no-ops.
+
+        ``sent``: the spec a worker sent for the optimizer ``spec`` continues (a copy's or
+        a checkpoint's spec carries the optimizer's counts, which a worker's never does):
+        repeats are compared with it from now on."""
         if spec != self._opt_spec:
             opt = optimizer.from_spec(spec)
             check_optimizer_spec(opt, spec)     # a spec that cannot update is refused now
@@ -244,6 +251,13 @@ class Engine:
                     tables.check_optimizer(e.table, opt)
             self.updater = optimizer.get_updater(opt)
             self._opt_spec = spec
+        if sent is not None:
+            self._opt_spec = sent
+
+    @property
+    def sent_spec(self) -> Any:
+        """The optimizer spec as a worker sent it (None: none yet), for copies."""
+        return self._opt_spec
 
     def set_compression(self, params: Any) -> None:
         """Decompress pushes of kind ``'c'`` with these gradient-compression params."""

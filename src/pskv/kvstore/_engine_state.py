@@ -50,7 +50,7 @@ def shard_copy(engine: Any, copies: list[tuple[dict[str, Any], Any, Any]]) -> Sh
     states = None if upd is None or not hasattr(upd, "get_states") else \
         {m["key"]: st for m, _a, st in copies if st is not None}
     return ShardCopy([m for m, _a, _s in copies], [a for _m, a, _s in copies], states,
-                     spec, engine._gc_params)
+                     spec, engine._gc_params, engine.sent_spec if spec is not None else None)
 
 
 def restore(engine: Any, reader: Reader, counters: bool) -> None:
@@ -78,7 +78,8 @@ def restore(engine: Any, reader: Reader, counters: bool) -> None:
     if spec is not None:
         from .. import optimizer
         engine.updater = optimizer.get_updater(optimizer.from_spec(spec))
-        engine._opt_spec = spec
+        # a worker's repeat of the spec it sent keeps the restored states (R: restarts)
+        engine._opt_spec = reader.optimizer_sent() or spec
     upd = engine.updater
     for e in engine._entries.values():
         if e.table is not None:

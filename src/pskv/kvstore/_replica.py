@@ -304,8 +304,8 @@ def encode_copy(copy: ShardCopy, sync: bool) -> tuple[dict[str, Any], list[np.nd
     for i, named in tables:
         entries[i]["fields"] = {f: len(arrays) + j for j, f in enumerate(named)}
         arrays.extend(np.ascontiguousarray(v) for v in named.values())
-    return ({"entries": entries, "optimizer": copy.optimizer, "states": states,
-             "compression": copy.compression, "sync": sync}, arrays)
+    return ({"entries": entries, "optimizer": copy.optimizer, "sent": copy.sent,
+             "states": states, "compression": copy.compression, "sync": sync}, arrays)
 
 
 def install_copy(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
@@ -314,7 +314,8 @@ def install_copy(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray])
     if body.get("compression") is not None:
         engine.set_compression(body["compression"])
     if body.get("optimizer") is not None:
-        engine.set_optimizer_spec(body["optimizer"])
+        # a restarted worker's repeat of what it sent must not reset the copy's states
+        engine.set_optimizer_spec(body["optimizer"], body.get("sent"))
     for e, arr in zip(body["entries"], arrays, strict=False):
         if e.get("stype") == "table":
             _install_table(engine, e, arrays)

@@ -61,6 +61,8 @@ class ShardCopy:
     states: dict[Any, Any] | None
     optimizer: Any
     compression: Any
+    #: the optimizer spec as a worker sent it (``optimizer`` carries the counts as well)
+    sent: Any = None
 
 
 def shard_name(index: int) -> str:
@@ -92,6 +94,8 @@ def write_shard(copy: ShardCopy, directory: str, index: int) -> str:
     os.makedirs(directory, exist_ok=True)
     meta = {"format": FORMAT, "version": VERSION, "entries": copy.entries,
             "optimizer": copy.optimizer, "compression": copy.compression}
+    if copy.sent is not None:
+        meta["optimizer_sent"] = copy.sent
     named: dict[str, np.ndarray] = {}
     for i, a in enumerate(copy.arrays):
         if isinstance(a, dict):         # a table shard: its rows by ID
@@ -386,6 +390,15 @@ class Reader:
             return None
         with guarded(self.directory):
             return self._merged_spec(specs)
+
+    def optimizer_sent(self) -> Any:
+        """The optimizer spec as the workers sent it, if every shard says the same (None:
+        a checkpoint written before it was kept, or no optimizer)."""
+        sent = [m.get("optimizer_sent") for m in self.metas
+                if isinstance(m.get("optimizer"), dict)]
+        if not sent or any(s is None or s != sent[0] for s in sent):
+            return None
+        return sent[0]
 
     def _merged_spec(self, specs: list[dict[str, Any]]) -> Any:
         spec = json.loads(json.dumps(specs[0]))

@@ -5,11 +5,14 @@ OUT/weights.npz; every worker writes how many pushes it made (OUT/pushes-<rank>.
 dist_sync runs SGD with momentum (so optimizer states matter); dist_async runs SGD with
 learning rate -1 (each push is added to the weights) and pushes ones to key "n" every
 step, so "n" counts the pushes the servers applied. With DIE_WORKER and DIE_STEP set, that
-worker SIGKILLs itself in the middle of that step on its first run (after pushing one key).
+worker SIGKILLs itself in the middle of that step on its first run (after pushing one key),
+creating DIE_MARK-worker-<rank> first if DIE_MARK is set.
 With TRAIN_PUSHPULL=1 each step is one ``pushpull`` per key from a gradient array that is
 overwritten in place every step (as a framework's backward pass does), not push and pull.
 With TRAIN_ONE_CALL=1 each step pushes every key in one call, then pulls them in one (a
-server's rounds of a step then reach its backup as one batch).
+server's rounds of a step then reach its backup as one batch). With TRAIN_TRACE=1 each
+worker writes the value of "n" it pulled at each step to OUT/trace-<rank>-<restart>.txt
+(to find the step where a faulted run leaves the calm one's values).
 """
 from __future__ import annotations
 
@@ -47,6 +50,10 @@ def main() -> None:
         and os.environ.get("DIE_WORKER") == str(kv.rank)
     pushpull = os.environ.get("TRAIN_PUSHPULL") == "1"
     one_call = os.environ.get("TRAIN_ONE_CALL") == "1"
+    trace = None
+    if os.environ.get("TRAIN_TRACE") == "1":
+        trace = open(os.path.join(out, f"trace-{kv.rank}-{os.environ.get('PSKV_RESTART', '0')}.txt"),
+                     "w", buffering=1)
     grads = {k: mx.nd.zeros(SHAPES[k]) for k in keys}
     weights = {k: mx.nd.zeros(SHAPES[k]) for k in keys}
     for step in range(steps):
@@ -58,6 +65,9 @@ def main() -> None:
             continue
         for i, k in enumerate(keys):
             if die and step == int(os.environ["DIE_STEP"]) and i == 1:
+                if "DIE_MARK" in os.environ:
+                    with open(f"{os.environ['DIE_MARK']}-worker-{kv.rank}", "w"):
+                        pass
                 os.kill(os.getpid(), signal.SIGKILL)
             grad = _grad(step, kv.rank, k)
             if pushpull:
@@ -68,7 +78,9 @@ def main() -> None:
             pushes += 1
         if not pushpull:
             for k in keys:
-                kv.pull(k)
+                got = kv.pull(k)
+                if trace is not None and k == "n":
+                    trace.write(f"{step} {got.asnumpy()[0]!r}\n")
         time.sleep(0.01)
     kv.barrier()
     if kv.rank == 0:
