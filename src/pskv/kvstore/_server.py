@@ -613,6 +613,7 @@ class KVServer:
         never got one then knows the shard is empty and may serve it so (``Shards.get``).
         Bounded by PSKV_CONNECT_TIMEOUT; the workers' handshakes wait meanwhile."""
         deadline = time.monotonic() + self.cfg.connect_timeout
+        pause = 0.1         # doubled up to 1 s: a backup still starting is tried less often
         while not self.shards.copied(self.po.rank):
             if time.monotonic() >= deadline:
                 raise ClusterError(
@@ -620,7 +621,8 @@ class KVServer:
                     f"its backup within {self.cfg.connect_timeout:g} s, and the scheduler "
                     "does not report that backup dead: check the network between the "
                     "servers (PSKV_REPLICAS=1), or raise PSKV_CONNECT_TIMEOUT")
-            time.sleep(0.25)
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(2 * pause, 1.0)
             while (event := self.po.next_event()) is not None:
                 if isinstance(event, ServerRejoined):
                     self.shards.rejoined(event.rank)
