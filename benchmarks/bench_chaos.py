@@ -4,6 +4,7 @@ Run from the repository root (a quiet machine; about four times ``--seconds`` in
 
     python benchmarks/bench_chaos.py                  # 300 s of faults per store type
     python benchmarks/bench_chaos.py --seconds 60     # shorter
+    python benchmarks/bench_chaos.py --seed 21        # another schedule of kills
     python benchmarks/bench_chaos.py --quick          # the CI variant's size; writes nothing
 
 It runs ``tests/durability/test_chaos.py`` with ``CHAOS_SECONDS`` set: 3 servers and 3
@@ -33,9 +34,13 @@ LINE = re.compile(r"chaos (dist_sync|dist_async): (\d+) faults survived in (\d+)
                   r"(?:, ([\d.]+) s lost per fault)?: (.*)")
 
 
-def soak(seconds: float, timeout: float) -> tuple[int, str, list[dict[str, Any]]]:
-    """Run the chaos tests for ``seconds`` of faults each; (exit code, output, reports)."""
+def soak(seconds: float, timeout: float, seed: int | None = None) \
+        -> tuple[int, str, list[dict[str, Any]]]:
+    """Run the chaos tests for ``seconds`` of faults each (``seed``: another schedule of
+    kills than the tests' own); (exit code, output, reports)."""
     env = {**os.environ, "CHAOS_SECONDS": str(seconds)}
+    if seed is not None:
+        env["CHAOS_SEED"] = str(seed)
     cmd = [sys.executable, "-m", "pytest", "-s", "-q", "-p", "no:cacheprovider",
            "--timeout", str(int(timeout)), str(ROOT / "tests" / "durability" / "test_chaos.py")]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
@@ -54,11 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=300.0,
                     help="seconds of faults per store type (default 300)")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="another schedule of kills (CHAOS_SEED; default: the tests' own)")
     ap.add_argument("--quick", action="store_true",
                     help="the CI variant's size (about six faults); writes nothing")
     args = ap.parse_args(argv)
     seconds = 0.0 if args.quick else args.seconds
-    code, out, reports = soak(seconds, timeout=max(600.0, 8 * seconds))
+    code, out, reports = soak(seconds, timeout=max(600.0, 8 * seconds), seed=args.seed)
     header = ["store", "faults survived", "job s", "s lost per fault", "killed (s into the job)"]
     rows = [[r["mode"], r["faults"], r["seconds"],
              "" if r["lost_per_fault_s"] is None else f"{r['lost_per_fault_s']:.1f}",
@@ -74,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     data = {"benchmark": "bench_chaos", "time": _common.timestamp(),
             "machine": _common.machine_info(), **_common.commit_info(),
-            "command": _common.command_line(argv), "seconds": seconds, "results": reports}
+            "command": _common.command_line(argv), "seconds": seconds, "seed": args.seed,
+            "results": reports}
     md = (f"# bench_chaos\n\n{data['command']}\n\nCommit {data['commit']}"
           f"{' (dirty)' if data['dirty'] else ''}, {data['time']}, "
           f"{data['machine']['cpu_model']} x{data['machine']['cpu_count']}. 3 servers and 3 "
