@@ -199,7 +199,8 @@ def render(data: dict[str, Any], header: list[str], rows: list[list[str]]) -> st
             f"{m['mem_total_gib']} GiB, {m['platform']}, Python {m['python']}, NumPy "
             f"{m['numpy']}; load average at start {m['loadavg_at_start']}\n- jobs: a scheduler, "
             "2 servers and 2 workers on this host, dist_sync, SGD with momentum on the servers; "
-            "replicas 0 and 1 alternate, 3 rounds, the median of each; each step is "
+            f"replicas 0 and 1 alternate, {data.get('rounds', 3)} rounds, the median of each; "
+            "each step is "
             "`kv.push` of every key then `kv.pull` (rows marked `pushpull`: one "
             "`kv.pushpull`, as gluon's Trainer and pskv.torch do)\n\n"
             + _common.md_table(header, rows) + "\n\n" + COST_NOTE)
@@ -345,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     header = ["workload", "steps/s, replicas 0", "steps/s, replicas 1", "cost",
               "<= 25%", "shard MB", "snapshot pause ms", "ms per 100 MB", "< 50 ms"]
     print(_common.text_table(header, rows))
+    data["rounds"] = rounds
     markdown = render(data, header, rows)
     if not args.quick:
         _common.write_results("bench_durability", data, markdown)
