@@ -576,12 +576,7 @@ class KVServer:
                 nonlocal failed_seen, lost_at
                 self.snapshots.reap()
                 if self.backups is not None:
-                    while (event := self.po.next_event()) is not None:
-                        if isinstance(event, ServerRejoined):
-                            self.shards.rejoined(event.rank)
-                        else:   # its shard is taken over when a worker asks for it
-                            self.shards.lost[event.rank] = time.monotonic()
-                            self._retry_takeovers()
+                    self._membership_events()
                 if self.po.failure is not None and not failed_seen:
                     failed_seen = True
                     err = NodeFailedError(self.po.failure)
@@ -623,11 +618,18 @@ class KVServer:
                     "servers (PSKV_REPLICAS=1), or raise PSKV_CONNECT_TIMEOUT")
             time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
             pause = min(2 * pause, 1.0)
-            while (event := self.po.next_event()) is not None:
-                if isinstance(event, ServerRejoined):
-                    self.shards.rejoined(event.rank)
-                else:
-                    self.shards.lost[event.rank] = time.monotonic()
+            self._membership_events()
+
+    def _membership_events(self) -> None:
+        """Act on the servers' deaths and restarts the scheduler reported (with backups): a
+        restarted server becomes the backup of the shards here it backs; a dead one's
+        shards may now be taken over, so the requests that waited for that run again."""
+        while (event := self.po.next_event()) is not None:
+            if isinstance(event, ServerRejoined):
+                self.shards.rejoined(event.rank)
+            else:   # its shard is taken over when a worker asks for it
+                self.shards.lost[event.rank] = time.monotonic()
+                self._retry_takeovers()
 
     def _reload(self, rank: int) -> None:
         """Restarted by pskv-launch --max-restarts: this rank's shard from the newest
