@@ -1,6 +1,7 @@
 """Stream framing carries both header forms (binary for the hot path, JSON for control)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import select
@@ -326,30 +327,32 @@ class _Quiet:
         pass
 
 
-def _accepted(loop: ServeLoop, lis: StreamListener) -> StreamConn:
-    """The one connection ``loop`` accepts on ``lis`` (a client has dialled it)."""
-    end = time.monotonic() + 10
-    while not loop._conns and time.monotonic() < end:
-        select.select([lis.sock], [], [], 0.1)
-        loop._accept(lis.pollable(), lis)
-    (conn,) = loop._conns.values()
-    assert isinstance(conn, StreamConn)
-    return conn
-
-
-def test_a_loop_lets_a_reply_wait_for_room_only_for_an_admitted_peer() -> None:
+@contextlib.contextmanager
+def _dialled_loop() -> Iterator[tuple[ServeLoop, StreamConn]]:
+    """A server's ServeLoop on a TCP listener, and the one connection it accepted from a
+    client that dialled it (not admitted yet); all closed after."""
     lis = StreamListener(host="127.0.0.1")
     loop = ServeLoop("server", _Quiet(), Verifier("server", "job", lambda r, k: b"k"), 5.0,
                      listeners=[lis])
     client = socket.create_connection(lis.sock.getsockname()[:2], 5)
     try:
-        conn = _accepted(loop, lis)
-        assert conn.queued and conn.patience == 0        # a stranger's replies never wait
-        loop.admit_now(conn, "worker 0")
-        assert conn.patience == SEND_PATIENCE > 0
+        end = time.monotonic() + 10
+        while not loop._conns and time.monotonic() < end:
+            select.select([lis.sock], [], [], 0.1)
+            loop._accept(lis.pollable(), lis)
+        (conn,) = loop._conns.values()
+        assert isinstance(conn, StreamConn)
+        yield loop, conn
     finally:
         client.close()
         loop.close()
+
+
+def test_a_loop_lets_a_reply_wait_for_room_only_for_an_admitted_peer() -> None:
+    with _dialled_loop() as (loop, conn):
+        assert conn.queued and conn.patience == 0        # a stranger's replies never wait
+        loop.admit_now(conn, "worker 0")
+        assert conn.patience == SEND_PATIENCE > 0
 
 
 def test_a_reply_to_a_peer_already_dropped_is_let_go_quietly(
@@ -357,18 +360,10 @@ def test_a_reply_to_a_peer_already_dropped_is_let_go_quietly(
     # a round closes after one of its workers died: the reply to that worker's pull goes
     # to a connection the loop dropped (closed) when the worker's link broke; it is let go
     # without a WARNING ("dropping a worker: ... Bad file descriptor" after every death)
-    lis = StreamListener(host="127.0.0.1")
-    loop = ServeLoop("server", _Quiet(), Verifier("server", "job", lambda r, k: b"k"), 5.0,
-                     listeners=[lis])
-    client = socket.create_connection(lis.sock.getsockname()[:2], 5)
-    try:
-        conn = _accepted(loop, lis)
+    with _dialled_loop() as (loop, conn):
         loop.admit_now(conn, "worker 0")
         loop.drop(conn)
         with caplog.at_level("INFO", logger="pskv._ps.serve"):
             loop.send(conn, Command.ACK, 7)
         assert [r for r in caplog.records if r.levelname == "WARNING"] == []
         assert not loop._conns and conn not in loop.admitted
-    finally:
-        client.close()
-        loop.close()

@@ -58,6 +58,14 @@ def _weights(out: Path) -> dict[str, np.ndarray]:
         return {k: data[k] for k in data.files}
 
 
+def _same_weights(calm_out: Path, killed_out: Path) -> None:
+    """The job that had deaths ended with the undisturbed job's weights, bit for bit."""
+    calm, killed = _weights(calm_out), _weights(killed_out)
+    assert sorted(killed) == sorted(calm)
+    for k in calm:
+        np.testing.assert_array_equal(killed[k], calm[k], err_msg=f"key {k!r}")
+
+
 def _die(seed: int) -> tuple[int, str]:
     """Which server dies, and when: after it applied some rounds (tied to the job's
     progress: a kill by the clock could come before a slow-starting job's workers connect,
@@ -71,9 +79,7 @@ def test_sync_server_killed_restarts_from_checkpoint_bit_identical(tmp_path: Pat
                                                                    seed: int) -> None:
     assert _job(tmp_path / "calm", "dist_sync", None) == 0
     assert _job(tmp_path / "killed", "dist_sync", _die(seed)) == 0
-    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
-    for k in calm:
-        np.testing.assert_array_equal(killed[k], calm[k])
+    _same_weights(tmp_path / "calm", tmp_path / "killed")
 
 
 @pytest.mark.parametrize("seed", [3])
@@ -92,9 +98,7 @@ def test_sync_replicas_failover_bit_identical(tmp_path: Path, seed: int) -> None
     # no checkpoints: the backup holds everything acknowledged
     assert _job(tmp_path / "killed", "dist_sync", _die(seed), every=0,
                 extra={"PSKV_REPLICAS": "1"}) == 0
-    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
-    for k in calm:
-        np.testing.assert_array_equal(killed[k], calm[k])
+    _same_weights(tmp_path / "calm", tmp_path / "killed")
 
 
 # server 1 serves more than one of the 4 keys: its rounds of a step go as one batch
@@ -108,9 +112,7 @@ def test_a_primary_killed_between_a_batch_and_its_acknowledgment_loses_nothing(
     assert _job(tmp_path / "calm", "dist_sync", None, every=0, extra=one_call) == 0
     assert _job(tmp_path / "killed", "dist_sync", (rank, f"batch:{batch}"), every=0,
                 extra={**one_call, "PSKV_REPLICAS": "1"}) == 0
-    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
-    for k in calm:
-        np.testing.assert_array_equal(killed[k], calm[k])
+    _same_weights(tmp_path / "calm", tmp_path / "killed")
 
 
 def test_sync_replicas_failover_with_pushpull_bit_identical(tmp_path: Path) -> None:
@@ -120,9 +122,7 @@ def test_sync_replicas_failover_with_pushpull_bit_identical(tmp_path: Path) -> N
     assert _job(tmp_path / "calm", "dist_sync", None) == 0
     assert _job(tmp_path / "killed", "dist_sync", _die(6), every=0,
                 extra={"PSKV_REPLICAS": "1", "TRAIN_PUSHPULL": "1"}) == 0
-    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
-    for k in calm:
-        np.testing.assert_array_equal(killed[k], calm[k])
+    _same_weights(tmp_path / "calm", tmp_path / "killed")
 
 
 def test_replicas_over_zeromq_the_scheduler_reports_the_death(tmp_path: Path) -> None:
@@ -130,9 +130,7 @@ def test_replicas_over_zeromq_the_scheduler_reports_the_death(tmp_path: Path) ->
     assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
     assert _job(tmp_path / "killed", "dist_sync", (1, "rounds:60"), every=0,
                 extra={"PSKV_REPLICAS": "1", "PSKV_TRANSPORT": "zmq"}) == 0
-    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
-    for k in calm:
-        np.testing.assert_array_equal(killed[k], calm[k])
+    _same_weights(tmp_path / "calm", tmp_path / "killed")
 
 
 def test_replicas_restarted_server_is_the_new_backup(tmp_path: Path) -> None:
@@ -142,9 +140,7 @@ def test_replicas_restarted_server_is_the_new_backup(tmp_path: Path) -> None:
     assert _job(tmp_path / "killed", "dist_sync", [(0, "rounds:30"), (1, "copies:2+0.3")],
                 every=0,
                 extra={"PSKV_REPLICAS": "1"}) == 0
-    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
-    for k in calm:
-        np.testing.assert_array_equal(killed[k], calm[k])
+    _same_weights(tmp_path / "calm", tmp_path / "killed")
 
 
 def test_a_worker_restarted_after_a_takeover_of_a_whole_copy_keeps_the_momentum(
@@ -161,9 +157,7 @@ def test_a_worker_restarted_after_a_takeover_of_a_whole_copy_keeps_the_momentum(
                        "DIE_STEP": str(STEPS - 5)}, max_restarts=2) == 0
     assert (out / "died-worker-1").stat().st_mtime_ns > (out / "died-1").stat().st_mtime_ns, \
         "the worker died before server 1: not the fault this test means (raise DIE_STEP)"
-    calm, killed = _weights(tmp_path / "calm"), _weights(out)
-    for k in calm:
-        np.testing.assert_array_equal(killed[k], calm[k])
+    _same_weights(tmp_path / "calm", out)
 
 
 @pytest.mark.parametrize("transport", ["tcp", "zmq"])
@@ -176,9 +170,16 @@ def test_encrypted_links_survive_failover_and_restart(tmp_path: Path, transport:
                 every=0,
                 extra={"PSKV_REPLICAS": "1", "PSKV_ENCRYPT": "1",
                        "PSKV_TRANSPORT": transport}) == 0
-    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
-    for k in calm:
-        np.testing.assert_array_equal(killed[k], calm[k])
+    _same_weights(tmp_path / "calm", tmp_path / "killed")
+
+
+def _server_0_dies_unrestarted(tmp_path: Path, when: str, transport: str) -> None:
+    """Server 0 dies at ``when`` (server.py's DIE_AFTER) and is not restarted; with
+    replicas the job ends with the undisturbed run's weights."""
+    assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
+    assert _job(tmp_path / "killed", "dist_sync", (0, when), every=0, max_restarts=0,
+                extra={"PSKV_REPLICAS": "1", "PSKV_TRANSPORT": transport}) == 0
+    _same_weights(tmp_path / "calm", tmp_path / "killed")
 
 
 @pytest.mark.parametrize("transport", ["tcp", "zmq"])
@@ -187,12 +188,7 @@ def test_a_server_dying_while_workers_connect_leaves_its_shard_to_its_backup(
     # server 0 dies when the last worker's HELLO reaches it, before answering: the workers
     # are still connecting; they finish with server 1, then move shard 0 to it (a server
     # refuses any command before a worker's HELLO handshake is done)
-    assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
-    assert _job(tmp_path / "killed", "dist_sync", (0, "hellos"), every=0, max_restarts=0,
-                extra={"PSKV_REPLICAS": "1", "PSKV_TRANSPORT": transport}) == 0
-    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
-    for k in calm:
-        np.testing.assert_array_equal(killed[k], calm[k])
+    _server_0_dies_unrestarted(tmp_path, "hellos", transport)
 
 
 @pytest.mark.parametrize("transport", ["auto", "zmq"])
@@ -202,12 +198,7 @@ def test_a_server_dying_before_its_first_copy_leaves_its_shard_empty_to_its_back
     # it answered nobody (a server waits for that copy), so server 1 serves shard 0 empty;
     # the workers' dial to server 0 is refused (or, over ZeroMQ, never answered) and they
     # go to server 1 (a kill 0.8 s after start did this on a loaded machine: the job ended)
-    assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
-    assert _job(tmp_path / "killed", "dist_sync", (0, "first-copy"), every=0, max_restarts=0,
-                extra={"PSKV_REPLICAS": "1", "PSKV_TRANSPORT": transport}) == 0
-    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
-    for k in calm:
-        np.testing.assert_array_equal(killed[k], calm[k])
+    _server_0_dies_unrestarted(tmp_path, "first-copy", transport)
 
 
 def test_replicas_without_restarts_the_launcher_keeps_the_job(tmp_path: Path,
@@ -229,9 +220,7 @@ def test_replicas_without_restarts_the_launcher_keeps_the_job(tmp_path: Path,
     loud = [line for line in err.getvalue().splitlines()
             if line.startswith("[") and (" WARNING " in line or " ERROR " in line)]
     assert len(loud) == 1 and "server 1 is gone" in loud[0], err.getvalue()
-    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
-    for k in calm:
-        np.testing.assert_array_equal(killed[k], calm[k])
+    _same_weights(tmp_path / "calm", tmp_path / "killed")
 
 
 def test_without_replicas_a_dead_server_still_ends_the_job(tmp_path: Path) -> None:
@@ -259,9 +248,7 @@ def test_worker_killed_restarts_with_its_rank_bit_identical(tmp_path: Path, seed
     assert _job(tmp_path / "killed", "dist_sync", None, every=5,
                 extra={"DIE_WORKER": str(rng.randrange(2)),
                        "DIE_STEP": str(rng.randrange(20, STEPS - 20))}) == 0
-    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
-    for k in calm:
-        np.testing.assert_array_equal(killed[k], calm[k])
+    _same_weights(tmp_path / "calm", tmp_path / "killed")
 
 
 @pytest.mark.parametrize("servers", [2, 3])
@@ -271,9 +258,7 @@ def test_worker_killed_with_replicas_restarts_bit_identical(tmp_path: Path,
     assert _job(tmp_path / "calm", "dist_sync", None, every=0, servers=servers) == 0
     assert _job(tmp_path / "killed", "dist_sync", None, every=0, servers=servers,
                 extra={"PSKV_REPLICAS": "1", "DIE_WORKER": "1", "DIE_STEP": "120"}) == 0
-    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
-    for k in calm:
-        np.testing.assert_array_equal(killed[k], calm[k])
+    _same_weights(tmp_path / "calm", tmp_path / "killed")
 
 
 def test_worker_restarted_after_a_failover_finds_the_shards_on_their_backups(
@@ -286,9 +271,7 @@ def test_worker_restarted_after_a_failover_finds_the_shards_on_their_backups(
     assert _job(tmp_path / "killed", "dist_sync", (1, "rounds:20"), every=0,
                 extra={"PSKV_REPLICAS": "1", "DIE_WORKER": "1",
                        "DIE_STEP": str(STEPS - 30)}) == 0
-    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
-    for k in calm:
-        np.testing.assert_array_equal(killed[k], calm[k])
+    _same_weights(tmp_path / "calm", tmp_path / "killed")
 
 
 @pytest.mark.parametrize("replicas", ["0", "1"])
@@ -300,9 +283,7 @@ def test_three_servers_split_keys(tmp_path: Path, replicas: str) -> None:
     die = (rng.randrange(3), f"rounds:{rng.randrange(20, 80)}")
     assert _job(tmp_path / "killed", "dist_sync", die,
                 extra=extra, servers=3) == 0
-    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
-    for k in calm:
-        np.testing.assert_array_equal(killed[k], calm[k])
+    _same_weights(tmp_path / "calm", tmp_path / "killed")
 
 
 def test_server_killed_before_the_first_periodic_checkpoint(tmp_path: Path) -> None:
@@ -310,6 +291,4 @@ def test_server_killed_before_the_first_periodic_checkpoint(tmp_path: Path) -> N
     assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0
     assert _job(tmp_path / "killed", "dist_sync", (1, "rounds:60"), every=1000) == 0
     assert os.listdir(tmp_path / "killed" / "ck") == ["round-0000000000"]
-    calm, killed = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
-    for k in calm:
-        np.testing.assert_array_equal(killed[k], calm[k])
+    _same_weights(tmp_path / "calm", tmp_path / "killed")

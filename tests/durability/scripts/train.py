@@ -80,7 +80,7 @@ def main() -> None:
             for k in keys:
                 got = kv.pull(k)
                 if trace is not None and k == "n":
-                    trace.write(f"{step} {got.asnumpy()[0]!r}\n")
+                    trace.write(f"{step} {float(got.asnumpy()[0])!r}\n")
         time.sleep(0.01)
     kv.barrier()
     if kv.rank == 0:
