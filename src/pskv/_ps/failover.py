@@ -81,6 +81,21 @@ def applied_counts(body: Any) -> dict[int, int]:
     return out
 
 
+class _Locks:
+    """Two locks taken in order (a context manager)."""
+
+    def __init__(self, *locks: Any) -> None:
+        self._locks = locks
+
+    def __enter__(self) -> None:
+        for lock in self._locks:
+            lock.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        for lock in reversed(self._locks):
+            lock.release()
+
+
 class Failover:
     """A resilient worker's failover and re-send state (see the module docstring).
 
@@ -102,9 +117,10 @@ class Failover:
         self.links = links
         self.rank = rank
         self.replicas = replicas
-        self.pushes = PushLog(keep)
         self.route = threading.RLock()
         self._lock = threading.Lock()
+        # a lent buffer is repaid (copied) under both: never while a resend reads it
+        self.pushes = PushLog(keep, lock=_Locks(self.route, self._lock))
         #: shard -> the server that serves it (its backup once its primary died)
         self.host = list(range(num_servers))
         self._down: set[int] = set()
@@ -122,12 +138,13 @@ class Failover:
 
     # ---- message out -----------------------------------------------------------------------
     def send(self, shard: int, cmd: Command, ts: int, keys: Sequence[int], body: Any,
-             arrays: Sequence[np.ndarray]) -> None:
+             arrays: Sequence[np.ndarray], lenders: Sequence[Any] | None = None) -> None:
         """Keep what the server of ``shard`` would need again, and send it there unless
-        that server is down (then it goes once a backup or a restart serves the shard)."""
+        that server is down (then it goes once a backup or a restart serves the shard).
+        ``lenders``: per array, who lends it to the log instead of a copy (``PushLog``)."""
         with self.route:
             with self._lock:
-                self._keep(shard, cmd, ts, keys, body, arrays)
+                self._keep(shard, cmd, ts, keys, body, arrays, lenders)
                 host = self.host[shard]
                 if host in self._down:
                     return
@@ -137,13 +154,14 @@ class Failover:
                 self.link_broke(host)
 
     def _keep(self, shard: int, cmd: Command, ts: int, keys: Sequence[int], body: Any,
-              arrays: Sequence[np.ndarray]) -> None:
+              arrays: Sequence[np.ndarray], lenders: Sequence[Any] | None = None) -> None:
         if cmd in (Command.PUSH, Command.PUSHPULL):
             kinds = body.get("kinds", "") if isinstance(body, dict) else ""
             # a PUSHPULL's caller waits for its reply, which (with replicas) lets the push
             # go: borrowed, not copied, until the caller settles (PushLog)
             self.pushes.record(shard, keys, kinds, arrays,
-                               borrow=self.replicas and cmd == Command.PUSHPULL)
+                               borrow=self.replicas and cmd == Command.PUSHPULL,
+                               lenders=lenders)
         if cmd == Command.COMMAND and parse(body) is Op.COMPRESSION:
             self._setup[Op.COMPRESSION] = body
         if self.replicas and cmd in (Command.PULL, Command.PUSHPULL, Command.FLUSH):

@@ -10,6 +10,7 @@ held them, and may die before applying them).
 """
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from typing import Any, Sequence
 
@@ -18,7 +19,7 @@ import numpy as np
 from ..errors import NodeFailedError, ProtocolError
 from .message import kind_arrays
 
-__all__ = ["PushLog", "backup_of"]
+__all__ = ["Loan", "PushLog", "backup_of"]
 
 
 def backup_of(shard: int, host: int, num_servers: int) -> int:
@@ -39,6 +40,43 @@ def backup_of(shard: int, host: int, num_servers: int) -> int:
 POOL_DEPTH = 64
 
 
+#: how the log holds a push's arrays: its own copies; the caller's arrays during a call
+#: that waits for the reply (``pushpull``, until :meth:`PushLog.settle`); a lent buffer
+#: (until the lender repays, :class:`Loan`); let go
+OWN, CALLER, LENT, GONE = range(4)
+
+
+class _Kept:
+    """One push the log keeps."""
+
+    __slots__ = ("j", "kind", "arrays", "how")
+
+    def __init__(self, j: int, kind: str, arrays: list[np.ndarray], how: int) -> None:
+        self.j, self.kind, self.arrays, self.how = j, kind, arrays, how
+
+
+class Loan:
+    """The pushes a log keeps of one lent buffer (``pskv.nd.NDArray._lend``).
+
+    :meth:`repay` (the lender is about to write or hand out its buffer) gives the log its
+    own copies of whatever of them it still keeps; ``lock``: the one that guards the log.
+    """
+
+    __slots__ = ("_log", "_lock", "kept")
+
+    def __init__(self, log: PushLog, lock: Any) -> None:
+        self._log, self._lock = log, lock
+        self.kept: list[_Kept] = []
+
+    def repay(self) -> None:
+        with self._lock:
+            for entry in self.kept:
+                if entry.how == LENT:
+                    entry.arrays = [self._log._copy(a) for a in entry.arrays]
+                    entry.how = OWN
+            self.kept = []
+
+
 class PushLog:
     """The last ``keep`` pushes of each key to each server (copies, or borrowed arrays).
 
@@ -51,14 +89,21 @@ class PushLog:
     the call :meth:`settle` s before it returns: whatever borrowed push is still kept
     then (its reply did not let it go) is copied. Invariant: outside such a call, the log
     holds no borrowed array.
+
+    A push of a buffer its caller *lends* (``lenders``, objects with ``_lend(loan)``:
+    ``pskv.nd.NDArray``, whose buffer has no other holder) is kept without a copy until
+    the lender repays its :class:`Loan` (before its next write) or the push is let go;
+    no copy at all when the servers backed the push up before the caller wrote the array.
     """
 
-    def __init__(self, keep: int) -> None:
+    def __init__(self, keep: int, lock: Any = None) -> None:
         self.keep = keep
+        #: what guards the log (a Loan repays under it; None: the caller's only thread)
+        self.lock = lock if lock is not None else contextlib.nullcontext()
         self._pool: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
         self._count: dict[tuple[int, int], int] = {}
-        #: (server, ps_key) -> (push number, kind, arrays, borrowed), oldest first
-        self._log: dict[tuple[int, int], deque[tuple[int, str, list[np.ndarray], bool]]] = {}
+        #: (server, ps_key) -> the pushes kept, oldest first
+        self._log: dict[tuple[int, int], deque[_Kept]] = {}
         #: (server, ps_key) of the logs that may hold borrowed pushes (until :meth:`settle`)
         self._borrowed: set[tuple[int, int]] = set()
         self._skip: dict[tuple[int, int], int] = {}
@@ -119,12 +164,17 @@ class PushLog:
         return out_keys, {**rest, "kinds": "".join(out_kinds)}, out_arrays
 
     def record(self, server: int, keys: Sequence[int], kinds: str,
-               arrays: Sequence[np.ndarray], borrow: bool = False) -> None:
+               arrays: Sequence[np.ndarray], borrow: bool = False,
+               lenders: Sequence[Any] | None = None) -> None:
         """One push message (``kinds``: one letter per key; ``r`` carries two arrays).
 
         ``borrow``: keep ``arrays`` themselves, not copies; the caller must not change
-        them until it has called :meth:`settle` (a call that waits for the reply)."""
+        them until it has called :meth:`settle` (a call that waits for the reply).
+        ``lenders``: one per array, the object that lends it (None: copied): a key whose
+        arrays all have lenders is kept as they are, and each lender gets a :class:`Loan`.
+        """
         pos = 0
+        loans: dict[int, tuple[Any, Loan]] = {}
         for pk, kind in zip(keys, kinds, strict=True):
             n = kind_arrays(kind)
             if pos + n > len(arrays):
@@ -137,23 +187,31 @@ class PushLog:
                     log = self._log[(server, pk)] = deque()
                 if len(log) == self.keep:
                     self._give_back(log.popleft())
-                part = arrays[pos:pos + n]
+                part = list(arrays[pos:pos + n])
+                by = lenders[pos:pos + n] if lenders is not None else ()
                 if borrow:
                     self._borrowed.add((server, pk))
-                    log.append((j, kind, list(part), True))
+                    log.append(_Kept(j, kind, part, CALLER))
+                elif by and all(x is not None for x in by):
+                    entry = _Kept(j, kind, part, LENT)
+                    for x in by:
+                        if id(x) not in loans:
+                            loans[id(x)] = (x, Loan(self, self.lock))
+                        loans[id(x)][1].kept.append(entry)
+                    log.append(entry)
                 else:
-                    log.append((j, kind, [self._copy(a) for a in part], False))
+                    log.append(_Kept(j, kind, [self._copy(a) for a in part], OWN))
             pos += n
+        for lender, loan in loans.values():
+            lender._lend(loan)
 
     def settle(self) -> None:
         """Copy every borrowed push still kept (its caller is about to return)."""
         for where in self._borrowed:
-            log = self._log.get(where)
-            if log and any(entry[3] for entry in log):
-                kept = [(j, kind, [self._copy(a) for a in arrays], False) if borrowed else
-                        (j, kind, arrays, False) for j, kind, arrays, borrowed in log]
-                log.clear()
-                log.extend(kept)
+            for entry in self._log.get(where, ()):
+                if entry.how == CALLER:
+                    entry.arrays = [self._copy(a) for a in entry.arrays]
+                    entry.how = OWN
         self._borrowed.clear()
 
     def _copy(self, a: np.ndarray) -> np.ndarray:
@@ -162,14 +220,15 @@ class PushLog:
         np.copyto(buf, a)
         return buf
 
-    def _give_back(self, entry: tuple[int, str, list[np.ndarray], bool]) -> None:
-        """A push let go: its copies go back to the pool (a borrowed one is the caller's)."""
-        if entry[3]:
-            return
-        for a in entry[2]:
-            free = self._pool.setdefault((a.shape, a.dtype.str), [])
-            if len(free) < POOL_DEPTH:
-                free.append(a)
+    def _give_back(self, entry: _Kept) -> None:
+        """A push let go: its copies go back to the pool (borrowed or lent arrays are the
+        caller's)."""
+        if entry.how == OWN:
+            for a in entry.arrays:
+                free = self._pool.setdefault((a.shape, a.dtype.str), [])
+                if len(free) < POOL_DEPTH:
+                    free.append(a)
+        entry.how, entry.arrays = GONE, []
 
     def counts(self, server: int, keys: Sequence[int] | None) -> dict[int, int]:
         """Pushes sent so far to ``server`` of each of ``keys`` (None: every key)."""
@@ -182,7 +241,7 @@ class PushLog:
         and backed up): stop keeping them."""
         for pk, n in counts.items():
             log = self._log.get((server, pk))
-            while log and log[0][0] <= n:
+            while log and log[0].j <= n:
                 self._give_back(log.popleft())
 
     def since(self, server: int, applied: dict[int, int]) \
@@ -195,7 +254,7 @@ class PushLog:
             if srv != server or sent <= have:
                 continue
             log = self._log.get((srv, pk), deque())
-            first = log[0][0] if log else sent + 1     # the oldest push still kept
+            first = log[0].j if log else sent + 1     # the oldest push still kept
             if first > have + 1:
                 raise NodeFailedError(
                     f"server {server}'s shard was rebuilt holding {have} of this worker's "
@@ -203,6 +262,6 @@ class PushLog:
                     f"{have + 1} (it keeps the last {self.keep}, and with PSKV_REPLICAS=1 "
                     "none acknowledged). Lower PSKV_CHECKPOINT_EVERY, or pull each key "
                     "after pushing it.")
-            out.extend((j, pk, kind, arrays) for j, kind, arrays, _b in log if j > have)
+            out.extend((e.j, pk, e.kind, e.arrays) for e in log if e.j > have)
         out.sort(key=lambda item: item[0])
         return [(pk, kind, arrays) for _j, pk, kind, arrays in out]

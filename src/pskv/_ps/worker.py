@@ -202,7 +202,8 @@ class KVWorker:
 
     def request(self, server: int, cmd: Command, keys: Sequence[int] = (), body: Any = None,
                 arrays: Sequence[np.ndarray] = (), negative: bool = False,
-                into: Sequence[np.ndarray | None] | None = None) -> int:
+                into: Sequence[np.ndarray | None] | None = None,
+                lenders: Sequence[Any] | None = None) -> int:
         """Send one request to ``server``; return its ts. The arrays are free on return.
 
         ``into``: where the reply's arrays should land, one per array (None: anywhere);
@@ -224,7 +225,7 @@ class KVWorker:
         if fo is None:
             self._send(server, cmd, ts, keys, body, arrays)
         else:
-            fo.send(server, cmd, ts, keys, body, arrays)
+            fo.send(server, cmd, ts, keys, body, arrays, lenders)
         return ts
 
     def settle(self) -> None:
@@ -234,17 +235,20 @@ class KVWorker:
             self.failover.settle()
 
     def push(self, server: int, cmd: Command, keys: Sequence[int], body: Any,
-             arrays: Sequence[np.ndarray]) -> int:
+             arrays: Sequence[np.ndarray], lenders: Sequence[Any] | None = None) -> int:
         """Send a push. No reply comes unless it fails; ``flush`` waits until it is applied.
 
         Its ts is negative, so an ERROR for it is told apart from a reply someone awaits.
+        ``lenders``: per array, the NDArray whose unshared buffer it is (or a view of), or
+        None: failover keeps those buffers lent, not copied (``_ps/replay.py``).
         """
         fo = self.failover
         if fo is not None and fo.pushes.skipping:
             keys, body, arrays = fo.skip_applied(server, keys, body, arrays)
+            lenders = None
             if not keys:
                 return 0
-        ts = self.request(server, cmd, keys, body, arrays, negative=True)
+        ts = self.request(server, cmd, keys, body, arrays, negative=True, lenders=lenders)
         with self._mutex:
             self._dirty.add(server)
         return ts

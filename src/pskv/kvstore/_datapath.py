@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..errors import ClusterError
-from ..nd.ndarray import NDArray
+from ..nd.ndarray import NDArray, sole_buffer
 from ..nd.sparse import RowSparseNDArray
 from .._ps.message import Command
 from .._ps.worker import KVWorker
@@ -53,21 +53,37 @@ class DataPath:
         #: the gradient compression of pushes (``set_gradient_compression``), or None
         self.compressor: Any = None
         self._residual: dict[Key, np.ndarray] = {}
-        self._sendbuf: dict[Key, np.ndarray] = {}
+        #: each multi-value key's sum, in an NDArray of its own: lent like a caller's
+        self._sendbuf: dict[Key, NDArray] = {}
+        #: id(buffer) -> (NDArray, buffer) of the buffers the last :meth:`items` may lend
+        #: to failover's push log instead of a copy (``pskv.nd.ndarray``: loans)
+        self._lendable: dict[int, tuple[NDArray, np.ndarray]] = {}
 
     # ---- push ------------------------------------------------------------------------------
     def _merged_dense(self, key: Key, info: KeyRecord, vals: list[Any]) -> np.ndarray:
         """The sum of ``vals``: the caller's own array when it is one array (every transport
-        is done with it when push returns), else this key's send buffer."""
+        is done with it when push returns), else this key's send buffer. A caller's
+        NDArray whose buffer nothing else holds, and the send buffer, may be lent."""
         if len(vals) == 1 and self.compressor is None:
-            data = vals[0]._data if type(vals[0]) is NDArray else as_numpy(vals[0])
+            v = vals[0]
+            if type(v) is NDArray:
+                data = sole_buffer(v)
+                if data is not None and data.dtype == info.dtype and data.flags.c_contiguous:
+                    self._lendable[id(data)] = (v, data)
+                    return data
+                data = v._data
+            else:
+                data = as_numpy(v)
             if data.dtype == info.dtype and data.flags.c_contiguous:
                 return data
-        buf = self._sendbuf.get(key)
-        if buf is None:
-            buf = self._sendbuf[key] = np.empty(info.shape, info.dtype)
+        held = self._sendbuf.get(key)
+        if held is None:
+            held = self._sendbuf[key] = NDArray(np.empty(info.shape, info.dtype))
+        buf = held._data        # repays what the log still keeps of its last push
         arrays = [v._dense() if isinstance(v, NDArray) else as_numpy(v) for v in vals]
         self._reducer.sum_into(buf, arrays)
+        if self.compressor is None:
+            self._lendable[id(buf)] = (held, buf)
         return buf
 
     def merged(self, key: Key, vals: list[Any]) -> np.ndarray:
@@ -77,6 +93,7 @@ class DataPath:
 
     def items(self, keys: list[Key], groups: list[list[Any]]) -> Items:
         """Per server: ps_keys, kind letters and arrays of one push message."""
+        self._lendable = {}
         per: dict[int, tuple[list[int], list[str], list[np.ndarray]]] = {}
         for k, vals in zip(keys, groups):
             info = self._records[k]
@@ -110,10 +127,21 @@ class DataPath:
                 arrays.append(part)
         return {s: (pk, "".join(kinds), arrays) for s, (pk, kinds, arrays) in per.items()}
 
-    def send(self, items: Items | None) -> None:
-        """Send the push messages ``items`` (no reply is awaited)."""
+    def send(self, items: Items | None, lend: bool = False) -> None:
+        """Send the push messages ``items`` (no reply is awaited). ``lend``: they are what
+        :meth:`items` just made, and its lendable buffers may be kept without a copy."""
+        lendable, self._lendable = self._lendable if lend else {}, {}
         for server, (pk, kinds, arrays) in (items or {}).items():
-            self._kv.push(server, Command.PUSH, pk, {"kinds": kinds}, arrays)
+            lenders = [self._lender(lendable, a) for a in arrays] if lendable else None
+            self._kv.push(server, Command.PUSH, pk, {"kinds": kinds}, arrays, lenders)
+
+    @staticmethod
+    def _lender(lendable: dict[int, tuple[NDArray, np.ndarray]], a: np.ndarray) \
+            -> NDArray | None:
+        """The NDArray that lends ``a`` (its buffer, or a view of it), or None."""
+        base = a if a.base is None else a.base
+        hit = lendable.get(id(base))
+        return hit[0] if hit is not None and hit[1] is base else None
 
     # ---- pull ------------------------------------------------------------------------------
     def fetch(self, keys: list[Key], cmd: Command = Command.PULL, push: Items | None = None,

@@ -390,7 +390,7 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
                 return
         items = self._path.items(keys, groups)
         if not self._held.hold(keys, items):
-            self._path.send(items)
+            self._path.send(items, lend=True)
 
     # ---- pull --------------------------------------------------------------------------------
     def _pull_validated(self, keys: list[Key], groups: list[list[Any]],
@@ -519,7 +519,7 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
         if self._stale is not None:
             # a push call, then a bounded read: apart, so that the servers see the
             # clock before the read (the global bound) and the read may flush (K)
-            self._path.send(self._path.items(keys, groups))
+            self._path.send(self._path.items(keys, groups), lend=True)
             self._stale.pushed()
             self._stale.before_read()
             return self._pull_validated(okeys, ogroups, True)

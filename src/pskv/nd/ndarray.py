@@ -3,10 +3,23 @@
 Invariant: ``_data`` is a NumPy array the NDArray owns (or a view of one it owns, for
 slices); ``_ctx`` is a Context. Operators return new arrays, in-place operators write
 into ``_data``.
+
+Loans (MXNet's "a write waits for the pending push that reads the array", without an
+engine): a dist store with failover keeps each push until the servers have applied and
+backed it up, to send it again if a server dies. Where the pushed array's buffer has no
+holder but its NDArray (:func:`sole_buffer`), the store keeps the buffer itself, not a
+copy, and *lends* it (:meth:`NDArray._lend`). ``_data`` is then a property: the first
+access that could write the buffer or hand it out (every access but ``shape``, ``dtype``,
+``size``, ``ndim``, ``len`` and the copying reads ``asnumpy``, ``tolist``, ``item``)
+*repays* the loans first: the store copies whatever of the buffer it still keeps. A push
+the servers backed up before that costs no copy at all (a training loop's push, pull,
+then next gradient). Invariant: while an NDArray has loans, nothing but the NDArray and
+the store's log holds its buffer.
 """
 from __future__ import annotations
 
 import operator
+import sys
 from typing import Any, Callable
 
 import numpy as np
@@ -84,7 +97,7 @@ class NDArray:
     ((1,), 3.0)
     """
 
-    __slots__ = ("_data", "_ctx", "__weakref__")
+    __slots__ = ("_buf", "_loans", "_ctx", "__weakref__")
     __array_priority__ = 1000.0  # numpy scalars/arrays defer to our operators
     # MXNet 1.x legacy rules: no 0-d results from indexing or reductions (they have shape
     # (1,)), a scalar operand takes the array's dtype, comparisons give the array's dtype.
@@ -95,6 +108,32 @@ class NDArray:
         self._data = data
         self._ctx = ctx if ctx is not None else current_context()
 
+    # ---- the buffer, and its loans (module docstring) --------------------------------
+    @property
+    def _data(self) -> np.ndarray:
+        if self._loans:
+            self._repay()
+        return self._buf
+
+    @_data.setter
+    def _data(self, data: np.ndarray) -> None:
+        # a replaced buffer is nobody's but the store's log now: its loans need no copy
+        self._loans = None
+        self._buf = data
+
+    def _lend(self, loan: Any) -> None:
+        """The store keeps this array's buffer for a push: ``loan.repay()`` before the
+        buffer is next written or handed out (by the first ``_data`` access)."""
+        if self._loans is None:
+            self._loans = [loan]
+        else:
+            self._loans.append(loan)
+
+    def _repay(self) -> None:
+        loans, self._loans = self._loans, None
+        for loan in loans or ():
+            loan.repay()
+
     def _new(self, data: np.ndarray) -> NDArray:
         out = object.__new__(type(self))
         out._data = data
@@ -103,6 +142,11 @@ class NDArray:
 
     def _dense(self) -> np.ndarray:
         return self._data
+
+    def _read(self) -> np.ndarray:
+        """The dense values for a read that neither keeps nor hands out the array (no
+        loan is repaid)."""
+        return self._buf
 
     def _result(self, data: Any) -> NDArray:
         """Wrap an operation's result; legacy arrays turn a 0-d result into shape (1,)."""
@@ -124,22 +168,22 @@ class NDArray:
     @property
     def shape(self) -> tuple[int, ...]:
         """Tuple of array dimensions."""
-        return self._data.shape
+        return self._buf.shape
 
     @property
     def dtype(self) -> np.dtype[Any]:
         """Data type of the elements (a NumPy dtype)."""
-        return self._data.dtype
+        return self._buf.dtype
 
     @property
     def size(self) -> int:
         """Number of elements."""
-        return int(self._data.size)
+        return int(self._buf.size)
 
     @property
     def ndim(self) -> int:
         """Number of dimensions."""
-        return self._data.ndim
+        return self._buf.ndim
 
     @property
     def context(self) -> Context:
@@ -161,7 +205,7 @@ class NDArray:
     # ---- conversion ---------------------------------------------------------------
     def asnumpy(self) -> np.ndarray:
         """Return a copy of the array as a ``numpy.ndarray``."""
-        return np.array(self._dense(), copy=True)
+        return np.array(self._read(), copy=True)
 
     def asscalar(self) -> Any:
         """Return the value of a size-1 array as a NumPy scalar of the array's dtype.
@@ -181,7 +225,7 @@ class NDArray:
 
     def tolist(self) -> Any:
         """Return the array as nested Python lists."""
-        return self._dense().tolist()
+        return self._read().tolist()
 
     def astype(self, dtype: Any, copy: bool = True) -> NDArray:
         """Return the array cast to ``dtype`` (a copy unless ``copy=False`` and no cast)."""
@@ -289,7 +333,7 @@ class NDArray:
 
     # ---- python protocols -----------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._data)
+        return len(self._buf)
 
     def __iter__(self) -> Any:
         for i in range(len(self)):
@@ -450,6 +494,32 @@ class NDArray:
         """The L2 norm of all elements, as a 1-element array."""
         return self._new(np.asarray([np.linalg.norm(self._dense().ravel())],
                                     dtype=self.dtype))
+
+
+def _holders(nd: NDArray) -> int:
+    buf = nd._buf
+    return sys.getrefcount(buf)
+
+
+_ALONE: list[int] = []
+
+
+def sole_buffer(nd: NDArray) -> np.ndarray | None:
+    """``nd``'s buffer if nothing else holds it (no view of it, no other NDArray or NumPy
+    array on it, no buffer or DLPack export), so that lending it is safe; else None.
+
+    It is the buffer's reference count against that of a fresh NDArray's buffer, counted
+    the same way (a view holds its base); None on an interpreter without a GIL, where
+    counts are not exact."""
+    if not getattr(sys, "_is_gil_enabled", lambda: True)():
+        return None
+    if not _ALONE:
+        _ALONE.append(_holders(NDArray(np.empty(1), Context("cpu"))))
+    if nd._loans:
+        nd._repay()
+    if not nd._buf.flags.owndata or _holders(nd) != _ALONE[0]:
+        return None
+    return nd._buf
 
 
 def _rebuild(cls: type[NDArray], data: np.ndarray, ctx: Context) -> NDArray:

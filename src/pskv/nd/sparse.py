@@ -58,6 +58,8 @@ class RowSparseNDArray(NDArray):
         out[self._indices] = self._data
         return out
 
+    _read = _dense
+
     @property
     def shape(self) -> tuple[int, ...]:
         return self._full_shape
