@@ -125,6 +125,20 @@ def test_sync_replicas_failover_with_pushpull_bit_identical(tmp_path: Path) -> N
     _same_weights(tmp_path / "calm", tmp_path / "killed")
 
 
+def test_sync_replicas_failover_with_arrays_written_right_after_push_bit_identical(
+        tmp_path: Path) -> None:
+    """A pushed NDArray's buffer is lent to the worker's push log, not copied: a worker
+    that overwrites it right after ``push`` makes the log copy it first, so a server killed
+    mid-job gets the pushes as they were made (docs/durability.md, "Pushes kept")."""
+    assert _job(tmp_path / "calm", "dist_sync", None) == 0
+    # killed as a push arrives: its worker has overwritten that array since, and sends
+    # the push again from its log (not held back: a held push is a copy)
+    assert _job(tmp_path / "killed", "dist_sync", (1, "pushes:150"), every=0,
+                extra={"PSKV_REPLICAS": "1", "TRAIN_CLOBBER": "1",
+                       "PSKV_COALESCE_BYTES": "0"}) == 0
+    _same_weights(tmp_path / "calm", tmp_path / "killed")
+
+
 def test_replicas_over_zeromq_the_scheduler_reports_the_death(tmp_path: Path) -> None:
     # ZeroMQ does not show a broken link: the workers learn of it from the scheduler
     assert _job(tmp_path / "calm", "dist_sync", None, every=0) == 0

@@ -9,6 +9,7 @@ again must be what was pushed."""
 from __future__ import annotations
 
 import copy
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -223,3 +224,32 @@ def test_a_sum_of_devices_is_lent_from_its_send_buffer_and_repaid_by_the_next_su
     assert kv.lenders[0] is not None and kv.lenders[0][0] is path._sendbuf[1]
     path.send(path.items([1], [[mx.nd.full((4,), 5.0), mx.nd.full((4,), 5.0)]]), lend=True)
     assert _resent(fo, links) == [[3.0] * 4, [10.0] * 4]
+
+
+# ---- threads ---------------------------------------------------------------------------------
+def test_a_second_thread_touching_the_array_mid_repay_repays_too_so_waits_for_the_copy() -> None:
+    # thread A reads the array and is copying it for the log; thread B, about to write it,
+    # must not find the loans already let go: it repays too (and so waits, in the real
+    # log, on the lock A holds) instead of writing under A's copy
+    started, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    class SlowLoan:
+        def repay(self) -> None:
+            calls.append(threading.current_thread().name)
+            if len(calls) == 1:
+                started.set()
+                release.wait(10)
+
+    g = mx.nd.ones(4)
+    g._lend(SlowLoan())
+    a = threading.Thread(target=lambda: g._data, name="A")
+    b = threading.Thread(target=lambda: g._data, name="B")
+    a.start()
+    assert started.wait(10)
+    b.start()
+    b.join(10)
+    release.set()
+    a.join(10)
+    assert calls == ["A", "B"]
+    assert g._loans is None

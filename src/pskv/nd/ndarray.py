@@ -124,15 +124,17 @@ class NDArray:
     def _lend(self, loan: Any) -> None:
         """The store keeps this array's buffer for a push: ``loan.repay()`` before the
         buffer is next written or handed out (by the first ``_data`` access)."""
-        if self._loans is None:
-            self._loans = [loan]
-        else:
-            self._loans.append(loan)
+        self._loans = [*(self._loans or ()), loan]     # a new list: see _repay
 
     def _repay(self) -> None:
-        loans, self._loans = self._loans, None
+        # the loans are let go only once repaid: another thread's access meanwhile
+        # repays them too, and so waits (under the log's lock) until the copies are made;
+        # a loan lent meanwhile is in a new list, kept for the next access
+        loans = self._loans
         for loan in loans or ():
             loan.repay()
+        if self._loans is loans:
+            self._loans = None
 
     def _new(self, data: np.ndarray) -> NDArray:
         out = object.__new__(type(self))
@@ -217,7 +219,7 @@ class NDArray:
             raise ShapeMismatchError(
                 f"asscalar() needs an array of size 1, but the shape is {self.shape}. "
                 "Index the element you want first.", shape=self.shape)
-        return self._dense().reshape(-1)[0]
+        return self._read().reshape(-1)[0]
 
     def item(self) -> Any:
         """Return the value of a size-1 array as a Python scalar."""
@@ -354,7 +356,7 @@ class NDArray:
 
     def __repr__(self) -> str:
         shape = "x".join(str(s) for s in self.shape) if self.shape else "scalar"
-        return f"\n{self._dense()}\n<{type(self).__name__} {shape} @{self._ctx}>"
+        return f"\n{self._read()}\n<{type(self).__name__} {shape} @{self._ctx}>"
 
     def __str__(self) -> str:
         return self.__repr__()

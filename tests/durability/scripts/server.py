@@ -11,6 +11,8 @@ its N-th batch of rounds (``r_rounds``), before the backup's acknowledgment is r
 ``rounds:N``: once it has applied N rounds (sync) or pushes (async) of the keys it serves,
 before anyone is answered: a kill tied to the job's progress, not to the clock, so that a
 slow start on a busy machine cannot move it before the workers connected; or
+``pushes:N``: when its N-th push message arrives, before reading it (that push is lost,
+its worker must send it again from its log); or
 ``first-copy``: once admitted, before the first copy of its shard goes to its backup,
 while the workers connect). Only the first start of a server dies; a restart
 (PSKV_RESTART > 0) serves.
@@ -92,6 +94,21 @@ def _die_after_rounds(me: str, n: int) -> None:
     _shards.Shard.round_applied = round_applied  # type: ignore[method-assign]
 
 
+def _die_at_push(me: str, n: int) -> None:
+    from pskv._ps.message import Command
+    from pskv.kvstore._server import KVServer
+    real = KVServer._handlers[Command.PUSH]
+    seen = [0]
+
+    def on_push(self: Any, *args: Any, **kwargs: Any) -> None:
+        seen[0] += 1
+        if seen[0] == n:
+            Path(f"{os.environ['DIE_MARK']}-{me}").touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(self, *args, **kwargs)
+    KVServer._handlers = {**KVServer._handlers, Command.PUSH: on_push}
+
+
 def _die_before_first_copy(me: str) -> None:
     from pskv.kvstore import _shards
     real = _shards.Shards.serve
@@ -128,6 +145,9 @@ def _arm() -> None:
         return
     if when.startswith("rounds:"):
         _die_after_rounds(me, int(when[len("rounds:"):]))
+        return
+    if when.startswith("pushes:"):
+        _die_at_push(me, int(when[len("pushes:"):]))
         return
     copies = 0
     if when.startswith("copies:"):

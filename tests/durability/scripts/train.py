@@ -9,6 +9,9 @@ worker SIGKILLs itself in the middle of that step on its first run (after pushin
 creating DIE_MARK-worker-<rank> first if DIE_MARK is set.
 With TRAIN_PUSHPULL=1 each step is one ``pushpull`` per key from a gradient array that is
 overwritten in place every step (as a framework's backward pass does), not push and pull.
+With TRAIN_CLOBBER=1 each step pushes one gradient array per key (filled in place, so its
+buffer is lent to the worker's push log, not copied) and overwrites it with garbage right
+after the push, before the servers backed the push up (the log must copy it first).
 With TRAIN_ONE_CALL=1 each step pushes every key in one call, then pulls them in one (a
 server's rounds of a step then reach its backup as one batch). With TRAIN_TRACE=1 each
 worker writes the value of "n" it pulled at each step to OUT/trace-<rank>-<restart>.txt
@@ -50,6 +53,7 @@ def main() -> None:
         and os.environ.get("DIE_WORKER") == str(kv.rank)
     pushpull = os.environ.get("TRAIN_PUSHPULL") == "1"
     one_call = os.environ.get("TRAIN_ONE_CALL") == "1"
+    clobber = os.environ.get("TRAIN_CLOBBER") == "1"
     trace = None
     if os.environ.get("TRAIN_TRACE") == "1":
         trace = open(os.path.join(out, f"trace-{kv.rank}-{os.environ.get('PSKV_RESTART', '0')}.txt"),
@@ -73,6 +77,10 @@ def main() -> None:
             if pushpull:
                 grads[k][:] = grad           # the same buffer every step, as backward fills
                 kv.pushpull(k, grads[k], out=weights[k])
+            elif clobber:
+                grads[k][:] = grad
+                kv.push(k, grads[k])
+                grads[k][:] = -1e6           # what a resent push must never carry
             else:
                 kv.push(k, mx.nd.array(grad))
             pushes += 1
