@@ -211,7 +211,8 @@ COST_NOTE = """\
 Where the replication cost goes (`--cpu --profile DIR`: cProfile of every thread, CPU
 time): the job is CPU-bound on 2 cores shared by 4 processes, so extra work is lost
 throughput. Replication adds, per step, the worker's copy of every push it may have to
-send again (none for a `pushpull`), each server's send of every applied round to its
+send again (none for a `pushpull`, nor for these pushes of NDArrays that the loop writes
+only after pulling: their buffers are lent, docs/durability.md), each server's send of every applied round to its
 backup (every 4th round of a key: its value and optimizer state instead), and the
 backup's receive of it into a reused buffer; the rounds one request closes go to the
 backup as one message with one acknowledgment. The backup no longer runs the optimizer
