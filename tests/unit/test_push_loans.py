@@ -73,6 +73,16 @@ class _CountingCopies:
         monkeypatch.setattr(fo.pushes, "_copy", counted)
 
 
+def _lent(monkeypatch: pytest.MonkeyPatch) -> tuple[Failover, FakeLinks, _CountingCopies,
+                                                    NDArray]:
+    """A failover that counts its copies, holding push 1 of an array of 3s, lent."""
+    fo, links = _failover()
+    copies = _CountingCopies(fo, monkeypatch)
+    g = mx.nd.full((4,), 3.0)
+    _lend_push(fo, g, 1)
+    return fo, links, copies, g
+
+
 # ---- sole_buffer: who may lend ------------------------------------------------------------
 def test_only_an_array_whose_buffer_nothing_else_holds_may_lend_it() -> None:
     g = mx.nd.ones((3, 4))
@@ -97,10 +107,7 @@ def test_only_an_array_whose_buffer_nothing_else_holds_may_lend_it() -> None:
 # ---- the log keeps the buffer; a write copies first ----------------------------------------
 def test_a_lent_push_is_the_callers_buffer_until_the_array_is_written(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    fo, links = _failover()
-    copies = _CountingCopies(fo, monkeypatch)
-    g = mx.nd.full((4,), 3.0)
-    _lend_push(fo, g, 1)
+    fo, links, copies, g = _lent(monkeypatch)
     assert _kept(fo)[0] is g._buf and copies.n == 0
     assert g.shape == (4,) and g.asnumpy().tolist() == [3.0] * 4 and copies.n == 0   # reads
     g[:] = -1.0                             # the next gradient, before the push was backed up
@@ -128,10 +135,7 @@ def test_every_way_of_writing_a_lent_array_repays_first(write: Any) -> None:
 
 def test_a_push_backed_up_before_the_write_costs_no_copy(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    fo, links = _failover()
-    copies = _CountingCopies(fo, monkeypatch)
-    g = mx.nd.full((4,), 3.0)
-    _lend_push(fo, g, 1)
+    fo, links, copies, g = _lent(monkeypatch)
     fo.send(0, Command.PULL, 2, [7], None, ())
     fo.answered(2, ok=True)                 # the pull's reply: push 1 applied and backed up
     g[:] = 5.0
