@@ -16,7 +16,7 @@ import pytest
 import pskv as mx
 from pskv._ps.config import ClusterConfig, Role
 from pskv._ps.replay import PushLog, backup_of
-from pskv.errors import CheckpointError, ConfigError, NodeFailedError
+from pskv.errors import CheckpointError, ConfigError, NodeFailedError, ProtocolError
 from pskv.kvstore._engine import Engine, Ticket
 from pskv.kvstore._replica import encode_copy, install_copy
 from pskv.kvstore.base import check_optimizer
@@ -379,7 +379,7 @@ def _linked(engine: Engine) -> tuple[Any, _Link]:
                                max_message_bytes=4 << 30)
     repl.engine, repl.shard, repl.backup, repl.endpoints = engine, 0, 1, {}
     repl._conn, repl._ts, repl._outstanding, repl._batch = link, 0, set(), []
-    repl._batch_bytes = 0
+    repl._batch_bytes, repl._ring = 0, None
     shard = Shard(0, engine, replicator=repl)
     engine.observer = shard
     return shard, link
@@ -411,6 +411,47 @@ def test_the_rounds_of_one_request_reach_the_backup_as_one_message() -> None:
     engine.push(0, 0, [np.ones(4, np.float32)], "d")    # one round alone: as r_round
     shard.replicator.drain()
     assert parse(link.sent[-1][0]) is ReplOp.ROUND and shard.replicator.pending == 0
+
+
+def test_with_a_ring_the_rounds_arrays_go_through_shared_memory_and_come_out_equal() -> None:
+    """A backup on the same host maps the primary's ring (``_ps/ring.py``): the batch's
+    message names where each array lies and carries none; read back they are the
+    rounds' values, and the message passes the backups' checks."""
+    import os
+
+    from pskv._ps import ring as ringmod, validate
+    from pskv._ps.message import Command, Meta
+    from pskv._ps.ops import ReplOp, parse
+    if not ringmod.supported():
+        pytest.skip("no sealed memfds here")
+    engine = Engine(num_workers=1)
+    engine.set_optimizer_spec(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9).to_spec())
+    for k in range(3):
+        engine.init(k, np.zeros(4, np.float32))
+    shard, link = _linked(engine)
+    shard.replicator._ring = ringmod.RingWriter(1 << 16)
+    reader = ringmod.RingReader.open(os.getpid(), shard.replicator._ring.fd, 1 << 16, "s0")
+    for k in range(3):
+        engine.push(k, 0, [np.full(4, k + 1.0, np.float32)], "d")
+    shard.replicator.drain()
+    (body, arrays), = link.sent
+    assert parse(body) is ReplOp.ROUNDS and arrays == []
+    assert len(body["ring"]) == sum(body["arrays"]) and len(body["rounds"]) == 3
+    validate.request(Meta(Command.COMMAND, 1, (), body), arrays)
+    got = reader.read(body["ring"], lambda i, d, s: None, 1 << 20)
+    pos = 0
+    for k, (one, n) in enumerate(zip(body["rounds"], body["arrays"])):
+        if one["kind"] != "f":              # a logged round: the merged push
+            np.testing.assert_array_equal(got[pos], np.full(4, k + 1.0, np.float32))
+        pos += n
+    bad = {**body, "ring": body["ring"][:-1]}               # an entry short
+    with pytest.raises(ProtocolError):
+        validate.request(Meta(Command.COMMAND, 1, (), bad), [])
+    with pytest.raises(ProtocolError):                      # entries and arrays at once
+        validate.request(Meta(Command.COMMAND, 1, (), body), [np.zeros(4, np.float32)])
+    with pytest.raises(ProtocolError):
+        validate.request(Meta(Command.COMMAND, 1, (), {"op": "r_ring", "shard": 0,
+                                                       "fd": -1, "bytes": 64}), [])
 
 
 def test_a_round_is_sent_before_a_deferred_push_reuses_its_buffer() -> None:

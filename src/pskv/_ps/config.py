@@ -18,7 +18,7 @@ from ..errors import ConfigError
 
 __all__ = [
     "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_CHECKPOINT_DIR", "ENV_CHECKPOINT_EVERY",
-    "ENV_CHECKPOINT_KEEP", "ENV_ENCRYPT", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_COALESCE_BYTES", "ENV_COLLECTIVE_BYTES", "ENV_COLLECTIVE_SHM", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
+    "ENV_CHECKPOINT_KEEP", "ENV_ENCRYPT", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_BACKUP_RING_BYTES", "ENV_COALESCE_BYTES", "ENV_COLLECTIVE_BYTES", "ENV_COLLECTIVE_SHM", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REDUCE_THREADS", "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_KEY_BYTES", "ENV_MAX_KEYS_PER_MESSAGE",
@@ -55,6 +55,8 @@ ENV_HEARTBEAT_TIMEOUT = "PSKV_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "PSKV_SHUTDOWN_TIMEOUT"
 ENV_TRANSPORT = "PSKV_TRANSPORT"
 ENV_COALESCE_BYTES = "PSKV_COALESCE_BYTES"
+#: bytes of the shared-memory ring beside each link to a backup on the same host (_ps/ring.py)
+ENV_BACKUP_RING_BYTES = "PSKV_BACKUP_RING_BYTES"
 #: dense dist_sync keys of at least this many bytes are summed among the workers
 #: (docs/collective.md); 0: none
 ENV_COLLECTIVE_BYTES = "PSKV_COLLECTIVE_BYTES"
@@ -240,6 +242,9 @@ class ClusterConfig:
         context, no sockets; set only by :class:`pskv.testing.InprocCluster`)
     coalesce_bytes : a dist_sync push of at most this many bytes waits for the store's next
         call, so that a pull of the same keys right after it travels with it (0: never)
+    backup_ring_bytes : with replicas, a primary whose backup is on the same host writes the
+        rounds it streams there into a shared-memory ring of this many bytes instead of the
+        Unix socket (PSKV_BACKUP_RING_BYTES, docs/durability.md); 0: the socket always
     collective_bytes : dense ``dist_sync`` keys of at least this many bytes are summed among
         the workers instead of on the servers (PSKV_COLLECTIVE_BYTES, docs/collective.md);
         0: no key
@@ -296,6 +301,7 @@ class ClusterConfig:
     shutdown_timeout: float = 30.0
     transport: str = "auto"
     coalesce_bytes: int = 65536
+    backup_ring_bytes: int = 128 << 20
     collective_bytes: int = 0
     collective_shm: bool = True
     rank: int | None = None
@@ -416,6 +422,8 @@ class ClusterConfig:
             transport=_transport(env.get(ENV_TRANSPORT, "auto") or "auto"),
             coalesce_bytes=_int(env, ENV_COALESCE_BYTES, 65536,
                                 "Set it to a number of bytes (0 sends every push at once)."),
+            backup_ring_bytes=-(-_int(env, ENV_BACKUP_RING_BYTES, 128 << 20,
+                                      "Set it to a number of bytes (0: no ring).") // 64) * 64,
             collective_bytes=_int(env, ENV_COLLECTIVE_BYTES, 0, "Set it to a number of bytes "
                                   "(e.g. 4194304: keys of 4 MiB and more are summed among "
                                   "the workers), or 0 to keep every key on the servers."),

@@ -53,6 +53,7 @@ class ReplOp(str, enum.Enum):
     LOAD = "r_load"                # as Op.LOAD
     RESTORE = "r_restore"          # as Op.RESTORE
     NOOP = "r_noop"                # nothing: makes a primary connect (and copy the shard)
+    RING = "r_ring"                # a shared-memory ring beside the link (_ps/ring.py)
 
     @property
     def applied_first(self) -> bool:

@@ -241,17 +241,31 @@ def _r_round(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None
 
 def _r_rounds(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     """Rounds sent as one message: ``rounds`` (each as ``r_round``'s fields) and ``arrays``,
-    how many of the message's arrays each carries, in order, all of them."""
-    rounds, counts = body.get("rounds"), body.get("arrays")
+    how many of the message's arrays each carries, in order, all of them. With ``ring``
+    (``_ps/ring.py``) the arrays are in the link's shared memory, one entry each, and the
+    message carries none (the entries themselves are checked as they are read)."""
+    rounds, counts, ring = body.get("rounds"), body.get("arrays"), body.get("ring")
+    carried: list[Any] = arrays if ring is None else ring
     if not isinstance(rounds, list) or not rounds or not isinstance(counts, list) or \
             len(counts) != len(rounds) or not all(isinstance(r, dict) for r in rounds) or \
-            not all(type(n) is int and n >= 0 for n in counts) or sum(counts) != len(arrays):
+            not all(type(n) is int and n >= 0 for n in counts) or \
+            not isinstance(carried, list) or sum(counts) != len(carried) or \
+            ring is not None and arrays:
         raise ProtocolError("r_rounds carries a list of rounds and, for each, how many of "
-                            "its arrays the round has (all of them, in order)")
+                            "its arrays the round has (all of them, in order; in the "
+                            "message, or one ring entry each and none in the message)")
     pos = 0
     for one, n in zip(rounds, counts):
-        _r_round(meta, one, arrays[pos:pos + n])
+        _r_round(meta, one, carried[pos:pos + n])
         pos += n
+
+
+def _r_ring(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """A primary's ring: its descriptor number and data bytes (``_ps/ring.py``)."""
+    _int(meta, body, "fd", 0, 1 << 31)
+    _int(meta, body, "bytes", 1, 1 << 40)
+    if arrays:
+        raise ProtocolError(f"r_ring carries no arrays, got {len(arrays)}")
 
 
 def _state_shape(desc: Any, depth: int) -> bool:
@@ -287,6 +301,7 @@ _OPS: dict[Op | ReplOp, Callable[[Meta, dict[str, Any], list[np.ndarray]], None]
     ReplOp.INIT: _r_init,
     ReplOp.OPTIMIZER: _spec("spec", nullable=True), ReplOp.COMPRESSION: _spec("params", True),
     ReplOp.LOAD: _state_bytes, ReplOp.RESTORE: _path, ReplOp.NOOP: _nothing,
+    ReplOp.RING: _r_ring,
 }
 
 

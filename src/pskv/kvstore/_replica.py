@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import socket
+import struct
 import time
 import zlib
 from dataclasses import replace
@@ -41,7 +43,9 @@ from .._ps.message import Command, Meta, error_from_body, short
 from .._ps.ops import BACKUP_ENDPOINT, ReplOp, change, parse
 from .._ps.postoffice import Postoffice
 from .._ps.replay import backup_of
+from .._ps.ring import RingReader, RingWriter, supported as ring_supported
 from .._ps.sealed import SealedConn
+from .._ps.stream import StreamConn
 from .._ps.tls import client_context, server_context
 from .._ps.transport import Connection, connect
 from .._ps.zeromq import ZmqContext
@@ -87,6 +91,9 @@ class Replicator:
         self.endpoints: dict[str, str] | None = None
         #: the backup's endpoints as the scheduler announced them (:meth:`aim`)
         self.announced: Mapping[str, str] | None = None
+        #: shared memory the batches' arrays go through to a backup on this host (None:
+        #: the link carries them; ``_ps/ring.py``)
+        self._ring: RingWriter | None = None
 
     def aim(self, announced: Mapping[str, str]) -> None:
         """The backup is the server the scheduler announced at ``announced`` (the next
@@ -120,11 +127,43 @@ class Replicator:
         self._call(Command.COMMAND, change(ReplOp.STATE, self.shard, body), arrays)
         log.info("server %d: server %d is the backup of shard %d (%d keys copied)", self.me,
                  self.backup, self.shard, len(body["entries"]))
+        self._open_ring(conn)
+
+    def _open_ring(self, conn: Connection) -> None:
+        """Offer the backup a ring (``_ps/ring.py``) where the link is a plain Unix socket
+        on this host; a backup that cannot map it says so, and the link carries on."""
+        sock = getattr(conn, "sock", None)
+        if self.cfg.backup_ring_bytes <= 0 or self.cfg.encrypt or not ring_supported() or \
+                type(conn) is not StreamConn or conn.tls or sock is None or \
+                sock.family != socket.AF_UNIX:
+            return
+        try:
+            ring = RingWriter(self.cfg.backup_ring_bytes)
+        except OSError as err:      # no memory for it: the socket it is
+            log.info("server %d: no ring for the backup of shard %d (%s)", self.me,
+                     self.shard, err)
+            return
+        try:
+            self._call(Command.COMMAND, change(ReplOp.RING, self.shard,
+                                               {"fd": ring.fd, "bytes": ring.size}), ())
+        except NodeFailedError:
+            ring.close()
+            raise
+        except KVStoreError as err:     # it answered: the link is fine, the ring is not
+            ring.close()
+            log.info("server %d: the backup of shard %d (server %d) does not map a ring "
+                     "(%s); the link carries the rounds", self.me, self.shard, self.backup,
+                     err)
+            return
+        self._ring = ring
 
     def close(self) -> None:
         """Forget the backup (it died, or another takes its place)."""
         self._outstanding.clear()
         self._batch.clear()
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
         self._batch_bytes = 0
         if self._conn is not None:
             self._conn.close()
@@ -161,6 +200,13 @@ class Replicator:
         if not self._batch:
             return
         batch, self._batch, self._batch_bytes = self._batch, [], 0
+        flat = [a for _, arrays in batch for a in arrays]
+        entries = self._ring.place(flat) if self._ring is not None else None
+        if entries is not None:     # in shared memory: the message names where
+            self.send(ReplOp.ROUNDS, {"rounds": [body for body, _ in batch],
+                                      "arrays": [len(arrays) for _, arrays in batch],
+                                      "ring": entries}, (), wait=False)
+            return
         if len(batch) == 1:
             self.send(ReplOp.ROUND, batch[0][0], batch[0][1], wait=False)
             return
@@ -359,6 +405,8 @@ class Backups:
         #: each copy's rounds not applied yet (``_backup_log``), and the buffers they land in
         self.logs: dict[int, RoundLog] = {}
         self._pool = BufferPool()
+        #: each primary's ring (``_ps/ring.py``), by its link
+        self._rings: dict[Connection, RingReader] = {}
         #: shard -> the server whose whole copy this is (the one that serves it), and when
         #: the copy came (a death reported after that is its death, not a past one's)
         self.source: dict[int, tuple[int, float]] = {}
@@ -415,6 +463,9 @@ class Backups:
         if self._thread.is_alive():
             self._thread.join(5.0)
         self.loop.close()
+        for ring in self._rings.values():
+            ring.close()
+        self._rings.clear()
 
     def take(self, shard: int) -> Engine | None:
         """The copy of ``shard``, to serve it (its primary died), with every round it
@@ -483,6 +534,17 @@ class Backups:
         if op is ReplOp.NOOP:
             self.loop.send(conn, Command.ACK, meta.ts)
             return
+        if op is ReplOp.RING:
+            self._map_ring(conn, peer, body)
+            self.loop.send(conn, Command.ACK, meta.ts)
+            return
+        if op is ReplOp.ROUNDS and "ring" in body:
+            ring = self._rings.get(conn)
+            if ring is None:
+                raise ProtocolError("r_rounds names ring entries, but this link has no ring")
+            land = self.alloc_for(meta)
+            arrays = ring.read(body["ring"], land or (lambda i, dtype, shape: None),
+                               self.cfg.max_message_bytes)
         with self.lock:
             if op in (ReplOp.ROUND, ReplOp.ROUNDS) and shard in self.engines:
                 # the rounds are safe once they are here: acknowledge, then log or apply
@@ -521,6 +583,23 @@ class Backups:
         else:
             self.logs[shard].round(body, arrays)
 
+    def _map_ring(self, conn: Connection, peer: Any, body: dict[str, Any]) -> None:
+        """Map the ring primary ``peer`` offers on its Unix-socket link: the process is
+        the socket's peer, of this server's own user (``_ps/ring.py``)."""
+        sock = getattr(conn, "sock", None)
+        who = f"server {peer}"
+        if type(conn) is not StreamConn or conn.tls or sock is None or \
+                sock.family != socket.AF_UNIX:
+            raise ProtocolError(f"{who} offered a ring on a link that is not a Unix socket")
+        pid, uid, _gid = struct.unpack("3i", sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if uid != os.getuid():
+            raise ProtocolError(f"{who} runs as another user: no ring")
+        old = self._rings.pop(conn, None)
+        if old is not None:
+            old.close()
+        self._rings[conn] = RingReader.open(pid, body["fd"], body["bytes"], who)
+
     def tick(self) -> None:
         """Nothing on a timer."""
 
@@ -529,6 +608,9 @@ class Backups:
         never finished are not kept (one still lent to another primary's message is
         copied from instead)."""
         self._pool.forget()
+        ring = self._rings.pop(conn, None)
+        if ring is not None:
+            ring.close()
 
 
 def _round(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
