@@ -57,6 +57,15 @@ def test_a_worker_cannot_write_into_a_backup(thread_cluster: Any) -> None:
                             "key": pk, "round": 1, "kind": "d", "applied": []}]},
                         [np.full(4, 1e6, np.float32)])
                     seen[f"{srv} rounds"] = next_reply(conn)
+                    # a ring to map (this process's stdin), and rounds said to lie in one
+                    conn.send(Command.COMMAND, 5, (), {
+                        "op": "r_ring", "shard": other, "fd": 0, "bytes": 64})
+                    seen[f"{srv} ring"] = next_reply(conn)
+                    conn.send(Command.COMMAND, 6, (), {
+                        "op": "r_rounds", "shard": other, "arrays": [1], "rounds": [{
+                            "key": pk, "round": 1, "kind": "d", "applied": []}],
+                        "ring": [[0, 16, "<f4", [4]]]})
+                    seen[f"{srv} ring rounds"] = next_reply(conn)
                 finally:
                     conn.close()
         kv.barrier()
@@ -64,13 +73,57 @@ def test_a_worker_cannot_write_into_a_backup(thread_cluster: Any) -> None:
         return kv.pull(3).asnumpy()
 
     res = cluster.run(fn)
-    assert len(seen) == 8, seen
+    assert len(seen) == 12, seen
     for label, meta in seen.items():
         assert meta.cmd == Command.ERROR, (label, meta)
     assert "refused" in seen["0 secret"].body["msg"], seen["0 secret"].body
     assert "never admitted" in seen["0 round"].body["msg"], seen["0 round"].body
     assert "never admitted" in seen["1 rounds"].body["msg"], seen["1 rounds"].body
+    assert "never admitted" in seen["0 ring"].body["msg"], seen["0 ring"].body
+    assert "never admitted" in seen["1 ring rounds"].body["msg"], seen["1 ring rounds"].body
     assert_unharmed(cluster, res, np.full(4, 2.0, np.float32))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mapped", [True, False])
+def test_rounds_reach_a_same_host_backup_through_its_ring_or_else_the_socket(
+        thread_cluster: Any, monkeypatch: pytest.MonkeyPatch, mapped: bool) -> None:
+    """Each primary offers its backup (here: same process, Unix sockets) a ring; with it
+    mapped the rounds travel there, and a backup that cannot map it (a container hiding
+    the primary's /proc: refused) still gets every round over the socket; the job goes on
+    unharmed either way (that a backup's copy is right after a takeover, ring or not, is
+    tests/durability/test_restart.py's: its replicas jobs run on one host)."""
+    from pskv._ps import ring
+    offered, placed = [], []
+    real_open, real_place = ring.RingReader.open, ring.RingWriter.place
+
+    def refuse(*args: Any) -> Any:
+        offered.append(args)
+        if mapped:
+            return real_open(*args)
+        raise ProtocolError("this backup cannot open rings")
+
+    def place(self: Any, arrays: Any) -> Any:
+        got = real_place(self, arrays)
+        placed.append(got is not None)
+        return got
+    monkeypatch.setattr(ring.RingReader, "open", refuse)
+    monkeypatch.setattr(ring.RingWriter, "place", place)
+    cluster = thread_cluster(2, 2, replicas=1)
+
+    def fn(kv: Any) -> Any:
+        kv.init(list(range(4)), [mx.nd.zeros((1000,)) for _ in range(4)])
+        kv.set_optimizer(mx.optimizer.SGD(learning_rate=-1.0))   # logged rounds: "l"/"f"
+        for _ in range(5):
+            kv.push(list(range(4)), [mx.nd.ones((1000,)) for _ in range(4)])
+            kv.pull(list(range(4)), out=[mx.nd.zeros((1000,)) for _ in range(4)])
+        kv.barrier()
+        return kv.pull(0).asnumpy()
+
+    res = cluster.run(fn)
+    assert len(offered) == 2                 # each primary offered its backup a ring
+    assert (mapped and placed and all(placed)) or (not mapped and not placed), placed
+    assert_unharmed(cluster, res, np.full(1000, 10.0, np.float32))
 
 
 #: placements an INIT may carry that describe no part of its key: (label, place)

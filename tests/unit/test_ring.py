@@ -101,7 +101,7 @@ def test_a_writer_stops_trusting_a_reader_that_says_it_read_more_than_was_writte
 
 def test_only_a_sealed_memfd_of_the_announced_size_is_mapped(tmp_path: Any) -> None:
     w = RingWriter(1024)
-    with pytest.raises(ProtocolError, match="has 1088 bytes, not 2112"):
+    with pytest.raises(ProtocolError, match="of 1088 bytes, not 2112"):
         RingReader.open(os.getpid(), w.fd, 2048, "server 0")
     with pytest.raises(ProtocolError, match="positive multiple"):
         RingReader.open(os.getpid(), w.fd, 1000, "server 0")

@@ -37,13 +37,12 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
-import stat
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..errors import ProtocolError
-from .shm import SEALS, supported
+from .shm import SEALS, map_sealed, supported
 
 __all__ = ["ALIGN", "HEADER", "RingReader", "RingWriter", "supported"]
 
@@ -150,23 +149,7 @@ class RingReader:
             raise ProtocolError(f"{who}'s ring cannot be opened here ({err.strerror}): "
                                 "send the arrays") from None
         try:
-            st = os.fstat(own)
-            if not stat.S_ISREG(st.st_mode):
-                raise ProtocolError(f"{who}'s ring is not a memory file")
-            try:
-                seals = fcntl.fcntl(own, fcntl.F_GET_SEALS)
-            except OSError:
-                raise ProtocolError(f"{who}'s ring is not a memfd") from None
-            if seals & SEALS != SEALS:
-                raise ProtocolError(f"{who}'s ring is not sealed at its size")
-            if st.st_size != HEADER + size:
-                raise ProtocolError(f"{who}'s ring has {st.st_size} bytes, not "
-                                    f"{HEADER + size}")
-            try:
-                mm = mmap.mmap(own, HEADER + size, mmap.MAP_SHARED,
-                               mmap.PROT_READ | mmap.PROT_WRITE)
-            except (OSError, ValueError) as err:
-                raise ProtocolError(f"{who}'s ring cannot be mapped: {err}") from None
+            mm = map_sealed(own, HEADER + size, f"{who}'s ring", writable=True)
         finally:
             os.close(own)
         return cls(mm, size)

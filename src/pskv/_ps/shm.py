@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import ProtocolError
 
-__all__ = ["FdInbox", "Layout", "Segment", "fd_message", "layout", "supported"]
+__all__ = ["FdInbox", "Layout", "Segment", "fd_message", "layout", "map_sealed", "supported"]
 
 #: the seals a peer's segment must carry: its size can never change under a mapping
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL \
@@ -112,23 +112,7 @@ class Segment:
         ``lay.nbytes`` bytes sealed against any change of size.
         """
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise ProtocolError(f"{who} sent {what} that is not a memory file")
-            try:
-                seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-            except OSError:
-                raise ProtocolError(f"{who} sent {what} that is not a memfd") from None
-            if seals & SEALS != SEALS:
-                raise ProtocolError(f"{who} sent {what} whose size is not sealed (a memfd with "
-                               "F_SEAL_SHRINK, F_SEAL_GROW and F_SEAL_SEAL)")
-            if st.st_size != lay.nbytes:
-                raise ProtocolError(f"{who} sent {what} of {st.st_size} bytes, not "
-                               f"{lay.nbytes}")
-            try:
-                mm = mmap.mmap(fd, lay.nbytes, mmap.MAP_SHARED, mmap.PROT_READ)
-            except (OSError, ValueError) as err:
-                raise ProtocolError(f"{who} sent {what} that cannot be mapped: {err}") from None
+            mm = map_sealed(fd, lay.nbytes, f"{who} sent {what} that", writable=False)
         finally:
             os.close(fd)
         return cls(mm, lay, -1)
@@ -144,6 +128,29 @@ class Segment:
             self._mm.close()
         except BufferError:     # a view is still alive: unmapped when the last one goes
             pass
+
+
+def map_sealed(fd: int, nbytes: int, subject: str, writable: bool) -> mmap.mmap:
+    """Map memory file ``fd`` (left open) after checking that it is a memfd of exactly
+    ``nbytes`` bytes sealed against any change of size; ProtocolError saying what else it
+    is, after ``subject`` (e.g. "worker 1 sent a segment that")."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise ProtocolError(f"{subject} is not a memory file")
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        raise ProtocolError(f"{subject} is not a memfd") from None
+    if seals & SEALS != SEALS:
+        raise ProtocolError(f"{subject} is a memfd whose size is not sealed (F_SEAL_SHRINK, "
+                            "F_SEAL_GROW and F_SEAL_SEAL)")
+    if st.st_size != nbytes:
+        raise ProtocolError(f"{subject} is of {st.st_size} bytes, not {nbytes}")
+    try:
+        return mmap.mmap(fd, nbytes, mmap.MAP_SHARED,
+                         mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+    except (OSError, ValueError) as err:
+        raise ProtocolError(f"{subject} cannot be mapped: {err}") from None
 
 
 def fd_message(fds: Sequence[int]) -> list[tuple[int, int, bytes]]:
