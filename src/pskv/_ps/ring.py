@@ -169,11 +169,16 @@ class RingReader:
                 count *= s
             total += n
             off = at % self.size
-            if at < pos or off + n > self.size or at + n > self.consumed + self.size or \
-                    count * dt.itemsize != n or total > limit:
-                raise ProtocolError(f"ring entry {i} ({at}, {n} bytes, {dt.str} {shape}) "
-                                    f"does not follow position {pos} inside {self.size} "
-                                    f"bytes (one lap), or its size is not its shape's")
+            what = f"ring entry {i} ({n} bytes of {dt.str} {shape} at position {at})"
+            if at < pos or off + n > self.size or at + n > self.consumed + self.size:
+                raise ProtocolError(f"{what} does not lie after position {pos}, inside "
+                                    f"the ring's {self.size} bytes and within one lap of "
+                                    "what was read")
+            if count * dt.itemsize != n:
+                raise ProtocolError(f"{what}: its shape holds {count * dt.itemsize} bytes")
+            if total > limit:
+                raise ProtocolError(f"{what}: the message's arrays pass {limit} bytes "
+                                    "(PSKV_MAX_MESSAGE_BYTES)")
             dst = land(i, dt, tuple(shape))
             if dst is None or dst.dtype != dt or dst.shape != tuple(shape) or \
                     not dst.flags.c_contiguous:

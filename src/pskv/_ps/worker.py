@@ -204,7 +204,8 @@ class KVWorker:
                 arrays: Sequence[np.ndarray] = (), negative: bool = False,
                 into: Sequence[np.ndarray | None] | None = None,
                 lenders: Sequence[Any] | None = None) -> int:
-        """Send one request to ``server``; return its ts. The arrays are free on return.
+        """Send one request to ``server``; return its ts. The arrays are free on return,
+        but for those ``lenders`` lends to failover's push log (see :meth:`push`).
 
         ``into``: where the reply's arrays should land, one per array (None: anywhere);
         honoured where the transport reads into place and shape and dtype match.

@@ -6,7 +6,9 @@ rows (re-based to the segment) or, with gradient compression, quantized parts wi
 error-feedback residuals. A pull asks each server for its segments and, where an out has
 the key's shape and dtype, reads the reply straight into it. The store keeps the API, the
 checks and the locks; this keeps the buffers. Invariant: the arrays of a message sent are
-free again when ``send`` returns (every transport has written or copied them).
+free again when ``send`` returns (every transport has written or copied them), except a
+buffer lent to failover's push log, which its NDArray repays before it is written again
+(``pskv.nd.ndarray``: loans).
 """
 from __future__ import annotations
 
@@ -66,15 +68,11 @@ class DataPath:
         NDArray whose buffer nothing else holds, and the send buffer, may be lent."""
         if len(vals) == 1 and self.compressor is None:
             v = vals[0]
-            if type(v) is NDArray:
-                data = sole_buffer(v)
-                if data is not None and data.dtype == info.dtype and data.flags.c_contiguous:
-                    self._lendable[id(data)] = (v, data)
-                    return data
-                data = v._data
-            else:
-                data = as_numpy(v)
+            own = sole_buffer(v) if type(v) is NDArray else None
+            data = own if own is not None else v._data if type(v) is NDArray else as_numpy(v)
             if data.dtype == info.dtype and data.flags.c_contiguous:
+                if own is not None:
+                    self._lendable[id(own)] = (v, own)
                 return data
         held = self._sendbuf.get(key)
         if held is None:

@@ -9,7 +9,9 @@ counters and the optimizer's counts (:class:`Replicator`; the rounds one request
 as one ``r_rounds`` message, queued without copies); the backup logs the rounds of
 dense keys and applies them when its copy is needed, the others at once
 (:mod:`._backup_log`), so both stay bit-identical. A new backup first gets the whole
-shard (:func:`encode_copy`).
+shard (:func:`encode_copy`). To a backup on the same host (a plain Unix-socket link) the
+batches' arrays go through a ring of shared memory the primary offers (``r_ring``,
+:mod:`.._ps.ring`), and the link carries their headers.
 Invariant: a request is answered only after the backup acknowledged every change it saw,
 or after the backup was found dead (then the shard runs without one until it is back).
 
@@ -132,10 +134,8 @@ class Replicator:
     def _open_ring(self, conn: Connection) -> None:
         """Offer the backup a ring (``_ps/ring.py``) where the link is a plain Unix socket
         on this host; a backup that cannot map it says so, and the link carries on."""
-        sock = getattr(conn, "sock", None)
         if self.cfg.backup_ring_bytes <= 0 or self.cfg.encrypt or not ring_supported() or \
-                type(conn) is not StreamConn or conn.tls or sock is None or \
-                sock.family != socket.AF_UNIX:
+                _unix_socket(conn) is None:
             return
         try:
             ring = RingWriter(self.cfg.backup_ring_bytes)
@@ -586,11 +586,11 @@ class Backups:
     def _map_ring(self, conn: Connection, peer: Any, body: dict[str, Any]) -> None:
         """Map the ring primary ``peer`` offers on its Unix-socket link: the process is
         the socket's peer, of this server's own user (``_ps/ring.py``)."""
-        sock = getattr(conn, "sock", None)
+        sock = _unix_socket(conn)
         who = f"server {peer}"
-        if type(conn) is not StreamConn or conn.tls or sock is None or \
-                sock.family != socket.AF_UNIX:
-            raise ProtocolError(f"{who} offered a ring on a link that is not a Unix socket")
+        if sock is None:
+            raise ProtocolError(f"{who} offered a ring on a link that is not a plain Unix "
+                                "socket (sealed, TLS or TCP links carry the arrays)")
         pid, uid, _gid = struct.unpack("3i", sock.getsockopt(
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         if uid != os.getuid():
@@ -611,6 +611,16 @@ class Backups:
         ring = self._rings.pop(conn, None)
         if ring is not None:
             ring.close()
+
+
+def _unix_socket(conn: Connection) -> socket.socket | None:
+    """The socket of a plain (not sealed, not TLS) Unix-socket stream link, else None:
+    the only links a ring goes beside (``_ps/ring.py``)."""
+    sock = getattr(conn, "sock", None)
+    if type(conn) is not StreamConn or conn.tls or sock is None or \
+            sock.family != socket.AF_UNIX:
+        return None
+    return sock
 
 
 def _round(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
