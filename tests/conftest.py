@@ -44,6 +44,8 @@ DIST_IN_UNIT = frozenset({
     "test_launch_flags.py::test_missing_hostfile_is_a_usage_error",  # main(): host-ip guess
     "test_launch_flags.py::test_log_level",  # main() builds a job spec: a free port
     "test_public_api.py::test_reference_builds_without_warnings",  # Sphinx in a child python
+    "test_readme.py::test_the_readme_test_command_collects_without_torch",  # a child pytest
+    "test_readme.py::test_pskv_torch_doctests_skip_without_torch",  # likewise
     "test_torch.py::test_import_pskv_and_pskv_torch_do_not_import_torch",  # a child python
     "test_train.py::test_runs_as_a_module",  # the example in a child python
     "test_train.py::test_output_through_a_pipe_is_whole_lines",  # likewise

@@ -65,3 +65,40 @@ def test_readme_paths_exist_in_the_repository() -> None:
         if token.startswith(REPO_DIRS):
             path = _inside_repo(token)
             assert path is not None and path.exists(), f"README names {token}: no such file"
+
+
+#: a child python that hides torch (``import torch`` raises ImportError, find_spec answers
+#: None) and then runs pytest with the arguments it is given
+_WITHOUT_TORCH = ("import sys; sys.modules['torch'] = None; import pytest; "
+                  "sys.exit(pytest.main(sys.argv[1:]))")
+
+
+def test_the_readme_test_command_collects_without_torch() -> None:
+    """The README's test command installs only the test extras (no torch): collecting the
+    whole tree, docstring examples of pskv.torch included, must not fail, and the run's
+    header says how to install torch."""
+    import subprocess
+    import sys
+    proc = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TORCH, "--collect-only", "-p", "no:cacheprovider"],
+        cwd=REPO, capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "error" not in out.splitlines()[-1], out[-3000:]
+    assert "torch is not installed: pip install -e '.[torch]'" in out
+    assert re.search(r"\d+ tests collected", out.splitlines()[-1]), out[-500:]
+
+
+def test_pskv_torch_doctests_skip_without_torch() -> None:
+    """Without torch, the pskv.torch docstring examples are skipped with the advice (not
+    failed on ``import torch``); the rest of pskv's run."""
+    import subprocess
+    import sys
+    proc = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TORCH, "-q", "-rs", "-p", "no:cacheprovider",
+         "src/pskv/torch", "src/pskv/table"],
+        cwd=REPO, capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert re.search(r"SKIPPED \[\d+\] .*torch is not installed", out), out[-3000:]
+    assert re.search(r"\d+ passed, \d+ skipped", out.splitlines()[-1]), out[-500:]
