@@ -102,3 +102,17 @@ def test_pskv_torch_doctests_skip_without_torch() -> None:
     assert proc.returncode == 0, out[-3000:]
     assert re.search(r"SKIPPED \[\d+\] .*torch is not installed", out), out[-3000:]
     assert re.search(r"\d+ passed, \d+ skipped", out.splitlines()[-1]), out[-500:]
+
+
+def test_readme_says_how_long_the_suite_takes_and_names_a_quick_subset() -> None:
+    """A newcomer learns what the full run costs and which subset answers in about a
+    minute; the subset is a marker expression over markers the suite declares."""
+    text = README.read_text()
+    tests = text[text.index("## Tests"):text.index("## Benchmarks")]
+    assert re.search(r"whole suite takes about \d+ minutes on 2 cores", tests), tests[:600]
+    quick = re.search(r'python -m pytest -m "([^"]+)"\s+# quick', tests)
+    assert quick, "the README names no quick subset"
+    declared = {m.split(":")[0] for m in re.findall(r'^\s*"(\w+):', (REPO / "pyproject.toml")
+                                                    .read_text(), flags=re.M)}
+    used = set(re.findall(r"[a-z]+", quick.group(1))) - {"not", "and", "or"}
+    assert used and used <= declared, (used, declared)
