@@ -46,6 +46,7 @@ DIST_IN_UNIT = frozenset({
     "test_public_api.py::test_reference_builds_without_warnings",  # Sphinx in a child python
     "test_readme.py::test_the_readme_test_command_collects_without_torch",  # a child pytest
     "test_readme.py::test_pskv_torch_doctests_skip_without_torch",  # likewise
+    "test_docs_examples.py::test_launched_example_runs_as_written",  # pskv-launch, a cluster
     "test_torch.py::test_import_pskv_and_pskv_torch_do_not_import_torch",  # a child python
     "test_train.py::test_runs_as_a_module",  # the example in a child python
     "test_train.py::test_output_through_a_pipe_is_whole_lines",  # likewise
