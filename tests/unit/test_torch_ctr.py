@@ -164,3 +164,18 @@ def test_distributed_optimizer_on_an_int_keyed_store_says_why() -> None:
     text = str(info.value)
     assert "holds int keys" in text and "str keys" in text, text
     assert "kv.init('w0'" in text, text
+
+
+def test_the_embedding_example_of_docs_torch_md_runs_as_written() -> None:
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[2] / "docs" / "torch.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S)
+              if "pt.EmbeddingBag(kv, 'users'" in b]
+    assert len(blocks) == 1, "docs/torch.md has no EmbeddingBag example"
+    scope: dict[str, Any] = {}
+    exec(compile(blocks[0], "docs/torch.md", "exec"), scope)  # noqa: S102 - our own docs
+    stats = scope["kv"].table_stats("users")
+    ids = torch.cat([b[0] for b in scope["batches"]])
+    assert stats["step"] == 4                      # one push a batch, by the table's AdaGrad
+    assert stats["rows"] == len(torch.unique(ids))

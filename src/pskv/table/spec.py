@@ -13,7 +13,8 @@ from typing import Any, Callable, Literal, NamedTuple, Union
 
 import numpy as np
 
-from ..errors import TableSpecError
+from .. import optimizer as opt_mod
+from ..errors import ConfigError, KVStoreError, TableSpecError
 
 __all__ = ["Always", "Capacity", "Constant", "CountAdmission", "Normal",
            "ProbabilityAdmission", "ReadOnly", "RowMeta", "TTL", "TableSpec", "Uniform",
@@ -381,8 +382,6 @@ class TableSpec:
 def _row_optimizer(spec: TableSpec) -> Any:
     """``spec.optimizer`` (an Optimizer, or its spec from JSON) checked: an optimizer a
     table's rows can run (R12) with this spec's layout; else TableSpecError."""
-    from .. import optimizer as opt_mod
-    from ..errors import KVStoreError
     opt = spec.optimizer
     if isinstance(opt, dict):
         try:
@@ -412,7 +411,6 @@ def _row_optimizer(spec: TableSpec) -> Any:
 
 def _optimizer_json(opt: Any) -> dict[str, Any]:
     """A table optimizer's spec without its counts (what every worker declares alike)."""
-    from ..errors import ConfigError
     try:
         spec = opt.to_spec()
     except ConfigError as err:
