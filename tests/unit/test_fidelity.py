@@ -236,9 +236,7 @@ def test_a_local_store_runs_a_custom_optimizer_with_arguments_of_its_own() -> No
     np.testing.assert_allclose(kv.pull(3).asnumpy(), np.full(2, 0.75))
     with pytest.raises(ConfigError, match="learning_rate='x'"):   # its values still checked
         kv.set_optimizer(FidelityScaled(0.25, learning_rate="x"))
-
-
-def test_a_dist_store_still_refuses_what_cannot_travel() -> None:
+    # a dist store's check still refuses what its servers could not rebuild
     from pskv.kvstore.base import check_optimizer
     with pytest.raises(ConfigError, match="fails on a trial update"):
         check_optimizer(FidelityScaled(0.25), need_spec=True)
