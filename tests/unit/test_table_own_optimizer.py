@@ -84,7 +84,10 @@ def test_the_table_optimizer_travels_as_json() -> None:
     ({"optimizer": mx.optimizer.AdaGrad(wd=0.1)}, "use wd=0"),
     ({"optimizer": mx.optimizer.SGD(multi_precision=True)}, "no multi_precision"),
     ({"optimizer": {"name": "nosuch", "kwargs": {}}}, "does not rebuild an optimizer"),
-], ids=["a-name", "rmsprop", "rowwise-sgd", "adagrad-wd", "multi-precision", "bad-spec"])
+    ({"optimizer": mx.optimizer.SGD(momentum="x")}, "a trial update fails"),
+    ({"optimizer": mx.optimizer.SGD(learning_rate=float("nan"))}, "non-finite rows"),
+], ids=["a-name", "rmsprop", "rowwise-sgd", "adagrad-wd", "multi-precision", "bad-spec",
+        "momentum-str", "lr-nan"])
 def test_what_a_table_cannot_run_is_refused_when_the_spec_is_made(
         kwargs: dict[str, Any], fragment: str) -> None:
     with pytest.raises(TableSpecError, match="TableSpec.optimizer") as info:

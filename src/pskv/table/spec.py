@@ -6,8 +6,10 @@ spec a worker declared (docs/embeddings.md).
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, NamedTuple, Union
 
@@ -15,6 +17,7 @@ import numpy as np
 
 from .. import optimizer as opt_mod
 from ..errors import ConfigError, KVStoreError, TableSpecError
+from ._rowopt import row_optimizer
 
 __all__ = ["Always", "Capacity", "Constant", "CountAdmission", "Normal",
            "ProbabilityAdmission", "ReadOnly", "RowMeta", "TTL", "TableSpec", "Uniform",
@@ -394,6 +397,7 @@ def _row_optimizer(spec: TableSpec) -> Any:
                    "Ftrl or Adam), e.g. mx.optimizer.AdaGrad(learning_rate=0.1), or None to "
                    "use the store's")
     name = type(opt).__name__
+    why: str | None
     if type(opt) not in (opt_mod.SGD, opt_mod.AdaGrad, opt_mod.Ftrl, opt_mod.Adam):
         why = "tables run SGD, AdaGrad, Ftrl or Adam"
     elif spec.state_layout == "rowwise" and type(opt) is not opt_mod.AdaGrad:
@@ -403,9 +407,30 @@ def _row_optimizer(spec: TableSpec) -> Any:
     elif type(opt) is opt_mod.AdaGrad and opt.wd != 0.0:
         why = "sparse AdaGrad does not support wd (as in MXNet): use wd=0"
     else:
-        return opt
+        why = _trial(opt, spec)
+        if why is None:
+            return opt
     raise TableSpecError(f"TableSpec.optimizer={name}(...) cannot update table rows: {why}. "
                          "Pass one that can (R12, docs/embeddings.md).")
+
+
+def _trial(opt: Any, spec: TableSpec) -> str | None:
+    """Why one row update by a copy of ``opt`` fails (a hyperparameter of the wrong type
+    or not finite), or None: the spec is refused when made, not at a server's first push."""
+    trial = copy.deepcopy(opt)
+    w = np.ones((1, spec.dim), spec.dtype)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rowopt = row_optimizer(trial, spec.state_layout, spec.dim, "trial")
+            states = [np.zeros((1, width), spec.dtype) for width in rowopt.widths]
+            t = np.ones(1, np.int64) if rowopt.per_row_step else None
+            rowopt.update(trial, "trial", w, states, np.ones_like(w), t)
+    except Exception as err:  # whatever its first push would meet
+        return f"a trial update fails ({type(err).__name__}: {err})"
+    if not np.isfinite(w).all():
+        return "a trial update gives non-finite rows (check its hyperparameters)"
+    return None
     return opt
 
 
