@@ -560,7 +560,11 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
         """Install ``optimizer`` on every server (a JSON spec, never a pickle).
 
         Every worker may call it (MXNet scripts do); the servers install it once and treat
-        identical repeats as no-ops.
+        identical repeats as no-ops. Refused (ConfigError, on every worker alike) for an
+        optimizer whose spec cannot travel or that the servers could not rebuild and run,
+        and while a ``pskv.torch.DistributedOptimizer`` with ``update_on_kvstore=False``
+        holds gradient keys here. Table keys with their own ``TableSpec(optimizer=)``
+        keep it.
         """
         spec = check_optimizer(optimizer, need_spec=True)   # refused here, alike on every worker
         with self._lock:

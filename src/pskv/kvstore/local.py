@@ -445,8 +445,11 @@ class LocalKVStore(TableMethods, KVStoreBase):
         ValueTypeError
             If ``optimizer`` is not a pskv Optimizer.
         ConfigError
-            If a hyperparameter is not of its type or the optimizer cannot run an update
-            (``SGD(learning_rate='abc')``), as in every store type; nothing changes.
+            If a hyperparameter is not of its type (``SGD(learning_rate='abc')``), as in
+            every store type, or a ``pskv.torch.DistributedOptimizer`` with
+            ``update_on_kvstore=False`` holds gradient keys here; nothing changes. The
+            object itself is run, as MXNet's local store does: a custom class with
+            arguments of its own needs no spec here.
 
         Examples
         --------
