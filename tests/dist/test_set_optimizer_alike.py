@@ -53,3 +53,36 @@ def test_dist_and_local_stores_refuse_alike_and_change_nothing(store_type: str) 
         # still assigns: sync sums the round (5 + 5), async assigns each push (5)
         want = 10.0 if store_type == "dist_sync" else 5.0
         np.testing.assert_array_equal(value, np.full(2, want))
+
+
+@mx.optimizer.Optimizer.register
+class AlikeScaled(mx.optimizer.Optimizer):
+    """A custom optimizer with a required argument of its own: no spec rebuilds it."""
+
+    def __init__(self, factor: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.factor = factor
+
+    def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+        weight[:] = weight - self.factor * grad
+
+
+def test_a_custom_optimizer_runs_locally_and_a_dist_store_refuses_it() -> None:
+    """Each store checks what it needs (issue #29, item 4): the local store runs the
+    object; a dist store would send a spec its servers cannot rebuild, and says so."""
+    with mx.kv.create("local") as kv:
+        kv.init(3, mx.nd.ones((2,)))
+        kv.set_optimizer(AlikeScaled(0.5))
+        kv.push(3, mx.nd.ones((2,)))
+        np.testing.assert_allclose(kv.pull(3).asnumpy(), np.full(2, 0.5))
+
+    def refused(kv: Any) -> str:
+        kv.init(3, mx.nd.ones((2,)))
+        with pytest.raises(ConfigError, match="AlikeScaled fails on a trial update") as info:
+            kv.set_optimizer(AlikeScaled(0.5))
+        return str(info.value)
+
+    with InprocCluster(num_workers=2) as cluster:
+        results = cluster.run(refused, store_type="dist_sync")
+    for rank, got in results.items():
+        assert isinstance(got, str), (rank, got)

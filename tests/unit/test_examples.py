@@ -45,7 +45,7 @@ def test_examples_live_in_the_package_alone() -> None:
     # one location: python -m pskv.examples.NAME works after pip install
     assert not (ROOT / "examples").exists()
     for name in ("quickstart_local", "dist_sync_sgd", "custom_store", "train", "train_torch",
-                 "sparse_logreg", "train_ctr"):
+                 "sparse_logreg", "train_ctr", "train_ctr_torch"):
         assert (ROOT / "src" / "pskv" / "examples" / f"{name}.py").is_file(), name
 
 

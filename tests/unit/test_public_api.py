@@ -249,6 +249,7 @@ NOT_API_PAGES = {
     "pskv.examples.custom_store": "an example (python -m)",
     "pskv.examples.dist_sync_sgd": "an example (python -m)",
     "pskv.examples.quickstart_local": "an example (python -m)",
+    "pskv.examples.train_ctr_torch": "an example (python -m): train_ctr in PyTorch",
     "pskv.kvstore.base": "the store classes' modules, as MXNet's mxnet.kvstore.base",
     "pskv.kvstore.dist": "the dist store's class, re-exported by pskv.kv",
     "pskv.kvstore.local": "the local store's class, re-exported by pskv.kv",

@@ -4,13 +4,13 @@ optimizer they set.
 
 The optimizer checks every store's ``set_optimizer`` runs before it changes anything.
 
-An optimizer is checked completely before it is installed: each hyperparameter against the
-type its class declares, then (for one that can be written as a spec) one trial update on a
-small array of a copy rebuilt from the spec. So a dist store refuses a spec the servers
-could not run at once, on every worker, with the same ConfigError (instead of a server
-failing at the first push and the workers waiting), and a local store refuses it in
-``set_optimizer`` too, not at the first push (:func:`pskv.kvstore.base.check_optimizer`
-is the one entry point).
+An optimizer's hyperparameters are checked against the types its class declares on every
+store (:func:`check_optimizer_values`); a dist store, which sends it to the servers as a
+spec, also runs one trial update on a small array of a copy rebuilt from the spec
+(:func:`check_optimizer_spec`). So a dist store refuses a spec the servers could not run
+at once, on every worker, with the same ConfigError (instead of a server failing at the
+first push and the workers waiting), while a local store runs the object it was given,
+as MXNet's does (:func:`pskv.kvstore.base.check_optimizer` is the one entry point).
 """
 from __future__ import annotations
 

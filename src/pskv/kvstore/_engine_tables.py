@@ -320,8 +320,11 @@ def restore_from(table: DynamicTable | None, name: Any, meta: dict[str, Any],
 
 
 def check_optimizer(table: DynamicTable, opt: Any) -> None:
-    """UnsupportedError if ``opt`` cannot update this table's rows (R12)."""
+    """UnsupportedError if ``opt`` cannot update this table's rows (R12); a table with
+    its own optimizer (``TableSpec.optimizer``) never runs the store's."""
     from ..table._rowopt import row_optimizer
+    if table.spec.optimizer is not None:
+        return
     rowopt = row_optimizer(opt, table.spec.state_layout, table.spec.dim, table.name)
     if rowopt.kind.startswith("adagrad") and opt._get_wd(table.name) != 0.0:
         raise UnsupportedError(

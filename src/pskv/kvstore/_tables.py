@@ -85,7 +85,7 @@ class Tables:
         table = self.get(key, "push to table")
         ids, grads = _pairs(key, value)
         opt = None
-        if updater is not None:
+        if updater is not None and table.spec.optimizer is None:
             opt = getattr(updater, "optimizer", None)
             if opt is None or not hasattr(updater, "states"):
                 raise UnsupportedError(
@@ -189,6 +189,17 @@ class TableMethods:
 
     def _before_lookup(self) -> None:
         """What a store does before it sends a lookup (a dist store's staleness bound)."""
+
+    def _store_optimizer(self) -> Any:
+        """The optimizer ``set_optimizer`` gave this store (None: none)."""
+        return None
+
+    def _row_optimizer(self, key: Key) -> Any:
+        """The optimizer a push of gradients to table ``key`` runs: the table's own
+        (``TableSpec.optimizer``), else the store's; None: a push assigns (R12)."""
+        with self._lock:
+            table = self._tables.get(key, "train")
+            return table.spec.optimizer or self._store_optimizer()
 
     def lookup(self, key: Key, ids: Any, train: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Read the rows of raw IDs from table key ``key``.

@@ -199,38 +199,38 @@ class KVStoreBase:
 
 
 def check_optimizer(optimizer: Any, *, need_spec: bool = False) -> dict[str, Any] | None:
-    """The one check every store's ``set_optimizer`` runs before it changes anything.
+    """The one check every store's ``set_optimizer`` runs before it changes anything: what
+    that store needs, no more.
 
     ``optimizer`` must be a pskv Optimizer (else ValueTypeError) whose hyperparameters are
-    of their declared types and which can run an update (else ConfigError): the local
-    store refuses ``SGD(learning_rate='abc')`` here, as the dist store does, not at the
-    first push.
+    of their declared types (else ConfigError): every store refuses
+    ``SGD(learning_rate='abc')`` here, not at the first push. A local store runs the object
+    it was given, as MXNet's does, so that is all it checks (a subclass whose ``__init__``
+    takes arguments of its own is fine); a dist store sends it to the servers as a spec, so
+    ``need_spec`` also refuses one that cannot travel or that the servers could not rebuild
+    and run (a trial update of a copy made from the spec).
 
     Parameters
     ----------
     optimizer : Optimizer
     need_spec : bool, default False
         True where the optimizer must travel as a spec (a dist store): one that cannot be
-        written as a spec raises ConfigError. Otherwise such an optimizer (an unregistered
-        class, a custom ``lr_scheduler``) has its attributes checked and ``None`` is
-        returned.
+        written as a spec, or whose spec does not rebuild a working copy, raises
+        ConfigError. False: only the values it holds are checked, and ``None`` returned.
 
     Returns
     -------
     dict or None
-        ``optimizer.to_spec()``, or None where it cannot be written as one.
+        ``optimizer.to_spec()`` with ``need_spec``, else None.
     """
     if not isinstance(optimizer, Optimizer):
         raise ValueTypeError(
             f"set_optimizer() takes a pskv.optimizer.Optimizer, got "
             f"{type(optimizer).__name__}. Create one with mx.optimizer.create('sgd', ...).")
-    try:
-        spec = optimizer.to_spec()
-    except ConfigError:
-        if need_spec:
-            raise
-        check_optimizer_values(optimizer)
+    check_optimizer_values(optimizer)
+    if not need_spec:
         return None
+    spec = optimizer.to_spec()
     check_optimizer_spec(optimizer, spec)
     return spec
 

@@ -52,6 +52,7 @@ from ._agree import check_agreement, init_spec
 from ._placement import assemble, parts
 from ._states import read_states, write_states
 from ._tables import TableMethods
+from ._gradkeys import GradientKeys
 from .base import KVStoreBase, check_capability, check_optimizer
 
 __all__ = ["DistKVStore"]
@@ -110,6 +111,9 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
         self._path = DataPath(self._store, self._kv, self._reducer, self._wait_all)
         #: table keys (docs/embeddings.md): rows on the servers, by a hash of the ID
         self._tables = DistTables(name, self._kv, self._po.num_servers, self._wait_all)
+        #: DistributedOptimizers' gradient keys, which no optimizer may touch
+        self._gradient_keys = GradientKeys(name, lambda: None if self._tables.optimizer is None
+                                           else "optimizer (kv.set_optimizer)")
         self._by_pskey: dict[int, Key] = {}
         self._held = HeldPush(cfg.coalesce_bytes if self._sync else 0)
         self._initial_sent = False
@@ -556,11 +560,16 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
         """Install ``optimizer`` on every server (a JSON spec, never a pickle).
 
         Every worker may call it (MXNet scripts do); the servers install it once and treat
-        identical repeats as no-ops.
+        identical repeats as no-ops. Refused (ConfigError, on every worker alike) for an
+        optimizer whose spec cannot travel or that the servers could not rebuild and run,
+        and while a ``pskv.torch.DistributedOptimizer`` with ``update_on_kvstore=False``
+        holds gradient keys here. Table keys with their own ``TableSpec(optimizer=)``
+        keep it.
         """
         spec = check_optimizer(optimizer, need_spec=True)   # refused here, alike on every worker
         with self._lock:
             self._begin()
+            self._gradient_keys.refuse_optimizer("set_optimizer")
             coll = [rec for rec in self._store.values() if rec.collective]
             pushed = [rec.key for rec in coll if self._coll is not None and
                       self._coll.pushed(rec.pskey)]
@@ -581,6 +590,9 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
                 rec.collective = False
                 assert self._coll is not None
                 self._coll.drop_key(rec.pskey)
+
+    def _store_optimizer(self) -> Any:
+        return self._tables.optimizer
 
     def set_updater(self, updater: Updater) -> None:
         """Not available in dist stores: the update runs on the servers. Use set_optimizer."""

@@ -30,6 +30,7 @@ from ._engine import Engine
 from ._keys import KeyTable
 from ._snapshot import Reader, check_keys, write_manifest, write_shard
 from ._staleness import check_bounds, env_bounds
+from ._gradkeys import GradientKeys
 from ._tables import TableMethods, Tables
 from ._reduce import PARALLEL_MIN, DeviceMerge, Reducer
 from .base import KVStoreBase, check_capability, check_optimizer
@@ -67,6 +68,8 @@ class LocalKVStore(TableMethods, KVStoreBase):
         self._device = DeviceIO(name)
         self._lock = threading.RLock()
         self._tables = Tables(name)          # table keys (docs/embeddings.md)
+        #: DistributedOptimizers' gradient keys, which no updater may touch
+        self._gradient_keys = GradientKeys(name, self._updates)
         #: the staleness bounds set (PSKV_STALENESS / PSKV_GLOBAL_STALENESS by default):
         #: kept, and always honoured, since every push here is applied before it returns
         self._bounds = env_bounds(os.environ, name)
@@ -416,9 +419,23 @@ class LocalKVStore(TableMethods, KVStoreBase):
                                  f"got {type(updater).__name__}.")
         with self._lock:
             self._keys.check_open()
+            self._gradient_keys.refuse_optimizer(
+                "set_optimizer" if getattr(updater, "optimizer", None) is not None
+                else "set_updater")
             self._engine.updater = updater
 
     _set_updater = set_updater
+
+    def _store_optimizer(self) -> Any:
+        return getattr(self._engine.updater, "optimizer", None)
+
+    def _updates(self) -> str | None:
+        """What updates pushed values (``"optimizer SGD"``), or None: pushes assign."""
+        upd = self._engine.updater
+        if upd is None:
+            return None
+        opt = getattr(upd, "optimizer", None)
+        return "updater (set_updater)" if opt is None else "optimizer (kv.set_optimizer)"
 
     def set_optimizer(self, optimizer: Any) -> None:
         """Update stored values with ``optimizer`` on every push (``update_on_kvstore``).
@@ -428,8 +445,11 @@ class LocalKVStore(TableMethods, KVStoreBase):
         ValueTypeError
             If ``optimizer`` is not a pskv Optimizer.
         ConfigError
-            If a hyperparameter is not of its type or the optimizer cannot run an update
-            (``SGD(learning_rate='abc')``), as in every store type; nothing changes.
+            If a hyperparameter is not of its type (``SGD(learning_rate='abc')``), as in
+            every store type, or a ``pskv.torch.DistributedOptimizer`` with
+            ``update_on_kvstore=False`` holds gradient keys here; nothing changes. The
+            object itself is run, as MXNet's local store does: a custom class with
+            arguments of its own needs no spec here.
 
         Examples
         --------
@@ -442,7 +462,7 @@ class LocalKVStore(TableMethods, KVStoreBase):
         array([[-0.01, -0.01],
                [-0.01, -0.01]], dtype=float32)
         """
-        check_optimizer(optimizer)      # the dist store's check: a bad one changes nothing
+        check_optimizer(optimizer)      # its values; it runs here as given (need no spec)
         self.set_updater(opt.get_updater(optimizer))
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:

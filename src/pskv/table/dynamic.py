@@ -387,7 +387,8 @@ class DynamicTable:
             One ID per gradient row; repeats combine by ``duplicates`` (R7).
         grads : array_like, shape ``(len(ids), dim)``
         optimizer : pskv.optimizer.Optimizer, optional
-            The store's optimizer (R12); None: assign the (combined) values.
+            The store's optimizer (R12); the spec's own ``optimizer`` is used instead when
+            it has one. None (and none in the spec): assign the (combined) values.
         key : str or int, optional
             The index the optimizer counts updates under (default: the table's name).
         """
@@ -396,6 +397,8 @@ class DynamicTable:
             arr = arr.ravel()
         g = self._check_grads(arr, grads, "push")
         key = self.name if key is None else key
+        if self.spec.optimizer is not None:     # the table's own row optimizer wins (R12)
+            optimizer = self.spec.optimizer
         rowopt = None
         if optimizer is not None:
             rowopt = row_optimizer(optimizer, self.spec.state_layout, self.spec.dim, self.name)

@@ -6,14 +6,18 @@ spec a worker declared (docs/embeddings.md).
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, NamedTuple, Union
 
 import numpy as np
 
-from ..errors import TableSpecError
+from .. import optimizer as opt_mod
+from ..errors import ConfigError, KVStoreError, TableSpecError
+from ._rowopt import row_optimizer
 
 __all__ = ["Always", "Capacity", "Constant", "CountAdmission", "Normal",
            "ProbabilityAdmission", "ReadOnly", "RowMeta", "TTL", "TableSpec", "Uniform",
@@ -277,6 +281,12 @@ class TableSpec:
         Slots a store's sweep examines after each push.
     reserve_rows : int
         Rows to allocate up front (pages are committed as rows are used).
+    optimizer : pskv.optimizer.Optimizer or None
+        The table's own row optimizer (``SGD``, ``AdaGrad``, ``Ftrl`` or ``Adam``; R12): it
+        updates this table's rows on every push, whatever ``kv.set_optimizer`` holds, so a
+        store without an optimizer (the dense part trained by a torch optimizer through
+        ``pskv.torch.DistributedOptimizer``) trains the table. None: the store's optimizer.
+        It travels as its spec (``to_json``), and is left out of ``==``.
 
     Examples
     --------
@@ -298,6 +308,7 @@ class TableSpec:
     unknown: Literal["init", "zeros"] = "init"
     sweep_rows: int = 4096
     reserve_rows: int = 0
+    optimizer: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         _num("TableSpec.dim", self.dim, low=1, integer=True)
@@ -331,6 +342,8 @@ class TableSpec:
                            f"use one of {list(allowed)}")
         _num("TableSpec.sweep_rows", self.sweep_rows, low=1, integer=True)
         _num("TableSpec.reserve_rows", self.reserve_rows, low=0, integer=True)
+        if self.optimizer is not None:
+            object.__setattr__(self, "optimizer", _row_optimizer(self))
 
     @property
     def capacity(self) -> Capacity | None:
@@ -349,7 +362,8 @@ class TableSpec:
                 "eviction": [e.to_json() for e in self.eviction],
                 "state_layout": self.state_layout, "duplicates": self.duplicates,
                 "birth": self.birth, "unknown": self.unknown,
-                "sweep_rows": int(self.sweep_rows), "reserve_rows": int(self.reserve_rows)}
+                "sweep_rows": int(self.sweep_rows), "reserve_rows": int(self.reserve_rows),
+                "optimizer": None if self.optimizer is None else _optimizer_json(self.optimizer)}
 
     @classmethod
     def from_json(cls, data: Any) -> TableSpec:
@@ -366,6 +380,68 @@ class TableSpec:
             return cls(**args)
         except TypeError as err:
             raise TableSpecError(f"bad table spec {data!r} ({err}).") from err
+
+
+def _row_optimizer(spec: TableSpec) -> Any:
+    """``spec.optimizer`` (an Optimizer, or its spec from JSON) checked: an optimizer a
+    table's rows can run (R12) with this spec's layout; else TableSpecError."""
+    opt = spec.optimizer
+    if isinstance(opt, dict):
+        try:
+            opt = opt_mod.from_spec(opt)
+        except KVStoreError as err:
+            raise TableSpecError(f"TableSpec.optimizer: the spec {str(spec.optimizer)[:200]} "
+                                 f"does not rebuild an optimizer ({err}).") from err
+    if not isinstance(opt, opt_mod.Optimizer):
+        raise _bad("TableSpec.optimizer", opt, "give a pskv.optimizer.Optimizer (SGD, AdaGrad, "
+                   "Ftrl or Adam), e.g. mx.optimizer.AdaGrad(learning_rate=0.1), or None to "
+                   "use the store's")
+    name = type(opt).__name__
+    why: str | None
+    if type(opt) not in (opt_mod.SGD, opt_mod.AdaGrad, opt_mod.Ftrl, opt_mod.Adam):
+        why = "tables run SGD, AdaGrad, Ftrl or Adam"
+    elif spec.state_layout == "rowwise" and type(opt) is not opt_mod.AdaGrad:
+        why = "state_layout='rowwise' takes AdaGrad only"
+    elif opt.multi_precision:
+        why = "a table's rows are float32 or float64: no multi_precision"
+    elif type(opt) is opt_mod.AdaGrad and opt.wd != 0.0:
+        why = "sparse AdaGrad does not support wd (as in MXNet): use wd=0"
+    else:
+        why = _trial(opt, spec)
+        if why is None:
+            return opt
+    raise TableSpecError(f"TableSpec.optimizer={name}(...) cannot update table rows: {why}. "
+                         "Pass one that can (R12, docs/embeddings.md).")
+
+
+def _trial(opt: Any, spec: TableSpec) -> str | None:
+    """Why one row update by a copy of ``opt`` fails (a hyperparameter of the wrong type
+    or not finite), or None: the spec is refused when made, not at a server's first push."""
+    trial = copy.deepcopy(opt)
+    w = np.ones((1, spec.dim), spec.dtype)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rowopt = row_optimizer(trial, spec.state_layout, spec.dim, "trial")
+            states = [np.zeros((1, width), spec.dtype) for width in rowopt.widths]
+            t = np.ones(1, np.int64) if rowopt.per_row_step else None
+            rowopt.update(trial, "trial", w, states, np.ones_like(w), t)
+    except Exception as err:  # whatever its first push would meet
+        return f"a trial update fails ({type(err).__name__}: {err})"
+    if not np.isfinite(w).all():
+        return "a trial update gives non-finite rows (check its hyperparameters)"
+    return None
+    return opt
+
+
+def _optimizer_json(opt: Any) -> dict[str, Any]:
+    """A table optimizer's spec without its counts (what every worker declares alike)."""
+    try:
+        spec = opt.to_spec()
+    except ConfigError as err:
+        raise TableSpecError(f"TableSpec.optimizer cannot be written as JSON ({err}). Give "
+                             "it no custom lr_scheduler where the spec must travel.") from err
+    return {"name": spec["name"], "kwargs": spec["kwargs"]}
 
 
 def now() -> float:

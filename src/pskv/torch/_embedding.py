@@ -3,7 +3,8 @@
 The rows live in the store (a table key, docs/embeddings.md), not in the module: a forward
 de-duplicates the IDs, looks the unique rows up, and gathers them back; the backward sums
 the gradient per unique ID and pushes ``(unique_ids, summed)`` to the key, where the
-store's optimizer (``kv.set_optimizer``) updates the rows.
+table's own optimizer (``TableSpec(..., optimizer=)``) or the store's (``kv.set_optimizer``)
+updates the rows; with neither, backward raises instead of assigning gradients as rows.
 
 Invariants: each module has at most one communication thread, which runs its pushes and
 prefetched lookups in the order they were made; a forward first waits for every push made
@@ -97,6 +98,8 @@ class _Client:
                 f"dim {self.dim}, or declare a new table under another key.", key=key,
                 shape=(self.dim,))
         self.lock = threading.Lock()
+        #: an optimizer was found for the rows (checked at the first push)
+        self.trained = False
         self.executor: ThreadPoolExecutor | None = None
         self.pending: list[Future[Any]] = []
         self.prefetched: _Prefetch | None = None
@@ -108,7 +111,19 @@ class _Client:
         return self.executor.submit(fn, *args)
 
     def push(self, unique: np.ndarray, grads: np.ndarray) -> None:
-        """Push ``(unique, grads)`` on the thread (called by backward: never waits)."""
+        """Push ``(unique, grads)`` on the thread (called by backward: never waits);
+        ConfigError if no optimizer would train the rows (the push would assign them)."""
+        if not self.trained:
+            find = getattr(self.kv, "_row_optimizer", None)
+            if find is not None and find(self.key) is None:
+                raise ConfigError(
+                    f"{self.what} of table {self.key!r}: backward would push gradients to a "
+                    "table that has no optimizer, and a push without one assigns: the rows "
+                    "would become the summed gradients. Give the table its own optimizer, "
+                    "TableSpec(..., optimizer=mx.optimizer.AdaGrad(learning_rate=0.1)), or "
+                    "call kv.set_optimizer(...) (not with a DistributedOptimizer's "
+                    "update_on_kvstore=False) before training.", key=self.key)
+            self.trained = True
         with self.lock:
             if self.prefetched is not None:
                 self.prefetched.pushed.append(unique)
@@ -269,8 +284,10 @@ class Embedding(_TableModule):
     ``torch.no_grad()`` in eval mode; a training forward under ``no_grad`` looks up for
     training but pushes nothing.
 
-    The store's optimizer (``kv.set_optimizer``) updates the rows on each push; a torch
-    optimizer does not (the module has no parameters, and ``state_dict()`` holds no rows).
+    The table's own optimizer (``TableSpec(..., optimizer=...)``), else the store's
+    (``kv.set_optimizer``), updates the rows on each push; a torch optimizer does not (the
+    module has no parameters, and ``state_dict()`` holds no rows). With neither, the first
+    backward raises ConfigError (a push would set the rows to the gradients).
 
     Besides ``forward``, both table modules have ``prefetch(ids)`` (start the next batch's
     lookup now; a forward of exactly those IDs uses it, re-reading the rows it pushed
@@ -297,7 +314,8 @@ class Embedding(_TableModule):
     ShapeMismatchError
         For an int dim that differs from the table's.
     ConfigError
-        For a ``spec_or_dim`` that is neither.
+        For a ``spec_or_dim`` that is neither; from ``backward``, for a table with no
+        optimizer (neither its own nor the store's).
     TableIdError
         From ``forward`` or ``prefetch``, for IDs of a float, complex or bool dtype.
 

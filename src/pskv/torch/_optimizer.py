@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from ..errors import ConfigError, UnsupportedError, ValueTypeError
+from ..errors import ConfigError, KeyTypeError, UnsupportedError, ValueTypeError
 from ._broadcast import check_one_device, import_torch, init_keys, named_tensors
 from ._buckets import DEFAULT_BUCKET_CAP_MB, bucket_cap_bytes, check_same_layout
 from ._sparse import SparseParams, check_sparse_names
@@ -91,6 +91,7 @@ class _DistributedMixin:
 
     _pskv_sync: Synchronizer
     _pskv_buffers: _Buffers | None
+    _pskv_release: Callable[[], None] | None
 
     def synchronize(self) -> None:
         """Combine the gradients of every worker now (``update_on_kvstore=True``: also
@@ -116,6 +117,9 @@ class _DistributedMixin:
         """Remove the gradient hooks and stop the communication thread. The parameters
         may then be wrapped again (with a new ``prefix``)."""
         self._pskv_sync.close()
+        release, self._pskv_release = getattr(self, "_pskv_release", None), None
+        if release is not None:     # the store may take an optimizer again
+            release()
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Wait for the gradients of all workers (sending what backward has not; the
@@ -159,6 +163,22 @@ def _check_args(optimizer: Any, update_on_kvstore: bool, kv_optimizer: Any, op: 
                           "(1 unless you accumulate gradients).")
 
 
+def _check_store(kv: Any, prefix: str, update_on_kvstore: bool) -> Any:
+    """Refuse a store whose keys are ints, or (``update_on_kvstore=False``) one with an
+    optimizer; return the store's guard of gradient keys (None where it has none)."""
+    if getattr(getattr(kv, "_keys", None), "kind", None) is int:
+        raise KeyTypeError(
+            f"DistributedOptimizer keeps the gradients under str keys ({prefix!r} + "
+            f"'bucket.0', ...), but this {getattr(kv, 'type', '?')!r} store holds int keys "
+            "already, and a store takes one kind of key. Use str keys for your own values "
+            "(kv.init('w0', ...)), or give the DistributedOptimizer a store without int "
+            "keys.", key=prefix)
+    guard = None if update_on_kvstore else getattr(kv, "_gradient_keys", None)
+    if guard is not None:
+        guard.check(prefix)
+    return guard
+
+
 def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
         optimizer: torch.optim.Optimizer | None, named_parameters: Any, kv: Any,
         update_on_kvstore: bool = False, kv_optimizer: Any = None, op: str = "average",
@@ -191,7 +211,9 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
         ``requires_grad`` are left out); the same names, shapes and dtypes on every worker.
     kv : KVStore
         A store with str keys (``local`` or ``dist_*``), without an optimizer when
-        ``update_on_kvstore=False``.
+        ``update_on_kvstore=False`` (it then refuses ``set_optimizer`` until ``close()``;
+        table keys train with their own ``TableSpec(..., optimizer=...)``,
+        docs/embeddings.md).
     update_on_kvstore : bool, default False
         False: push the gradients (divided by ``kv.num_workers`` for ``op='average'``),
         pull their sum back into ``.grad``, then step ``optimizer``. True:
@@ -263,7 +285,11 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
         parameter (or, at ``backward``, a sparse gradient outside ``sparse_params``), a
         ``bucket_cap_mb`` that is not positive, a
         ``backward_passes_per_step`` below 1, ``update_on_kvstore`` and ``kv_optimizer``
-        that do not fit together, or parameters that another DistributedOptimizer hooks.
+        that do not fit together, parameters that another DistributedOptimizer hooks, or
+        ``update_on_kvstore=False`` on a store that has an optimizer (it would update the
+        gradient keys).
+    KeyTypeError
+        For a store that holds int keys (the gradient keys are str).
     UnsupportedError
         For buffers to broadcast with ``update_on_kvstore=True``, ``sparse_params`` with
         ``update_on_kvstore=True`` on more than one worker, or ``sparse_params`` of a
@@ -288,6 +314,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
     """
     th = import_torch()
     _check_args(optimizer, update_on_kvstore, kv_optimizer, op, backward_passes_per_step)
+    guard = _check_store(kv, prefix, update_on_kvstore)
     cap_bytes = bucket_cap_bytes(bucket_cap_mb)
     if collective_bytes is not None and (isinstance(collective_bytes, bool) or not isinstance(
             collective_bytes, int) or collective_bytes < 0):
@@ -376,5 +403,9 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
         wrapped.__dict__.update((k, v) for k, v in optimizer.__dict__.items() if k != "step")
     wrapped._pskv_sync = sync
     wrapped._pskv_buffers = bufs
+    wrapped._pskv_release = None
+    if guard is not None:           # no store optimizer may run on these keys from now on
+        guard.hold(prefix)
+        wrapped._pskv_release = lambda: guard.release(prefix)
     return wrapped  # type: ignore[no-any-return]
 
