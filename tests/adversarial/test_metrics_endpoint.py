@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
@@ -141,3 +142,39 @@ def test_a_pushgateway_answering_a_byte_at_a_time_is_cut_off_at_the_deadline() -
         assert sent and sent[0] < 149, "the push read the gateway's whole slow answer"
     finally:
         listener.close()
+
+
+def test_with_a_token_only_requests_that_carry_it_are_served(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """PSKV_METRICS_TOKEN: /metrics answers 401 without ``Authorization: Bearer <token>``
+    (or with another token); pskv-top sends it from its own environment."""
+    from pskv._ps.config import ClusterConfig
+    from pskv._ps.metrics import start
+    from pskv._ps.series import SchedulerMetrics
+    from pskv.top import _fetch
+    env = {"DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_URI": "127.0.0.1",
+           "DMLC_PS_ROOT_PORT": "9000", "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1",
+           "PSKV_METRICS_PORT": str(free_port()), "PSKV_METRICS_TOKEN": "s3cret-token"}
+    cfg = ClusterConfig.from_env(env)
+    assert "s3cret" not in repr(cfg)
+    metrics = start(cfg, lambda: SchedulerMetrics("job", lambda role: 1.0))
+    assert metrics is not None and metrics.port is not None
+    url = f"http://127.0.0.1:{metrics.port}/metrics"
+    try:
+        for header in (None, "Bearer wrong", "Basic czNjcmV0LXRva2Vu", "Bearer s3cret-token"):
+            request = urllib.request.Request(url, headers={"Authorization": header}
+                                             if header else {})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as r:
+                    status, body = r.status, r.read()
+            except urllib.error.HTTPError as err:
+                status, body = err.code, err.read()
+            if header == "Bearer s3cret-token":
+                assert status == 200 and b"pskv_" in body
+            else:
+                assert status == 401 and b"PSKV_METRICS_TOKEN" in body, (header, status)
+        assert _fetch(url, 10) is None
+        monkeypatch.setenv("PSKV_METRICS_TOKEN", "s3cret-token")
+        assert "pskv_" in (_fetch(url, 10) or "")
+    finally:
+        metrics.close()

@@ -11,7 +11,7 @@ import ipaddress
 import logging
 import os
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from ..errors import ConfigError
@@ -24,7 +24,7 @@ __all__ = [
     "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_KEY_BYTES", "ENV_MAX_KEYS_PER_MESSAGE",
     "ENV_MAX_MESSAGE_BYTES", "ENV_MAX_REPLY_BYTES", "ENV_MAX_UNADMITTED", "ENV_METRICS_PORT",
     "ENV_METRICS_CONNECTIONS", "ENV_METRICS_HOST", "ENV_METRICS_KEYS",
-    "ENV_METRICS_PUSHGATEWAY", "ENV_METRICS_TOP_KEYS",
+    "ENV_METRICS_PUSHGATEWAY", "ENV_METRICS_TOKEN", "ENV_METRICS_TOP_KEYS",
     "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY",
     "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS",
     "ENV_TRANSPORT", "ENV_WORKER_ID", "ENV_STALENESS", "ENV_GLOBAL_STALENESS",
@@ -102,6 +102,8 @@ ENV_METRICS_PUSHGATEWAY = "PSKV_METRICS_PUSHGATEWAY"
 ENV_METRICS_CONNECTIONS = "PSKV_METRICS_CONNECTIONS"
 #: the address each node serves /metrics on (default: its listeners' own)
 ENV_METRICS_HOST = "PSKV_METRICS_HOST"
+#: a bearer token each node's /metrics endpoint then requires (Authorization: Bearer ...)
+ENV_METRICS_TOKEN = "PSKV_METRICS_TOKEN"
 #: the default staleness bounds of a store (kv.set_staleness; docs/embeddings.md): unacked
 #: push calls a read may run ahead of, and pushes a worker may be ahead of the slowest one
 ENV_STALENESS = "PSKV_STALENESS"
@@ -289,6 +291,8 @@ class ClusterConfig:
         evicting the oldest that has not sent its request (PSKV_METRICS_CONNECTIONS)
     metrics_host : the address ``/metrics`` is served on (PSKV_METRICS_HOST); None: the
         node's listeners' own
+    metrics_token : the bearer token ``/metrics`` requires (PSKV_METRICS_TOKEN); None:
+        none
     replicas : 1 keeps a copy of every shard on the next server, which takes over when its
         primary dies (PSKV_REPLICAS); 0: none
     """
@@ -334,6 +338,7 @@ class ClusterConfig:
     metrics_keys: tuple[str, ...] = ()
     metrics_connections: int = 16
     metrics_host: str | None = None
+    metrics_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -476,6 +481,7 @@ class ClusterConfig:
             metrics_connections=_int(env, ENV_METRICS_CONNECTIONS, 16, "Set it to how many "
                                      "clients a /metrics endpoint holds at once, e.g. 16.", 1),
             metrics_host=env.get(ENV_METRICS_HOST) or None,
+            metrics_token=env.get(ENV_METRICS_TOKEN) or None,
         )
 
     def with_role(self, role: Role) -> ClusterConfig:

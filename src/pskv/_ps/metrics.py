@@ -23,8 +23,8 @@ import threading
 from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError
-from .config import (ENV_METRICS_PORT, ENV_METRICS_PUSHGATEWAY, ClusterConfig,
-                     advertised_host)
+from .config import (ENV_METRICS_PORT, ENV_METRICS_PUSHGATEWAY, ENV_METRICS_TOKEN,
+                     ClusterConfig, advertised_host)
 from .httpd import BoundedHTTPServer
 
 __all__ = ["CLIENT_TIMEOUT_S", "LABELS", "LATENCY_BUCKETS", "NodeMetrics", "PORT_TRIES",
@@ -186,11 +186,13 @@ class NodeMetrics:
         return metric.labels(*self._values, *extra)
 
     # ---- the endpoint ----------------------------------------------------------------
-    def serve(self, host: str, first: int, max_connections: int = 16) -> int | None:
+    def serve(self, host: str, first: int, max_connections: int = 16,
+              token: str | None = None) -> int | None:
         """Serve ``/metrics`` on the first free port from ``first`` (one thread, at most
-        ``max_connections`` clients: :class:`.httpd.BoundedHTTPServer`); the port, or None
-        (logged) when none of :data:`PORT_TRIES` is free."""
-        app = _scrape_app(self.registry)
+        ``max_connections`` clients: :class:`.httpd.BoundedHTTPServer`; with ``token``,
+        only to requests that carry it as ``Authorization: Bearer <token>``); the port, or
+        None (logged) when none of :data:`PORT_TRIES` is free."""
+        app = _scrape_app(self.registry, token)
         last = min(first + PORT_TRIES - 1, 65535)
         for port in range(first, last + 1):
             try:
@@ -265,15 +267,23 @@ def _http_server(host: str, port: int, app: Any, max_connections: int = 16) -> A
                              timeout=CLIENT_TIMEOUT_S, reuse_address=False)
 
 
-def _scrape_app(registry: Any) -> Any:
+def _scrape_app(registry: Any, token: str | None = None) -> Any:
     """The endpoint's requests: ``GET /metrics`` (or ``/``) in the format the client
-    accepts (Prometheus text, or OpenMetrics when asked)."""
+    accepts (Prometheus text, or OpenMetrics when asked); with ``token``, only for a
+    request whose ``Authorization`` is ``Bearer <token>`` (401 otherwise)."""
+    import hmac
+
     from prometheus_client.exposition import choose_encoder
+    want = f"Bearer {token}".encode() if token else None
 
     def app(method: str, target: str, headers: dict[str, str]) \
             -> tuple[int, list[tuple[str, str]], bytes]:
         if method != "GET":
             return 405, [("Allow", "GET")], b"only GET\n"
+        if want is not None and not hmac.compare_digest(
+                headers.get("authorization", "").encode("latin-1"), want):
+            return 401, [("WWW-Authenticate", 'Bearer realm="pskv"')], \
+                f"this endpoint needs Authorization: Bearer <{ENV_METRICS_TOKEN}>\n".encode()
         if target.split("?", 1)[0] not in ("/metrics", "/"):
             return 404, [], b"not found: try /metrics\n"
         encoder, content_type = choose_encoder(headers.get("accept", ""))
@@ -304,8 +314,8 @@ def start(cfg: ClusterConfig, make: Callable[[], NodeMetrics], po: Any = None) -
     if cfg.metrics_port:
         host = "127.0.0.1" if cfg.transport == "inproc" else \
             cfg.metrics_host or cfg.node_host
-        if metrics.serve(host, cfg.metrics_port, cfg.metrics_connections) is None \
-                and metrics.gateway is None:
+        if metrics.serve(host, cfg.metrics_port, cfg.metrics_connections,
+                         cfg.metrics_token) is None and metrics.gateway is None:
             return None
         if host == "0.0.0.0":
             metrics.host = advertised_host(host, cfg.root_uri)
