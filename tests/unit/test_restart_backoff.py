@@ -64,3 +64,72 @@ def test_the_supervisor_waits_out_each_delay_before_a_restart(
     gaps = [b - a for a, b in zip(starts, starts[1:])]
     # a gap also holds the run before the death, so it is at least the delay
     assert all(gap >= delay for gap, delay in zip(gaps, [0.25, 0.5, 1.0, 1.0])), gaps
+
+
+class _Call:
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def remote(self, *args: Any) -> Any:
+        return self.fn(*args)        # the fake ray's refs are the values themselves
+
+
+class _Actor:
+    """A fake ProcessActor whose process (worker 0) dies at once; each poll is 0.25 s of
+    the launcher's clock."""
+
+    def __init__(self, clock: FakeClock, crashes: bool, starts: list[float]) -> None:
+        self.clock, self.crashes, self.starts = clock, crashes, starts
+        self.rc: int | None = None
+        self.start = _Call(self._start)
+        self.poll = _Call(self._poll)
+        self.stop = _Call(self._stop)
+
+    def _start(self, argv: Any, env: Any) -> int:
+        self.starts.append(self.clock.now)
+        self.rc = 1 if self.crashes else None
+        return 4242
+
+    def _poll(self) -> tuple[int | None, list[Any]]:
+        self.clock.now += 0.25
+        return self.rc, []
+
+    def _stop(self, sig: int, grace: float) -> int:
+        self.rc = -sig if self.rc is None else self.rc
+        return self.rc
+
+
+class _FakeRay:
+    class exceptions:
+        class RayActorError(Exception):
+            pass
+
+        class RayTaskError(Exception):
+            pass
+
+    def remote(self, **options: Any) -> Any:
+        return lambda cls: cls
+
+    def get(self, refs: Any, timeout: float | None = None) -> Any:
+        return refs
+
+
+def test_the_ray_launcher_waits_out_each_delay_before_a_restart() -> None:
+    from pskv.launch import LaunchSpec
+    from pskv.launch._ray import RayJob, _Proc
+    clock = FakeClock()
+    spec = LaunchSpec(("x",), 1, launcher="ray", max_restarts=3)
+    job = RayJob(_FakeRay(), spec, "secret", io.StringIO(), io.StringIO())
+    job.backoff = _backoff.Backoff(clock)
+    starts: list[float] = []
+    for role, crashes in ((Role.SCHEDULER, False), (Role.SERVER, False), (Role.WORKER, True)):
+        p = _Proc(role, 0, _Actor(clock, crashes, starts if crashes else []))
+        job.procs.append(p)
+        p.actor.start.remote((), {})
+        job.backoff.started(p.label)
+    result = job.watch()
+    assert result.reason == "failed" and result.failed is not None
+    assert result.failed.label == "worker 0" and job.restarts == {"worker 0": 3}
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert len(gaps) == 3 and all(gap >= delay for gap, delay in zip(gaps, [0.5, 1.0, 2.0])), \
+        gaps
