@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import array
 import fcntl
+import functools
 import mmap
 import os
 import socket
@@ -42,7 +43,7 @@ import numpy as np
 from ..errors import ProtocolError
 
 __all__ = ["F_SEAL_FUTURE_WRITE", "FdInbox", "Layout", "SEGMENT_SEALS", "Segment",
-           "fd_message", "layout", "map_sealed", "supported"]
+           "fd_message", "layout", "map_sealed", "seals_writes", "supported"]
 
 #: the seals a peer's segment must carry: its size can never change under a mapping
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL \
@@ -57,6 +58,22 @@ MAX_PENDING = 8
 _ALIGN = 64
 _FD_SIZE = array.array("i").itemsize
 _ANCILLARY = socket.CMSG_SPACE(MAX_PENDING * _FD_SIZE) if hasattr(socket, "CMSG_SPACE") else 0
+
+
+@functools.cache
+def seals_writes() -> bool:
+    """Whether this kernel seals a memfd against other writers (``F_SEAL_FUTURE_WRITE``,
+    Linux 5.1): without it the collective path keeps its data on the sockets."""
+    if not supported():
+        return False
+    fd = os.memfd_create("pskv-probe", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEGMENT_SEALS)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def supported() -> bool:
