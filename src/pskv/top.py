@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import sys
 import time
 import urllib.error
@@ -22,6 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ._ps.config import ENV_METRICS_TOKEN
 from .errors import ConfigError
 
 __all__ = ["Snapshot", "listing", "main", "parse", "read_job", "view"]
@@ -94,8 +96,12 @@ def parse(text: str) -> tuple[str, str, int, dict[str, float]]:
 
 
 def _fetch(url: str, timeout: float) -> str | None:
+    # the nodes' endpoints may need a bearer token (PSKV_METRICS_TOKEN, docs/security.md)
+    token = os.environ.get(ENV_METRICS_TOKEN)
+    request = urllib.request.Request(
+        url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
             return str(r.read().decode("utf-8", "replace"))
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
         return None

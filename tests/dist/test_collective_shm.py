@@ -166,6 +166,8 @@ def _bad_fds(kind: str, nbytes: int, tmp: Path) -> list[int]:
         return [_sealed(nbytes + 64)]
     if kind == "unsealed":
         return [_sealed(nbytes, 0)]         # could shrink under the mapping: SIGBUS
+    if kind == "writable":
+        return [_sealed(nbytes)]            # its size sealed, but anyone may rewrite it
     if kind == "a file":
         path = tmp / "not-shared"
         path.write_bytes(bytes(nbytes))
@@ -179,7 +181,8 @@ def _bad_fds(kind: str, nbytes: int, tmp: Path) -> list[int]:
     return []                               # "no descriptor"
 
 
-@pytest.mark.parametrize("kind", ["wrong size", "unsealed", "a file", "a pipe", "too many",
+@pytest.mark.parametrize("kind", ["wrong size", "unsealed", "writable", "a file", "a pipe",
+                                  "too many",
                                   "no descriptor", "push before segment", "push with data"])
 def test_a_segment_or_round_that_breaks_the_rules_fails_both_sides_not_the_thread(
         run_threads: Any, kind: str, tmp_path: Path) -> None:
@@ -223,6 +226,7 @@ def test_a_segment_or_round_that_breaks_the_rules_fails_both_sides_not_the_threa
     nbytes = shm.layout(300, np.dtype(np.float32), (150, 300)).nbytes
     want = {"wrong size": f"of {nbytes + 64} bytes, not {nbytes}",
             "unsealed": "size is not sealed",
+            "writable": "other processes may still write (no F_SEAL_FUTURE_WRITE)",
             "a file": "not a memfd", "a pipe": "not a memory file",
             "too many": f"more than {shm.MAX_PENDING} descriptors",
             "no descriptor": "without its descriptor",

@@ -11,7 +11,7 @@ import ipaddress
 import logging
 import os
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from ..errors import ConfigError
@@ -23,7 +23,8 @@ __all__ = [
     "ENV_REDUCE_THREADS", "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_KEY_BYTES", "ENV_MAX_KEYS_PER_MESSAGE",
     "ENV_MAX_MESSAGE_BYTES", "ENV_MAX_REPLY_BYTES", "ENV_MAX_UNADMITTED", "ENV_METRICS_PORT",
-    "ENV_METRICS_KEYS", "ENV_METRICS_PUSHGATEWAY", "ENV_METRICS_TOP_KEYS",
+    "ENV_METRICS_CONNECTIONS", "ENV_METRICS_HOST", "ENV_METRICS_KEYS",
+    "ENV_METRICS_PUSHGATEWAY", "ENV_METRICS_TOKEN", "ENV_METRICS_TOP_KEYS",
     "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY",
     "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS",
     "ENV_TRANSPORT", "ENV_WORKER_ID", "ENV_STALENESS", "ENV_GLOBAL_STALENESS",
@@ -97,6 +98,12 @@ LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 ENV_METRICS_PORT = "PSKV_METRICS_PORT"
 #: a Prometheus Pushgateway (host:port) each node pushes its metrics to when it ends
 ENV_METRICS_PUSHGATEWAY = "PSKV_METRICS_PUSHGATEWAY"
+#: clients each node's /metrics endpoint holds at once (one more evicts the oldest)
+ENV_METRICS_CONNECTIONS = "PSKV_METRICS_CONNECTIONS"
+#: the address each node serves /metrics on (default: its listeners' own)
+ENV_METRICS_HOST = "PSKV_METRICS_HOST"
+#: a bearer token each node's /metrics endpoint then requires (Authorization: Bearer ...)
+ENV_METRICS_TOKEN = "PSKV_METRICS_TOKEN"
 #: the default staleness bounds of a store (kv.set_staleness; docs/embeddings.md): unacked
 #: push calls a read may run ahead of, and pushes a worker may be ahead of the slowest one
 ENV_STALENESS = "PSKV_STALENESS"
@@ -280,6 +287,12 @@ class ClusterConfig:
         that moved most bytes (PSKV_METRICS_TOP_KEYS; at most 1000)
     metrics_keys : keys each server exports per-key series for besides the top ones, as
         ``str(key)`` (PSKV_METRICS_KEYS, comma-separated; at most 100)
+    metrics_connections : clients a node's ``/metrics`` endpoint holds at once, one more
+        evicting the oldest that has not sent its request (PSKV_METRICS_CONNECTIONS)
+    metrics_host : the address ``/metrics`` is served on (PSKV_METRICS_HOST); None: the
+        node's listeners' own
+    metrics_token : the bearer token ``/metrics`` requires (PSKV_METRICS_TOKEN); None:
+        none
     replicas : 1 keeps a copy of every shard on the next server, which takes over when its
         primary dies (PSKV_REPLICAS); 0: none
     """
@@ -323,6 +336,9 @@ class ClusterConfig:
     metrics_pushgateway: str | None = None
     metrics_top_keys: int = 10
     metrics_keys: tuple[str, ...] = ()
+    metrics_connections: int = 16
+    metrics_host: str | None = None
+    metrics_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -349,6 +365,10 @@ class ClusterConfig:
             raise ConfigError(f"{ENV_METRICS_PORT}={self.metrics_port} is not a TCP port "
                               "(1-65535). Set it to the first port nodes may serve /metrics "
                               "on, e.g. 9400, or unset it.")
+        if not 1 <= self.metrics_connections <= 1024:
+            raise ConfigError(f"{ENV_METRICS_CONNECTIONS}={self.metrics_connections}: from 1 "
+                              "to 1024 clients at once. Set it to e.g. 16 (each costs the "
+                              "node a descriptor).")
         if not 0 <= self.metrics_top_keys <= 1000:
             raise ConfigError(f"{ENV_METRICS_TOP_KEYS}={self.metrics_top_keys}: at most 1000 "
                               "keys per server get per-key series (each is a series per "
@@ -458,6 +478,10 @@ class ClusterConfig:
                                   "per server get per-key series, e.g. 10, or 0 for none."),
             metrics_keys=tuple(k.strip() for k in env.get(ENV_METRICS_KEYS, "").split(",")
                                if k.strip()),
+            metrics_connections=_int(env, ENV_METRICS_CONNECTIONS, 16, "Set it to how many "
+                                     "clients a /metrics endpoint holds at once, e.g. 16.", 1),
+            metrics_host=env.get(ENV_METRICS_HOST) or None,
+            metrics_token=env.get(ENV_METRICS_TOKEN) or None,
         )
 
     def with_role(self, role: Role) -> ClusterConfig:

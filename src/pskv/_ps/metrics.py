@@ -23,15 +23,19 @@ import threading
 from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError
-from .config import (ENV_METRICS_PORT, ENV_METRICS_PUSHGATEWAY, ClusterConfig,
-                     advertised_host)
+from .config import (ENV_METRICS_PORT, ENV_METRICS_PUSHGATEWAY, ENV_METRICS_TOKEN,
+                     ClusterConfig, advertised_host)
+from .httpd import BoundedHTTPServer
 
-__all__ = ["LABELS", "LATENCY_BUCKETS", "NodeMetrics", "PORT_TRIES", "job_label", "start"]
+__all__ = ["CLIENT_TIMEOUT_S", "LABELS", "LATENCY_BUCKETS", "NodeMetrics", "PORT_TRIES",
+           "job_label", "start"]
 
 log = logging.getLogger(__name__)
 
 #: ports tried from PSKV_METRICS_PORT upward before a node gives up serving metrics
 PORT_TRIES = 64
+#: seconds a client of the endpoint has to send its request and read the reply
+CLIENT_TIMEOUT_S = 5.0
 #: seconds: request latency and round wait buckets (1 ms to 5 min, the round timeout)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -182,15 +186,17 @@ class NodeMetrics:
         return metric.labels(*self._values, *extra)
 
     # ---- the endpoint ----------------------------------------------------------------
-    def serve(self, host: str, first: int) -> int | None:
-        """Serve ``/metrics`` on the first free port from ``first``; the port, or None
-        (logged) when none of :data:`PORT_TRIES` is free."""
-        from prometheus_client import make_wsgi_app
-        app = make_wsgi_app(self.registry)
+    def serve(self, host: str, first: int, max_connections: int = 16,
+              token: str | None = None) -> int | None:
+        """Serve ``/metrics`` on the first free port from ``first`` (one thread, at most
+        ``max_connections`` clients: :class:`.httpd.BoundedHTTPServer`; with ``token``,
+        only to requests that carry it as ``Authorization: Bearer <token>``); the port, or
+        None (logged) when none of :data:`PORT_TRIES` is free."""
+        app = _scrape_app(self.registry, token)
         last = min(first + PORT_TRIES - 1, 65535)
         for port in range(first, last + 1):
             try:
-                self._httpd = _http_server(host, port, app)
+                self._httpd = _http_server(host, port, app, max_connections)
             except OSError as err:
                 if err.errno in (errno.EADDRINUSE, errno.EACCES):
                     continue
@@ -214,15 +220,20 @@ class NodeMetrics:
         return None
 
     def push(self, timeout: float = 5.0) -> bool:
-        """Push every series to :attr:`gateway` (grouped by job, role and rank); whether it
-        went (a gateway that does not answer is logged, never raised)."""
+        """Push every series to :attr:`gateway` (grouped by job, role and rank) within
+        ``timeout`` seconds in all (:func:`.httpd.deadline_handler`: a gateway that
+        answers a byte at a time is cut off too); whether it went (a gateway that does not
+        answer in time is logged, never raised)."""
         if self.gateway is None:
             return False
         from prometheus_client import push_to_gateway
+
+        from .httpd import deadline_handler
         job, role, rank = self._values
         try:
             push_to_gateway(self.gateway, job=job, registry=self.registry,
-                            grouping_key={"role": role, "rank": rank}, timeout=timeout)
+                            grouping_key={"role": role, "rank": rank}, timeout=timeout,
+                            handler=deadline_handler(timeout))
         except Exception as err:  # noqa: BLE001 - whatever fails, the job goes on
             log.error("%s", ConfigError(
                 f"{self.name}: cannot push metrics to the Pushgateway at {self.gateway!r}: "
@@ -245,26 +256,39 @@ class NodeMetrics:
             self._thread = None
 
 
-def _http_server(host: str, port: int, app: Any) -> Any:
-    """A bound, listening WSGI server for ``app`` (not yet serving).
+def _http_server(host: str, port: int, app: Any, max_connections: int = 16) -> Any:
+    """A bound, listening server for ``app`` (not yet serving): one thread, at most
+    ``max_connections`` clients, each dropped after :data:`CLIENT_TIMEOUT_S` (issue #34).
 
     Without SO_REUSEADDR: with it, Linux lets two sockets bind one port as long as neither
     listens yet, and two nodes starting at once took the same port.
     """
-    import socket
-    from socketserver import ThreadingMixIn
-    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+    return BoundedHTTPServer(host, port, app, max_connections=max_connections,
+                             timeout=CLIENT_TIMEOUT_S, reuse_address=False)
 
-    class Server(ThreadingMixIn, WSGIServer):
-        daemon_threads = True
-        allow_reuse_address = False
-        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
-    class Quiet(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            """Scrapes are not logged."""
+def _scrape_app(registry: Any, token: str | None = None) -> Any:
+    """The endpoint's requests: ``GET /metrics`` (or ``/``) in the format the client
+    accepts (Prometheus text, or OpenMetrics when asked); with ``token``, only for a
+    request whose ``Authorization`` is ``Bearer <token>`` (401 otherwise)."""
+    import hmac
 
-    return make_server(host, port, app, Server, handler_class=Quiet)
+    from prometheus_client.exposition import choose_encoder
+    want = f"Bearer {token}".encode() if token else None
+
+    def app(method: str, target: str, headers: dict[str, str]) \
+            -> tuple[int, list[tuple[str, str]], bytes]:
+        if method != "GET":
+            return 405, [("Allow", "GET")], b"only GET\n"
+        if want is not None and not hmac.compare_digest(
+                headers.get("authorization", "").encode("latin-1"), want):
+            return 401, [("WWW-Authenticate", 'Bearer realm="pskv"')], \
+                f"this endpoint needs Authorization: Bearer <{ENV_METRICS_TOKEN}>\n".encode()
+        if target.split("?", 1)[0] not in ("/metrics", "/"):
+            return 404, [], b"not found: try /metrics\n"
+        encoder, content_type = choose_encoder(headers.get("accept", ""))
+        return 200, [("Content-Type", content_type)], encoder(registry)
+    return app
 
 
 def start(cfg: ClusterConfig, make: Callable[[], NodeMetrics], po: Any = None) -> Any:
@@ -288,8 +312,10 @@ def start(cfg: ClusterConfig, make: Callable[[], NodeMetrics], po: Any = None) -
         return None
     metrics.gateway = cfg.metrics_pushgateway
     if cfg.metrics_port:
-        host = "127.0.0.1" if cfg.transport == "inproc" else cfg.node_host
-        if metrics.serve(host, cfg.metrics_port) is None and metrics.gateway is None:
+        host = "127.0.0.1" if cfg.transport == "inproc" else \
+            cfg.metrics_host or cfg.node_host
+        if metrics.serve(host, cfg.metrics_port, cfg.metrics_connections,
+                         cfg.metrics_token) is None and metrics.gateway is None:
             return None
         if host == "0.0.0.0":
             metrics.host = advertised_host(host, cfg.root_uri)

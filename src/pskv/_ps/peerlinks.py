@@ -29,7 +29,7 @@ from .auth import new_key, prove
 from .config import ClusterConfig, advertised_host
 from .limits import ADMISSION_BYTES
 from .message import Command, Meta, error_body, error_from_body
-from .shm import FdInbox, supported
+from .shm import FdInbox, seals_writes, supported
 from .stream import StreamConn, StreamListener, ipc_path
 from .tls import client_context, server_context
 
@@ -86,7 +86,7 @@ class PeerLinks:
                 "shm": "1" if self._shm_on() else "0"}
 
     def _shm_on(self) -> bool:
-        return self.cfg.collective_shm and supported()
+        return self.cfg.collective_shm and supported() and seals_writes()
 
     def connect(self, peers: Mapping[int, Mapping[str, str]]) -> Links:
         """Link to every peer (their :meth:`listen` answers, by rank). Collective: every

@@ -9,12 +9,16 @@ A :class:`Segment` holds one key of one worker: its *push slot* (the whole value
 pushed, ``size`` elements) and its *sum slot* (the sum of the chunk it owns). It is an
 anonymous ``memfd`` (no name in ``/dev/shm`` or anywhere in the file system: a killed
 process leaves nothing behind, its mappings go with it), sealed at its size
-(``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``), and its descriptor travels to each peer
+(``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``) and, once its owner has mapped it
+writable, against every other write (``F_SEAL_FUTURE_WRITE``: only the owner's mapping
+writes; another process of the same user that opens it through ``/proc/<pid>/fd`` gets
+EPERM for ``write`` and for a writable mapping, where it could once rewrite a round's
+data unnoticed, issue #34), and its descriptor travels to each peer
 over the already authenticated link with ``SCM_RIGHTS`` (:func:`fd_message`, read by
 :class:`FdInbox`). A receiver maps a peer's segment read-only, and only after checking
-that the descriptor is a memfd of exactly the expected size, sealed so: a peer could
-otherwise shrink the file under the mapping, and a read past its end would kill the
-process (SIGBUS). Anything else is refused (:class:`ProtocolError`), never a crash.
+that the descriptor is a memfd of exactly the expected size, sealed so (both seals): a
+peer could otherwise shrink the file under the mapping, and a read past its end would kill
+the process (SIGBUS). Anything else is refused (:class:`ProtocolError`), never a crash.
 
 Sizes are fixed when the segment is made (:func:`layout`): ``size`` elements plus the
 owner's chunk, i.e. about ``(1 + 1/W)`` of the key's bytes per worker; a peer's segment
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import array
 import fcntl
+import functools
 import mmap
 import os
 import socket
@@ -37,16 +42,38 @@ import numpy as np
 
 from ..errors import ProtocolError
 
-__all__ = ["FdInbox", "Layout", "Segment", "fd_message", "layout", "map_sealed", "supported"]
+__all__ = ["F_SEAL_FUTURE_WRITE", "FdInbox", "Layout", "SEGMENT_SEALS", "Segment",
+           "fd_message", "layout", "map_sealed", "seals_writes", "supported"]
 
 #: the seals a peer's segment must carry: its size can never change under a mapping
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL \
     if hasattr(fcntl, "F_SEAL_SHRINK") else 0
+#: linux/fcntl.h (Linux 5.1; not in the fcntl module): no write, and no writable mapping,
+#: from now on; mappings made before it keep writing
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)
+#: the seals of a collective segment: fixed size, written only through its owner's mapping
+SEGMENT_SEALS = SEALS | F_SEAL_FUTURE_WRITE if SEALS else 0
 #: descriptors one link may hold received and not taken yet; more is a broken rule
 MAX_PENDING = 8
 _ALIGN = 64
 _FD_SIZE = array.array("i").itemsize
 _ANCILLARY = socket.CMSG_SPACE(MAX_PENDING * _FD_SIZE) if hasattr(socket, "CMSG_SPACE") else 0
+
+
+@functools.cache
+def seals_writes() -> bool:
+    """Whether this kernel seals a memfd against other writers (``F_SEAL_FUTURE_WRITE``,
+    Linux 5.1): without it the collective path keeps its data on the sockets."""
+    if not supported():
+        return False
+    fd = os.memfd_create("pskv-probe", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEGMENT_SEALS)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def supported() -> bool:
@@ -93,12 +120,17 @@ class Segment:
 
     @classmethod
     def create(cls, lay: Layout, name: str) -> Segment:
-        """A fresh sealed memfd of ``lay.nbytes``, mapped read-write."""
+        """A fresh memfd of ``lay.nbytes``, mapped read-write, then sealed
+        (:data:`SEGMENT_SEALS`): from then on only this mapping writes it."""
         fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, lay.nbytes)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
             mm = mmap.mmap(fd, lay.nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            try:
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEGMENT_SEALS)
+            except BaseException:
+                mm.close()
+                raise
         except BaseException:
             os.close(fd)
             raise
@@ -109,10 +141,12 @@ class Segment:
         """Map a peer's segment read-only after checking it; ``fd`` is closed either way.
 
         Raises ProtocolError (naming ``who`` and ``what``) for anything but a memfd of
-        ``lay.nbytes`` bytes sealed against any change of size.
+        ``lay.nbytes`` bytes sealed against any change of size and any write but its
+        owner's (:data:`SEGMENT_SEALS`).
         """
         try:
-            mm = map_sealed(fd, lay.nbytes, f"{who} sent {what} that", writable=False)
+            mm = map_sealed(fd, lay.nbytes, f"{who} sent {what} that", writable=False,
+                            seals=SEGMENT_SEALS)
         finally:
             os.close(fd)
         return cls(mm, lay, -1)
@@ -130,22 +164,27 @@ class Segment:
             pass
 
 
-def map_sealed(fd: int, nbytes: int, subject: str, writable: bool) -> mmap.mmap:
+def map_sealed(fd: int, nbytes: int, subject: str, writable: bool,
+               seals: int = SEALS) -> mmap.mmap:
     """Map memory file ``fd`` (left open) after checking that it is a memfd of exactly
-    ``nbytes`` bytes sealed against any change of size; ProtocolError saying what else it
-    is, after ``subject`` (e.g. "worker 1 sent a segment that")."""
+    ``nbytes`` bytes sealed against any change of size (and with any other of ``seals``);
+    ProtocolError saying what else it is, after ``subject`` (e.g. "worker 1 sent a
+    segment that")."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise ProtocolError(f"{subject} is not a memory file")
     try:
-        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        has = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
     except OSError:
         raise ProtocolError(f"{subject} is not a memfd") from None
-    if seals & SEALS != SEALS:
+    if has & SEALS != SEALS:
         raise ProtocolError(f"{subject} is a memfd whose size is not sealed (F_SEAL_SHRINK, "
                             "F_SEAL_GROW and F_SEAL_SEAL)")
     if st.st_size != nbytes:
         raise ProtocolError(f"{subject} is of {st.st_size} bytes, not {nbytes}")
+    if has & seals != seals:
+        raise ProtocolError(f"{subject} is a memfd that other processes may still write "
+                            "(no F_SEAL_FUTURE_WRITE)")
     try:
         return mmap.mmap(fd, nbytes, mmap.MAP_SHARED,
                          mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))

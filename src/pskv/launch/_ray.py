@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence, TextIO
 from .._ps.config import ENV_MAX_RESTARTS, ENV_RESTART, Role
 from ..errors import ConfigError
 from ._env import cluster_env, get_secret
+from ._backoff import Backoff
 from ._local import LOCAL_HOST
 from ._spec import LaunchSpec, backed_up
 from ._supervise import EXIT_TIMEOUT, LaunchResult, ProcessResult, exit_status
@@ -160,6 +161,8 @@ class RayJob:
         self.ray, self.spec, self.secret, self.local = ray, spec, secret, local
         self.backed_up = backed_up(spec, {})
         self.restarts: dict[str, int] = {}
+        #: restarts wait out a back-off (by label; ``_backoff.py``), as under supervise.py
+        self.backoff = Backoff()
         self.root = ("", 0)
         self.stdout, self.stderr = stdout, stderr
         remote = ray.remote(num_cpus=0, scheduling_strategy="SPREAD", max_restarts=0)
@@ -200,6 +203,7 @@ class RayJob:
         for p, ref in zip(self.procs, refs, strict=True):
             try:
                 p.pid = int(ray.get(ref))
+                self.backoff.started(p.label)
             except ray.exceptions.RayTaskError as err:
                 cause = getattr(err, "cause", None) or err
                 raise ConfigError(f"cannot start {p.where}: {cause}") from err
@@ -215,14 +219,22 @@ class RayJob:
         return list(spec.command if p.role is Role.WORKER else spec.server_command), env
 
     def _restart(self, p: _Proc, rc: int) -> bool:
-        """Start a dead worker or server again in its actor (same rank, same command) if it
-        has restarts left (--max-restarts); whether it did."""
+        """Schedule a dead worker or server to start again in its actor (same rank, same
+        command) after its back-off if it has restarts left (--max-restarts); whether it
+        did."""
         used = self.restarts.get(p.label, 0)
         if p.role is Role.SCHEDULER or used >= self.spec.max_restarts:
             return False
         self.restarts[p.label] = used + 1
-        logger.warning("%s (pid %d) exited with status %d; restarting it (%d of %d)",
-                       p.where, p.pid, exit_status(rc), used + 1, self.spec.max_restarts)
+        delay = self.backoff.schedule(p.label)
+        logger.warning("%s (pid %d) exited with status %d; restarting it in %.3g s (%d of %d)",
+                       p.where, p.pid, exit_status(rc), delay, used + 1,
+                       self.spec.max_restarts)
+        return True
+
+    def _respawn(self, p: _Proc) -> bool:
+        """Start ``p`` again in its actor, its back-off over; whether it started."""
+        self.backoff.started(p.label)
         try:
             self.ray.get(p.actor.stop.remote(int(signal.SIGKILL), 0.0), timeout=30)
             p.pid = int(self.ray.get(p.actor.start.remote(*self._argv_env(p)), timeout=60))
@@ -301,7 +313,10 @@ class RayJob:
                 if p.rc is None or p.rc == 0 or shutdown_deadline is not None \
                         or id(p) in survived:
                     continue
-                if self._restart(p, p.rc):
+                if self.backoff.waiting(p.label):
+                    if not self.backoff.due(p.label) or self._respawn(p):
+                        continue
+                elif self._restart(p, p.rc):
                     continue
                 if self._taken_over(p, p.rc, survived):
                     survived.add(id(p))
@@ -315,7 +330,7 @@ class RayJob:
                 shutdown_deadline = now + spec.shutdown_timeout
                 if deadline is not None:
                     shutdown_deadline = min(shutdown_deadline, deadline)
-            if all(p.rc is not None for p in self.procs):
+            if all(p.rc is not None for p in self.procs) and not self.backoff.pending:
                 return self._result(0, None, "ok")
             if shutdown_deadline is not None and now >= shutdown_deadline:
                 self.stop(self.procs)

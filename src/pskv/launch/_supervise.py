@@ -24,6 +24,7 @@ from typing import IO, Callable, Sequence, TextIO
 
 from .._ps.config import ENV_MAX_RESTARTS, ENV_RESTART, Role
 from ..errors import CommandError, ConfigError  # CommandError: re-exported here too
+from ._backoff import Backoff
 from ._output import Console, Output
 from ._spec import ProcessSpec
 
@@ -176,11 +177,13 @@ class _Supervisor:
     def __init__(self, procs: Sequence[ProcessSpec], *, timeout: float | None,
                  grace_period: float, shutdown_timeout: float, stdout: TextIO,
                  stderr: TextIO, log_dir: str | None = None, max_restarts: int = 0,
-                 backed_up: bool = False) -> None:
+                 backed_up: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
         self.procs = list(procs)
         self.max_restarts = max_restarts
         self.backed_up = backed_up
         self.restarts: dict[str, int] = {}
+        #: restarts wait out a back-off (by label); the watch loop starts them when due
+        self.backoff = Backoff(clock)
         self.timeout = timeout
         self.grace_period = grace_period
         self.shutdown_timeout = shutdown_timeout
@@ -252,25 +255,35 @@ class _Supervisor:
             t.start()
             pumps.append(t)
         logger.debug("started %s (pid %d): %s", ps.label, popen.pid, ps.argv)
+        self.backoff.started(ps.label)
         return _Child(ps, popen, pumps)
 
     def _restart(self, child: _Child, rc: int) -> bool:
-        """Start a dead worker or server again (same rank, same command) if it has
-        restarts left (--max-restarts); whether it did."""
+        """Schedule a dead worker or server to start again (same rank, same command) after
+        its back-off (``_backoff.py``) if it has restarts left (--max-restarts); whether
+        it did."""
         ps = child.spec
         used = self.restarts.get(ps.label, 0)
         if ps.role is Role.SCHEDULER or ps.rank is None or used >= self.max_restarts:
             return False
-        if any(c.spec.role is Role.SCHEDULER and not c.running for c in self.children):
-            # the job is over once its scheduler exited (a failed job's ends cleanly): a
-            # restart would only wait out its connect timeout for a scheduler that is gone
+        if self._scheduler_gone():
             return False
         self.restarts[ps.label] = used + 1
-        logger.warning("%s (pid %d) exited with status %d; restarting it (%d of %d)",
-                       ps.label, child.popen.pid, exit_status(rc), used + 1, self.max_restarts)
+        delay = self.backoff.schedule(ps.label)
+        logger.warning("%s (pid %d) exited with status %d; restarting it in %.3g s (%d of %d)",
+                       ps.label, child.popen.pid, exit_status(rc), delay, used + 1,
+                       self.max_restarts)
         child.signal_group(signal.SIGKILL)    # whatever it left behind in its group
-        self.children[self.children.index(child)] = self._spawn(ps)
         return True
+
+    def _scheduler_gone(self) -> bool:
+        # the job is over once its scheduler exited (a failed job's ends cleanly): a
+        # restart would only wait out its connect timeout for a scheduler that is gone
+        return any(c.spec.role is Role.SCHEDULER and not c.running for c in self.children)
+
+    def _waiting(self, child: _Child) -> bool:
+        """Whether ``child`` is dead and waiting out its back-off before a restart."""
+        return self.backoff.waiting(child.spec.label)
 
     def _taken_over(self, child: _Child, rc: int, survived: set[_Child]) -> bool:
         """Whether the job goes on without the dead `child`: a server, with backups on
@@ -377,8 +390,14 @@ class _Supervisor:
                 rc = c.popen.poll()
                 if rc is None or rc == 0 or c in after_workers or c in survived:
                     continue
-                if shutdown_deadline is None and self._restart(c, rc):
-                    restarted = True
+                if self._waiting(c):
+                    if shutdown_deadline is None and not self._scheduler_gone():
+                        if self.backoff.due(c.spec.label):
+                            self.children[self.children.index(c)] = self._spawn(c.spec)
+                            restarted = True
+                        continue
+                    self.backoff.cancel(c.spec.label)   # the job ends: it stays dead
+                elif shutdown_deadline is None and self._restart(c, rc):
                     continue
                 if self._taken_over(c, rc, survived):
                     survived.add(c)
@@ -399,7 +418,7 @@ class _Supervisor:
             if restarted:
                 continue            # look at the new child's status first
             running = self._running()
-            if not running:
+            if not running and not self.backoff.pending:
                 if any(c.popen.poll() not in (None, 0) and c not in after_workers
                        and c not in survived for c in self.children):
                     continue        # one failed since the loop above looked: report it
@@ -407,7 +426,8 @@ class _Supervisor:
             now = time.monotonic()
             # read each time: a restarted worker (--max-restarts) is a new child
             workers = [c for c in self.children if c.spec.role is Role.WORKER]
-            if shutdown_deadline is None and not any(c.running for c in workers):
+            if shutdown_deadline is None and not any(c.running or self._waiting(c)
+                                                     for c in workers):
                 # every worker exited 0: a scheduler and servers the workers used follow by
                 # themselves within moments (ps-lite's Finalize); ones nobody joined would
                 # wait out their connect timeout, so after shutdown_timeout they are stopped,
