@@ -194,6 +194,32 @@ def test_a_port_in_use_is_skipped_and_a_full_range_logged(
     assert "PSKV_METRICS_PORT" in rec.getMessage() and "\n" not in rec.getMessage()
 
 
+def test_a_scraped_port_is_served_again_at_once() -> None:
+    """A node's port that was scraped (its closed connections in TIME_WAIT) is taken again
+    by the next node at once, not skipped: the next job keeps the same ports."""
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to test the metrics endpoints")
+    import socket
+    from pskv._ps import series
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    first = series.WorkerMetrics(0, "job")
+    try:
+        if first.serve("127.0.0.1", port) != port:
+            pytest.skip(f"port {port} was taken by another program meanwhile; run again")
+        assert port in _scrape(port, 1)            # the server closes: TIME_WAIT on port
+    finally:
+        first.close()
+    again = series.WorkerMetrics(0, "job")
+    try:
+        assert again.serve("127.0.0.1", port) == port
+        assert port in _scrape(port, 1)
+    finally:
+        again.close()
+
+
 def test_metrics_are_pushed_to_a_pushgateway_when_nodes_end(run_threads: Any) -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to push metrics")

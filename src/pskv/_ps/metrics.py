@@ -248,8 +248,12 @@ class NodeMetrics:
 def _http_server(host: str, port: int, app: Any) -> Any:
     """A bound, listening WSGI server for ``app`` (not yet serving).
 
-    Without SO_REUSEADDR: with it, Linux lets two sockets bind one port as long as neither
-    listens yet, and two nodes starting at once took the same port.
+    With SO_REUSEADDR, so a port whose last scrapes are still in TIME_WAIT (a job that
+    ended a minute ago) is taken again at once: without it the next job's nodes moved up
+    to the next free ports and static Prometheus targets and ``pskv-top HOST:9400``
+    missed them. Linux then lets two sockets *bind* one port while neither listens, but
+    the second ``listen()`` fails with EADDRINUSE (the server is closed and the caller
+    tries the next port), so two nodes starting at once still never share a port.
     """
     import socket
     from socketserver import ThreadingMixIn
@@ -257,7 +261,7 @@ def _http_server(host: str, port: int, app: Any) -> Any:
 
     class Server(ThreadingMixIn, WSGIServer):
         daemon_threads = True
-        allow_reuse_address = False
+        allow_reuse_address = True
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
     class Quiet(WSGIRequestHandler):
