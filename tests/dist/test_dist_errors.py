@@ -150,3 +150,59 @@ def test_a_worker_of_another_job_on_the_port_is_told_so(thread_cluster: Any) -> 
     msg = str(info.value)
     assert "refused this node's proof of the cluster secret" in msg
     assert "another pskv job's scheduler" in msg and "DMLC_PS_ROOT_PORT" in msg
+
+
+def _no_listener_port() -> int:
+    import socket
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = int(probe.getsockname()[1])
+    probe.close()
+    return port
+
+
+def test_a_node_says_while_it_waits_that_no_scheduler_answers(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """No scheduler at the address: progress lines while the node waits, then an error that
+    says the scheduler did not answer (not a generic 'waited for it to admit')."""
+    import logging
+    from pskv._ps import postoffice
+    from pskv._ps.config import ClusterConfig, Role
+    from pskv.errors import ClusterTimeoutError
+    from pskv.kvstore.dist import DistKVStore
+    monkeypatch.setattr(postoffice, "WAIT_PROGRESS", 0.3, raising=False)
+    caplog.set_level(logging.WARNING, logger="pskv._ps.postoffice")
+    port = _no_listener_port()
+    cfg = ClusterConfig(Role.WORKER, root_port=port, num_workers=1, num_servers=1,
+                        secret=b"s", connect_timeout=1.5, rank=1)
+    with pytest.raises(ClusterTimeoutError) as info:
+        DistKVStore("dist_sync", cfg)
+    msg = str(info.value)
+    assert f"the scheduler at tcp://127.0.0.1:{port} did not answer" in msg, msg
+    assert "DMLC_PS_ROOT_URI/PORT" in msg and "PSKV_CONNECT_TIMEOUT" in msg
+    lines = [r.getMessage() for r in caplog.records if r.name == "pskv._ps.postoffice"]
+    assert any(line.startswith(f"worker 1 still waiting for the scheduler at "
+                               f"tcp://127.0.0.1:{port} (") and "of 1.5)" in line
+               and "nothing answers there yet" in line for line in lines), lines
+
+
+def test_a_node_the_scheduler_answered_is_told_the_others_did_not_join(
+        thread_cluster: Any, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A scheduler that runs but waits for a worker that never joins: the progress lines
+    and the error say so (connected; every node must join), not that nothing answers."""
+    import logging
+    from pskv._ps import postoffice
+    from pskv.errors import ClusterTimeoutError
+    from pskv.kvstore.dist import DistKVStore
+    monkeypatch.setattr(postoffice, "WAIT_PROGRESS", 0.3, raising=False)
+    caplog.set_level(logging.WARNING, logger="pskv._ps.postoffice")
+    cluster = thread_cluster(2, 1, secret=None)
+    with pytest.raises(ClusterTimeoutError) as info:
+        DistKVStore("dist_sync", cluster.worker_config(connect_timeout=1.5))
+    msg = str(info.value)
+    assert "the scheduler answered, but not every node of the job joined" in msg, msg
+    assert "kv.create('dist_sync')" in msg and "did not answer" not in msg
+    lines = [r.getMessage() for r in caplog.records if r.name == "pskv._ps.postoffice"]
+    assert any("connected, the scheduler waits for the job's other nodes" in line
+               for line in lines), lines
