@@ -26,7 +26,8 @@ from ..errors import (ClusterError, ClusterTimeoutError, ConfigError, KVStoreErr
                       ProtocolError)
 from .auth import Verifier, new_key
 from .crypt import curve_keys, derive, seal
-from .config import ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_ID, ClusterConfig
+from .config import (ENV_JOIN_STATUS, ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_ID,
+                     ClusterConfig)
 from .limits import CONTROL_BYTES, CONTROL_FRAMES
 from .message import Command, Meta, error_body
 from .metrics import start as start_metrics
@@ -191,8 +192,26 @@ class Scheduler:
         kept = self._kept(body)
         self._nodes[ident] = _Node(ident, role, -1, kept, time.monotonic(), hello_ts=ts,
                                    claimed=claimed, seal=self._seal_key(body))
+        if role == "worker" and self._counts[role] == 1:
+            self._join_status("waiting")
         if all(self._counts[r] == self._expected(r) for r in ("server", "worker")):
             self._admit()
+
+    def _join_status(self, word: str) -> None:
+        """Tell pskv-launch how far the job joined (``waiting``: a worker said HELLO;
+        ``joined``: every node did, written before any ADMIT), when it asked
+        (PSKV_JOIN_STATUS): a worker that exits 0 without joining while others wait is
+        then named at once, not after PSKV_CONNECT_TIMEOUT."""
+        path = self.cfg.join_status
+        if not path:
+            return
+        try:
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                f.write(word + "\n")
+            os.replace(path + ".tmp", path)
+        except OSError as err:
+            log.warning("scheduler: cannot write %s=%r (%s); the launcher cannot tell "
+                        "whether the workers joined", ENV_JOIN_STATUS, path, err)
 
     def _seal_key(self, body: dict[str, Any]) -> bytes:
         """The key a node's key material is sealed under: derived from the cluster secret,
@@ -262,6 +281,7 @@ class Scheduler:
             self._refuse_all(self._mixed_modes(workers))
             return
         self._mode = modes.pop()
+        self._join_status("joined")   # before any ADMIT (PSKV_JOIN_STATUS)
         now = time.monotonic()
         for node in self._nodes.values():
             node.last_seen = now
