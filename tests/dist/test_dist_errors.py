@@ -206,3 +206,33 @@ def test_a_node_the_scheduler_answered_is_told_the_others_did_not_join(
     lines = [r.getMessage() for r in caplog.records if r.name == "pskv._ps.postoffice"]
     assert any("connected, the scheduler waits for the job's other nodes" in line
                for line in lines), lines
+
+
+def test_a_cluster_without_a_secret_says_so_once_per_node(
+        run_threads: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A hand-started cluster without PSKV_SECRET admits anyone: each node says so, once,
+    at WARNING; with a secret, and in a thread cluster's inproc transport, none does."""
+    import logging
+    from pskv.testing import InprocCluster
+    caplog.set_level(logging.WARNING, logger="pskv._ps.auth")
+
+    def train(kv: Any) -> int:
+        kv.init("w", np.zeros(2, np.float32))
+        kv.push("w", np.ones(2, np.float32))
+        return int(kv.rank)
+
+    assert run_threads(train, 2, 1, secret=None) == {0: 0, 1: 1}
+    lines = [r.getMessage() for r in caplog.records if r.name == "pskv._ps.auth"]
+    assert all(r.levelno == logging.WARNING for r in caplog.records
+               if r.name == "pskv._ps.auth")
+    who = sorted(line.split(":", 1)[0] for line in lines)
+    assert who == ["server", "the scheduler", "worker", "worker"], lines
+    for line in lines:
+        assert "PSKV_SECRET is not set, so this cluster admits any process that reaches " \
+            "tcp://127.0.0.1:" in line, line
+        assert "any program of any user of this machine" in line and "pskv-launch" in line
+    caplog.clear()
+    assert run_threads(train, 2, 1) == {0: 0, 1: 1}             # with a secret: no word
+    with InprocCluster(num_workers=1) as cluster:                 # inproc: no word either
+        cluster.run(train)
+    assert [r for r in caplog.records if r.name == "pskv._ps.auth"] == []

@@ -25,7 +25,7 @@ import zmq
 
 from ..errors import ClusterError, ClusterTimeoutError, NodeFailedError, ProtocolError
 from . import validate
-from .auth import prove
+from .auth import prove, warn_without_secret
 from .crypt import curve_keys, derive, unseal
 from .config import ClusterConfig
 from .membership import Event, Membership, ServerLost, ServerRejoined, frozen_servers
@@ -180,6 +180,9 @@ class Postoffice:
         # whether a TCP connection to the scheduler's port is up: says, while this node
         # waits and when it gives up, whether nothing answers there or the scheduler is
         # only waiting for the job's other nodes
+        who = self.role if self.cfg.rank is None else f"{self.role} {self.cfg.rank}"
+        warn_without_secret(who, self.cfg.secret, self.cfg.transport, self.cfg.root_address,
+                            self.cfg.node_host)
         monitor = self._sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         try:
             self._sock.connect(self.cfg.root_address)

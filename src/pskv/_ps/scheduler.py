@@ -24,7 +24,7 @@ import zmq
 
 from ..errors import (ClusterError, ClusterTimeoutError, ConfigError, KVStoreError,
                       ProtocolError)
-from .auth import Verifier, new_key
+from .auth import Verifier, new_key, warn_without_secret
 from .crypt import curve_keys, derive, seal
 from .config import (ENV_JOIN_STATUS, ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_ID,
                      ClusterConfig)
@@ -112,6 +112,8 @@ class Scheduler:
                     f"{ENV_ROOT_PORT} / pskv-launch --port, or leave --port out to take a "
                     "free one.") from err
             raise
+        warn_without_secret("the scheduler", cfg.secret, cfg.transport, cfg.root_address,
+                            bind_host)
         #: this job's id: every proof of admission binds it (auth.py)
         self.job = new_key()
         secret = cfg.secret
