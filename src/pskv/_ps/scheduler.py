@@ -30,12 +30,13 @@ from .config import (ENV_JOIN_STATUS, ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_I
                      ClusterConfig)
 from .limits import CONTROL_BYTES, CONTROL_FRAMES
 from .message import Command, Meta, error_body
-from .metrics import start as start_metrics
+from .metrics import job_label, start as start_metrics
 from .series import SchedulerMetrics
 from .replay import backup_of
 from .serve import ServeLoop
 from .stragglers import JobStragglers, parse_beat
 from .transport import Connection
+from .validate import OBSERVER
 from .zeromq import ZmqContext, curve_server
 
 __all__ = ["LOST_GRACE", "Scheduler", "scheduler_curve"]
@@ -168,6 +169,9 @@ class Scheduler:
     def _hello(self, ident: Connection, ts: int, body: dict[str, Any]) -> None:
         """A HELLO whose proof checked (``validate`` checked its fields)."""
         role = str(body["role"])
+        if role == OBSERVER:          # proved the secret (if any); joins nothing
+            self._observed(ident, ts)
+            return
         claimed = body.get("rank")
         if self._admitted and self.cfg.max_restarts and ident not in self._nodes:
             old = next((n for n in self._members(role) if n.rank == claimed), None)
@@ -198,6 +202,18 @@ class Scheduler:
             self._join_status("waiting")
         if all(self._counts[r] == self._expected(r) for r in ("server", "worker")):
             self._admit()
+
+    def _observed(self, ident: Connection, ts: int) -> None:
+        """Answer an observer (pskv-top --scheduler) with the job's label, each node's
+        metrics address (the listing of ``pskv_scheduler_node_info``) and this scheduler's
+        own, then forget the connection: it is never admitted."""
+        own = None
+        if self.metrics is not None and self.metrics.port is not None:
+            own = [self.metrics.host, self.metrics.port]
+        self._send(ident, Command.ACK, ts, {
+            "job": job_label(self.job), "metrics": own,
+            "nodes": [list(node) for node in self._listing()]})
+        self.loop.drop(ident)
 
     def _join_status(self, word: str) -> None:
         """Tell pskv-launch how far the job joined (``waiting``: a worker said HELLO;
