@@ -28,7 +28,8 @@ __all__ = [
     "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS",
     "ENV_TRANSPORT", "ENV_WORKER_ID", "ENV_STALENESS", "ENV_GLOBAL_STALENESS",
     "ENV_MXNET_PYTHON", "ENV_MXNET_SRC", "ENV_PREFIX", "KNOWN_ENV",
-    "Role", "advertised_host", "loopback_address", "reduce_threads", "replicas_setting", "unknown_env",
+    "Role", "advertised_host", "loopback_address", "reduce_threads", "replicas_setting",
+    "unknown_env",
     "warn_unknown_env",
 ]
 
