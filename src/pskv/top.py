@@ -8,8 +8,11 @@ rounds' waits, the workers that were last in the rounds of the interval and the 
 the hottest keys, and how unevenly the servers are loaded. ``--once`` prints one view
 (two reads, one interval apart) and exits.
 
-Nothing here talks pskv's own protocol: the view needs no secret and cannot disturb the
-job; what it shows is what Prometheus would see.
+``--scheduler HOST:PORT`` (the job's ``DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT``) instead asks
+the scheduler itself where the nodes serve (``_ps/observe.py``: one HELLO as an observer,
+which proves ``PSKV_SECRET`` like any node's and joins nothing), so the metrics ports need
+not be known. Everything else reads HTTP only: the view needs no secret and cannot disturb
+the job; what it shows is what Prometheus would see.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from typing import Any, Sequence
 from ._ps.config import ENV_METRICS_TOKEN
 from .errors import ConfigError
 
-__all__ = ["Snapshot", "listing", "main", "parse", "read_job", "view"]
+__all__ = ["Snapshot", "from_scheduler", "listing", "main", "parse", "read_job", "view"]
 
 #: ports read from the first one upward (as many as a node tries: ``_ps.metrics``)
 PORTS = 64
@@ -290,6 +293,27 @@ def _target(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def from_scheduler(host: str, port: int, environ: Any = None,
+                   timeout: float = 5.0) -> tuple[str, int]:
+    """Where the scheduler at ``host:port`` (its own port, ``DMLC_PS_ROOT_PORT``) serves
+    ``/metrics``, which lists every node: asked over pskv's protocol with ``environ``'s
+    ``PSKV_SECRET`` (and ``PSKV_ENCRYPT``). ConfigError when it cannot be asked or
+    serves no metrics."""
+    from ._ps.config import ENV_ENCRYPT, ENV_SECRET
+    from ._ps.observe import ask_scheduler
+    env = os.environ if environ is None else environ
+    secret = env.get(ENV_SECRET) or None
+    address = f"tcp://{_bracket(host)}:{port}"
+    got = ask_scheduler(address, secret.encode() if secret else None,
+                        env.get(ENV_ENCRYPT, "").strip() == "1", timeout)
+    if got.metrics is None:
+        raise ConfigError(f"the scheduler at {address} serves no metrics (job {got.job}, "
+                          f"{len(got.nodes)} nodes). Start the job with PSKV_METRICS_PORT "
+                          "set (e.g. PSKV_METRICS_PORT=9400 pskv-launch ...).")
+    there, metrics_port = got.metrics
+    return (host if there in ("", "0.0.0.0") else there), metrics_port
+
+
 def _curses(host: str, port: int, count: int, interval: float) -> None:
     import curses
 
@@ -319,8 +343,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pskv-top", description="A live view of a running pskv "
                                 "job, read from its nodes' Prometheus metrics "
                                 "(PSKV_METRICS_PORT).")
-    p.add_argument("target", metavar="HOST:PORT",
+    p.add_argument("target", metavar="HOST:PORT", nargs="?",
                    help="the first metrics port of the job (its PSKV_METRICS_PORT)")
+    p.add_argument("--scheduler", metavar="HOST:PORT",
+                   help="ask the job's scheduler (DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT) where "
+                        "its nodes serve metrics, instead of giving a metrics port; with "
+                        "the job's PSKV_SECRET in the environment")
     p.add_argument("--ports", type=int, default=PORTS, metavar="N",
                    help=f"ports read from PORT upward (default {PORTS})")
     p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
@@ -329,7 +357,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="print one view (two reads, one interval apart) and exit")
     args = p.parse_args(argv)
     try:
-        host, port = _target(args.target)
+        if (args.target is None) == (args.scheduler is None):
+            raise ConfigError("give either HOST:PORT (the job's first metrics port) or "
+                              "--scheduler HOST:PORT (its scheduler), e.g. pskv-top "
+                              "127.0.0.1:9400 or pskv-top --scheduler 127.0.0.1:9091.")
+        if args.scheduler is not None:
+            host, port = from_scheduler(*_target(args.scheduler))
+        else:
+            host, port = _target(args.target)
         if args.ports < 1 or not args.interval > 0:
             raise ConfigError("--ports must be at least 1 and --interval positive.")
         if args.once:

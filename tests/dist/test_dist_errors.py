@@ -150,3 +150,89 @@ def test_a_worker_of_another_job_on_the_port_is_told_so(thread_cluster: Any) -> 
     msg = str(info.value)
     assert "refused this node's proof of the cluster secret" in msg
     assert "another pskv job's scheduler" in msg and "DMLC_PS_ROOT_PORT" in msg
+
+
+def _no_listener_port() -> int:
+    import socket
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = int(probe.getsockname()[1])
+    probe.close()
+    return port
+
+
+def test_a_node_says_while_it_waits_that_no_scheduler_answers(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """No scheduler at the address: progress lines while the node waits, then an error that
+    says the scheduler did not answer (not a generic 'waited for it to admit')."""
+    import logging
+    from pskv._ps import postoffice
+    from pskv._ps.config import ClusterConfig, Role
+    from pskv.errors import ClusterTimeoutError
+    from pskv.kvstore.dist import DistKVStore
+    monkeypatch.setattr(postoffice, "WAIT_PROGRESS", 0.3, raising=False)
+    caplog.set_level(logging.WARNING, logger="pskv._ps.postoffice")
+    port = _no_listener_port()
+    cfg = ClusterConfig(Role.WORKER, root_port=port, num_workers=1, num_servers=1,
+                        secret=b"s", connect_timeout=1.5, rank=1)
+    with pytest.raises(ClusterTimeoutError) as info:
+        DistKVStore("dist_sync", cfg)
+    msg = str(info.value)
+    assert f"the scheduler at tcp://127.0.0.1:{port} did not answer" in msg, msg
+    assert "DMLC_PS_ROOT_URI/PORT" in msg and "PSKV_CONNECT_TIMEOUT" in msg
+    lines = [r.getMessage() for r in caplog.records if r.name == "pskv._ps.postoffice"]
+    assert any(line.startswith(f"worker 1 still waiting for the scheduler at "
+                               f"tcp://127.0.0.1:{port} (") and "of 1.5)" in line
+               and "nothing answers there yet" in line for line in lines), lines
+
+
+def test_a_node_the_scheduler_answered_is_told_the_others_did_not_join(
+        thread_cluster: Any, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A scheduler that runs but waits for a worker that never joins: the progress lines
+    and the error say so (connected; every node must join), not that nothing answers."""
+    import logging
+    from pskv._ps import postoffice
+    from pskv.errors import ClusterTimeoutError
+    from pskv.kvstore.dist import DistKVStore
+    monkeypatch.setattr(postoffice, "WAIT_PROGRESS", 0.3, raising=False)
+    caplog.set_level(logging.WARNING, logger="pskv._ps.postoffice")
+    cluster = thread_cluster(2, 1, secret=None)
+    with pytest.raises(ClusterTimeoutError) as info:
+        DistKVStore("dist_sync", cluster.worker_config(connect_timeout=1.5))
+    msg = str(info.value)
+    assert "the scheduler answered, but not every node of the job joined" in msg, msg
+    assert "kv.create('dist_sync')" in msg and "did not answer" not in msg
+    lines = [r.getMessage() for r in caplog.records if r.name == "pskv._ps.postoffice"]
+    assert any("connected, the scheduler waits for the job's other nodes" in line
+               for line in lines), lines
+
+
+def test_a_cluster_without_a_secret_says_so_once_per_node(
+        run_threads: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A hand-started cluster without PSKV_SECRET admits anyone: each node says so, once,
+    at WARNING; with a secret, and in a thread cluster's inproc transport, none does."""
+    import logging
+    from pskv.testing import InprocCluster
+    caplog.set_level(logging.WARNING, logger="pskv._ps.auth")
+
+    def train(kv: Any) -> int:
+        kv.init("w", np.zeros(2, np.float32))
+        kv.push("w", np.ones(2, np.float32))
+        return int(kv.rank)
+
+    assert run_threads(train, 2, 1, secret=None) == {0: 0, 1: 1}
+    lines = [r.getMessage() for r in caplog.records if r.name == "pskv._ps.auth"]
+    assert all(r.levelno == logging.WARNING for r in caplog.records
+               if r.name == "pskv._ps.auth")
+    who = sorted(line.split(":", 1)[0] for line in lines)
+    assert who == ["server", "the scheduler", "worker", "worker"], lines
+    for line in lines:
+        assert "PSKV_SECRET is not set, so this cluster admits any process that reaches " \
+            "tcp://127.0.0.1:" in line, line
+        assert "any program of any user of this machine" in line and "pskv-launch" in line
+    caplog.clear()
+    assert run_threads(train, 2, 1) == {0: 0, 1: 1}             # with a secret: no word
+    with InprocCluster(num_workers=1) as cluster:                 # inproc: no word either
+        cluster.run(train)
+    assert [r for r in caplog.records if r.name == "pskv._ps.auth"] == []

@@ -45,6 +45,25 @@ def test_workers_that_never_open_a_store_end_the_job(caplog: pytest.LogCaptureFi
     assert elapsed < 20, elapsed
 
 
+LOCAL_ON_ONE = ("import os\nimport pskv as mx\n"
+                "kind = 'local' if os.environ['DMLC_WORKER_ID'] == '1' else 'dist_sync'\n"
+                "kv = mx.kv.create(kind)\nkv.close()\n")
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_that_exits_without_joining_is_named() -> None:
+    """Worker 1 makes a 'local' store and exits 0; worker 0 waits at the scheduler for it.
+    The launcher names worker 1 and ends the job (status 1), well before worker 0's 60 s
+    connect timeout would blame the address."""
+    cli = Cli("-n", "2", "-s", "1", PY, "-c", LOCAL_ON_ONE)
+    assert cli.wait(within=45) == 1, cli.stderr
+    [line] = [line for line in cli.stderr.splitlines() if "without joining" in line]
+    assert "worker 1 (pid" in line and "exited with status 0 without joining the cluster" \
+        in line, line
+    assert "'local' store" in line and "kv.create('dist_sync')" in line, line
+    assert "DMLC_PS_ROOT_URI" not in cli.stderr, cli.stderr
+
+
 @pytest.mark.timeout(90)
 def test_cli_ends_with_the_workers_status() -> None:
     cli = Cli("-n", "2", "-s", "1", PY, "-c", "pass")

@@ -194,6 +194,95 @@ def test_a_port_in_use_is_skipped_and_a_full_range_logged(
     assert "PSKV_METRICS_PORT" in rec.getMessage() and "\n" not in rec.getMessage()
 
 
+def test_a_scraped_port_is_served_again_at_once() -> None:
+    """A node's port that was scraped (its closed connections in TIME_WAIT) is taken again
+    by the next node at once, not skipped: the next job keeps the same ports."""
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to test the metrics endpoints")
+    import socket
+    from pskv._ps import series
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    first = series.WorkerMetrics(0, "job")
+    try:
+        if first.serve("127.0.0.1", port) != port:
+            pytest.skip(f"port {port} was taken by another program meanwhile; run again")
+        assert port in _scrape(port, 1)            # the server closes: TIME_WAIT on port
+    finally:
+        first.close()
+    again = series.WorkerMetrics(0, "job")
+    try:
+        assert again.serve("127.0.0.1", port) == port
+        assert port in _scrape(port, 1)
+    finally:
+        again.close()
+
+
+def test_top_asks_the_scheduler_where_the_nodes_serve(
+        thread_cluster: Any, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """pskv-top --scheduler HOST:PORT (the scheduler's own port): the scheduler, asked with
+    the job's secret, lists where every node serves /metrics, and the view reads them all;
+    without the secret, or with another, it is refused like any stranger."""
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to serve and read metrics")
+    from pskv._ps.observe import ask_scheduler
+    from pskv.errors import ConfigError
+    from pskv.launch._net import free_port
+    from pskv.top import from_scheduler, main, read_job
+    cluster = thread_cluster(2, 1, metrics_port=free_port())
+    address = f"tcp://127.0.0.1:{cluster.cfg.root_port}"
+    secret = cluster.cfg.secret
+    assert secret is not None
+    monkeypatch.setenv("PSKV_SECRET", secret.decode())
+
+    def train(kv: Any) -> Any:
+        kv.init("w", np.zeros(100, np.float32))
+        kv.push("w", np.ones(100, np.float32))
+        kv.pull("w", out=np.zeros(100, np.float32))
+        kv._barrier()
+        got: Any = None
+        if kv.rank == 0:
+            end = time.monotonic() + 20   # each node tells its port with its heartbeats
+            listing = ask_scheduler(address, secret)
+            while not (len(listing.nodes) == 3 and all(n[4] for n in listing.nodes)) \
+                    and time.monotonic() < end:
+                time.sleep(0.1)
+                listing = ask_scheduler(address, secret)
+            host, port = from_scheduler("127.0.0.1", cluster.cfg.root_port)
+            snap = read_job(host, port)
+            refused = []
+            for other in (None, b"another job's secret"):
+                try:
+                    ask_scheduler(address, other, timeout=5)
+                except ConfigError as err:
+                    refused.append(str(err))
+            code = main(["--scheduler", f"127.0.0.1:{cluster.cfg.root_port}", "--once",
+                         "--interval", "0.2"])
+            got = (listing, (host, port), sorted(snap.nodes), refused, code)
+        kv._barrier()                  # every node stays up until worker 0 has read
+        return got
+
+    results = cluster.run(train)
+    assert not isinstance(results[0], BaseException), results[0]
+    listing, (host, port), nodes, refused, code = results[0]
+    assert [(n[0], n[1], n[2]) for n in listing.nodes] == [
+        ("server", 0, "alive"), ("worker", 0, "alive"), ("worker", 1, "alive")]
+    assert all(n[4] > 0 for n in listing.nodes), listing
+    assert listing.metrics == (host, port) and listing.job
+    assert nodes == [("scheduler", 0), ("server", 0), ("worker", 0), ("worker", 1)]
+    assert len(refused) == 2, refused
+    assert "asks for proof of the job's secret and PSKV_SECRET is not set" in refused[0]
+    assert "refused pskv-top" in refused[1] and "proof of the cluster secret" in refused[1]
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "scheduler: 1 servers and 2 workers alive" in out, out
+    for node in ("server 0", "worker 0", "worker 1"):
+        assert node in out, out
+
+
 def test_metrics_are_pushed_to_a_pushgateway_when_nodes_end(run_threads: Any) -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to push metrics")

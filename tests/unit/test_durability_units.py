@@ -738,3 +738,30 @@ def test_a_different_optimizer_from_a_worker_still_replaces_a_copys() -> None:
         check_optimizer(mx.optimizer.SGD(learning_rate=0.5), need_spec=True))))
     # plain SGD, lr 0.5, no momentum: w - 0.5 * 3
     np.testing.assert_array_equal(_one_more_round(copy), before - 1.5)
+
+
+@pytest.mark.parametrize("value, servers, match", [
+    ("yes", 2, "PSKV_REPLICAS='yes' is not an integer"),
+    ("true", 2, "PSKV_REPLICAS='true' is not an integer"),
+    ("2", 2, "at most one backup"),
+    ("1", 1, "at least 2 servers"),
+])
+def test_the_launcher_refuses_what_the_servers_refuse(
+        monkeypatch: pytest.MonkeyPatch, value: str, servers: int, match: str) -> None:
+    """One reading of PSKV_REPLICAS: what a server refuses, pskv-launch refuses before it
+    starts anything (it announced backups the servers would not keep for 'yes')."""
+    import pskv.launch as launcher
+    from pskv.launch import launch_spec
+
+    def started(spec: LaunchSpec) -> None:
+        raise AssertionError(f"PSKV_REPLICAS={value!r}: the launcher started the job")
+
+    monkeypatch.setattr(launcher, "build_processes", started)
+    with pytest.raises(ConfigError, match=match):
+        ClusterConfig.from_env(_env(PSKV_REPLICAS=value, DMLC_NUM_SERVER=str(servers)))
+    spec = LaunchSpec(("python", "t.py"), 1, servers, env=(("PSKV_REPLICAS", value),))
+    with pytest.raises(ConfigError, match=match):
+        launch_spec(spec)
+    from pskv.launch._spec import backed_up
+    assert backed_up(LaunchSpec(("t",), 1, 2, env=(("PSKV_REPLICAS", "1"),)), {})
+    assert not backed_up(LaunchSpec(("t",), 1, 2, env=(("PSKV_REPLICAS", "0"),)), {})

@@ -299,6 +299,29 @@ class TestDtype:
                      "key 3", "int64", "float32")
         np.testing.assert_array_equal(out, 0)
 
+    @pytest.mark.parametrize("make", [lambda: np.zeros(SHAPE, np.int32),
+                                      lambda: mx.nd.zeros(SHAPE, dtype="int32")],
+                             ids=["numpy", "NDArray"])
+    def test_pull_into_an_int32_out_says_dtype_not_shape(self, kv: LocalKVStore,
+                                                         make: Callable[[], Any]) -> None:
+        """The class covers shapes and dtypes (ShapeMismatchError): the words say it is the
+        dtype (which key, stored and given dtype, the shape that fits) and a fix that
+        fills the out the user holds (``.astype`` would fill a copy)."""
+        out = make()
+        with pytest.raises(ShapeMismatchError) as info:
+            kv.pull(3, out=out)
+        msg = str(info.value)
+        assert msg.startswith("pull key 3 into an out of dtype int32, but key 3 holds "
+                              "float32: a dtype mismatch (the shape (2, 3) fits)"), msg
+        assert "buf = np.empty(out.shape, dtype='float32')" in msg and "out[:] = buf" in msg
+        assert ".astype" not in msg, msg
+        assert info.value.key == 3
+        buf = np.empty(out.shape, dtype="float32")     # the fix, as the message words it
+        kv.pull(3, out=buf)
+        out[:] = buf
+        np.testing.assert_array_equal(np.asarray(out if isinstance(out, np.ndarray)
+                                                 else out.asnumpy()), buf.astype(np.int32))
+
     def test_list_push_last_value_bad_dtype_changes_nothing(self, kv: LocalKVStore) -> None:
         expect_error(kv, lambda: kv.push([3, 4], [mx.nd.ones(SHAPE) * 5,
                                                   np.ones(SHAPE, dtype=np.complex64)]),

@@ -73,6 +73,8 @@ def test_bad_targets() -> None:
             _target(bad)
     assert _target("[::1]:9400") == ("::1", 9400)
     assert main(["nowhere", "--once"]) == 2
+    assert main(["--once"]) == 2                                   # neither target
+    assert main(["127.0.0.1:9400", "--scheduler", "127.0.0.1:9091"]) == 2   # both
 
 
 def test_the_scheduler_listing_is_parsed() -> None:

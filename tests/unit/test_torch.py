@@ -461,8 +461,22 @@ def test_dtype_mismatch_hints_are_torch_methods(kv: Any) -> None:
     kv.init("i", torch.zeros(3, dtype=torch.int32))
     with pytest.raises(ShapeMismatchError, match=r"Convert it with \.to\(torch\.int32\)\."):
         kv.push("i", torch.ones(3))
-    with pytest.raises(ShapeMismatchError, match=r"\.astype\('float32'\)"):   # NumPy: as before
-        kv.pull("w", out=np.zeros(3, np.int64))
+    with pytest.raises(ShapeMismatchError, match=r"\.astype\('float32'\)"):   # NumPy push
+        kv.push("w", np.zeros(3, np.complex64))
+
+
+def test_pull_into_an_int32_tensor_says_dtype_not_shape(kv: Any) -> None:
+    """A torch out of another dtype than the key's: the words say dtype (which key, stored
+    and given dtype, the shape that fits), with a torch fix; the class stays
+    ShapeMismatchError (shape, dtype or size: STYLE.md)."""
+    kv.init("w", torch.zeros(SHAPE))
+    out = torch.zeros(SHAPE, dtype=torch.int32)
+    with pytest.raises(ShapeMismatchError) as info:
+        kv.pull("w", out=out)
+    msg = str(info.value)
+    assert msg.startswith(f"pull key 'w' into an out of dtype torch.int32, but key 'w' holds "
+                          f"float32: a dtype mismatch (the shape {SHAPE} fits)"), msg
+    assert "torch.float32 tensor" in msg and "out.copy_(buf)" in msg
 
 
 def test_second_broadcast_names_prefix_as_the_fix(kv: Any) -> None:

@@ -14,15 +14,46 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
+import logging
 import secrets
 from typing import Any, Callable
 
 from ..errors import ProtocolError
 
-__all__ = ["CHALLENGE", "Verifier", "check_server", "new_key", "prove", "server_proof"]
+__all__ = ["CHALLENGE", "Verifier", "check_server", "new_key", "prove", "server_proof",
+           "warn_without_secret"]
+
+log = logging.getLogger(__name__)
 
 #: what :meth:`Verifier.check` returns when the peer must first answer a challenge
 CHALLENGE = "challenge"
+
+
+def warn_without_secret(who: str, secret: bytes | None, transport: str, where: str,
+                        host: str) -> bool:
+    """Log one WARNING (once per node: each node calls it once, as it starts) when ``who``
+    runs without a cluster secret on a transport other processes can reach (not a thread
+    cluster's ``inproc``): such a cluster admits any process that reaches ``where``,
+    without a word otherwise. ``host``: the address it binds. Whether it warned.
+
+    pskv-launch always gives a job a secret (``PSKV_SECRET``, else a new one per job), so
+    this is a cluster started by hand (or by another tool) without one.
+    """
+    if secret or transport == "inproc":
+        return False
+    try:
+        local = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        local = host.lower() == "localhost"
+    reach = ("any program of any user of this machine" if local else
+             f"anyone who can reach {host} over the network")
+    log.warning("%s: PSKV_SECRET is not set, so this cluster admits any process that reaches "
+                "%s, with no proof asked: %s can join it, read and change its values. Set "
+                "PSKV_SECRET to one random value on every node (python -c 'import secrets; "
+                "print(secrets.token_hex(32))'), or start the job with pskv-launch, which "
+                "makes one per job (docs/security.md).", who, where, reach)
+    return True
 
 
 def new_key() -> str:

@@ -18,7 +18,7 @@ from ..errors import ConfigError
 
 __all__ = [
     "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_CHECKPOINT_DIR", "ENV_CHECKPOINT_EVERY",
-    "ENV_CHECKPOINT_KEEP", "ENV_ENCRYPT", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_BACKUP_RING_BYTES", "ENV_COALESCE_BYTES", "ENV_COLLECTIVE_BYTES", "ENV_COLLECTIVE_SHM", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
+    "ENV_CHECKPOINT_KEEP", "ENV_ENCRYPT", "ENV_JOIN_STATUS", "ENV_MAX_RESTARTS", "ENV_REPLICAS", "ENV_RESTART", "ENV_BACKUP_RING_BYTES", "ENV_COALESCE_BYTES", "ENV_COLLECTIVE_BYTES", "ENV_COLLECTIVE_SHM", "ENV_CONNECT_TIMEOUT", "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT", "ENV_NODE_HOST", "ENV_NUM_SERVER", "ENV_NUM_WORKER",
     "ENV_REDUCE_THREADS", "ENV_REQUEST_TIMEOUT", "ENV_ROLE", "ENV_ROOT_PORT", "ENV_ROOT_URI", "ENV_ROUND_TIMEOUT",
     "ENV_HANDSHAKE_TIMEOUT", "ENV_LOG_LEVEL", "ENV_MAX_KEY_BYTES", "ENV_MAX_KEYS_PER_MESSAGE",
@@ -29,7 +29,8 @@ __all__ = [
     "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS",
     "ENV_TRANSPORT", "ENV_WORKER_ID", "ENV_STALENESS", "ENV_GLOBAL_STALENESS",
     "ENV_MXNET_PYTHON", "ENV_MXNET_SRC", "ENV_PREFIX", "KNOWN_ENV",
-    "Role", "advertised_host", "loopback_address", "reduce_threads", "unknown_env",
+    "Role", "advertised_host", "loopback_address", "reduce_threads", "replicas_setting",
+    "unknown_env",
     "warn_unknown_env",
 ]
 
@@ -91,6 +92,10 @@ ENV_MAX_RESTARTS = "PSKV_MAX_RESTARTS"
 ENV_RESTART = "PSKV_RESTART"
 #: 1: every shard also lives on the next server (primary-backup, docs/durability.md)
 ENV_REPLICAS = "PSKV_REPLICAS"
+#: set by pskv-launch for a scheduler on its machine: a file the scheduler writes
+#: "waiting" to when the first worker says HELLO and "joined" to before it admits the job,
+#: so the launcher can name a worker that exited 0 without joining while others wait
+ENV_JOIN_STATUS = "PSKV_JOIN_STATUS"
 #: the level of pskv's loggers in every process of a job (pskv-launch --log-level)
 ENV_LOG_LEVEL = "PSKV_LOG_LEVEL"
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -209,6 +214,27 @@ def _int(env: Mapping[str, str], name: str, default: int | None, hint: str,
     return value
 
 
+_REPLICAS_HINT = "Set it to 1 (a backup of every shard) or 0 (none)."
+
+
+def replicas_setting(env: Mapping[str, str]) -> int:
+    """``PSKV_REPLICAS`` of ``env``: 0 or 1 (unset: 0); ConfigError for anything else.
+
+    The servers and pskv-launch both read it here, so the launcher never announces
+    backups the servers will not keep (``yes`` is refused by both, at launch).
+
+    Examples
+    --------
+    >>> replicas_setting({}), replicas_setting({"PSKV_REPLICAS": "1"})
+    (0, 1)
+    """
+    value = _int(env, ENV_REPLICAS, 0, _REPLICAS_HINT)
+    if value not in (0, 1):
+        raise ConfigError(f"{ENV_REPLICAS}={env.get(ENV_REPLICAS)!r}: pskv keeps at most one "
+                          f"backup of each shard. {_REPLICAS_HINT}")
+    return value
+
+
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     raw = env.get(name)
     if raw is None or raw == "":
@@ -293,6 +319,8 @@ class ClusterConfig:
         node's listeners' own
     metrics_token : the bearer token ``/metrics`` requires (PSKV_METRICS_TOKEN); None:
         none
+    join_status : the file the scheduler writes how far the job joined to (PSKV_JOIN_STATUS,
+        set by pskv-launch); None: none
     replicas : 1 keeps a copy of every shard on the next server, which takes over when its
         primary dies (PSKV_REPLICAS); 0: none
     """
@@ -339,6 +367,7 @@ class ClusterConfig:
     metrics_connections: int = 16
     metrics_host: str | None = None
     metrics_token: str | None = field(default=None, repr=False)
+    join_status: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -356,7 +385,7 @@ class ClusterConfig:
                               f"one per job), or unset {ENV_ENCRYPT}.")
         if self.replicas not in (0, 1):
             raise ConfigError(f"{ENV_REPLICAS}={self.replicas}: pskv keeps at most one backup "
-                              "of each shard. Set it to 1 or 0.")
+                              f"of each shard. {_REPLICAS_HINT}")
         if self.replicas and self.num_servers < 2:
             raise ConfigError(f"{ENV_REPLICAS}=1 needs at least 2 servers (a shard's backup "
                               f"lives on another server); this cluster has {self.num_servers}. "
@@ -470,7 +499,8 @@ class ClusterConfig:
             max_restarts=_int(env, ENV_MAX_RESTARTS, 0, "Set it with pskv-launch "
                               "--max-restarts N."),
             restart=_int(env, ENV_RESTART, 0, "pskv-launch sets it; leave it unset."),
-            replicas=_int(env, ENV_REPLICAS, 0, "Set it to 1 (a backup of every shard) or 0."),
+            replicas=replicas_setting(env),
+            join_status=env.get(ENV_JOIN_STATUS) or None,
             metrics_port=_int(env, ENV_METRICS_PORT, 0, "Set it to the first port nodes may "
                               "serve Prometheus /metrics on, e.g. 9400, or unset it."),
             metrics_pushgateway=env.get(ENV_METRICS_PUSHGATEWAY) or None,

@@ -260,11 +260,15 @@ def _http_server(host: str, port: int, app: Any, max_connections: int = 16) -> A
     """A bound, listening server for ``app`` (not yet serving): one thread, at most
     ``max_connections`` clients, each dropped after :data:`CLIENT_TIMEOUT_S` (issue #34).
 
-    Without SO_REUSEADDR: with it, Linux lets two sockets bind one port as long as neither
-    listens yet, and two nodes starting at once took the same port.
+    With SO_REUSEADDR, so a port whose last scrapes are still in TIME_WAIT (a job that
+    ended a minute ago) is taken again at once: without it the next job's nodes moved up
+    to the next free ports and static Prometheus targets and ``pskv-top HOST:9400``
+    missed them. Linux then lets two sockets *bind* one port while neither listens, but
+    the second ``listen()`` fails with EADDRINUSE (the server is closed and the caller
+    tries the next port), so two nodes starting at once still never share a port.
     """
     return BoundedHTTPServer(host, port, app, max_connections=max_connections,
-                             timeout=CLIENT_TIMEOUT_S, reuse_address=False)
+                             timeout=CLIENT_TIMEOUT_S, reuse_address=True)
 
 
 def _scrape_app(registry: Any, token: str | None = None) -> Any:

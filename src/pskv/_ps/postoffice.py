@@ -25,7 +25,7 @@ import zmq
 
 from ..errors import ClusterError, ClusterTimeoutError, NodeFailedError, ProtocolError
 from . import validate
-from .auth import prove
+from .auth import prove, warn_without_secret
 from .crypt import curve_keys, derive, unseal
 from .config import ClusterConfig
 from .membership import Event, Membership, ServerLost, ServerRejoined, frozen_servers
@@ -35,6 +35,8 @@ from .zeromq import ZmqContext, curve_client, recv_message, send_message
 __all__ = ["Postoffice"]
 
 log = logging.getLogger(__name__)
+#: seconds between two progress lines of a node waiting to be admitted
+WAIT_PROGRESS = 5.0
 
 
 class Postoffice:
@@ -175,7 +177,53 @@ class Postoffice:
     def start(self) -> None:
         """Say HELLO, answer the scheduler's challenge, and wait (at most
         ``connect_timeout``) to be admitted."""
-        self._sock.connect(self.cfg.root_address)
+        # whether a TCP connection to the scheduler's port is up: says, while this node
+        # waits and when it gives up, whether nothing answers there or the scheduler is
+        # only waiting for the job's other nodes
+        who = self.role if self.cfg.rank is None else f"{self.role} {self.cfg.rank}"
+        warn_without_secret(who, self.cfg.secret, self.cfg.transport, self.cfg.root_address,
+                            self.cfg.node_host)
+        monitor = self._sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        try:
+            self._sock.connect(self.cfg.root_address)
+            meta = self._admitted(monitor)
+        finally:
+            self._sock.disable_monitor()
+            monitor.close(linger=0)
+        got = validate.admit_reply(self._unsealed(meta.body))
+        self.membership = Membership(
+            rank=got["rank"], num_workers=got["num_workers"], num_servers=got["num_servers"],
+            servers=frozen_servers(got["servers"]), job=got["job"],
+            mode=got.get("mode", self.membership.mode),
+            keys=tuple(k.encode() for k in got.get("keys", [])),
+            worker_keys=tuple(k.encode() for k in got.get("worker_keys", [])),
+            server_key=str(got.get("server_key", "")).encode(),
+            rejoin=bool(got.get("rejoin", False)),
+            hosts=tuple(got.get("hosts", ())))
+        self._thread = threading.Thread(target=self._loop, name=f"pskv-{self.role}-control",
+                                        daemon=True)
+        self._thread.start()
+
+    def _waiting(self, connected: bool, waited: float) -> str:
+        """What this node waiting ``waited`` s for admission is waiting for, in words."""
+        who = self.role if self.cfg.rank is None else f"{self.role} {self.cfg.rank}"
+        where = self.cfg.root_address
+        if not connected:
+            return (f"{who} still waiting for the scheduler at {where} ({waited:.0f} s of "
+                    f"{self.cfg.connect_timeout:g}): nothing answers there yet. Check "
+                    "DMLC_PS_ROOT_URI/PORT and that the scheduler started.")
+        return (f"{who} still waiting for the scheduler at {where} to admit it ({waited:.0f} "
+                f"s of {self.cfg.connect_timeout:g}): connected, the scheduler waits for the "
+                f"job's other nodes ({self.cfg.num_servers} servers and {self.cfg.num_workers}"
+                " workers must start and join).")
+
+    def _admitted(self, monitor: zmq.Socket[Any]) -> Any:
+        """Say HELLO, answer the scheduler's challenge, and wait for ADMIT (its Meta), with a
+        progress line every :data:`WAIT_PROGRESS` seconds; raises ClusterTimeoutError after
+        ``connect_timeout`` saying whether the scheduler answered at all."""
+        from zmq.utils.monitor import recv_monitor_message
+        # inproc:// (a thread cluster) reports no connection events; a CHALLENGE proves it
+        connected = self.cfg.root_address.startswith("inproc://")
         body: dict[str, Any] = {"role": self.role, "host": self.host, "pid": os.getpid(),
                                 "endpoints": self._endpoints}
         if self.mode is not None:
@@ -183,15 +231,34 @@ class Postoffice:
         if self.cfg.rank is not None:
             body["rank"] = self.cfg.rank  # DMLC_WORKER_ID / DMLC_SERVER_ID: the scheduler obeys
         send_message(self._sock, Command.HELLO, 1, body=body, copy=True)
-        deadline = time.monotonic() + self.cfg.connect_timeout
+        started = time.monotonic()
+        deadline = started + self.cfg.connect_timeout
+        progress = started + WAIT_PROGRESS
         while True:
-            left = deadline - time.monotonic()
+            while monitor.poll(0):
+                event = recv_monitor_message(monitor)["event"]
+                connected = event == zmq.EVENT_CONNECTED
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
+                who = self.role if self.cfg.rank is None else f"{self.role} {self.cfg.rank}"
+                waited = f"{who} waited {self.cfg.connect_timeout:g} s"
+                if not connected:
+                    raise ClusterTimeoutError(
+                        f"{waited}, and the scheduler at {self.cfg.root_address} did not "
+                        "answer: nothing accepted a connection there. Check that the "
+                        "scheduler runs and DMLC_PS_ROOT_URI/PORT name it (pskv-launch "
+                        "starts it), or raise PSKV_CONNECT_TIMEOUT.")
                 raise ClusterTimeoutError(
-                    f"{self.role} waited {self.cfg.connect_timeout:g} s for the scheduler at "
-                    f"{self.cfg.root_address} to admit it. Check DMLC_PS_ROOT_URI/PORT and "
-                    "that every node started, or raise PSKV_CONNECT_TIMEOUT.")
-            if not self._sock.poll(int(min(left, 0.5) * 1000) + 1):
+                    f"{waited} for the scheduler at {self.cfg.root_address} to admit it: "
+                    "the scheduler answered, but not every node of the job joined "
+                    f"({self.cfg.num_servers} servers and {self.cfg.num_workers} workers "
+                    "expected). Check that every node started and made a dist store "
+                    "(kv.create('dist_sync'), not 'local'), or raise PSKV_CONNECT_TIMEOUT.")
+            if now >= progress:
+                log.warning("%s", self._waiting(connected, now - started))
+                progress = now + WAIT_PROGRESS
+            if not self._sock.poll(int(min(left, progress - now, 0.5) * 1000) + 1):
                 continue
             _, frames = recv_message(self._sock)
             try:
@@ -213,6 +280,7 @@ class Postoffice:
                 raise ClusterError(f"{self.role}: {short(msg, 2000)}. Check PSKV_SECRET "
                                    "and the cluster size (DMLC_NUM_SERVER/WORKER).")
             if meta.cmd == Command.CHALLENGE:
+                connected = True
                 if self.cfg.secret is None:
                     raise ClusterError(
                         f"{self.role}: the scheduler at {self.cfg.root_address} asks for "
@@ -226,20 +294,7 @@ class Postoffice:
                              body={**body, **proof})
                 continue
             if meta.cmd == Command.ADMIT:
-                break
-        got = validate.admit_reply(self._unsealed(meta.body))
-        self.membership = Membership(
-            rank=got["rank"], num_workers=got["num_workers"], num_servers=got["num_servers"],
-            servers=frozen_servers(got["servers"]), job=got["job"],
-            mode=got.get("mode", self.membership.mode),
-            keys=tuple(k.encode() for k in got.get("keys", [])),
-            worker_keys=tuple(k.encode() for k in got.get("worker_keys", [])),
-            server_key=str(got.get("server_key", "")).encode(),
-            rejoin=bool(got.get("rejoin", False)),
-            hosts=tuple(got.get("hosts", ())))
-        self._thread = threading.Thread(target=self._loop, name=f"pskv-{self.role}-control",
-                                        daemon=True)
-        self._thread.start()
+                return meta
 
     def _unsealed(self, body: Any) -> Any:
         """``body`` with its sealed key material opened (crypt.seal); raises ProtocolError

@@ -24,17 +24,19 @@ import zmq
 
 from ..errors import (ClusterError, ClusterTimeoutError, ConfigError, KVStoreError,
                       ProtocolError)
-from .auth import Verifier, new_key
+from .auth import Verifier, new_key, warn_without_secret
 from .crypt import curve_keys, derive, seal
-from .config import ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_ID, ClusterConfig
+from .config import (ENV_JOIN_STATUS, ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_ID,
+                     ClusterConfig)
 from .limits import CONTROL_BYTES, CONTROL_FRAMES
 from .message import Command, Meta, error_body
-from .metrics import start as start_metrics
+from .metrics import job_label, start as start_metrics
 from .series import SchedulerMetrics
 from .replay import backup_of
 from .serve import ServeLoop
 from .stragglers import JobStragglers, parse_beat
 from .transport import Connection
+from .validate import OBSERVER
 from .zeromq import ZmqContext, curve_server
 
 __all__ = ["LOST_GRACE", "Scheduler", "scheduler_curve"]
@@ -111,6 +113,8 @@ class Scheduler:
                     f"{ENV_ROOT_PORT} / pskv-launch --port, or leave --port out to take a "
                     "free one.") from err
             raise
+        warn_without_secret("the scheduler", cfg.secret, cfg.transport, cfg.root_address,
+                            bind_host)
         #: this job's id: every proof of admission binds it (auth.py)
         self.job = new_key()
         secret = cfg.secret
@@ -165,6 +169,9 @@ class Scheduler:
     def _hello(self, ident: Connection, ts: int, body: dict[str, Any]) -> None:
         """A HELLO whose proof checked (``validate`` checked its fields)."""
         role = str(body["role"])
+        if role == OBSERVER:          # proved the secret (if any); joins nothing
+            self._observed(ident, ts)
+            return
         claimed = body.get("rank")
         if self._admitted and self.cfg.max_restarts and ident not in self._nodes:
             old = next((n for n in self._members(role) if n.rank == claimed), None)
@@ -191,8 +198,38 @@ class Scheduler:
         kept = self._kept(body)
         self._nodes[ident] = _Node(ident, role, -1, kept, time.monotonic(), hello_ts=ts,
                                    claimed=claimed, seal=self._seal_key(body))
+        if role == "worker" and self._counts[role] == 1:
+            self._join_status("waiting")
         if all(self._counts[r] == self._expected(r) for r in ("server", "worker")):
             self._admit()
+
+    def _observed(self, ident: Connection, ts: int) -> None:
+        """Answer an observer (pskv-top --scheduler) with the job's label, each node's
+        metrics address (the listing of ``pskv_scheduler_node_info``) and this scheduler's
+        own, then forget the connection: it is never admitted."""
+        own = None
+        if self.metrics is not None and self.metrics.port is not None:
+            own = [self.metrics.host, self.metrics.port]
+        self._send(ident, Command.ACK, ts, {
+            "job": job_label(self.job), "metrics": own,
+            "nodes": [list(node) for node in self._listing()]})
+        self.loop.drop(ident)
+
+    def _join_status(self, word: str) -> None:
+        """Tell pskv-launch how far the job joined (``waiting``: a worker said HELLO;
+        ``joined``: every node did, written before any ADMIT), when it asked
+        (PSKV_JOIN_STATUS): a worker that exits 0 without joining while others wait is
+        then named at once, not after PSKV_CONNECT_TIMEOUT."""
+        path = self.cfg.join_status
+        if not path:
+            return
+        try:
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                f.write(word + "\n")
+            os.replace(path + ".tmp", path)
+        except OSError as err:
+            log.warning("scheduler: cannot write %s=%r (%s); the launcher cannot tell "
+                        "whether the workers joined", ENV_JOIN_STATUS, path, err)
 
     def _seal_key(self, body: dict[str, Any]) -> bytes:
         """The key a node's key material is sealed under: derived from the cluster secret,
@@ -262,6 +299,7 @@ class Scheduler:
             self._refuse_all(self._mixed_modes(workers))
             return
         self._mode = modes.pop()
+        self._join_status("joined")   # before any ADMIT (PSKV_JOIN_STATUS)
         now = time.monotonic()
         for node in self._nodes.values():
             node.last_seen = now

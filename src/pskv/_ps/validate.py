@@ -17,10 +17,13 @@ from ..errors import ProtocolError
 from .message import PUSH_KINDS, Command, Meta, kind_arrays, short
 from .ops import Op, ReplOp, parse
 
-__all__ = ["ROLES", "admit_reply", "request"]
+__all__ = ["OBSERVER", "ROLES", "admit_reply", "request"]
 
-#: the roles a HELLO may name
+#: the roles of a job's nodes
 ROLES = ("server", "worker")
+#: a HELLO's role that asks the scheduler where the nodes serve metrics and joins nothing
+#: (pskv-top --scheduler; ``_ps/observe.py``): it proves the secret like any node
+OBSERVER = "observer"
 _MAX_STR = 4096
 _MAX_RANK = 1 << 20
 _STORE_MODES = ("sync", "async")
@@ -58,7 +61,7 @@ def _int(meta: Meta, body: dict[str, Any], field: str, lo: int, hi: int,
 
 def _hello(meta: Meta, arrays: list[np.ndarray]) -> None:
     body = _body(meta)
-    _str(meta, body, "role", ROLES)
+    _str(meta, body, "role", (*ROLES, OBSERVER))
     _int(meta, body, "rank", 0, _MAX_RANK, optional=True)
     for field in ("host", "proof", "nonce", "wnonce"):
         _str(meta, body, field, optional=True)

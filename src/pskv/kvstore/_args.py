@@ -217,9 +217,15 @@ def dtype_hint(value: Any, stored: Any, into: bool) -> str:
     >>> import numpy as np
     >>> dtype_hint(np.zeros(2, np.int64), np.dtype("float32"), into=False)
     "Convert with .astype('float32')."
+    >>> dtype_hint(np.zeros(2, np.int32), np.dtype("float32"), into=True)
+    "Pull into a float32 array of the same shape (e.g. buf = np.empty(out.shape, dtype='float32')), then copy it over with out[:] = buf, which converts to int32."
     """
     name = str(stored)
     if type(value).__module__.partition(".")[0] != "torch":   # no torch import
+        if into:    # .astype would copy: the out the user holds would stay unfilled
+            return (f"Pull into a {name} array of the same shape (e.g. buf = "
+                    f"np.empty(out.shape, dtype={name!r})), then copy it over with "
+                    f"out[:] = buf, which converts to {value.dtype}.")
         return f"Convert with .astype({name!r})."
     if into:
         return (f"Pull into a torch.{name} tensor (e.g. buf = torch.empty_like(out, "

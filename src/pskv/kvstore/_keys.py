@@ -146,11 +146,14 @@ class KeyTable:
         dtype = arr.dtype if isinstance(arr, (NDArray, np.ndarray)) else as_numpy(arr).dtype
         src, dst = (ref.dtype, np.dtype(dtype)) if into else (np.dtype(dtype), ref.dtype)
         if not _same_kind(src, dst):
+            # ShapeMismatchError covers dtypes too (STYLE.md), so the words say which
+            shown = arr.dtype if type(arr).__module__.startswith("torch") else dtype
+            got = f"into an out of dtype {shown}" if into else f"got dtype {shown}"
             raise ShapeMismatchError(
-                f"{action} key {key!r} got dtype {dtype}, but key {key!r} holds {ref.dtype} "
-                f"and {src} cannot be cast to {dst} safely (NumPy 'same_kind'). "
-                f"{dtype_hint(arr, ref.dtype, into)}", key=key, shape=shape,
-                store_type=self.store_type)
+                f"{action} key {key!r} {got}, but key {key!r} holds {ref.dtype}: a dtype "
+                f"mismatch (the shape {shape} fits), and {src} cannot be cast to {dst} "
+                f"safely (NumPy 'same_kind'). {dtype_hint(arr, ref.dtype, into)}", key=key,
+                shape=shape, store_type=self.store_type)
 
     def validate_init(self, keys: list[Key], groups: list[list[Any]]) -> None:
         """New keys of the store's kind, one value each."""

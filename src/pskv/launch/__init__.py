@@ -26,7 +26,7 @@ from ._local import local_processes
 from ._mpi import mpi_processes
 from ._k8s_options import pod_options
 from ._spec import (DEFAULT_SERVER_COMMAND, INHERITING, LAUNCHERS, LauncherName, LaunchSpec,
-                   ProcessSpec, backed_up, check_restarts)
+                   ProcessSpec, backed_up, check_replicas, check_restarts)
 from ._slurm import build_slurm
 from ._ssh import ssh_processes
 from ._supervise import CommandError, LaunchResult, ProcessResult, run_processes
@@ -103,6 +103,7 @@ def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
     warn_unknown_env({**inherited, **dict(spec.env), **dict(spec.env_server),
                       **dict(spec.env_worker)}, "pskv-launch")
     check_restarts(spec, os.environ)
+    check_replicas(spec, os.environ)
     if spec.launcher == "kubernetes":
         from ._kubernetes import run_kubernetes
         return run_kubernetes(spec, stdout=stdout, stderr=stderr)
@@ -116,6 +117,8 @@ def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
     result = run_processes(procs, timeout=spec.timeout, grace_period=spec.grace_period,
                            log_dir=spec.log_dir, max_restarts=spec.max_restarts,
                            backed_up=backed_up(spec, os.environ),
+                           # the scheduler runs here (ssh and mpi: scheduler_here)
+                           check_joined=spec.launcher in ("local", "ssh", "mpi"),
                            shutdown_timeout=spec.shutdown_timeout, stdout=stdout,
                            stderr=stderr)
     if result.reason == "ok" and result.killed:

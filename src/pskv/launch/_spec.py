@@ -15,7 +15,8 @@ from typing import Iterable, Literal, Mapping
 
 from .._ps.config import (ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_EVERY, ENV_NUM_SERVER,
                           ENV_NUM_WORKER, ENV_REPLICAS, ENV_ROLE, ENV_ROOT_PORT, ENV_ROOT_URI,
-                          ENV_SERVER_ID, ENV_WORKER_ID, LOG_LEVELS, Role)
+                          ENV_SERVER_ID, ENV_WORKER_ID, LOG_LEVELS, Role,
+                          replicas_setting)
 from ..errors import ConfigError
 from ._k8s_options import PodOptions
 
@@ -85,7 +86,28 @@ def backed_up(spec: LaunchSpec, environ: Mapping[str, str]) -> bool:
     >>> backed_up(LaunchSpec(('t',), 1, 1, env=(('PSKV_REPLICAS', '1'),)), {})
     False
     """
-    return (spec.num_servers or 0) >= 2 and _is_on(servers_env(spec, environ).get(ENV_REPLICAS))
+    # the servers' own reading (ConfigError for what they would refuse, e.g. "yes"), so
+    # the launcher never announces backups the servers will not keep
+    return (spec.num_servers or 0) >= 2 and replicas_setting(servers_env(spec, environ)) == 1
+
+
+def check_replicas(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
+    """Refuse at launch a ``PSKV_REPLICAS`` the servers would refuse when they start: not 0
+    or 1 (``yes``), or 1 with fewer than 2 servers. Read with the servers' own function
+    (``_ps.config.replicas_setting``): one rule on both sides.
+
+    Examples
+    --------
+    >>> check_replicas(LaunchSpec(('t',), 1, 2, env=(('PSKV_REPLICAS', 'yes'),)), {})
+    Traceback (most recent call last):
+    ...
+    pskv.errors.ConfigError: PSKV_REPLICAS='yes' is not an integer. Set it to 1 (a backup of every shard) or 0 (none).
+    """
+    servers = spec.num_servers or 0
+    if replicas_setting(servers_env(spec, environ)) and servers < 2:
+        raise ConfigError(f"{ENV_REPLICAS}=1 needs at least 2 servers (a shard's backup lives "
+                          f"on another one), and this job has {servers}. Start it with -s 2 "
+                          f"or more, or unset {ENV_REPLICAS}.")
 
 
 def check_restarts(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
@@ -109,7 +131,7 @@ def check_restarts(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
     claim = spec.pods is not None and spec.pods.checkpoint_claim
     if (_is_on(env.get(ENV_CHECKPOINT_DIR)) or claim) and _is_on(env.get(ENV_CHECKPOINT_EVERY)):
         return
-    if _is_on(env.get(ENV_REPLICAS)):
+    if replicas_setting(env):
         return
     where = ("--checkpoint-claim CLAIM --env PSKV_CHECKPOINT_EVERY:10 (a claim every server "
              "can write)" if spec.launcher == "kubernetes" else

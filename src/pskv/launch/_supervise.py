@@ -13,16 +13,18 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Callable, Sequence, TextIO
 
-from .._ps.config import ENV_MAX_RESTARTS, ENV_RESTART, Role
+from .._ps.config import ENV_JOIN_STATUS, ENV_MAX_RESTARTS, ENV_RESTART, Role
 from ..errors import CommandError, ConfigError  # CommandError: re-exported here too
 from ._backoff import Backoff
 from ._output import Console, Output
@@ -35,6 +37,8 @@ logger = logging.getLogger(__name__)
 _POLL_S = 0.05
 _JOIN_S = 5.0
 EXIT_TIMEOUT = 124  # as coreutils timeout(1)
+#: the job's status when a worker exited 0 without ever joining the cluster
+EXIT_NOT_JOINED = 1
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 #: what a child gets when the launcher dies (SIGKILL of the launcher included): SIGTERM, so
 #: that pskv's scheduler and servers can still remove their socket files
@@ -111,9 +115,12 @@ class LaunchResult:
     processes : tuple of ProcessResult
         In launch order: scheduler, servers, workers.
     failed : ProcessResult or None
-        The first process that exited non-zero on its own.
+        The first process that exited non-zero on its own, or the worker that exited 0
+        without joining the cluster (``reason`` ``'not joined'``).
     reason : str
-        ``'ok'``, ``'failed'``, ``'timeout'`` or ``'signal'``.
+        ``'ok'``, ``'failed'``, ``'timeout'``, ``'signal'`` or ``'not joined'`` (a worker
+        exited 0 without joining while the others waited for it, e.g. it made a
+        ``'local'`` store: the job's status is 1).
     """
 
     returncode: int
@@ -177,8 +184,15 @@ class _Supervisor:
     def __init__(self, procs: Sequence[ProcessSpec], *, timeout: float | None,
                  grace_period: float, shutdown_timeout: float, stdout: TextIO,
                  stderr: TextIO, log_dir: str | None = None, max_restarts: int = 0,
-                 backed_up: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
+                 backed_up: bool = False, check_joined: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.procs = list(procs)
+        #: the file the scheduler writes how far the job joined to (PSKV_JOIN_STATUS), in
+        #: a directory of this run's own; None: not checked (the scheduler runs elsewhere)
+        self.check_joined = check_joined
+        self.joined: str | None = None
+        #: workers that exited 0 before the job joined (a 'local' store, or no store)
+        self.unjoined: list[_Child] = []
         self.max_restarts = max_restarts
         self.backed_up = backed_up
         self.restarts: dict[str, int] = {}
@@ -219,6 +233,8 @@ class _Supervisor:
         # Python children print through a pipe: unbuffered, their lines come out as written
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.update(ps.env)
+        if ps.role is Role.SCHEDULER and self.joined is not None:
+            env[ENV_JOIN_STATUS] = self.joined
         if self.max_restarts:     # the scheduler waits for a dead node's replacement
             env[ENV_MAX_RESTARTS] = str(self.max_restarts)
             env[ENV_RESTART] = str(self.restarts.get(ps.label, 0))
@@ -337,6 +353,33 @@ class _Supervisor:
         with self.lock:
             for log in self.logs:
                 log.close()
+        if self.joined is not None:
+            shutil.rmtree(os.path.dirname(self.joined), ignore_errors=True)
+
+    def _join_status(self) -> str:
+        """What the scheduler last wrote (``waiting``, ``joined``), or ``''``."""
+        try:
+            with open(str(self.joined), encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
+    def _abandoned(self) -> _Child | None:
+        """A worker that exited 0 before the job joined while the scheduler, still
+        running, has other workers waiting for it (they would wait out their connect
+        timeout); None if there is none. Workers that all exit without ever saying HELLO
+        (``pskv-launch hostname``) are no such case."""
+        if self.joined is None:
+            return None
+        status = self._join_status()    # read before the exits: "joined" precedes ADMIT
+        for c in self.children:
+            if c.spec.role is Role.WORKER and c not in self.unjoined \
+                    and c.popen.poll() == 0 and status != "joined":
+                self.unjoined.append(c)
+        if self.unjoined and status == "waiting" and any(
+                c.spec.role is Role.SCHEDULER and c.running for c in self.children):
+            return self.unjoined[0]
+        return None
 
     def run(self) -> LaunchResult:
         if self.log_dir is not None:
@@ -348,6 +391,9 @@ class _Supervisor:
         previous = self._install()
         try:
             try:
+                if self.check_joined:
+                    self.joined = os.path.join(tempfile.mkdtemp(prefix="pskv-launch-"),
+                                               "joined")
                 for ps in self.procs:
                     if self.signum is not None:
                         break
@@ -365,6 +411,8 @@ class _Supervisor:
             code = 128 + self.signum
         elif reason == "timeout":
             code = EXIT_TIMEOUT
+        elif reason == "not joined":
+            code = EXIT_NOT_JOINED
         elif first is not None:
             code = exit_status(first.returncode)
         else:
@@ -417,6 +465,16 @@ class _Supervisor:
                 return "failed", c
             if restarted:
                 continue            # look at the new child's status first
+            gone = self._abandoned() if shutdown_deadline is None else None
+            if gone is not None:
+                logger.error(
+                    "%s (pid %d) exited with status 0 without joining the cluster, while "
+                    "the other workers wait for it at the scheduler; stopping the job. Did "
+                    "it make a 'local' store? Every worker of a pskv-launch job must make "
+                    "a dist one: kv.create('dist_sync') (or 'dist_async').", gone.spec.where,
+                    gone.popen.pid)
+                self._stop(self.children)
+                return "not joined", gone
             running = self._running()
             if not running and not self.backoff.pending:
                 if any(c.popen.poll() not in (None, 0) and c not in after_workers
@@ -456,7 +514,8 @@ def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
                   grace_period: float = 5.0, shutdown_timeout: float = 2.0,
                   stdout: TextIO | None = None,
                   stderr: TextIO | None = None, log_dir: str | None = None,
-                  max_restarts: int = 0, backed_up: bool = False) -> LaunchResult:
+                  max_restarts: int = 0, backed_up: bool = False,
+                  check_joined: bool = False) -> LaunchResult:
     """Start `procs` in order and supervise them until the job ends.
 
     The first process that exits non-zero stops all others (SIGTERM, then SIGKILL after
@@ -486,6 +545,11 @@ def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
         The servers keep backups of each other's shards (``PSKV_REPLICAS=1``): a server
         that dies (and is not restarted) while another server runs is logged with one
         WARNING and the job goes on; the workers' exits decide its status.
+    check_joined : bool
+        The scheduler runs on this machine: it is told a file to write how far the job
+        joined to (``PSKV_JOIN_STATUS``), and a worker that exits 0 without joining while
+        other workers wait at the scheduler (it made a ``'local'`` store) is named in an
+        ERROR and ends the job at once (status 1).
 
     Returns
     -------
@@ -500,4 +564,5 @@ def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
                        shutdown_timeout=shutdown_timeout,
                        stdout=sys.stdout if stdout is None else stdout,
                        stderr=sys.stderr if stderr is None else stderr, log_dir=log_dir,
-                       max_restarts=max_restarts, backed_up=backed_up).run()
+                       max_restarts=max_restarts, backed_up=backed_up,
+                       check_joined=check_joined).run()
