@@ -12,6 +12,13 @@ pushed it once, then the updater (or assign) runs once and every waiting pusher 
 is answered (MXNet kvstore_dist_server.h ApplyUpdates); a worker's second push in an open
 round waits for the next round; a pull after this worker's push waits for that push's round;
 a ticket is answered exactly once (``on_done`` or ``on_fail``).
+
+Uneven data (:meth:`Engine.worker_left`): a worker that *joined* (``kv.join``) counts as
+having pushed zeros, so a round closes with the others' pushes and the sum is theirs (the
+divisor, the optimizer's ``rescale_grad``, is the user's and stays the same: DDP's
+``Join`` default); a worker that *closed* without joining can never push again, so every
+round that still needs its push fails with a WorkerClosedError naming it, the key and the
+round, at once.
 """
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ import numpy as np
 from .. import compression, optimizer
 from ..errors import (CheckpointError, ClusterError, ClusterTimeoutError,
                       KeyAlreadyInitializedError, KeyNotInitializedError, KVStoreError,
-                      ShapeMismatchError, UnsupportedError)
+                      ShapeMismatchError, UnsupportedError, WorkerClosedError)
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._types import Key, Updater
@@ -165,6 +172,11 @@ class Engine:
         #: ``applied_in(seconds)``: a sync round's update (``finish``: the sum applied, the
         #: optimizer run) took that long, timed from ``closed`` (metrics)
         self.applied_in: Callable[[float], object] | None = None
+        #: workers that joined (they count as pushing zeros) and workers that closed
+        #: without joining (a round needing their push fails): :meth:`worker_left`
+        self.joined: frozenset[int] = frozenset()
+        self.departed: frozenset[int] = frozenset()
+        self._lowest = 0        # the lowest rank not joined: a round's sum starts there
 
     # ---- keys ------------------------------------------------------------------------
     def __contains__(self, key: object) -> bool:
@@ -347,7 +359,10 @@ class Engine:
         if ticket is not None:
             ticket.remaining += 1
             entry.waiting.append(ticket)
-        if len(entry.pushers) == self.num_workers:
+        if self.departed and self.departed - entry.pushers - self.joined:
+            self._fail_departed(entry)
+        elif len(entry.pushers) == self.num_workers or (
+                self.joined and len(entry.pushers | self.joined) == self.num_workers):
             now = 0.0
             if self.closed is not None:
                 now = self._clock()
@@ -360,6 +375,8 @@ class Engine:
         whatever order the pushes arrive in, so a round's sum is the same bits every run
         (and the same as the collective path's, docs/collective.md); a push that comes
         before a lower rank's is copied until its turn."""
+        if self.joined:
+            self._skip_joined(entry)
         if worker == 1 and entry.next_rank == 0 and kind != "c" \
                 and arrays[0].dtype == entry.stored.dtype:
             # v1 + v0 is v0 + v1 to the bit (IEEE addition commutes): rank 1 may start the
@@ -374,12 +391,67 @@ class Engine:
             entry.early[worker] = ([np.array(a) for a in arrays], kind)
             return
         else:
-            self.accumulate(key, arrays, kind, first=entry.next_rank == 0)
+            self.accumulate(key, arrays, kind, first=entry.next_rank == self._lowest)
             entry.next_rank += 1
-        while entry.next_rank in entry.early:
+        self._add_early(key, entry)
+
+    def _add_early(self, key: Key, entry: _Entry) -> None:
+        """Add the copied pushes whose turn has come (a joined rank's turn is skipped)."""
+        while True:
+            if self.joined:
+                self._skip_joined(entry)
+            if entry.next_rank not in entry.early:
+                return
             held, held_kind = entry.early.pop(entry.next_rank)
-            self.accumulate(key, held, held_kind, first=entry.next_rank == 0)
+            self.accumulate(key, held, held_kind, first=entry.next_rank == self._lowest)
             entry.next_rank += 1
+
+    def _skip_joined(self, entry: _Entry) -> None:
+        """Move a round's next rank past the joined workers (they add zeros: nothing)."""
+        if entry.next_rank == -1 and 0 in self.joined:
+            entry.next_rank = 2
+        while entry.next_rank in self.joined and entry.next_rank not in entry.early:
+            entry.next_rank += 1
+
+    # ---- uneven data ---------------------------------------------------------------------
+    def worker_left(self, worker: int, joined: bool) -> None:
+        """``worker`` joined (``kv.join``: it counts as pushing zeros from now on) or closed
+        its store without joining (every round needing its push fails). Idempotent."""
+        if joined:
+            if worker in self.joined:
+                return
+            self.joined = self.joined | {worker}
+            self.departed = self.departed - {worker}
+            self._lowest = min(set(range(self.num_workers)) - self.joined, default=0)
+            if not self.sync:
+                return
+            for key, entry in list(self._entries.items()):
+                if not entry.pushers:
+                    continue
+                if entry.table is None and not entry.sparse:
+                    self._add_early(key, entry)
+                if len(entry.pushers | self.joined) == self.num_workers:
+                    self._close_round(key, entry, self._clock() if self.applied_in else 0.0)
+            return
+        if worker in self.joined or worker in self.departed:
+            return
+        self.departed = self.departed | {worker}
+        if self.sync:
+            for entry in self._entries.values():
+                if entry.pushers and worker not in entry.pushers:
+                    self._fail_departed(entry)
+
+    def _fail_departed(self, entry: _Entry) -> None:
+        """Fail ``entry``'s open round: a worker it needs has closed its store."""
+        gone = sorted(self.departed - entry.pushers - self.joined)
+        who = f"worker{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))}"
+        err = WorkerClosedError(
+            f"sync round {entry.round} of key {entry.name!r} can never complete: {who} "
+            f"closed {'their stores' if len(gone) > 1 else 'its store'} without pushing it "
+            f"(workers {sorted(entry.pushers)} did). With uneven data, call kv.join() on "
+            "each worker that runs out of batches (pskv.torch: opt.join()), and close only "
+            "after it returns.", key=entry.name)
+        self._fail_entry(entry, err)
 
     # ---- the two steps of a round (override both for a server that does no arithmetic,
     # ---- as the benchmarks' EmptyHandler does) -----------------------------------------
@@ -607,7 +679,7 @@ class Engine:
         now = self._clock()
         for entry in self._entries.values():
             if entry.pushers and now - entry.started > timeout:
-                missing = sorted(set(range(self.num_workers)) - entry.pushers)
+                missing = sorted(set(range(self.num_workers)) - entry.pushers - self.joined)
                 msg = (f"sync round {entry.round} of key {entry.name!r} waited "
                        f"{now - entry.started:.1f} s: workers {missing} have not pushed it "
                        f"(workers {sorted(entry.pushers)} did). Make every worker push every "
