@@ -94,3 +94,17 @@ def test_async_never_waits(joined: bool) -> None:
     h.engine.worker_left(1, joined=joined)
     h.push(0, 0, np.ones(2), ts=1)
     assert h.done == [1] and h.failed == []
+
+
+def test_a_pull_after_a_refused_push_fails_too() -> None:
+    """A push that failed because a worker closed leaves nothing pending: this worker's
+    next pull of the key fails alike, instead of reading the last round as if its push
+    had been applied (a PUSHPULL's pull comes right after its push)."""
+    h = Harness(2)
+    h.engine.init(3, np.zeros(2, np.float32))
+    h.engine.worker_left(1, joined=False)
+    h.push(0, 3, np.ones(2), ts=1)
+    h.pull(0, 3, ts=2)
+    assert [ts for ts, _ in h.failed] == [1, 2] and h.done == []
+    h.pull(0, 3, ts=3)                   # once: a later read is a plain read
+    assert h.done == [3]

@@ -67,6 +67,11 @@ class Membership:
         Which server serves each shard now (``hosts[shard]``; with replicas a shard whose
         server died is served by its backup): a restarted worker starts from it. Empty
         before admission and for servers.
+    left : mapping of int to bool
+        The workers that left the job's rounds, as the scheduler said (WORKER_LEFT): rank
+        -> True once it joined (``kv.join``: it counts as pushing zeros), False when it
+        closed its store without joining (rounds that need it fail). A joined worker stays
+        True when it closes.
     """
 
     rank: int = -1
@@ -80,3 +85,4 @@ class Membership:
     server_key: bytes = field(default=b"", repr=False)
     rejoin: bool = False
     hosts: tuple[int, ...] = ()
+    left: Mapping[int, bool] = field(default_factory=lambda: MappingProxyType({}))

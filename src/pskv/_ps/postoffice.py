@@ -19,6 +19,7 @@ import queue
 import socket
 import threading
 import time
+import types
 from typing import Any, Callable, Mapping
 
 import zmq
@@ -269,8 +270,11 @@ class Postoffice:
         return ts
 
     def barrier(self, group: str = "worker", payload: Any = None,
-                timeout: float | None = None) -> dict[str, Any]:
-        """Wait until every member of ``group`` arrives; return each member's payload by rank."""
+                timeout: float | None = None,
+                poll: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Wait until every member of ``group`` arrives; return each member's payload by
+        rank. ``poll``: called (no lock held) about every 0.2 s while it waits (a joined
+        worker adds its zeros to the collective rounds the others run meanwhile)."""
         self.check()
         ts = self._post(Command.BARRIER, {"group": group, "payload": payload})
         limit = self.cfg.request_timeout if timeout is None else timeout
@@ -285,6 +289,12 @@ class Postoffice:
                         f"{group}s. Another {group} has not reached it: check that every "
                         "worker makes the same calls, or raise PSKV_REQUEST_TIMEOUT.")
                 self._cond.wait(min(left, 0.2))
+                if poll is not None and ts not in self._replies:
+                    self._cond.release()
+                    try:
+                        poll()
+                    finally:
+                        self._cond.acquire()
             reply = self._replies.pop(ts)
         if isinstance(reply, Exception):
             raise reply
@@ -417,6 +427,18 @@ class Postoffice:
                                                       servers=frozen_servers(servers),
                                                       keys=tuple(keys))
                 self._events.put(ServerRejoined(body["rank"]))
+        elif cmd == Command.WORKER_LEFT:
+            rank = body.get("rank") if isinstance(body, dict) else None
+            joined = body.get("joined") if isinstance(body, dict) else None
+            if type(rank) is not int or not 0 <= rank < self.num_workers \
+                    or not isinstance(joined, bool):
+                log.error("%s %d: a WORKER_LEFT without a worker's rank and how it left: %s",
+                          self.role, self.rank, short(body, 200))
+                return
+            left = dict(self.membership.left)
+            left[rank] = left.get(rank, False) or joined    # joined, then closed: joined
+            self.membership = dataclasses.replace(self.membership,
+                                                  left=types.MappingProxyType(left))
         elif cmd == Command.ERROR:
             with self._cond:
                 self._replies[ts] = error_from_body(body, "the scheduler")

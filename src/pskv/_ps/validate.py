@@ -77,7 +77,7 @@ def _endpoints(meta: Meta, body: dict[str, Any]) -> None:
 
 def _barrier(meta: Meta, arrays: list[np.ndarray]) -> None:
     body = _body(meta)
-    _str(meta, body, "group", ("worker", "server", "all"))
+    _str(meta, body, "group", ("worker", "server", "all", "join"))
 
 
 def _peer_lost(meta: Meta, arrays: list[np.ndarray]) -> None:

@@ -117,6 +117,9 @@ class _Entry:
     # rank's (Engine._add_in_order)
     next_rank: int = 0
     early: dict[int, tuple[list[np.ndarray], str]] = field(default_factory=dict)
+    # per worker: why its last push failed because a worker closed (its next pull of the
+    # key fails alike, not reading the last round as if its push had been applied)
+    refused: dict[int, KVStoreError] = field(default_factory=dict)
 
 
 def _ignore(ticket: Ticket) -> None:
@@ -451,6 +454,8 @@ class Engine:
             f"(workers {sorted(entry.pushers)} did). With uneven data, call kv.join() on "
             "each worker that runs out of batches (pskv.torch: opt.join()), and close only "
             "after it returns.", key=entry.name)
+        for worker in entry.pushers:
+            entry.refused[worker] = err
         self._fail_entry(entry, err)
 
     # ---- the two steps of a round (override both for a server that does no arithmetic,
@@ -645,6 +650,8 @@ class Engine:
         if self.sync and self._pushed(entry, worker):
             ticket.remaining += 1
             entry.pulls.append((worker, ticket))
+        elif entry.refused and worker in entry.refused:
+            self._fail_ticket(ticket, entry.refused.pop(worker), entry)
 
     def values(self, ticket: Ticket) -> list[np.ndarray]:
         """The stored values (or the rows asked for) a closed ``ticket`` returns."""
@@ -691,17 +698,21 @@ class Engine:
         for entry in self._entries.values():
             self._fail_entry(entry, err)
 
+    def _fail_ticket(self, ticket: Ticket, err: KVStoreError, entry: _Entry) -> None:
+        """Answer ``ticket`` with ``err``; it is counted by no other key's round."""
+        self.on_fail(ticket, err)
+        for other in ticket.keys:   # answered: stop counting it anywhere else
+            o = self._entries.get(other)
+            if o is not None and o is not entry:
+                o.waiting = [t for t in o.waiting if t is not ticket]
+                o.pulls = [p for p in o.pulls if p[1] is not ticket]
+        ticket.remaining = -1               # never answered again
+
     def _fail_entry(self, entry: _Entry, err: KVStoreError) -> None:
         tickets = entry.waiting + [t for _, t in entry.pulls] + \
             [d[3] for d in entry.deferred if d[3] is not None]
         for ticket in {id(t): t for t in tickets}.values():
-            self.on_fail(ticket, err)
-            for other in ticket.keys:   # answered: stop counting it anywhere else
-                o = self._entries.get(other)
-                if o is not None and o is not entry:
-                    o.waiting = [t for t in o.waiting if t is not ticket]
-                    o.pulls = [p for p in o.pulls if p[1] is not ticket]
-            ticket.remaining = -1               # never answered again
+            self._fail_ticket(ticket, err, entry)
         entry.waiting, entry.deferred, entry.pulls = [], [], []
         entry.pushers.clear()
         entry.next_rank = 0

@@ -111,6 +111,8 @@ class KVServer:
                               max_unadmitted=cfg.max_unadmitted,
                               max_message_bytes=cfg.max_message_bytes)
         self._open: dict[Any, int] = {}           # per worker: pushes not yet applied
+        #: the membership's ``left`` last told to the engines (_workers_left)
+        self._left: Any = None
         self._flushes: dict[Any, list[int]] = {}  # per worker: FLUSH requests waiting
         self.snapshots = Snapshots(cfg, self._send, self._error)
         #: names rounds that wait and workers that are often last (PSKV_STRAGGLER_SECONDS)
@@ -303,10 +305,23 @@ class KVServer:
         if self.metrics is not None:        # a shard taken over from a backup: timed too
             self.shards.each_engine(self._timed)
         self.shards.each_engine(lambda engine: engine.check_rounds(self.cfg.round_timeout))
+        self._workers_left(force=True)      # a shard taken over since: told too
         if self.gate.parked:
             # below the workers' own deadline, so that the named error reaches them first
             self._fail_parked(self.gate.expired(min(self.cfg.round_timeout,
                                                     self.cfg.request_timeout / 2)))
+
+    def _workers_left(self, force: bool = False) -> None:
+        """Tell every engine which workers joined or closed (the scheduler's WORKER_LEFT,
+        in the membership): joined ones count as pushing zeros, closed ones fail the
+        rounds that need them (``Engine.worker_left``; idempotent)."""
+        left = self.po.membership.left
+        if left is self._left and not force:
+            return
+        self._left = left
+        for rank, joined in left.items():
+            self.shards.each_engine(functools.partial(Engine.worker_left, worker=rank,
+                                                      joined=joined))
 
     def _timed(self, engine: Engine) -> None:
         if engine.applied_in is None and self.metrics is not None:
@@ -577,6 +592,7 @@ class KVServer:
                 self.snapshots.reap()
                 if self.backups is not None:
                     self._membership_events()
+                self._workers_left()
                 if self.po.failure is not None and not failed_seen:
                     failed_seen = True
                     err = NodeFailedError(self.po.failure)
