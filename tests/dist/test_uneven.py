@@ -8,6 +8,7 @@ results are checked against NumPy sums in worker-rank order. Thread clusters on 
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -150,18 +151,55 @@ def test_join_in_async_waits_for_every_push(run_threads: Any) -> None:
         np.testing.assert_array_equal(final, np.full(SHAPE, want, np.float32))
 
 
-def test_a_joined_worker_cannot_push_but_can_pull(run_threads: Any) -> None:
+def test_two_epochs_of_uneven_data(run_threads: Any) -> None:
+    """A join is one epoch (DDP's ``Join`` context): once every worker joined, the next
+    rounds count every worker again, with other numbers of batches."""
+    epochs = [[3, 1], [1, 2]]
+
+    def fn(kv: Any) -> Any:
+        kv.init("w", np.zeros(SHAPE, np.float32))
+        sums = []
+        for batches in epochs:
+            for step in range(batches[kv.rank]):
+                kv.push("w", grad(kv.rank, step))
+                sums.append(kv.pull("w"))
+            assert kv.join() == int(np.argmax(batches))
+        return sums
+
+    res = results(run_threads(fn, timeout=60.0))
+    for rank, sums in res.items():
+        want = [round_sum(b, s) for b in epochs for s in range(b[rank])]
+        assert len(sums) == len(want)
+        for got, w in zip(sums, want):
+            np.testing.assert_array_equal(got, w)
+
+
+def test_a_worker_in_join_cannot_push_from_another_thread(run_threads: Any) -> None:
+    tried = threading.Event()     # worker 1 joins only once worker 0 tried its push
+
     def fn(kv: Any) -> Any:
         kv.init("w", np.zeros(SHAPE, np.float32))
         kv.push("w", np.ones(SHAPE, np.float32))
-        kv.join()
-        with pytest.raises(UnsupportedError, match="has joined"):
-            kv.push("w", np.ones(SHAPE, np.float32))
-        assert kv.join() == kv.join()       # again: the same answer, no wait
-        return kv.pull("w")
+        kv.pull("w")
+        if kv.rank == 1:
+            assert tried.wait(20)
+            return kv.join()
+        joined: list[int] = []
+        joining = threading.Thread(target=lambda: joined.append(kv.join()))
+        joining.start()
+        for _ in range(2000):
+            if kv._join_sent:
+                break
+            joining.join(0.01)
+        try:
+            with pytest.raises(UnsupportedError, match=r"is in kv.join\(\)"):
+                kv.push("w", np.ones(SHAPE, np.float32))
+        finally:
+            tried.set()
+        joining.join(20)
+        return joined
 
-    for value in results(run_threads(fn, timeout=30.0)).values():
-        np.testing.assert_array_equal(value, np.full(SHAPE, 2.0, np.float32))
+    assert results(run_threads(fn, timeout=30.0)) == {0: [1], 1: 1}
 
 
 def test_join_while_another_closes_without_joining_fails_naming_it(

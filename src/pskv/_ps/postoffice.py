@@ -428,17 +428,19 @@ class Postoffice:
                                                       keys=tuple(keys))
                 self._events.put(ServerRejoined(body["rank"]))
         elif cmd == Command.WORKER_LEFT:
-            rank = body.get("rank") if isinstance(body, dict) else None
-            joined = body.get("joined") if isinstance(body, dict) else None
+            got = body if isinstance(body, dict) else {}
+            rank, joined, epoch = got.get("rank"), got.get("joined"), got.get("epoch")
             if type(rank) is not int or not 0 <= rank < self.num_workers \
-                    or not isinstance(joined, bool):
-                log.error("%s %d: a WORKER_LEFT without a worker's rank and how it left: %s",
-                          self.role, self.rank, short(body, 200))
+                    or not isinstance(joined, bool) or type(epoch) is not int or epoch < 0:
+                log.error("%s %d: a WORKER_LEFT without a worker's rank, how it left and "
+                          "the join epoch: %s", self.role, self.rank, short(body, 200))
                 return
-            left = dict(self.membership.left)
-            left[rank] = left.get(rank, False) or joined    # joined, then closed: joined
-            self.membership = dataclasses.replace(self.membership,
-                                                  left=types.MappingProxyType(left))
+            m = self.membership
+            if joined:
+                self.membership = dataclasses.replace(m, joined=types.MappingProxyType(
+                    {**m.joined, rank: max(epoch, m.joined.get(rank, 0))}))
+            else:
+                self.membership = dataclasses.replace(m, closed=m.closed | {rank})
         elif cmd == Command.ERROR:
             with self._cond:
                 self._replies[ts] = error_from_body(body, "the scheduler")

@@ -141,6 +141,8 @@ class Scheduler:
         #: conn -> (the holder, HELLO ts, HELLO body, since)
         self._claims: dict[Connection, tuple[_Node, int, dict[str, Any], float]] = {}
         self._barriers: dict[str, _Barrier] = {}
+        #: joins every worker completed (kv.join): the epoch of the joins under way
+        self._join_epoch = 0
         self._failed = False
         #: Prometheus series when PSKV_METRICS_PORT asks for them (``run`` starts them)
         self.metrics: SchedulerMetrics | None = None
@@ -392,6 +394,13 @@ class Scheduler:
                 if group == "server" else self.cfg.num_workers + self.cfg.num_servers)
         if len(bar.waiting) == size:
             payloads = {str(k): v[2] for k, v in bar.waiting.items()}
+            if group == "join":
+                # every worker joined: the next rounds count every worker again (the
+                # workers tell the servers: Op.JOINED, then a barrier)
+                self._join_epoch += 1
+                for worker in self._members("worker"):
+                    worker.joined = False
+                payloads = {k: {**v, "epoch": self._join_epoch} for k, v in payloads.items()}
             for ident, bts, _ in bar.waiting.values():
                 self._send(ident, Command.BARRIER_DONE, bts, {"payloads": payloads})
             del self._barriers[group]
@@ -428,9 +437,12 @@ class Scheduler:
     def _goodbye(self, node: _Node) -> None:
         if node.state == "alive":
             node.state = "closed"
-            if self._admitted and not node.joined:
+            if self._admitted:
+                # joined in the epoch under way: it counts as zeros until every worker
+                # joined, and is gone from the next epoch on (the servers keep both)
                 self._tell_left(node, joined=False)
-                self._fail_barriers_without(node)
+                if not node.joined:
+                    self._fail_barriers_without(node)
         self._maybe_shutdown()
 
     def _tell_left(self, node: _Node, joined: bool) -> None:
@@ -439,7 +451,7 @@ class Scheduler:
         for other in self._live():
             if other is not node:
                 self._send(other.ident, Command.WORKER_LEFT, 0,
-                           {"rank": node.rank, "joined": joined})
+                           {"rank": node.rank, "joined": joined, "epoch": self._join_epoch})
 
     def _fail_barriers_without(self, node: _Node) -> None:
         """Worker ``node`` closed its store: a barrier (or join) it has not reached can

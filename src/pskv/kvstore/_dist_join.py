@@ -13,7 +13,10 @@ every worker has joined, to the last rounds any worker pushed (the join barrier'
 carry every worker's push counts), so every round the others began completes.
 
 ``join`` returns once every worker has joined (the rank of the last one to join, as
-``hvd.join`` does); then each worker may read the final values and close. In
+``hvd.join`` does). A join is one epoch, as a DDP ``Join`` context is: when every worker
+has joined, rank 0 tells every server (``Op.JOINED`` with the scheduler's new join epoch)
+and the workers meet at a barrier, so the next rounds (the next epoch's, a final
+broadcast) count every worker again; a late WORKER_LEFT of the ended epoch is ignored. In
 ``dist_async`` no round waits on anyone: ``join`` is a barrier that waits for every
 worker's pushes to be applied. A worker that closes without joining is not waited for:
 rounds and joins that need it fail with a WorkerClosedError naming it. Mixed into
@@ -24,6 +27,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..errors import ClusterError, ClusterTimeoutError, ConfigError, UnsupportedError
+from .._ps.message import Command
+from .._ps.ops import Op, command
 
 __all__ = ["JoinMethods"]
 
@@ -39,9 +44,9 @@ class JoinMethods:
     _coll: Any
     _sync: bool
     _type: str
-    _joined: int | None
     _join_sent: bool
     _begin: Callable[..., None]
+    _collective: Callable[..., dict[str, dict[str, Any]]]
     _unlocked: Callable[[], Any]
 
     def join(self, timeout: float | None = None) -> int:
@@ -51,7 +56,8 @@ class JoinMethods:
         joined, the others' ``dist_sync`` rounds complete without this worker, which
         counts as having pushed zeros: a round's sum is the sum of the other workers'
         pushes, and the divisor (``rescale_grad``) is unchanged (DDP's default under
-        ``Join``). This worker may still pull; it may not push again.
+        ``Join``). This worker may pull meanwhile, not push. Once every worker has joined
+        the rounds count every worker again (the next epoch of data may follow).
 
         Parameters
         ----------
@@ -78,14 +84,12 @@ class JoinMethods:
                               store_type=self._type)
         with self._collective_lock, self._lock:
             self._begin()       # the held push goes first
-            if self._joined is not None:
-                return self._joined
             with self._unlocked():
                 # every push of this worker applied: no round can be waiting on it when
                 # the servers hear it joined (a later push of it would be one too many)
                 self._kv.flush()
-                # from here on the servers may count it as zeros: no push after this, even
-                # if the wait below times out (a second join waits again)
+                # from here on the servers may count it as zeros: no push until every
+                # worker has joined, even if the wait below times out (join again)
                 self._join_sent = True
                 pushed = self._coll.pushed_all() if self._coll is not None else {}
                 poll = self._coll.add_zeros if self._coll is not None else None
@@ -94,9 +98,9 @@ class JoinMethods:
                         "join", {"pushed": {str(k): v for k, v in pushed.items()}},
                         timeout=float(limit), poll=poll)
                 except ClusterTimeoutError as err:
-                    left = self._po.membership.left
-                    missing = [r for r in range(self._po.num_workers) if not left.get(r)
-                               and r != self._po.rank]
+                    joined = self._po.membership.joined
+                    missing = [r for r in range(self._po.num_workers)
+                               if r not in joined and r != self._po.rank]
                     raise ClusterTimeoutError(
                         f"worker {self._po.rank} waited {float(limit):g} s in kv.join() for "
                         f"worker{'s' if len(missing) > 1 else ''} "
@@ -111,25 +115,36 @@ class JoinMethods:
                         for k, n in _pushed_of(p).items():
                             upto[k] = max(upto.get(k, 0), n)
                     self._coll.add_zeros(upto)
-            order = {int(r): _order_of(p) for r, p in payloads.items()}
-            self._joined = max(order, key=lambda r: order[r])
-            return self._joined
+                if self._po.rank == 0:
+                    # the next rounds count every worker again: every server knows it
+                    # before any worker leaves the barrier below
+                    epoch = _field(payloads, "epoch")
+                    body = command(Op.JOINED, epoch=epoch)
+                    self._kv.wait_all([self._kv.request(s, Command.COMMAND, body=body)
+                                       for s in range(self._po.num_servers)],
+                                      "the servers to end the join")
+            self._collective("join")
+            self._join_sent = False
+            return int(max(payloads, key=lambda r: _field({r: payloads[r]}, "order")))
 
     def _check_not_joined(self, what: str = "push") -> None:
         """A joined worker pushes no more (its rounds closed without it)."""
         if self._join_sent:
             raise UnsupportedError(
-                f"worker {self._po.rank} has joined (kv.join()) and cannot {what} any more: "
-                "the other workers' rounds closed without it. Call kv.join() only after "
-                "the last push; pulls still work.", store_type=self._type)
+                f"worker {self._po.rank} is in kv.join() and cannot {what} until every "
+                "worker has joined: the other workers' rounds close without it. Call "
+                "kv.join() after this worker's last push; pulls still work.",
+                store_type=self._type)
 
 
-def _order_of(payload: Any) -> int:
-    """Where a worker came in the join (the scheduler's count)."""
-    order = payload.get("order") if isinstance(payload, dict) else None
-    if type(order) is not int:
-        raise ClusterError(f"the scheduler's join reply has no order: {payload!r:.200}")
-    return order
+def _field(payloads: dict[str, Any], name: str) -> int:
+    """A number the scheduler put in the first of the join's ``payloads`` (``order``:
+    where that worker came in the join; ``epoch``: the join epoch that begins)."""
+    payload = next(iter(payloads.values()), None)
+    value = payload.get(name) if isinstance(payload, dict) else None
+    if type(value) is not int or value < 0:
+        raise ClusterError(f"the scheduler's join reply has no {name}: {payload!r:.200}")
+    return value
 
 
 def _pushed_of(payload: Any) -> dict[int, int]:

@@ -18,7 +18,9 @@ having pushed zeros, so a round closes with the others' pushes and the sum is th
 divisor, the optimizer's ``rescale_grad``, is the user's and stays the same: DDP's
 ``Join`` default); a worker that *closed* without joining can never push again, so every
 round that still needs its push fails with a WorkerClosedError naming it, the key and the
-round, at once.
+round, at once. Joins come in epochs: once every worker has joined, the workers tell the
+servers (:meth:`Engine.end_join`) and the next rounds count every worker again (a worker
+that closed meanwhile is then one that closed).
 """
 from __future__ import annotations
 
@@ -180,6 +182,10 @@ class Engine:
         self.joined: frozenset[int] = frozenset()
         self.departed: frozenset[int] = frozenset()
         self._lowest = 0        # the lowest rank not joined: a round's sum starts there
+        #: the join epoch under way (joins every worker completed), and the joined
+        #: workers that closed in it (departed once it ends)
+        self.join_epoch = 0
+        self._closed_joined: frozenset[int] = frozenset()
 
     # ---- keys ------------------------------------------------------------------------
     def __contains__(self, key: object) -> bool:
@@ -417,12 +423,15 @@ class Engine:
             entry.next_rank += 1
 
     # ---- uneven data ---------------------------------------------------------------------
-    def worker_left(self, worker: int, joined: bool) -> None:
-        """``worker`` joined (``kv.join``: it counts as pushing zeros from now on) or closed
-        its store without joining (every round needing its push fails). Idempotent."""
+    def worker_left(self, worker: int, joined: bool, epoch: int = 0) -> None:
+        """``worker`` joined in join epoch ``epoch`` (``kv.join``: it counts as pushing
+        zeros until the epoch ends; a join of an ended epoch is ignored) or closed its store
+        (every round needing its push fails, once it does not count as joined).
+        Idempotent."""
         if joined:
-            if worker in self.joined:
+            if epoch < self.join_epoch or worker in self.joined or worker in self.departed:
                 return
+            self.end_join(epoch)
             self.joined = self.joined | {worker}
             self.departed = self.departed - {worker}
             self._lowest = min(set(range(self.num_workers)) - self.joined, default=0)
@@ -436,13 +445,28 @@ class Engine:
                 if len(entry.pushers | self.joined) == self.num_workers:
                     self._close_round(key, entry, self._clock() if self.applied_in else 0.0)
             return
-        if worker in self.joined or worker in self.departed:
+        if worker in self.joined:
+            self._closed_joined = self._closed_joined | {worker}
+            return
+        if worker in self.departed:
             return
         self.departed = self.departed | {worker}
         if self.sync:
             for entry in self._entries.values():
                 if entry.pushers and worker not in entry.pushers:
                     self._fail_departed(entry)
+
+    def end_join(self, epoch: int) -> None:
+        """Join epoch ``epoch`` begins (every worker joined the one before): the rounds
+        count every worker again, but those that closed. Idempotent."""
+        if epoch <= self.join_epoch:
+            return
+        self.join_epoch = epoch
+        gone, self._closed_joined = self._closed_joined, frozenset()
+        self.joined = frozenset()
+        self._lowest = 0
+        for worker in gone:
+            self.worker_left(worker, joined=False)
 
     def _fail_departed(self, entry: _Entry) -> None:
         """Fail ``entry``'s open round: a worker it needs has closed its store."""

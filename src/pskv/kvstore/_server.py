@@ -113,6 +113,8 @@ class KVServer:
         self._open: dict[Any, int] = {}           # per worker: pushes not yet applied
         #: the membership's ``left`` last told to the engines (_workers_left)
         self._left: Any = None
+        #: the join epoch the workers said began (Op.JOINED): every worker joined before
+        self._join_epoch = 0
         self._flushes: dict[Any, list[int]] = {}  # per worker: FLUSH requests waiting
         self.snapshots = Snapshots(cfg, self._send, self._error)
         #: names rounds that wait and workers that are often last (PSKV_STRAGGLER_SECONDS)
@@ -313,15 +315,20 @@ class KVServer:
 
     def _workers_left(self, force: bool = False) -> None:
         """Tell every engine which workers joined or closed (the scheduler's WORKER_LEFT,
-        in the membership): joined ones count as pushing zeros, closed ones fail the
-        rounds that need them (``Engine.worker_left``; idempotent)."""
-        left = self.po.membership.left
-        if left is self._left and not force:
+        in the membership) and which join epoch is under way: joined ones count as pushing
+        zeros, closed ones fail the rounds that need them (``Engine.worker_left``,
+        ``Engine.end_join``; idempotent)."""
+        m = self.po.membership
+        if m is self._left and not force:
             return
-        self._left = left
-        for rank, joined in left.items():
+        self._left = m
+        self.shards.each_engine(functools.partial(Engine.end_join, epoch=self._join_epoch))
+        for rank, epoch in m.joined.items():
             self.shards.each_engine(functools.partial(Engine.worker_left, worker=rank,
-                                                      joined=joined))
+                                                      joined=True, epoch=epoch))
+        for rank in sorted(m.closed):
+            self.shards.each_engine(functools.partial(Engine.worker_left, worker=rank,
+                                                      joined=False))
 
     def _timed(self, engine: Engine) -> None:
         if engine.applied_in is None and self.metrics is not None:
@@ -501,6 +508,14 @@ class KVServer:
         self.snapshots.initial(shard.engine, shard.index)
         return []
 
+    def _cmd_joined(self, shard: Shard, conn: Connection,
+                    worker: int, ts: int, body: dict[str, Any],
+                    arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+        """Every worker joined (kv.join): the next rounds count every worker again."""
+        self._join_epoch = max(self._join_epoch, body["epoch"])
+        self._workers_left(force=True)
+        return []
+
     def _cmd_optimizer(self, shard: Shard, conn: Connection,
                        worker: int, ts: int, body: dict[str, Any],
                        arrays: list[np.ndarray]) -> list[np.ndarray] | None:
@@ -545,6 +560,7 @@ class KVServer:
         Op.COMPRESSION: _cmd_compression, Op.SAVE: _cmd_save, Op.LOAD: _cmd_load,
         Op.CHECKPOINT: _cmd_checkpoint, Op.RESTORE: _cmd_restore,
         Op.LOOKUP: cmd_lookup, Op.TABLE_STATS: cmd_table_stats, Op.CLOCK: cmd_clock,
+        Op.JOINED: _cmd_joined,
     }
 
     _handlers: dict[Command, Callable[..., None]] = {

@@ -114,8 +114,7 @@ class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods
         self._by_pskey: dict[int, Key] = {}
         self._held = HeldPush(cfg.coalesce_bytes if self._sync else 0)
         self._initial_sent = False
-        #: kv.join(): None, or the rank of the last worker to join once every one has
-        self._joined: int | None = None
+        #: in kv.join(): the servers may count this worker as zeros, it pushes no more
         self._join_sent = False
         #: which keys are summed among the workers (docs/collective.md), and the links
         self._choice = Choice(name, cfg, self._po.num_workers)
