@@ -8,7 +8,9 @@ results are checked against NumPy sums in worker-rank order. Thread clusters on 
 """
 from __future__ import annotations
 
+import re
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -225,3 +227,32 @@ def test_join_times_out_naming_who_has_not_joined(run_threads: Any) -> None:
         return True
 
     assert results(run_threads(fn, timeout=30.0)) == {0: True, 1: True}
+
+
+# ---- the example of docs/api.md, as written and on a dist_sync cluster ---------------------
+def api_example() -> str:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    section = text[text.index("### Uneven data: `kv.join()`"):]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+
+
+def test_the_docs_example_runs_as_written() -> None:
+    scope: dict[str, Any] = {}
+    exec(compile(api_example(), "docs/api.md", "exec"), scope)  # noqa: S102 - our docs
+    assert scope["last"] == 0
+    np.testing.assert_array_equal(scope["final"], np.ones(3, np.float32))
+
+
+def test_the_docs_example_on_dist_sync(run_threads: Any) -> None:
+    """Worker 1 pushes 3 times, worker 0 twice: the last round is worker 1's alone."""
+    code = api_example().replace("mx.kv.create('local')", "given")
+    assert "given" in code
+
+    def fn(kv: Any) -> Any:
+        scope: dict[str, Any] = {"given": kv}
+        exec(compile(code, "docs/api.md", "exec"), scope)  # noqa: S102 - our docs
+        return scope["last"], scope["final"]
+
+    for last, final in results(run_threads(fn, timeout=30.0)).values():
+        assert last == 1
+        np.testing.assert_array_equal(final, np.ones(3, np.float32))
