@@ -13,10 +13,10 @@ is answered (MXNet kvstore_dist_server.h ApplyUpdates); a worker's second push i
 round waits for the next round; a pull after this worker's push waits for that push's round;
 a ticket is answered exactly once (``on_done`` or ``on_fail``).
 
-Uneven data (:meth:`Engine.worker_left`): a worker that *joined* (``kv.join``) counts as
-having pushed zeros, so a round closes with the others' pushes and the sum is theirs (the
-divisor, the optimizer's ``rescale_grad``, is the user's and stays the same: DDP's
-``Join`` default); a worker that *closed* without joining can never push again, so every
+Uneven data (``_engine_uneven``, :meth:`Engine.worker_left`): a worker that *joined*
+(``kv.join``) counts as having pushed zeros, so a round closes with the others' pushes
+and the sum is theirs (the divisor, the optimizer's ``rescale_grad``, is the user's and
+stays the same: DDP's ``Join`` default); a worker that *closed* without joining can never push again, so every
 round that still needs its push fails with a WorkerClosedError naming it, the key and the
 round, at once. Joins come in epochs: once every worker has joined, the workers tell the
 servers (:meth:`Engine.end_join`) and the next rounds count every worker again (a worker
@@ -33,7 +33,7 @@ import numpy as np
 from .. import compression, optimizer
 from ..errors import (CheckpointError, ClusterError, ClusterTimeoutError,
                       KeyAlreadyInitializedError, KeyNotInitializedError, KVStoreError,
-                      ShapeMismatchError, UnsupportedError, WorkerClosedError)
+                      ShapeMismatchError, UnsupportedError)
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._types import Key, Updater
@@ -41,6 +41,7 @@ from ._agree import check_optimizer_spec
 from ._reduce import sum_rows
 from ._snapshot import Reader, ShardCopy
 from . import _engine_state, _engine_tables as tables
+from ._engine_uneven import UnevenRounds
 
 __all__ = ["Engine", "EntryCopy", "PushKind", "RoundObserver", "Ticket"]
 
@@ -132,7 +133,7 @@ def _ignore_fail(ticket: Ticket, err: KVStoreError) -> None:
     """The default ``on_fail``."""
 
 
-class Engine:
+class Engine(UnevenRounds):
     """Stored values and the rules that change them.
 
     Parameters
@@ -421,66 +422,6 @@ class Engine:
             entry.next_rank = 2
         while entry.next_rank in self.joined and entry.next_rank not in entry.early:
             entry.next_rank += 1
-
-    # ---- uneven data ---------------------------------------------------------------------
-    def worker_left(self, worker: int, joined: bool, epoch: int = 0) -> None:
-        """``worker`` joined in join epoch ``epoch`` (``kv.join``: it counts as pushing
-        zeros until the epoch ends; a join of an ended epoch is ignored) or closed its store
-        (every round needing its push fails, once it does not count as joined).
-        Idempotent."""
-        if joined:
-            if epoch < self.join_epoch or worker in self.joined or worker in self.departed:
-                return
-            self.end_join(epoch)
-            self.joined = self.joined | {worker}
-            self.departed = self.departed - {worker}
-            self._lowest = min(set(range(self.num_workers)) - self.joined, default=0)
-            if not self.sync:
-                return
-            for key, entry in list(self._entries.items()):
-                if not entry.pushers:
-                    continue
-                if entry.table is None and not entry.sparse:
-                    self._add_early(key, entry)
-                if len(entry.pushers | self.joined) == self.num_workers:
-                    self._close_round(key, entry, self._clock() if self.applied_in else 0.0)
-            return
-        if worker in self.joined:
-            self._closed_joined = self._closed_joined | {worker}
-            return
-        if worker in self.departed:
-            return
-        self.departed = self.departed | {worker}
-        if self.sync:
-            for entry in self._entries.values():
-                if entry.pushers and worker not in entry.pushers:
-                    self._fail_departed(entry)
-
-    def end_join(self, epoch: int) -> None:
-        """Join epoch ``epoch`` begins (every worker joined the one before): the rounds
-        count every worker again, but those that closed. Idempotent."""
-        if epoch <= self.join_epoch:
-            return
-        self.join_epoch = epoch
-        gone, self._closed_joined = self._closed_joined, frozenset()
-        self.joined = frozenset()
-        self._lowest = 0
-        for worker in gone:
-            self.worker_left(worker, joined=False)
-
-    def _fail_departed(self, entry: _Entry) -> None:
-        """Fail ``entry``'s open round: a worker it needs has closed its store."""
-        gone = sorted(self.departed - entry.pushers - self.joined)
-        who = f"worker{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))}"
-        err = WorkerClosedError(
-            f"sync round {entry.round} of key {entry.name!r} can never complete: {who} "
-            f"closed {'their stores' if len(gone) > 1 else 'its store'} without pushing it "
-            f"(workers {sorted(entry.pushers)} did). With uneven data, call kv.join() on "
-            "each worker that runs out of batches (pskv.torch: opt.join()), and close only "
-            "after it returns.", key=entry.name)
-        for worker in entry.pushers:
-            entry.refused[worker] = err
-        self._fail_entry(entry, err)
 
     # ---- the two steps of a round (override both for a server that does no arithmetic,
     # ---- as the benchmarks' EmptyHandler does) -----------------------------------------
