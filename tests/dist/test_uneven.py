@@ -87,11 +87,14 @@ def test_a_barrier_a_closed_worker_never_reaches_fails_naming_it(run_threads: An
 
 
 # ---- kv.join ----------------------------------------------------------------------------
-@pytest.mark.parametrize("collective", [False, True], ids=["servers", "collective"])
-def test_join_sums_the_workers_with_data_left(run_threads: Any, collective: bool) -> None:
+@pytest.mark.parametrize("collective,shm", [(False, True), (True, True), (True, False)],
+                         ids=["servers", "collective", "collective-sockets"])
+def test_join_sums_the_workers_with_data_left(run_threads: Any, collective: bool,
+                                              shm: bool) -> None:
     """Three workers with 5, 2 and 4 batches: each round's sum (what a pull returns
     without an optimizer) is the sum of the pushes of the workers that still have a
-    batch; every worker then reads the same last value."""
+    batch; every worker then reads the same last value (the collective path through
+    shared memory and through the sockets alike)."""
     batches = [5, 2, 4]
 
     def fn(kv: Any) -> Any:
@@ -104,7 +107,7 @@ def test_join_sums_the_workers_with_data_left(run_threads: Any, collective: bool
         return sums, last, kv.pull("w"), kv._store["w"].collective
 
     res = results(run_threads(fn, num_workers=3, collective_bytes=8 if collective else 0,
-                              timeout=60.0))
+                              collective_shm=shm, timeout=60.0))
     for rank, (sums, last, final, on_path) in res.items():
         assert on_path is collective
         assert last == 0                    # worker 0 had the most batches
