@@ -39,6 +39,7 @@ __all__ = [
     "UnknownArgumentError",
     "UnsupportedError",
     "ValueTypeError",
+    "WorkerClosedError",
     "error_from_kind",
     "error_kind",
 ]
@@ -279,6 +280,16 @@ class StalenessTimeoutError(ClusterTimeoutError):
     and the key (docs/embeddings.md, "Bounded staleness").
 
     .. versionadded:: 0.4
+    """
+
+
+class WorkerClosedError(ClusterError):
+    """A ``dist_sync`` round (or a collective round) needs the push of a worker that has
+    closed its store without :meth:`~pskv.kvstore.KVStoreBase.join`: it can never complete.
+    The message names that worker's rank, the key and the round; with uneven data, call
+    ``kv.join()`` on each worker that runs out of batches (docs/api.md, "Uneven data").
+
+    .. versionadded:: 0.5
     """
 
 

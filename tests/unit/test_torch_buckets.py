@@ -242,9 +242,10 @@ def test_buffers_one_key_per_dtype(kv: Any) -> None:
     model(torch.randn(4, 2)).sum().backward()
     opt.step()
     bn = model[1]
+    # each key ends with rank 0's flag (1: rank 0 pushed this round; 0: it joined)
     assert torch.equal(kv.pull("opt/buffers.0"),
-                       torch.cat([bn.running_mean, bn.running_var]))
-    assert kv.pull("opt/buffers.1").tolist() == [1]        # num_batches_tracked, int64
+                       torch.cat([bn.running_mean, bn.running_var, torch.ones(1)]))
+    assert kv.pull("opt/buffers.1").tolist() == [1, 1]     # num_batches_tracked, int64
 
 
 # ---- per-step cost: messages and copies -------------------------------------------------------
@@ -284,7 +285,7 @@ def test_buffers_ride_in_the_last_buckets_message(kv: Any, overlap: bool) -> Non
                                       "opt/buffers.1"]
         bn = model[1]
         assert torch.equal(kv.pull("opt/buffers.0"),
-                           torch.cat([bn.running_mean, bn.running_var]))
+                           torch.cat([bn.running_mean, bn.running_var, torch.ones(1)]))
     assert model[1].num_batches_tracked.item() == 2
 
 
@@ -299,8 +300,9 @@ def test_buffers_without_dense_parameters_get_a_round_of_their_own(kv: Any) -> N
     model(torch.tensor([1, 2, 3, 3])).sum().backward()
     opt.step()
     bn = model[1]
-    assert torch.equal(kv.pull("opt/buffers.0"), torch.cat([bn.running_mean, bn.running_var]))
-    assert kv.pull("opt/buffers.1").tolist() == [1]
+    assert torch.equal(kv.pull("opt/buffers.0"),
+                       torch.cat([bn.running_mean, bn.running_var, torch.ones(1)]))
+    assert kv.pull("opt/buffers.1").tolist() == [1, 1]     # + rank 0's flag
 
 
 def test_grads_are_written_in_place_and_never_alias_the_bucket(kv: Any) -> None:

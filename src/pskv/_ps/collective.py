@@ -61,7 +61,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..errors import (ClusterError, ClusterTimeoutError, KVStoreError, NodeFailedError,
-                      ProtocolError)
+                      ProtocolError, WorkerClosedError)
 from .config import ClusterConfig
 from .message import Command, Meta, encode, error_body, error_from_body
 from .peerlinks import PeerLinks
@@ -227,8 +227,9 @@ class Collective:
         sent = _Sent(set(self.peers) - self._shm)
         with self._cond:
             self._raise_failure()
-            self._raise_gone("to push", set(self.peers))
             k = self._keys[pskey]
+            self._raise_gone(f"them to take its push of round {k.pushed + 1} of key "
+                             f"{k.name!r} on the collective path", set(self.peers))
         lo, hi = k.bounds[self.rank]
         if self._shm:
             seg = self._claim_slot(k)
@@ -305,6 +306,32 @@ class Collective:
                 k.readers -= 1
                 self._cond.notify_all()
 
+    # ---- uneven data: a joined worker adds zeros (DDP's join hook) -----------------------
+    def pushed_all(self) -> dict[int, int]:
+        """This worker's pushes of each key so far (ps_key -> rounds)."""
+        with self._cond:
+            return {pk: k.pushed for pk, k in self._keys.items()}
+
+    def add_zeros(self, upto: Mapping[int, int] | None = None) -> int:
+        """A joined worker's turn in the others' rounds: push zeros for every round of a
+        key that a peer has pushed (or, with ``upto``, up to that round) and this worker
+        has not, and wait for each round's sum (so those peers' pulls complete); return
+        how many rounds it added to. Each wait is bounded as a pull's is."""
+        with self._cond:
+            behind = []
+            for pk, k in self._keys.items():
+                target = max(k.came.values(), default=0) if upto is None else \
+                    upto.get(pk, 0)
+                if target > k.pushed:
+                    behind.append((pk, target - k.pushed, k.result.size, k.dtype))
+        for pk, rounds, size, dtype in behind:
+            zeros = np.zeros(size, dtype)
+            scratch = np.empty(size, dtype)
+            for _ in range(rounds):
+                self.push(pk, zeros)
+                self.pull(pk, scratch)
+        return sum(b[1] for b in behind)
+
     def _complete(self, k: _Key, n: int) -> bool:
         return k.summed >= n and all(k.got[p] >= n for p in self.peers)
 
@@ -360,11 +387,13 @@ class Collective:
     def _raise_gone(self, what: str, needs: set[int]) -> None:
         if self._said_goodbye & needs:
             gone = sorted(self._said_goodbye & needs)
-            raise ClusterError(
+            raise WorkerClosedError(
                 f"worker{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} closed "
                 f"{'their stores' if len(gone) > 1 else 'its store'} while worker "
                 f"{self.rank} needs {what}. Every worker must make the same pushes and "
-                "pulls before kv.close().")
+                "pulls before kv.close(); with uneven data, call kv.join() on each worker "
+                "that runs out of batches (pskv.torch: opt.join()), and close only after "
+                "it returns.")
 
     def _raise_failure(self) -> None:
         if self._failure is not None:

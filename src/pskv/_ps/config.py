@@ -27,6 +27,7 @@ __all__ = [
     "ENV_METRICS_PUSHGATEWAY", "ENV_METRICS_TOKEN", "ENV_METRICS_TOP_KEYS",
     "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY",
     "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS",
+    "ENV_JOIN_TIMEOUT",
     "ENV_TRANSPORT", "ENV_WORKER_ID", "ENV_STALENESS", "ENV_GLOBAL_STALENESS",
     "ENV_MXNET_PYTHON", "ENV_MXNET_SRC", "ENV_PREFIX", "KNOWN_ENV",
     "Role", "advertised_host", "loopback_address", "reduce_threads", "replicas_setting",
@@ -55,6 +56,8 @@ ENV_STRAGGLER_SECONDS = "PSKV_STRAGGLER_SECONDS"
 ENV_HEARTBEAT_INTERVAL = "PSKV_HEARTBEAT_INTERVAL"
 ENV_HEARTBEAT_TIMEOUT = "PSKV_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "PSKV_SHUTDOWN_TIMEOUT"
+#: seconds kv.join() waits for the other workers to join (uneven data)
+ENV_JOIN_TIMEOUT = "PSKV_JOIN_TIMEOUT"
 ENV_TRANSPORT = "PSKV_TRANSPORT"
 ENV_COALESCE_BYTES = "PSKV_COALESCE_BYTES"
 #: bytes of the shared-memory ring beside each link to a backup on the same host (_ps/ring.py)
@@ -269,6 +272,7 @@ class ClusterConfig:
         it waits for on which keys, then again every as many seconds (PSKV_STRAGGLER_SECONDS)
     heartbeat_interval, heartbeat_timeout : liveness probing of every node
     shutdown_timeout : seconds servers wait for the final goodbye
+    join_timeout : seconds ``kv.join()`` waits for the other workers to join
     transport : data path to the servers: 'auto' (Unix sockets within a host, TCP between
         hosts), 'tcp' (TCP always), 'ipc' (Unix sockets always), 'zmq' (ZeroMQ always), or
         'inproc' (ZeroMQ inproc: every node a thread of one process sharing one ZeroMQ
@@ -340,6 +344,7 @@ class ClusterConfig:
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 15.0
     shutdown_timeout: float = 30.0
+    join_timeout: float = 3600.0
     transport: str = "auto"
     coalesce_bytes: int = 65536
     backup_ring_bytes: int = 128 << 20
@@ -468,6 +473,7 @@ class ClusterConfig:
             heartbeat_interval=_seconds(env, ENV_HEARTBEAT_INTERVAL, 1.0),
             heartbeat_timeout=_seconds(env, ENV_HEARTBEAT_TIMEOUT, 15.0),
             shutdown_timeout=_seconds(env, ENV_SHUTDOWN_TIMEOUT, 30.0),
+            join_timeout=_seconds(env, ENV_JOIN_TIMEOUT, 3600.0),
             transport=_transport(env.get(ENV_TRANSPORT, "auto") or "auto"),
             coalesce_bytes=_int(env, ENV_COALESCE_BYTES, 65536,
                                 "Set it to a number of bytes (0 sends every push at once)."),

@@ -67,6 +67,13 @@ class Membership:
         Which server serves each shard now (``hosts[shard]``; with replicas a shard whose
         server died is served by its backup): a restarted worker starts from it. Empty
         before admission and for servers.
+    joined : mapping of int to int
+        The workers that joined (``kv.join``: they count as pushing zeros), as the
+        scheduler said (WORKER_LEFT): rank -> the join epoch (the number of joins every
+        worker completed before); a join of an epoch that has ended counts no more.
+    closed : frozenset of int
+        The workers that closed their store (WORKER_LEFT): a round that needs the push of
+        one that had not joined (in the epoch under way) fails.
     """
 
     rank: int = -1
@@ -80,3 +87,5 @@ class Membership:
     server_key: bytes = field(default=b"", repr=False)
     rejoin: bool = False
     hosts: tuple[int, ...] = ()
+    joined: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
+    closed: frozenset[int] = frozenset()

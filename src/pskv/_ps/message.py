@@ -126,6 +126,7 @@ class Command(enum.IntEnum):
     SEALED = 13        # PSKV_ENCRYPT=1 on a stream link: one encrypted message (sealed.py)
     SEGMENT = 14       # worker -> worker on one host: a key's shared memory, its descriptor
                        # passed with the message (collective path, shm.py)
+    WORKER_LEFT = 15   # scheduler -> nodes: a worker joined (kv.join) or closed its store
     INIT = 20
     PUSH = 21
     PULL = 22

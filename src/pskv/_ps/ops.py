@@ -34,6 +34,7 @@ class Op(str, enum.Enum):
     LOOKUP = "lookup"            # key, train; one array of IDs: reply a table's rows, found
     TABLE_STATS = "table_stats"  # key: reply a table shard's counters
     CLOCK = "clock"              # clock, bound, leave: this worker's clock (staleness.py)
+    JOINED = "joined"            # epoch: every worker joined (kv.join); rounds count all again
 
     @property
     def replicated(self) -> ReplOp | None:

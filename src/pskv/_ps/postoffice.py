@@ -19,6 +19,7 @@ import queue
 import socket
 import threading
 import time
+import types
 from typing import Any, Callable, Mapping
 
 import zmq
@@ -324,8 +325,11 @@ class Postoffice:
         return ts
 
     def barrier(self, group: str = "worker", payload: Any = None,
-                timeout: float | None = None) -> dict[str, Any]:
-        """Wait until every member of ``group`` arrives; return each member's payload by rank."""
+                timeout: float | None = None,
+                poll: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Wait until every member of ``group`` arrives; return each member's payload by
+        rank. ``poll``: called (no lock held) about every 0.2 s while it waits (a joined
+        worker adds its zeros to the collective rounds the others run meanwhile)."""
         self.check()
         ts = self._post(Command.BARRIER, {"group": group, "payload": payload})
         limit = self.cfg.request_timeout if timeout is None else timeout
@@ -340,6 +344,12 @@ class Postoffice:
                         f"{group}s. Another {group} has not reached it: check that every "
                         "worker makes the same calls, or raise PSKV_REQUEST_TIMEOUT.")
                 self._cond.wait(min(left, 0.2))
+                if poll is not None and ts not in self._replies:
+                    self._cond.release()
+                    try:
+                        poll()
+                    finally:
+                        self._cond.acquire()
             reply = self._replies.pop(ts)
         if isinstance(reply, Exception):
             raise reply
@@ -472,6 +482,20 @@ class Postoffice:
                                                       servers=frozen_servers(servers),
                                                       keys=tuple(keys))
                 self._events.put(ServerRejoined(body["rank"]))
+        elif cmd == Command.WORKER_LEFT:
+            got = body if isinstance(body, dict) else {}
+            rank, joined, epoch = got.get("rank"), got.get("joined"), got.get("epoch")
+            if type(rank) is not int or not 0 <= rank < self.num_workers \
+                    or not isinstance(joined, bool) or type(epoch) is not int or epoch < 0:
+                log.error("%s %d: a WORKER_LEFT without a worker's rank, how it left and "
+                          "the join epoch: %s", self.role, self.rank, short(body, 200))
+                return
+            m = self.membership
+            if joined:
+                self.membership = dataclasses.replace(m, joined=types.MappingProxyType(
+                    {**m.joined, rank: max(epoch, m.joined.get(rank, 0))}))
+            else:
+                self.membership = dataclasses.replace(m, closed=m.closed | {rank})
         elif cmd == Command.ERROR:
             with self._cond:
                 self._replies[ts] = error_from_body(body, "the scheduler")

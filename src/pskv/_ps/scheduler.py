@@ -23,7 +23,7 @@ import numpy as np
 import zmq
 
 from ..errors import (ClusterError, ClusterTimeoutError, ConfigError, KVStoreError,
-                      ProtocolError)
+                      ProtocolError, WorkerClosedError)
 from .auth import Verifier, new_key, warn_without_secret
 from .crypt import curve_keys, derive, seal
 from .config import (ENV_JOIN_STATUS, ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_ID,
@@ -65,6 +65,7 @@ class _Node:
     sealed: int = 0
     metrics_port: int = 0       # where it serves /metrics, as its heartbeats say (0: not)
     metrics_host: str = ""
+    joined: bool = False        # a worker that called kv.join (uneven data)
 
 
 @dataclass(slots=True)
@@ -144,6 +145,8 @@ class Scheduler:
         #: conn -> (the holder, HELLO ts, HELLO body, since)
         self._claims: dict[Connection, tuple[_Node, int, dict[str, Any], float]] = {}
         self._barriers: dict[str, _Barrier] = {}
+        #: joins every worker completed (kv.join): the epoch of the joins under way
+        self._join_epoch = 0
         self._failed = False
         #: Prometheus series when PSKV_METRICS_PORT asks for them (``run`` starts them)
         self.metrics: SchedulerMetrics | None = None
@@ -401,16 +404,41 @@ class Scheduler:
 
     def _barrier(self, node: _Node, ts: int, body: dict[str, Any]) -> None:
         group = body["group"]
+        if group == "join" and node.role != "worker":
+            raise ProtocolError(f"{node.role} {node.rank} sent a join: only workers join")
         bar = self._barriers.setdefault(group, _Barrier())
         if not bar.waiting:
             bar.started = time.monotonic()
         key = node.rank if group != "all" else (node.rank if node.role == "worker"
                                                  else -1 - node.rank)
-        bar.waiting[key] = (node.ident, ts, body.get("payload"))
-        size = (self.cfg.num_workers if group == "worker" else self.cfg.num_servers
+        payload = body.get("payload")
+        if group == "join":
+            # kv.join: from now on this worker counts as pushing zeros (the servers close
+            # its rounds without it); each member learns who joined last
+            pushed = payload.get("pushed") if isinstance(payload, dict) else None
+            payload = {"order": len(bar.waiting),
+                       "pushed": pushed if isinstance(pushed, dict) else {}}
+            if not node.joined:
+                node.joined = True
+                self._tell_left(node, joined=True)
+        bar.waiting[key] = (node.ident, ts, payload)
+        if group != "server":
+            for other in self._members("worker"):
+                if other.state == "closed" and other.rank not in bar.waiting and not (
+                        group == "join" and other.joined):
+                    self._fail_barrier(group, bar, other)   # it can never come
+                    return
+        size = (self.cfg.num_workers if group in ("worker", "join") else self.cfg.num_servers
                 if group == "server" else self.cfg.num_workers + self.cfg.num_servers)
         if len(bar.waiting) == size:
             payloads = {str(k): v[2] for k, v in bar.waiting.items()}
+            if group == "join":
+                # every worker joined: the next rounds count every worker again (the
+                # workers tell the servers: Op.JOINED, then a barrier)
+                self._join_epoch += 1
+                for worker in self._members("worker"):
+                    worker.joined = False
+                payloads = {k: {**v, "epoch": self._join_epoch} for k, v in payloads.items()}
             for ident, bts, _ in bar.waiting.values():
                 self._send(ident, Command.BARRIER_DONE, bts, {"payloads": payloads})
             del self._barriers[group]
@@ -422,7 +450,8 @@ class Scheduler:
         gives up by itself) fails for every member, naming who has not reached it."""
         limit = self.cfg.request_timeout - min(5.0, 0.25 * self.cfg.request_timeout)
         for group, bar in list(self._barriers.items()):
-            if not bar.waiting or now - bar.started <= limit:
+            # a join waits while the others train on (each kv.join has its own timeout)
+            if not bar.waiting or now - bar.started <= limit or group == "join":
                 continue
             expected = ([("worker", r) for r in range(self.cfg.num_workers)]
                         if group in ("worker", "all") else []) + \
@@ -446,7 +475,42 @@ class Scheduler:
     def _goodbye(self, node: _Node) -> None:
         if node.state == "alive":
             node.state = "closed"
+            if self._admitted:
+                # joined in the epoch under way: it counts as zeros until every worker
+                # joined, and is gone from the next epoch on (the servers keep both)
+                self._tell_left(node, joined=False)
+                if not node.joined:
+                    self._fail_barriers_without(node)
         self._maybe_shutdown()
+
+    def _tell_left(self, node: _Node, joined: bool) -> None:
+        """Tell every other live node that worker ``node`` joined or closed (WORKER_LEFT):
+        the servers close its rounds without it, or fail those that need it."""
+        for other in self._live():
+            if other is not node:
+                self._send(other.ident, Command.WORKER_LEFT, 0,
+                           {"rank": node.rank, "joined": joined, "epoch": self._join_epoch})
+
+    def _fail_barriers_without(self, node: _Node) -> None:
+        """Worker ``node`` closed its store: a barrier (or join) it has not reached can
+        never complete; each member hears why now, not at the barrier's deadline."""
+        for group, bar in list(self._barriers.items()):
+            if group != "server" and node.rank not in bar.waiting:
+                self._fail_barrier(group, bar, node)
+
+    def _fail_barrier(self, group: str, bar: _Barrier, node: _Node) -> None:
+        """Fail barrier ``group``: worker ``node`` closed its store before reaching it."""
+        what = "kv.join()" if group == "join" else "a barrier"
+        there = [k for k in sorted(bar.waiting) if k >= 0]
+        err = WorkerClosedError(
+            f"worker {node.rank} closed its store without reaching {what} that worker"
+            f"{'s' if len(there) > 1 else ''} {', '.join(map(str, there))} "
+            f"{'wait' if len(there) > 1 else 'waits'} at. With uneven data, call kv.join() "
+            "on each worker that runs out of batches, and close only after it returns.")
+        log.error("scheduler: %s", err)
+        for ident, bts, _ in bar.waiting.values():
+            self._send(ident, Command.ERROR, bts, error_body(err))
+        del self._barriers[group]
 
     def _maybe_shutdown(self) -> None:
         workers = self._members("worker")

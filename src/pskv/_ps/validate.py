@@ -80,7 +80,7 @@ def _endpoints(meta: Meta, body: dict[str, Any]) -> None:
 
 def _barrier(meta: Meta, arrays: list[np.ndarray]) -> None:
     body = _body(meta)
-    _str(meta, body, "group", ("worker", "server", "all"))
+    _str(meta, body, "group", ("worker", "server", "all", "join"))
 
 
 def _peer_lost(meta: Meta, arrays: list[np.ndarray]) -> None:
@@ -294,12 +294,19 @@ def _r_init(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
         raise _fail(meta, "keys", "one key per entry and array", keys)
 
 
+def _joined(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """The end of a join (``kv.join``): the scheduler's join ``epoch`` that begins."""
+    _int(meta, body, "epoch", 1, 1 << 62)
+    if arrays:
+        raise ProtocolError(f"{body['op']} carries no arrays, got {len(arrays)}")
+
+
 #: what each op's body must carry, beyond its name (and, for replication, its shard)
 _OPS: dict[Op | ReplOp, Callable[[Meta, dict[str, Any], list[np.ndarray]], None]] = {
     Op.OPTIMIZER: _spec("spec", nullable=False), Op.COMPRESSION: _spec("params", True),
     Op.SAVE: _dump, Op.LOAD: _state_bytes, Op.CHECKPOINT: _path, Op.RESTORE: _path,
     Op.APPLIED: _nothing, Op.INITIAL: _nothing, Op.LOOKUP: _lookup, Op.TABLE_STATS: _table_key,
-    Op.CLOCK: _clock,
+    Op.CLOCK: _clock, Op.JOINED: _joined,
     ReplOp.STATE: _r_entries, ReplOp.ROUND: _r_round, ReplOp.ROUNDS: _r_rounds,
     ReplOp.INIT: _r_init,
     ReplOp.OPTIMIZER: _spec("spec", nullable=True), ReplOp.COMPRESSION: _spec("params", True),

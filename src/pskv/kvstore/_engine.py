@@ -12,6 +12,15 @@ pushed it once, then the updater (or assign) runs once and every waiting pusher 
 is answered (MXNet kvstore_dist_server.h ApplyUpdates); a worker's second push in an open
 round waits for the next round; a pull after this worker's push waits for that push's round;
 a ticket is answered exactly once (``on_done`` or ``on_fail``).
+
+Uneven data (``_engine_uneven``, :meth:`Engine.worker_left`): a worker that *joined*
+(``kv.join``) counts as having pushed zeros, so a round closes with the others' pushes
+and the sum is theirs (the divisor, the optimizer's ``rescale_grad``, is the user's and
+stays the same: DDP's ``Join`` default); a worker that *closed* without joining can never push again, so every
+round that still needs its push fails with a WorkerClosedError naming it, the key and the
+round, at once. Joins come in epochs: once every worker has joined, the workers tell the
+servers (:meth:`Engine.end_join`) and the next rounds count every worker again (a worker
+that closed meanwhile is then one that closed).
 """
 from __future__ import annotations
 
@@ -32,6 +41,7 @@ from ._agree import check_optimizer_spec
 from ._reduce import sum_rows
 from ._snapshot import Reader, ShardCopy
 from . import _engine_state, _engine_tables as tables
+from ._engine_uneven import UnevenRounds
 
 __all__ = ["Engine", "EntryCopy", "PushKind", "RoundObserver", "Ticket"]
 
@@ -110,6 +120,9 @@ class _Entry:
     # rank's (Engine._add_in_order)
     next_rank: int = 0
     early: dict[int, tuple[list[np.ndarray], str]] = field(default_factory=dict)
+    # per worker: why its last push failed because a worker closed (its next pull of the
+    # key fails alike, not reading the last round as if its push had been applied)
+    refused: dict[int, KVStoreError] = field(default_factory=dict)
 
 
 def _ignore(ticket: Ticket) -> None:
@@ -120,7 +133,7 @@ def _ignore_fail(ticket: Ticket, err: KVStoreError) -> None:
     """The default ``on_fail``."""
 
 
-class Engine:
+class Engine(UnevenRounds):
     """Stored values and the rules that change them.
 
     Parameters
@@ -165,6 +178,15 @@ class Engine:
         #: ``applied_in(seconds)``: a sync round's update (``finish``: the sum applied, the
         #: optimizer run) took that long, timed from ``closed`` (metrics)
         self.applied_in: Callable[[float], object] | None = None
+        #: workers that joined (they count as pushing zeros) and workers that closed
+        #: without joining (a round needing their push fails): :meth:`worker_left`
+        self.joined: frozenset[int] = frozenset()
+        self.departed: frozenset[int] = frozenset()
+        self._lowest = 0        # the lowest rank not joined: a round's sum starts there
+        #: the join epoch under way (joins every worker completed), and the joined
+        #: workers that closed in it (departed once it ends)
+        self.join_epoch = 0
+        self._closed_joined: frozenset[int] = frozenset()
 
     # ---- keys ------------------------------------------------------------------------
     def __contains__(self, key: object) -> bool:
@@ -347,7 +369,10 @@ class Engine:
         if ticket is not None:
             ticket.remaining += 1
             entry.waiting.append(ticket)
-        if len(entry.pushers) == self.num_workers:
+        if self.departed and self.departed - entry.pushers - self.joined:
+            self._fail_departed(entry)
+        elif len(entry.pushers) == self.num_workers or (
+                self.joined and len(entry.pushers | self.joined) == self.num_workers):
             now = 0.0
             if self.closed is not None:
                 now = self._clock()
@@ -360,6 +385,8 @@ class Engine:
         whatever order the pushes arrive in, so a round's sum is the same bits every run
         (and the same as the collective path's, docs/collective.md); a push that comes
         before a lower rank's is copied until its turn."""
+        if self.joined:
+            self._skip_joined(entry)
         if worker == 1 and entry.next_rank == 0 and kind != "c" \
                 and arrays[0].dtype == entry.stored.dtype:
             # v1 + v0 is v0 + v1 to the bit (IEEE addition commutes): rank 1 may start the
@@ -374,11 +401,26 @@ class Engine:
             entry.early[worker] = ([np.array(a) for a in arrays], kind)
             return
         else:
-            self.accumulate(key, arrays, kind, first=entry.next_rank == 0)
+            self.accumulate(key, arrays, kind, first=entry.next_rank == self._lowest)
             entry.next_rank += 1
-        while entry.next_rank in entry.early:
+        self._add_early(key, entry)
+
+    def _add_early(self, key: Key, entry: _Entry) -> None:
+        """Add the copied pushes whose turn has come (a joined rank's turn is skipped)."""
+        while True:
+            if self.joined:
+                self._skip_joined(entry)
+            if entry.next_rank not in entry.early:
+                return
             held, held_kind = entry.early.pop(entry.next_rank)
-            self.accumulate(key, held, held_kind, first=entry.next_rank == 0)
+            self.accumulate(key, held, held_kind, first=entry.next_rank == self._lowest)
+            entry.next_rank += 1
+
+    def _skip_joined(self, entry: _Entry) -> None:
+        """Move a round's next rank past the joined workers (they add zeros: nothing)."""
+        if entry.next_rank == -1 and 0 in self.joined:
+            entry.next_rank = 2
+        while entry.next_rank in self.joined and entry.next_rank not in entry.early:
             entry.next_rank += 1
 
     # ---- the two steps of a round (override both for a server that does no arithmetic,
@@ -573,6 +615,8 @@ class Engine:
         if self.sync and self._pushed(entry, worker):
             ticket.remaining += 1
             entry.pulls.append((worker, ticket))
+        elif entry.refused and worker in entry.refused:
+            self._fail_ticket(ticket, entry.refused.pop(worker), entry)
 
     def values(self, ticket: Ticket) -> list[np.ndarray]:
         """The stored values (or the rows asked for) a closed ``ticket`` returns."""
@@ -607,7 +651,7 @@ class Engine:
         now = self._clock()
         for entry in self._entries.values():
             if entry.pushers and now - entry.started > timeout:
-                missing = sorted(set(range(self.num_workers)) - entry.pushers)
+                missing = sorted(set(range(self.num_workers)) - entry.pushers - self.joined)
                 msg = (f"sync round {entry.round} of key {entry.name!r} waited "
                        f"{now - entry.started:.1f} s: workers {missing} have not pushed it "
                        f"(workers {sorted(entry.pushers)} did). Make every worker push every "
@@ -619,17 +663,21 @@ class Engine:
         for entry in self._entries.values():
             self._fail_entry(entry, err)
 
+    def _fail_ticket(self, ticket: Ticket, err: KVStoreError, entry: _Entry) -> None:
+        """Answer ``ticket`` with ``err``; it is counted by no other key's round."""
+        self.on_fail(ticket, err)
+        for other in ticket.keys:   # answered: stop counting it anywhere else
+            o = self._entries.get(other)
+            if o is not None and o is not entry:
+                o.waiting = [t for t in o.waiting if t is not ticket]
+                o.pulls = [p for p in o.pulls if p[1] is not ticket]
+        ticket.remaining = -1               # never answered again
+
     def _fail_entry(self, entry: _Entry, err: KVStoreError) -> None:
         tickets = entry.waiting + [t for _, t in entry.pulls] + \
             [d[3] for d in entry.deferred if d[3] is not None]
         for ticket in {id(t): t for t in tickets}.values():
-            self.on_fail(ticket, err)
-            for other in ticket.keys:   # answered: stop counting it anywhere else
-                o = self._entries.get(other)
-                if o is not None and o is not entry:
-                    o.waiting = [t for t in o.waiting if t is not ticket]
-                    o.pulls = [p for p in o.pulls if p[1] is not ticket]
-            ticket.remaining = -1               # never answered again
+            self._fail_ticket(ticket, err, entry)
         entry.waiting, entry.deferred, entry.pulls = [], [], []
         entry.pushers.clear()
         entry.next_rank = 0

@@ -111,6 +111,10 @@ class KVServer:
                               max_unadmitted=cfg.max_unadmitted,
                               max_message_bytes=cfg.max_message_bytes)
         self._open: dict[Any, int] = {}           # per worker: pushes not yet applied
+        #: the membership's ``left`` last told to the engines (_workers_left)
+        self._left: Any = None
+        #: the join epoch the workers said began (Op.JOINED): every worker joined before
+        self._join_epoch = 0
         self._flushes: dict[Any, list[int]] = {}  # per worker: FLUSH requests waiting
         self.snapshots = Snapshots(cfg, self._send, self._error)
         #: names rounds that wait and workers that are often last (PSKV_STRAGGLER_SECONDS)
@@ -303,10 +307,28 @@ class KVServer:
         if self.metrics is not None:        # a shard taken over from a backup: timed too
             self.shards.each_engine(self._timed)
         self.shards.each_engine(lambda engine: engine.check_rounds(self.cfg.round_timeout))
+        self._workers_left(force=True)      # a shard taken over since: told too
         if self.gate.parked:
             # below the workers' own deadline, so that the named error reaches them first
             self._fail_parked(self.gate.expired(min(self.cfg.round_timeout,
                                                     self.cfg.request_timeout / 2)))
+
+    def _workers_left(self, force: bool = False) -> None:
+        """Tell every engine which workers joined or closed (the scheduler's WORKER_LEFT,
+        in the membership) and which join epoch is under way: joined ones count as pushing
+        zeros, closed ones fail the rounds that need them (``Engine.worker_left``,
+        ``Engine.end_join``; idempotent)."""
+        m = self.po.membership
+        if m is self._left and not force:
+            return
+        self._left = m
+        self.shards.each_engine(functools.partial(Engine.end_join, epoch=self._join_epoch))
+        for rank, epoch in m.joined.items():
+            self.shards.each_engine(functools.partial(Engine.worker_left, worker=rank,
+                                                      joined=True, epoch=epoch))
+        for rank in sorted(m.closed):
+            self.shards.each_engine(functools.partial(Engine.worker_left, worker=rank,
+                                                      joined=False))
 
     def _timed(self, engine: Engine) -> None:
         if engine.applied_in is None and self.metrics is not None:
@@ -486,6 +508,14 @@ class KVServer:
         self.snapshots.initial(shard.engine, shard.index)
         return []
 
+    def _cmd_joined(self, shard: Shard, conn: Connection,
+                    worker: int, ts: int, body: dict[str, Any],
+                    arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+        """Every worker joined (kv.join): the next rounds count every worker again."""
+        self._join_epoch = max(self._join_epoch, body["epoch"])
+        self._workers_left(force=True)
+        return []
+
     def _cmd_optimizer(self, shard: Shard, conn: Connection,
                        worker: int, ts: int, body: dict[str, Any],
                        arrays: list[np.ndarray]) -> list[np.ndarray] | None:
@@ -530,6 +560,7 @@ class KVServer:
         Op.COMPRESSION: _cmd_compression, Op.SAVE: _cmd_save, Op.LOAD: _cmd_load,
         Op.CHECKPOINT: _cmd_checkpoint, Op.RESTORE: _cmd_restore,
         Op.LOOKUP: cmd_lookup, Op.TABLE_STATS: cmd_table_stats, Op.CLOCK: cmd_clock,
+        Op.JOINED: _cmd_joined,
     }
 
     _handlers: dict[Command, Callable[..., None]] = {
@@ -577,6 +608,7 @@ class KVServer:
                 self.snapshots.reap()
                 if self.backups is not None:
                     self._membership_events()
+                self._workers_left()
                 if self.po.failure is not None and not failed_seen:
                     failed_seen = True
                     err = NodeFailedError(self.po.failure)

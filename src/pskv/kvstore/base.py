@@ -172,6 +172,34 @@ class KVStoreBase:
         """MXNet's name for :meth:`barrier`."""
         self.barrier()
 
+    def join(self, timeout: float | None = None) -> int:
+        """Leave the rounds of a job whose workers have different amounts of data.
+
+        A worker that has made its last push calls ``join``; until every worker has
+        joined, the other workers' ``dist_sync`` rounds complete without it (it counts
+        as pushing zeros, the divisor stays the same: DDP's ``Join`` default). Returns
+        once every worker has joined, with the rank of the last one to join (as
+        ``hvd.join()``). A single-process store has no one to wait for.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds to wait for the other workers (default ``PSKV_JOIN_TIMEOUT``).
+
+        Returns
+        -------
+        int
+            The rank of the last worker to join.
+
+        Examples
+        --------
+        >>> import pskv as mx
+        >>> kv = mx.kv.create('local')
+        >>> kv.join()
+        0
+        """
+        return 0
+
     def close(self) -> None:
         """Release the store's resources (a store without any has nothing to do)."""
 

@@ -39,6 +39,7 @@ from ..table import TableSpec
 from ._args import as_numpy, normalize, row_ids_by_key
 from ._collective import Choice, CollectiveMethods
 from ._dist_checkpoints import CheckpointMethods
+from ._dist_join import JoinMethods
 from ._dist_tables import DistTables, init_table
 from ._datapath import DataPath
 from ._device_io import DeviceIO, Staged, has_device
@@ -60,8 +61,8 @@ __all__ = ["DistKVStore"]
 log = logging.getLogger(__name__)
 
 
-class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointMethods,
-                  KVStoreBase):
+class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods,
+                  CheckpointMethods, KVStoreBase):
     """A worker's handle on a parameter-server cluster (``dist_*`` store types).
 
     Create it with ``pskv.kv.create('dist_sync')`` in a process started by ``pskv-launch``
@@ -117,6 +118,8 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
         self._by_pskey: dict[int, Key] = {}
         self._held = HeldPush(cfg.coalesce_bytes if self._sync else 0)
         self._initial_sent = False
+        #: in kv.join(): the servers may count this worker as zeros, it pushes no more
+        self._join_sent = False
         #: which keys are summed among the workers (docs/collective.md), and the links
         self._choice = Choice(name, cfg, self._po.num_workers)
         self._coll = None
@@ -373,6 +376,7 @@ class DistKVStore(CollectiveMethods, StalenessMethods, TableMethods, CheckpointM
         """Before worker 0's first push, with periodic checkpoints: the initial values as
         the checkpoint of round 0 (docs/durability.md); no round can close before it,
         since every round needs this worker's push."""
+        self._check_not_joined()
         if not self._initial_sent:
             self._initial_sent = True
             if self.rank == 0 and self._cfg.checkpoint_every:

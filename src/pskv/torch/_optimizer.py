@@ -11,7 +11,8 @@ import contextlib
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..errors import ConfigError, KeyTypeError, UnsupportedError, ValueTypeError
-from ._broadcast import check_one_device, import_torch, init_keys, named_tensors
+from ._broadcast import (broadcast_parameters, check_one_device, import_torch, init_keys,
+                         named_tensors)
 from ._buckets import DEFAULT_BUCKET_CAP_MB, bucket_cap_bytes, check_same_layout
 from ._sparse import SparseParams, check_sparse_names
 from ._sync import HOOK_ATTR, Synchronizer, copy_all
@@ -34,7 +35,10 @@ class _Buffers:
     """Buffers (BatchNorm's running statistics) := rank 0's, one key per dtype.
 
     Each round rank 0 pushes its values and every other worker zeros, so the round's sum
-    is rank 0's (exactly: x + 0 == x), which every worker pulls into its buffers. The
+    is rank 0's (exactly: x + 0 == x), which every worker pulls into its buffers. Each
+    key ends with one element more, 1 from rank 0 and 0 from the others: a round whose
+    sum has 0 there had no push of rank 0 (it joined: uneven data), and every worker
+    keeps its own buffers rather than taking zeros (the same on every worker). The
     synchronizer sends these keys in the message of its last bucket (``fill`` before,
     ``unpack`` after it), so buffers cost no round of their own.
     """
@@ -50,8 +54,8 @@ class _Buffers:
         for _, t in named:
             by_dtype.setdefault(t.dtype, []).append(t)
         for n, (dtype, tensors) in enumerate(by_dtype.items()):
-            flat = th.zeros(sum(t.numel() for t in tensors), dtype=dtype,
-                            device=tensors[0].device)
+            flat = th.zeros(sum(t.numel() for t in tensors) + 1, dtype=dtype,
+                            device=tensors[0].device)       # + rank 0's flag
             views, offset = [], 0
             for t in tensors:
                 views.append(flat[offset:offset + t.numel()].view(t.shape))
@@ -75,6 +79,7 @@ class _Buffers:
         for flat, tensors, views in zip(self.flats, self.tensors, self.views):
             if self.kv.rank == 0:
                 copy_all(views, [t.detach() for t in tensors])
+                flat[-1] = 1
             else:
                 flat.zero_()
 
@@ -82,8 +87,9 @@ class _Buffers:
         """The round's result (rank 0's values) into the buffers."""
         th = import_torch()
         with th.no_grad():
-            for tensors, views in zip(self.tensors, self.views):
-                copy_all(tensors, views)
+            for flat, tensors, views in zip(self.flats, self.tensors, self.views):
+                if flat[-1].item() != 0:     # else rank 0 joined: each keeps its own
+                    copy_all(tensors, views)
 
 
 class _DistributedMixin:
@@ -120,6 +126,52 @@ class _DistributedMixin:
         release, self._pskv_release = getattr(self, "_pskv_release", None), None
         if release is not None:     # the store may take an optimizer again
             release()
+
+    def join(self, timeout: float | None = None) -> int:
+        """This worker has run out of batches (uneven data): ``kv.join()`` after its last
+        ``step()``, in the spirit of DDP's ``Join`` and ``hvd.join()``.
+
+        Until every worker has joined, the others' steps complete without this worker,
+        which counts as a zero gradient; with ``op='average'`` the sum is still divided by
+        ``kv.num_workers`` (DDP's default, ``divide_by_initial_world_size=True``). With
+        ``named_buffers``, once rank 0 has joined the others keep their own buffers.
+        Once every worker has joined, every worker's parameters become those of the last
+        worker to join (it took every step; DDP's join hook does the same): with
+        ``update_on_kvstore=True`` pulled from the store, else broadcast from it (under new
+        keys ``prefix + 'join/<n>/' + name``); the torch optimizer's state stays each
+        worker's own. Returns the rank of the last worker to join. Then every worker may
+        train on (the next epoch) or close. See docs/torch.md, "Uneven data".
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds to wait for the other workers (default ``PSKV_JOIN_TIMEOUT``).
+        """
+        sync = self._pskv_sync
+        try:
+            # a bucket a backward sent without its step(): its round completes first
+            for bucket in sync.buckets:
+                if bucket.future is not None:
+                    bucket.future.result()
+        finally:
+            sync.reset()
+        last: int = sync.kv.join(timeout)
+        th = import_torch()
+        if sync.update_on_kvstore:     # the store holds every worker's weights
+            for bucket in sync.buckets:
+                sync.kv.pull(bucket.key, out=bucket.weights)
+            with th.no_grad():
+                for bucket in sync.buckets:
+                    copy_all([sync.params[i] for i in bucket.members], bucket.weight_views)
+        else:
+            sync.joins += 1
+            named = list(zip(sync.names, sync.params))
+            if sync.sparse is not None:
+                named += list(zip(sync.sparse.names, sync.sparse.params))
+            with th.no_grad():
+                broadcast_parameters(named, sync.kv, root_rank=last,
+                                     prefix=f"{sync.prefix}join/{sync.joins}/")
+        return last
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Wait for the gradients of all workers (sending what backward has not; the
@@ -274,7 +326,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
     -------
     torch.optim.Optimizer
         With ``step(closure=None)``, ``synchronize()``, ``skip_synchronize()``,
-        ``no_sync()`` and ``close()``.
+        ``no_sync()``, ``join()`` and ``close()``.
 
     Raises
     ------

@@ -84,6 +84,7 @@ class Synchronizer:
         self.sparse_as_dense = sparse_as_dense
         self.sparse: Any = None             # the SparseParams, set by DistributedOptimizer
         self.buffers: Any = None            # the _Buffers, sent with the last bucket
+        self.joins = 0                      # DistributedOptimizer.join calls so far
         self.grad_views = grad_views        # .grad := the bucket's views at step()
         self.skip = False
         self.no_sync_depth = 0
