@@ -157,9 +157,12 @@ def test_sum_op_is_the_sum_over_workers(run_threads: Any) -> None:
 
 
 # ---- broadcasts -------------------------------------------------------------------------
+@pytest.mark.parametrize("store_type", ["dist_sync", "dist_async"])
 @pytest.mark.parametrize("root_rank", [0, 1])
-def test_broadcast_parameters_makes_every_model_the_roots(run_threads: Any,
-                                                          root_rank: int) -> None:
+def test_broadcast_parameters_makes_every_model_the_roots(run_threads: Any, root_rank: int,
+                                                          store_type: str) -> None:
+    """In dist_async too: there a push replaces the value, so the others' zeros (the
+    dist_sync round's way) would have wiped the root's values."""
     def fn(kv: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
         g = torch.Generator().manual_seed(kv.rank)
@@ -176,7 +179,7 @@ def test_broadcast_parameters_makes_every_model_the_roots(run_threads: Any,
         assert {k: v.data_ptr() for k, v in after.items()} == ptrs     # in place
         return before, {k: v.clone() for k, v in after.items()}
 
-    res = ok(run_threads(fn))
+    res = ok(run_threads(fn, store_type=store_type))
     root_before = res[root_rank][0]
     assert not torch.equal(res[0][0]["0.weight"], res[1][0]["0.weight"])
     for _, after in res.values():

@@ -100,7 +100,13 @@ def _broadcast(kv: Any, keys: list[str], tensors: list[torch.Tensor], root_rank:
     if not keys:
         return
     init_keys(kv, keys, tensors, what, prefix)
-    if root_rank != 0:
+    if root_rank != 0 and "async" in kv.type:
+        # no rounds: each push replaces the value (no optimizer), so only the root pushes,
+        # and the barrier (every earlier push applied) comes before anyone reads
+        if kv.rank == root_rank:
+            kv.push(keys, tensors)
+        kv.barrier()
+    elif root_rank != 0:
         # the root pushes its values, every other worker zeros: the round's sum is the root's
         th = import_torch()
         kv.push(keys, [t if kv.rank == root_rank else th.zeros_like(t) for t in tensors])
