@@ -38,6 +38,8 @@ EVERYTHING = [
 ]
 
 VALUES = """\
+securityContext: {runAsUser: 1000, supplementalGroups: [5]}
+containerSecurityContext: {readOnlyRootFilesystem: true}
 pods:
   resources: {requests: {ephemeral-storage: 1Gi}}
   volumes:

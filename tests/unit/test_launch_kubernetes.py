@@ -392,3 +392,37 @@ def test_with_replicas_a_failed_server_pod_leaves_the_job_running(
     result, _ = run(api, num_servers=2)
     assert result.returncode == 137 and result.failed is not None
     assert result.failed.label == "server 1"
+
+
+# -- Jobs: pods the controller has not made yet, a Job it marked Failed -------------------
+def test_a_job_whose_pod_is_not_made_yet_is_waited_for() -> None:
+    """The Job controller makes the pods after create returns: no pod is no failure."""
+    def script(pods: dict[str, Any], n: int) -> list[Any]:
+        if n == 1:
+            return []
+        done = n >= 3
+        return [pod_state(m, "Succeeded" if done and "worker" in name else "Running",
+                          0 if done and "worker" in name else None)
+                for name, m in pods.items() if n > 2 or name != "j-worker-1"]
+
+    api = FakeCoreV1Api(script)
+    result, _ = run(api)
+    assert result.returncode == 0 and result.reason == "ok" and api.polls == 3
+    assert all_deleted(api)
+
+
+def test_a_job_the_controller_failed_fails_the_launch(caplog: pytest.LogCaptureFixture) -> None:
+    """activeDeadlineSeconds or the podFailurePolicy: the Job is Failed (its pod may be
+    gone), and the launch fails naming it."""
+    def script(pods: dict[str, Any], n: int) -> list[Any]:
+        if n >= 2:
+            api.failed_jobs.add("j-server-0")
+        return [pod_state(m, "Running") for name, m in pods.items() if name != "j-server-0"
+                or n < 2]
+
+    api = FakeCoreV1Api(script)
+    with caplog.at_level(logging.ERROR, logger="pskv.launch._kubernetes"):
+        result, _ = run(api, timeout=5)
+    assert result.returncode == 1 and result.reason == "failed"
+    assert "Job j-server-0 of job j failed" in caplog.text
+    assert all_deleted(api)
