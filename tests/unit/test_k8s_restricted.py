@@ -11,6 +11,7 @@ template), with the launcher's defaults and with every setting on; the Job's own
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -233,3 +234,29 @@ def test_bad_security_context(values: dict[str, Any], match: str) -> None:
     pytest.importorskip("kubernetes.client", reason="pip install 'pskv[kubernetes]'")
     with pytest.raises(ConfigError, match=match):
         PodOptions.from_values(values)
+
+
+# -- docs/kubernetes.md shows what the launcher writes -----------------------------------
+def _doc_yaml() -> list[Any]:
+    yaml = pytest.importorskip("yaml", reason="PyYAML: pip install 'pskv[kubernetes]'")
+    text = (Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md").read_text()
+    return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
+
+
+def test_docs_job_is_the_launchers() -> None:
+    shown = [d for d in _doc_yaml() if isinstance(d, dict) and d.get("kind") == "Job"]
+    assert len(shown) == 1
+    spec = parse_args(["--launcher", "kubernetes", "--image", "registry.example.com/train:1",
+                       "--job-name", "demo", "-n", "2", "-s", "1", "python", "train.py"],
+                      environ={})
+    made = job_manifests(spec, name="demo", namespace="default", secret="x")
+    assert shown[0] == next(m for m in made if m["metadata"]["name"] == "demo-worker-0")
+    assert violations(template(shown[0])) == []
+
+
+def test_docs_security_values_are_read() -> None:
+    values = [d for d in _doc_yaml() if isinstance(d, dict) and "containerSecurityContext" in d]
+    assert len(values) == 1
+    opts = PodOptions.from_values(values[0])
+    assert json.loads(opts.for_role("worker").pod_security) == {
+        "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000, "supplementalGroups": [44]}

@@ -179,6 +179,7 @@ def test_dry_run_prints_the_manifests(capsys: pytest.CaptureFixture[str]) -> Non
 def test_to_yaml_round_trips() -> None:
     ms = job_manifests(spec(), name="j", namespace="ns", secret="s")
     assert list(yaml.safe_load_all(to_yaml(ms))) == ms
+    assert "&id" not in to_yaml(ms)   # no YAML anchors: each object reads on its own
 
 
 # -- the create path, against a recorder ------------------------------------------------

@@ -164,7 +164,9 @@ def _job(name: str, role: Role, rank: int | None, spec: LaunchSpec,
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "namespace": meta["namespace"], **metadata},
             "spec": {**_job_spec(spec, policy),
-                     "template": {"metadata": metadata, "spec": pod_spec}}}
+                     # a copy: shared dicts would print as YAML anchors (&id001)
+                     "template": {"metadata": json.loads(json.dumps(metadata)),
+                                  "spec": pod_spec}}}
 
 
 def _checkpoint_volume(options: PodOptions, spec: LaunchSpec) -> RolePods | None:
