@@ -25,11 +25,12 @@ def manifests(*flags: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """The job's pods by name, its Secret and Service by kind, from pskv-launch's flags."""
     spec = parse_args([*BASE, *flags, "python", "train.py"], environ=env or {})
     ms = job_manifests(spec, name="j", namespace="ns", secret="s")
-    return {m["metadata"]["name"] if m["kind"] == "Pod" else m["kind"]: m for m in ms}
+    return {m["metadata"]["name"] if m["kind"] == "Job" else m["kind"]: m for m in ms}
 
 
 def pod(ms: dict[str, Any], name: str) -> dict[str, Any]:
-    return ms[name]["spec"]
+    """The pod spec of node `name`'s Job."""
+    return ms[name]["spec"]["template"]["spec"]
 
 
 def container(ms: dict[str, Any], name: str) -> dict[str, Any]:
@@ -44,12 +45,15 @@ PODS = ("j-scheduler", "j-server-0", "j-worker-0", "j-worker-1")
 
 
 # -- each flag, and where it lands -------------------------------------------------------
-def test_without_settings_the_pods_are_as_before() -> None:
+def test_without_settings_the_pods_get_only_the_defaults() -> None:
     ms = manifests()
     for name in PODS:
-        assert set(pod(ms, name)) == {"restartPolicy", "enableServiceLinks", "containers"}
+        assert set(pod(ms, name)) == {"restartPolicy", "enableServiceLinks", "containers",
+                                      "automountServiceAccountToken", "securityContext"}
         assert pod(ms, name)["restartPolicy"] == "Never"
-        assert set(container(ms, name)) <= {"name", "image", "command", "env", "ports"}
+        assert set(container(ms, name)) <= {"name", "image", "command", "env", "ports",
+                                            "resources", "securityContext", "startupProbe",
+                                            "readinessProbe", "livenessProbe"}
     assert parse_args([*BASE, "x"], environ={}).pods is None
 
 
@@ -59,6 +63,7 @@ def test_requests_and_limits_per_role() -> None:
     assert container(ms, "j-worker-1")["resources"] == {
         "requests": {"cpu": "4", "memory": "2Gi"},
         "limits": {"nvidia.com/gpu": "1", "memory": "16Gi"}}
+    # a default limit is left out for a resource given a request (it could be below it)
     assert container(ms, "j-server-0")["resources"] == {"requests": {"cpu": "1",
                                                                      "memory": "2Gi"}}
     assert container(ms, "j-scheduler")["resources"] == {"requests": {"cpu": "1",
@@ -203,8 +208,8 @@ def test_flags_override_the_values_file(tmp_path: Path) -> None:
 
 def test_a_role_flag_beats_an_every_pod_flag_in_any_order() -> None:
     ms = manifests("--requests", "worker:cpu=4", "--requests", "cpu=1")
-    assert container(ms, "j-worker-0")["resources"]["requests"] == {"cpu": "4"}
-    assert container(ms, "j-server-0")["resources"]["requests"] == {"cpu": "1"}
+    assert container(ms, "j-worker-0")["resources"]["requests"]["cpu"] == "4"
+    assert container(ms, "j-server-0")["resources"]["requests"]["cpu"] == "1"
 
 
 def test_launch_takes_the_values_as_a_mapping() -> None:

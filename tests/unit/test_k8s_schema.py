@@ -3,7 +3,7 @@
 The official client (``pip install 'pskv[kubernetes]'``) ships one model class per API
 object, generated from the API's OpenAPI schema: every field with its type, the required
 ones, and the enumerations the client checks. Each manifest is read into its model
-(``V1Secret``, ``V1Service``, ``V1Pod``) and written back: a misspelt or misplaced field
+(``V1Secret``, ``V1Service``, ``V1Job`` with its pod template) and written back: a misspelt or misplaced field
 does not survive the trip (the models drop what the schema does not have), a wrong type
 or a missing required field raises. So "the manifests are equal after the trip" is "every
 field the launcher writes is one the API server knows, where it knows it".
@@ -38,6 +38,8 @@ EVERYTHING = [
 ]
 
 VALUES = """\
+securityContext: {runAsUser: 1000, supplementalGroups: [5]}
+containerSecurityContext: {readOnlyRootFilesystem: true}
 pods:
   resources: {requests: {ephemeral-storage: 1Gi}}
   volumes:
@@ -73,18 +75,18 @@ def job(flags: list[str], tmp_path: Path) -> list[dict[str, Any]]:
 def test_every_object_is_what_the_api_schema_says(flags: list[str], tmp_path: Path) -> None:
     pytest.importorskip("yaml", reason="PyYAML is not installed: pip install 'pskv[kubernetes]'")
     manifests = job(flags, tmp_path)
-    assert [m["kind"] for m in manifests].count("Pod") == 5      # scheduler, 2 servers, 2 workers
+    assert [m["kind"] for m in manifests].count("Job") == 5      # scheduler, 2 servers, 2 workers
     for m in manifests:
         assert round_trip(m) == m, m["metadata"]["name"]
 
 
 def test_the_check_finds_a_field_the_schema_does_not_have(tmp_path: Path) -> None:
     """The round trip is a check that can fail: a misplaced field is lost on the way."""
-    pod = next(m for m in job([], tmp_path) if m["kind"] == "Pod")
-    pod["spec"]["containers"][0]["resource"] = {"limits": {"cpu": "1"}}   # not 'resources'
-    assert round_trip(pod) != pod
-    bad = next(m for m in job([], tmp_path) if m["kind"] == "Pod")
-    del bad["spec"]["containers"][0]["name"]                             # required
+    pod = next(m for m in job([], tmp_path) if m["kind"] == "Job")
+    pod["spec"]["template"]["spec"]["containers"][0]["resource"] = {"limits": {"cpu": "1"}}
+    assert round_trip(pod) != pod                                        # not 'resources'
+    bad = next(m for m in job([], tmp_path) if m["kind"] == "Job")
+    del bad["spec"]["template"]["spec"]["containers"][0]["name"]         # required
     with pytest.raises(ValueError, match="name"):
         round_trip(bad)
 
@@ -92,7 +94,8 @@ def test_the_check_finds_a_field_the_schema_does_not_have(tmp_path: Path) -> Non
 def test_the_settings_reach_the_objects(tmp_path: Path) -> None:
     """What the schema check read is the full job: the settings really are in it."""
     pytest.importorskip("yaml", reason="PyYAML is not installed: pip install 'pskv[kubernetes]'")
-    pods = {m["metadata"]["name"]: m for m in job(EVERYTHING, tmp_path) if m["kind"] == "Pod"}
+    pods = {m["metadata"]["name"]: m["spec"]["template"] for m in job(EVERYTHING, tmp_path)
+            if m["kind"] == "Job"}
     worker = pods["j-worker-1"]["spec"]
     assert worker["serviceAccountName"] == "trainer"
     assert worker["imagePullSecrets"] == [{"name": "regcred"}]

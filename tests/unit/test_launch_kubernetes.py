@@ -1,9 +1,10 @@
 """The kubernetes launcher without a cluster: manifests, --dry-run, and the create path.
 
-The manifests are checked against the official client's models (deserialized into V1Pod,
+The manifests are checked against the official client's models (deserialized into V1Job,
 V1Service, V1Secret by its ApiClient, and serialized back unchanged). The create/follow/
-delete path runs against `FakeCoreV1Api`, which records every call and plays a scripted
-sequence of pod states; nothing opens a socket.
+delete path runs against `FakeCoreV1Api`, which records every call (CoreV1Api's and
+BatchV1Api's), makes each Job's pod from its template and plays a scripted sequence of pod
+states; nothing opens a socket.
 """
 from __future__ import annotations
 
@@ -63,13 +64,18 @@ def to_dict(model: Any) -> Any:
 
 def env_of(pod: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom"))
-            for e in pod["spec"]["containers"][0]["env"]}
+            for e in pod_spec(pod)["containers"][0]["env"]}
+
+
+def pod_spec(job: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec of a node's Job."""
+    return job["spec"]["template"]["spec"]
 
 
 # -- manifests --------------------------------------------------------------------------
 def test_manifests_are_valid_client_objects() -> None:
     ms = job_manifests(spec(), name="j", namespace="ns", secret="sekrit")
-    kinds = {"Secret": "V1Secret", "Service": "V1Service", "Pod": "V1Pod"}
+    kinds = {"Secret": "V1Secret", "Service": "V1Service", "Job": "V1Job"}
     for m in ms:
         model = to_model(m, kinds[m["kind"]])
         assert type(model).__name__ == kinds[m["kind"]]
@@ -78,7 +84,7 @@ def test_manifests_are_valid_client_objects() -> None:
 
 def test_pods_ranks_env_and_secret() -> None:
     ms = job_manifests(spec(), name="j", namespace="ns", secret="sekrit")
-    pods = [m for m in ms if m["kind"] == "Pod"]
+    pods = [m for m in ms if m["kind"] == "Job"]
     assert [p["metadata"]["name"] for p in pods] == ["j-scheduler", "j-server-0",
                                                      "j-worker-0", "j-worker-1"]
     for pod in pods:
@@ -91,16 +97,16 @@ def test_pods_ranks_env_and_secret() -> None:
         assert env[ENV_USE_KUBERNETES] == "1" and env["A"] == "1"
         assert env[ENV_SECRET] == {"secretKeyRef": {"name": "j-secret", "key": "secret"}}
         assert "sekrit" not in json.dumps(pod)             # only the Secret holds it
-        assert pod["spec"]["restartPolicy"] == "Never"
+        assert pod_spec(pod)["restartPolicy"] == "Never"
         assert pod["metadata"]["namespace"] == "ns"
         if role == "scheduler":
             assert ENV_NODE_HOST not in env
-            assert pod["spec"]["containers"][0]["command"] == list(POD_COMMAND_SERVER)
+            assert pod_spec(pod)["containers"][0]["command"] == list(POD_COMMAND_SERVER)
         else:
             assert env[ENV_NODE_HOST] == {"fieldRef": {"fieldPath": "status.podIP"}}
             rank = pod["metadata"]["labels"]["pskv.io/rank"]
             assert env[ENV_WORKER_ID if role == "worker" else ENV_SERVER_ID] == rank
-    assert pods[-1]["spec"]["containers"][0]["command"] == ["python", "train.py"]
+    assert pod_spec(pods[-1])["containers"][0]["command"] == ["python", "train.py"]
     secret = ms[0]
     assert secret["kind"] == "Secret" and secret["stringData"] == {"secret": "sekrit"}
 
@@ -108,24 +114,24 @@ def test_pods_ranks_env_and_secret() -> None:
 def test_service_is_headless_and_selects_the_scheduler() -> None:
     ms = job_manifests(spec(port=9999), name="j", namespace="ns", secret="s")
     service = next(m for m in ms if m["kind"] == "Service")
-    sched = next(m for m in ms if m["kind"] == "Pod"
+    sched = next(m for m in ms if m["kind"] == "Job"
                  and m["metadata"]["labels"]["pskv.io/role"] == "scheduler")
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True  # resolves before ready
-    labels = sched["metadata"]["labels"]
+    labels = sched["spec"]["template"]["metadata"]["labels"]   # the pod's
     assert all(labels[k] == v for k, v in service["spec"]["selector"].items())
-    pods = [m for m in ms if m["kind"] == "Pod"]
-    matching = [p for p in pods if all(p["metadata"]["labels"].get(k) == v
+    pods = [m for m in ms if m["kind"] == "Job"]
+    matching = [p for p in pods if all(p["spec"]["template"]["metadata"]["labels"].get(k) == v
                                        for k, v in service["spec"]["selector"].items())]
     assert matching == [sched]
     assert service["spec"]["ports"][0]["port"] == 9999
-    assert sched["spec"]["containers"][0]["ports"][0]["containerPort"] == 9999
+    assert pod_spec(sched)["containers"][0]["ports"][0]["containerPort"] == 9999
 
 
 def test_scheduler_env_in_a_pod_binds_all_interfaces() -> None:
     # what ClusterConfig makes of each pod's env, once Kubernetes filled in the references
     ms = job_manifests(spec(), name="j", namespace="ns", secret="s")
-    for pod in (m for m in ms if m["kind"] == "Pod"):
+    for pod in (m for m in ms if m["kind"] == "Job"):
         env = {k: v for k, v in env_of(pod).items() if isinstance(v, str)}
         env[ENV_SECRET] = "s"
         if ENV_NODE_HOST in env_of(pod):
@@ -173,6 +179,7 @@ def test_dry_run_prints_the_manifests(capsys: pytest.CaptureFixture[str]) -> Non
 def test_to_yaml_round_trips() -> None:
     ms = job_manifests(spec(), name="j", namespace="ns", secret="s")
     assert list(yaml.safe_load_all(to_yaml(ms))) == ms
+    assert "&id" not in to_yaml(ms)   # no YAML anchors: each object reads on its own
 
 
 # -- the create path, against a recorder ------------------------------------------------
@@ -187,13 +194,25 @@ def pod_state(manifest: dict[str, Any], phase: str, exit_code: int | None = None
                      "status": status}, "V1Pod")
 
 
+def pod_of(job: dict[str, Any]) -> dict[str, Any]:
+    """The pod the Job controller makes from a Job's template (a generated name)."""
+    template = job["spec"]["template"]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {**template["metadata"], "name": job["metadata"]["name"] + "-x7k2p",
+                         "namespace": job["metadata"]["namespace"]},
+            "spec": template["spec"]}
+
+
 class FakeCoreV1Api:
-    """CoreV1Api's surface the launcher uses; `script(pods, n)` gives the pods at poll n."""
+    """CoreV1Api's and BatchV1Api's surface the launcher uses; `script(pods, n)` gives the
+    pods at poll n (keyed by their Job's name); `failed_jobs` are marked Failed."""
 
     def __init__(self, script: Any) -> None:
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         self.script = script
         self.pods: dict[str, dict[str, Any]] = {}
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.failed_jobs: set[str] = set()
         self.polls = 0
 
     def _record(self, name: str, *args: Any, **kwargs: Any) -> None:
@@ -207,10 +226,18 @@ class FakeCoreV1Api:
         to_model(body, "V1Service")
         self._record("create_namespaced_service", namespace, body["metadata"]["name"])
 
-    def create_namespaced_pod(self, namespace: str, body: dict[str, Any]) -> None:
-        to_model(body, "V1Pod")
-        self.pods[body["metadata"]["name"]] = body
-        self._record("create_namespaced_pod", namespace, body["metadata"]["name"])
+    def create_namespaced_job(self, namespace: str, body: dict[str, Any]) -> None:
+        to_model(body, "V1Job")
+        self.jobs[body["metadata"]["name"]] = body
+        self.pods[body["metadata"]["name"]] = pod_of(body)
+        self._record("create_namespaced_job", namespace, body["metadata"]["name"])
+
+    def list_namespaced_job(self, namespace: str, label_selector: str = "") -> Any:
+        self._record("list_namespaced_job", namespace, label_selector=label_selector)
+        failed = {"conditions": [{"type": "Failed", "status": "True"}]}
+        return to_model({"items": [{**job, "status": failed if name in self.failed_jobs
+                                    else {}} for name, job in self.jobs.items()]},
+                        "V1JobList")
 
     def list_namespaced_pod(self, namespace: str, label_selector: str = "") -> Any:
         self._record("list_namespaced_pod", namespace, label_selector=label_selector)
@@ -222,8 +249,10 @@ class FakeCoreV1Api:
         self._record("read_namespaced_pod_log", name, namespace)
         return f"hello from {name}\nbye\n"
 
-    def delete_namespaced_pod(self, name: str, namespace: str) -> None:
-        self._record("delete_namespaced_pod", name, namespace)
+    def delete_namespaced_job(self, name: str, namespace: str,
+                              propagation_policy: str | None = None) -> None:
+        assert propagation_policy == "Background"   # else the Job's pods stay behind
+        self._record("delete_namespaced_job", name, namespace)
 
     def delete_namespaced_service(self, name: str, namespace: str) -> None:
         self._record("delete_namespaced_service", name, namespace)
@@ -260,11 +289,11 @@ def test_create_follow_logs_delete() -> None:
     assert result.returncode == 0 and result.reason == "ok"
     assert [c[0] for c in api.calls[:6]] == ["create_namespaced_secret",
                                               "create_namespaced_service"] + \
-        ["create_namespaced_pod"] * 4
+        ["create_namespaced_job"] * 4
     assert all(c[1][0] == "ml" for c in api.calls[:6])
     assert api.polls == 3
     assert api.calls[6][2] == {"label_selector": "pskv.io/job=j"}
-    assert "[worker 1] hello from j-worker-1\n" in out and "[scheduler] bye\n" in out
+    assert "[worker 1] hello from j-worker-1-x7k2p\n" in out and "[scheduler] bye\n" in out
     assert all_deleted(api)
     # pods first, the Secret last
     deletes = [c[0] for c in api.calls if c[0].startswith("delete")]
@@ -284,9 +313,9 @@ def test_a_failed_pod_stops_the_job_and_is_named(caplog: pytest.LogCaptureFixtur
     assert result.returncode == 3 and result.reason == "failed"
     assert result.failed is not None
     assert (result.failed.label, result.failed.host) == ("worker 1", "node-7")
-    assert re.search(r"worker 1 \(pod j-worker-1 on node-7\) failed with status 3",
+    assert re.search(r"worker 1 \(pod j-worker-1-x7k2p on node-7\) failed with status 3",
                      caplog.text)
-    assert "[worker 1] hello from j-worker-1" in out
+    assert "[worker 1] hello from j-worker-1-x7k2p" in out
     assert all_deleted(api)
 
 
@@ -297,9 +326,12 @@ def test_follow_is_bounded_by_timeout() -> None:
     assert all_deleted(api)
 
 
-def test_a_pod_deleted_from_outside_fails_the_job() -> None:
-    api = FakeCoreV1Api(lambda pods, n: [pod_state(m, "Running") for name, m in pods.items()
-                                          if name != "j-server-0"])
+def test_a_job_deleted_from_outside_fails_the_job() -> None:
+    def script(pods: dict[str, Any], n: int) -> list[Any]:
+        api.jobs.pop("j-server-0", None)
+        return [pod_state(m, "Running") for name, m in pods.items() if name != "j-server-0"]
+
+    api = FakeCoreV1Api(script)
     result, _ = run(api, timeout=5)
     assert result.returncode == 1 and result.reason == "failed"
     assert all_deleted(api)
@@ -356,8 +388,42 @@ def test_with_replicas_a_failed_server_pod_leaves_the_job_running(
         result, _ = run(api, num_servers=2, env=(("PSKV_REPLICAS", "1"),))
     assert result.returncode == 0 and result.reason == "ok", caplog.text
     assert caplog.text.count("its backup serves its shard") == 1
-    assert "server 1 (pod j-server-1) failed with status 137" in caplog.text
+    assert "server 1 (pod j-server-1-x7k2p) failed with status 137" in caplog.text
     api = FakeCoreV1Api(script)
     result, _ = run(api, num_servers=2)
     assert result.returncode == 137 and result.failed is not None
     assert result.failed.label == "server 1"
+
+
+# -- Jobs: pods the controller has not made yet, a Job it marked Failed -------------------
+def test_a_job_whose_pod_is_not_made_yet_is_waited_for() -> None:
+    """The Job controller makes the pods after create returns: no pod is no failure."""
+    def script(pods: dict[str, Any], n: int) -> list[Any]:
+        if n == 1:
+            return []
+        done = n >= 3
+        return [pod_state(m, "Succeeded" if done and "worker" in name else "Running",
+                          0 if done and "worker" in name else None)
+                for name, m in pods.items() if n > 2 or name != "j-worker-1"]
+
+    api = FakeCoreV1Api(script)
+    result, _ = run(api)
+    assert result.returncode == 0 and result.reason == "ok" and api.polls == 3
+    assert all_deleted(api)
+
+
+def test_a_job_the_controller_failed_fails_the_launch(caplog: pytest.LogCaptureFixture) -> None:
+    """activeDeadlineSeconds or the podFailurePolicy: the Job is Failed (its pod may be
+    gone), and the launch fails naming it."""
+    def script(pods: dict[str, Any], n: int) -> list[Any]:
+        if n >= 2:
+            api.failed_jobs.add("j-server-0")
+        return [pod_state(m, "Running") for name, m in pods.items() if name != "j-server-0"
+                or n < 2]
+
+    api = FakeCoreV1Api(script)
+    with caplog.at_level(logging.ERROR, logger="pskv.launch._kubernetes"):
+        result, _ = run(api, timeout=5)
+    assert result.returncode == 1 and result.reason == "failed"
+    assert "Job j-server-0 of job j failed" in caplog.text
+    assert all_deleted(api)

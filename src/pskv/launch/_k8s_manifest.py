@@ -1,4 +1,9 @@
-"""The kubernetes launcher's objects: a Secret, a headless Service and one pod per process.
+"""The kubernetes launcher's objects: a Secret, a headless Service and one Job per process.
+
+Each process is a ``batch/v1`` Job of one pod that a ``restricted`` namespace accepts
+(non-root, no privilege escalation, no capabilities, RuntimeDefault seccomp, no
+service-account token; _k8s_security.py), with resources, probes, a podFailurePolicy and a
+time to live (tests/unit/test_k8s_restricted.py checks the Pod Security rules).
 
 Invariant: `job_manifests` is pure (a LaunchSpec and names in, API dicts out), and every
 dict it returns deserializes into the official client's model of its kind with no field
@@ -6,16 +11,20 @@ left over (tests/unit/test_k8s_schema.py checks that against the client's models
 """
 from __future__ import annotations
 
+import json
+import math
 from typing import Any, Mapping
 
 from .._ps.config import (ENV_CHECKPOINT_DIR, ENV_CONNECT_TIMEOUT, ENV_MAX_RESTARTS,
-                          ENV_NODE_HOST, ENV_SECRET, Role)
+                          ENV_METRICS_PORT, ENV_NODE_HOST, ENV_SECRET, Role)
 from ..errors import ConfigError
 from ._k8s_options import CHECKPOINT_MOUNT, PodOptions, RolePods, Volume
+from ._k8s_security import (CONTAINER_SECURITY, DEFAULT_LIMITS, DEFAULT_REQUESTS,
+                            POD_SECURITY, merged, probes)
 from ._env import cluster_env
 from ._spec import DEFAULT_SERVER_COMMAND, LaunchSpec
 
-__all__ = ["DEFAULT_PORT", "ENV_USE_KUBERNETES", "LABEL_JOB", "LABEL_RANK", "LABEL_ROLE",
+__all__ = ["CONTAINER", "DEFAULT_PORT", "ENV_USE_KUBERNETES", "JOB_TTL", "LABEL_JOB", "LABEL_RANK", "LABEL_ROLE",
            "Manifest", "POD_COMMAND_SERVER", "RESTART_COUNT_FILE", "job_manifests",
            "restart_policy", "to_yaml"]
 
@@ -30,6 +39,10 @@ POD_COMMAND_SERVER: tuple[str, ...] = ("python", "-m", "pskv.server")
 RESTART_DIR = "/var/run/pskv"
 RESTART_COUNT_FILE = f"{RESTART_DIR}/restarts"
 POD_ENTRY: tuple[str, ...] = ("python", "-m", "pskv.launch._pod_entry")
+#: the pods' one container (the podFailurePolicy's rules name it)
+CONTAINER = "pskv"
+#: a finished Job the launcher did not delete (--dry-run | kubectl apply) goes after an hour
+JOB_TTL = 3600
 LABEL_JOB = "pskv.io/job"
 LABEL_ROLE = "pskv.io/role"
 LABEL_RANK = "pskv.io/rank"
@@ -56,7 +69,37 @@ def _env_list(env: Mapping[str, str]) -> list[dict[str, Any]]:
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
-def _pod(name: str, role: Role, rank: int | None, spec: LaunchSpec,
+def _resources(pods: RolePods) -> dict[str, dict[str, str]]:
+    """The container's requests and limits: the defaults under the given ones. A default
+    is left out for a resource given in either part (a default limit under a larger given
+    request, or a default request over a smaller given limit, would be refused)."""
+    given = dict(pods.requests).keys() | dict(pods.limits).keys()
+    out = {"requests": {k: v for k, v in DEFAULT_REQUESTS if k not in given},
+           "limits": {k: v for k, v in DEFAULT_LIMITS if k not in given}}
+    out["requests"].update(pods.requests)
+    out["limits"].update(pods.limits)
+    return {part: amounts for part, amounts in out.items() if amounts}
+
+
+def _job_spec(spec: LaunchSpec, policy: str) -> dict[str, Any]:
+    """A node's Job around its pod: no retry but the kubelet's restarts (--max-restarts),
+    deleted an hour after it finished if the launcher did not delete it first."""
+    out: dict[str, Any] = {"backoffLimit": spec.max_restarts if policy == "OnFailure" else 0,
+                           "ttlSecondsAfterFinished": JOB_TTL}
+    if policy == "Never":
+        # a pskv job cannot take back a node that the Job controller would replace (the
+        # others declared it dead): any failure, a disruption too, fails the Job at once
+        out["podFailurePolicy"] = {"rules": [
+            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget",
+                                                       "status": "True"}]},
+            {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER,
+                                                  "operator": "NotIn", "values": [0]}}]}
+    if spec.timeout:
+        out["activeDeadlineSeconds"] = max(1, math.ceil(spec.timeout))
+    return out
+
+
+def _job(name: str, role: Role, rank: int | None, spec: LaunchSpec,
          command: tuple[str, ...], env: Mapping[str, str], meta: Manifest,
          options: PodOptions, pods: RolePods, port: int) -> Manifest:
     labels = dict(meta["labels"])
@@ -77,15 +120,21 @@ def _pod(name: str, role: Role, rank: int | None, spec: LaunchSpec,
         command = (*POD_ENTRY, RESTART_COUNT_FILE, str(spec.max_restarts), "--", *command)
         volumes.append(({"name": "pskv-run", "emptyDir": {}},
                         {"name": "pskv-run", "mountPath": RESTART_DIR}))
-    container: dict[str, Any] = {"name": "pskv", "image": spec.image, "command": list(command),
-                                 "env": env_list}
+    container: dict[str, Any] = {"name": CONTAINER, "image": spec.image,
+                                 "command": list(command), "env": env_list}
+    ports = []
     if role is Role.SCHEDULER:
-        container["ports"] = [{"name": "scheduler", "containerPort": port,
-                               "protocol": "TCP"}]
-    resources = {part: dict(getattr(pods, part)) for part in ("requests", "limits")
-                 if getattr(pods, part)}
-    if resources:
-        container["resources"] = resources
+        ports.append({"name": "scheduler", "containerPort": port, "protocol": "TCP"})
+    metrics = env.get(ENV_METRICS_PORT, "")
+    metrics_port = int(metrics) if metrics.isdigit() and 0 < int(metrics) < 65536 else None
+    if metrics_port:
+        ports.append({"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"})
+    if ports:
+        container["ports"] = ports
+    container["resources"] = _resources(pods)
+    container.update(probes(role.value, metrics_port))
+    container["securityContext"] = merged(CONTAINER_SECURITY, json.loads(
+        pods.container_security or "{}"))
     mounts = [m for _, m in volumes]
     paths = [m["mountPath"] for m in mounts]
     twice = sorted({p for p in paths if paths.count(p) > 1})
@@ -94,11 +143,12 @@ def _pod(name: str, role: Role, rank: int | None, spec: LaunchSpec,
                           f"{', '.join(twice)}. Give each volume its own mountPath.")
     if mounts:
         container["volumeMounts"] = mounts
-    metadata: dict[str, Any] = {"name": name, "namespace": meta["namespace"], "labels": labels}
+    metadata: dict[str, Any] = {"labels": labels}
     annotations = {**meta.get("annotations", {}), **dict(pods.annotations)}
     if annotations:
         metadata["annotations"] = annotations
-    pod_spec: dict[str, Any] = {"restartPolicy": policy, "enableServiceLinks": False}
+    pod_spec: dict[str, Any] = {"restartPolicy": policy, "enableServiceLinks": False,
+                                "automountServiceAccountToken": False}
     if options.service_account:
         pod_spec["serviceAccountName"] = options.service_account
     if options.image_pull_secrets:
@@ -107,10 +157,16 @@ def _pod(name: str, role: Role, rank: int | None, spec: LaunchSpec,
         pod_spec["nodeSelector"] = dict(pods.node_selector)
     if pods.tolerations:
         pod_spec["tolerations"] = [t.to_api() for t in pods.tolerations]
+    pod_spec["securityContext"] = merged(POD_SECURITY, json.loads(pods.pod_security or "{}"))
     pod_spec["containers"] = [container]
     if volumes:
         pod_spec["volumes"] = [v for v, _ in volumes]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": meta["namespace"], **metadata},
+            "spec": {**_job_spec(spec, policy),
+                     # a copy: shared dicts would print as YAML anchors (&id001)
+                     "template": {"metadata": json.loads(json.dumps(metadata)),
+                                  "spec": pod_spec}}}
 
 
 def _checkpoint_volume(options: PodOptions, spec: LaunchSpec) -> RolePods | None:
@@ -129,7 +185,7 @@ def _checkpoint_volume(options: PodOptions, spec: LaunchSpec) -> RolePods | None
 
 def job_manifests(spec: LaunchSpec, *, name: str, namespace: str, secret: str,
                   port: int | None = None) -> list[Manifest]:
-    """The Secret, the scheduler's headless Service and every pod of the job, as API dicts.
+    """The Secret, the scheduler's headless Service and every node's Job, as API dicts.
 
     Parameters
     ----------
@@ -146,7 +202,7 @@ def job_manifests(spec: LaunchSpec, *, name: str, namespace: str, secret: str,
     Returns
     -------
     list of dict
-        Secret, Service, scheduler pod, server pods, worker pods.
+        Secret, Service, the scheduler's Job, the servers', the workers'.
 
     Examples
     --------
@@ -155,10 +211,10 @@ def job_manifests(spec: LaunchSpec, *, name: str, namespace: str, secret: str,
     ...     print(m['kind'], m['metadata']['name'])
     Secret j-secret
     Service j-scheduler
-    Pod j-scheduler
-    Pod j-server-0
-    Pod j-worker-0
-    Pod j-worker-1
+    Job j-scheduler
+    Job j-server-0
+    Job j-worker-0
+    Job j-worker-1
     """
     if not spec.image:
         raise ConfigError("--launcher kubernetes needs --image IMAGE.")
@@ -209,7 +265,7 @@ def job_manifests(spec: LaunchSpec, *, name: str, namespace: str, secret: str,
         pods = options.for_role(role.value)
         if checkpoints is not None and role is Role.SERVER:
             pods = pods.merge(checkpoints)
-        out.append(_pod(pod_name, role, rank, spec, command, env, meta, options, pods, port))
+        out.append(_job(pod_name, role, rank, spec, command, env, meta, options, pods, port))
     return out
 
 

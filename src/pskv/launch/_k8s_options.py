@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import ConfigError
+from ._k8s_security import check_security, merged
 
 __all__ = ["CHECKPOINT_MOUNT", "POD_KEYS", "PodOptions", "RESTART_POLICIES", "ROLES",
            "RolePods", "TOP_KEYS", "Toleration", "Volume", "load_values", "pod_options"]
@@ -31,9 +32,10 @@ RESTART_POLICIES: tuple[str, ...] = ("Never", "OnFailure")
 #: PSKV_CHECKPOINT_DIR is given
 CHECKPOINT_MOUNT = "/var/lib/pskv/checkpoints"
 TOP_KEYS: tuple[str, ...] = ("restartPolicy", "serviceAccountName", "imagePullSecrets",
-                             "labels", "annotations", "checkpointClaim", "pods", *ROLES)
+                             "labels", "annotations", "checkpointClaim", "securityContext",
+                             "containerSecurityContext", "pods", *ROLES)
 POD_KEYS: tuple[str, ...] = ("resources", "nodeSelector", "tolerations", "volumes", "labels",
-                             "annotations")
+                             "annotations", "securityContext", "containerSecurityContext")
 _VOLUME_SOURCES: tuple[str, ...] = ("claim", "emptyDir", "hostPath", "configMap", "secret")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _DOCS = "See docs/kubernetes.md."
@@ -305,6 +307,9 @@ class RolePods:
     volumes: tuple[Volume, ...] = ()
     labels: Pairs = ()
     annotations: Pairs = ()
+    #: the pod's and the container's securityContext overrides, as canonical JSON ("": none)
+    pod_security: str = ""
+    container_security: str = ""
 
     @classmethod
     def from_api(cls, obj: object, where: str) -> RolePods:
@@ -331,6 +336,10 @@ class RolePods:
         kw["labels"] = _labels(body.get("labels", {}), _where(where, "labels"), label=True)
         kw["annotations"] = _labels(body.get("annotations", {}), _where(where, "annotations"),
                                     label=False)
+        for key, attr in (("securityContext", "pod_security"),
+                          ("containerSecurityContext", "container_security")):
+            if body.get(key) is not None:
+                kw[attr] = check_security(body[key], _where(where, key), key)
         return cls(**kw)
 
     def merge(self, over: RolePods) -> RolePods:
@@ -338,6 +347,11 @@ class RolePods:
         volumes replace ones of the same name."""
         def pairs(a: Pairs, b: Pairs) -> Pairs:
             return tuple({**dict(a), **dict(b)}.items())
+
+        def deep(a: str, b: str) -> str:
+            if not a or not b:
+                return b or a
+            return json.dumps(merged(json.loads(a), json.loads(b)), sort_keys=True)
         volumes = {v.name: v for v in self.volumes}
         volumes.update((v.name, v) for v in over.volumes)
         tolerations = list(self.tolerations)
@@ -345,7 +359,9 @@ class RolePods:
         return RolePods(pairs(self.requests, over.requests), pairs(self.limits, over.limits),
                         pairs(self.node_selector, over.node_selector), tuple(tolerations),
                         tuple(volumes.values()), pairs(self.labels, over.labels),
-                        pairs(self.annotations, over.annotations))
+                        pairs(self.annotations, over.annotations),
+                        deep(self.pod_security, over.pod_security),
+                        deep(self.container_security, over.container_security))
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,7 +426,11 @@ class PodOptions:
             kw["checkpoint_claim"] = _check_name(
                 body["checkpointClaim"], _where(where, "checkpointClaim"), _DNS_SUBDOMAIN,
                 253, "a PersistentVolumeClaim name")
+        # a top-level securityContext is every pod's, under the pods section's
+        security = {k: body[k] for k in ("securityContext", "containerSecurityContext")
+                    if body.get(k) is not None}
         layers: list[tuple[str | None, RolePods]] = [
+            (None, RolePods.from_api(security, where)),
             (None, RolePods.from_api(body.get("pods", {}), _where(where, "pods")))]
         layers += [(role, RolePods.from_api(body[role], _where(where, role)))
                    for role in ROLES if role in body]

@@ -1,4 +1,4 @@
-"""The kubernetes launcher: the job as pods, a headless Service and a Secret.
+"""The kubernetes launcher: the job as Jobs (one pod each), a headless Service and a Secret.
 
 ``pskv-launch --launcher kubernetes --image IMAGE -n 2 -s 1 python train.py`` creates, in
 the namespace (``--namespace``, else ``default``), with names prefixed by the job name
@@ -7,17 +7,19 @@ the namespace (``--namespace``, else ``default``), with names prefixed by the jo
 * a Secret ``NAME-secret`` holding the job secret (pods read it as ``PSKV_SECRET``);
 * a headless Service ``NAME-scheduler`` that resolves to the scheduler pod, published before
   the pod is ready, so ``DMLC_PS_ROOT_URI=NAME-scheduler`` works from the first moment;
-* the pods ``NAME-scheduler``, ``NAME-server-I``, ``NAME-worker-I``, each with the cluster
-  variables, ``DMLC_WORKER_ID``/``DMLC_SERVER_ID``, ``DMLC_USE_KUBERNETES=1`` as Kubeflow's
+* the ``batch/v1`` Jobs ``NAME-scheduler``, ``NAME-server-I``, ``NAME-worker-I``, each
+  running one pod that a ``restricted`` namespace accepts, with the cluster variables, ``DMLC_WORKER_ID``/``DMLC_SERVER_ID``, ``DMLC_USE_KUBERNETES=1`` as Kubeflow's
   MXJob sets it, (servers and workers) ``DMLC_NODE_HOST`` from the pod's IP, the address a
   server announces, and what `PodOptions` adds (resources, volumes, ...; _k8s_manifest.py).
 
-Then it follows the pods (bounded by ``--timeout``) until every worker has succeeded or one
-pod failed (with ``--max-restarts N``: failed again after its N-th restart by the kubelet),
-prints each pod's log with the usual prefix, and deletes what it created.
+Then it follows the Jobs' pods (bounded by ``--timeout``) until every worker has succeeded
+or one pod (or Job) failed (with ``--max-restarts N``: failed again after its N-th restart by
+the kubelet), prints each pod's log with the usual prefix, and deletes what it created (a
+Job with its pods).
 ``--dry-run`` prints the manifests as YAML instead (``kubectl apply -f -`` takes them).
 
-Uses the official client (``pip install 'pskv[kubernetes]'``), configured from the pod's
+Uses the official client (``pip install 'pskv[kubernetes]'``: CoreV1Api, BatchV1Api),
+configured from the pod's
 service account inside a cluster, else from ``~/.kube/config``.
 """
 from __future__ import annotations
@@ -84,16 +86,18 @@ def _gave_up(pod: Any, max_restarts: int) -> bool:
 class KubernetesJob:
     """The objects of one job in one namespace: create, follow, print logs, delete.
 
-    `core` is a ``kubernetes.client.CoreV1Api`` (or anything with its methods: the tests
-    pass a recorder). Invariant: `delete` removes everything `create` made, by name.
+    `core` is a ``kubernetes.client.CoreV1Api`` and `batch` a ``BatchV1Api`` (or anything
+    with their methods: the tests pass one recorder as both; `batch` defaults to `core`).
+    Invariant: `delete` removes everything `create` made, by name (a Job with its pods).
     """
 
     def __init__(self, core: Any, manifests: list[Manifest], namespace: str, name: str,
-                 *, poll_interval: float = 2.0,
+                 *, batch: Any = None, poll_interval: float = 2.0,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, max_restarts: int = 0,
                  backed_up: bool = False) -> None:
         self.core, self.manifests, self.namespace, self.name = core, manifests, namespace, name
+        self.batch = core if batch is None else batch
         #: restartPolicy OnFailure: how many restarts of each pod's container are allowed
         self.max_restarts = max_restarts
         #: PSKV_REPLICAS=1 with two servers or more: a dead server's backup serves its shard
@@ -104,25 +108,49 @@ class KubernetesJob:
         self.created: list[tuple[str, str]] = []  # (kind, name), in creation order
 
     def create(self) -> None:
-        """Create the Secret, the Service, then every pod."""
+        """Create the Secret, the Service, then every node's Job."""
         calls = {"Secret": self.core.create_namespaced_secret,
                  "Service": self.core.create_namespaced_service,
-                 "Pod": self.core.create_namespaced_pod}
+                 "Job": self.batch.create_namespaced_job}
         for m in self.manifests:
             calls[m["kind"]](self.namespace, m)
             self.created.append((m["kind"], m["metadata"]["name"]))
             logger.debug("created %s %s/%s", m["kind"], self.namespace, m["metadata"]["name"])
 
+    def _node(self, pod: Any) -> str:
+        """The name of the Job (the pskv node) that `pod` runs for."""
+        role, rank, _ = _label(pod)
+        return f"{self.name}-{role.value}" + ("" if rank is None else f"-{rank}")
+
     def pods(self) -> list[Any]:
+        """Each node's newest pod (a Job replaces an evicted one with a pod of another
+        name), in the order listed."""
         listing = self.core.list_namespaced_pod(self.namespace,
                                                 label_selector=f"{LABEL_JOB}={self.name}")
-        return list(listing.items)
+        newest: dict[str, Any] = {}
+        for pod in listing.items:
+            node = self._node(pod)
+            old = newest.get(node)
+            if old is None or _created(pod) >= _created(old):
+                newest[node] = pod
+        return list(newest.values())
+
+    def failed_jobs(self) -> tuple[set[str], set[str]]:
+        """The job's Jobs: those gone (deleted from outside) and those the Job controller
+        marked Failed (podFailurePolicy, backoffLimit, activeDeadlineSeconds)."""
+        listing = self.batch.list_namespaced_job(self.namespace,
+                                                 label_selector=f"{LABEL_JOB}={self.name}")
+        jobs = {j.metadata.name: j for j in listing.items}
+        want = {m["metadata"]["name"] for m in self.manifests if m["kind"] == "Job"}
+        failed = {n for n, j in jobs.items() if n in want and any(
+            c.type == "Failed" and c.status == "True"
+            for c in (j.status.conditions if j.status is not None else None) or [])}
+        return want - set(jobs), failed
 
     def follow(self, timeout: float | None) -> tuple[str, Any | None, list[Any]]:
         """Poll until every worker succeeded ('ok'), a pod failed ('failed', the pod) or
         `timeout` passed ('timeout'); returns the reason, the failed pod and the pods."""
         deadline = None if timeout is None else self.clock() + timeout
-        want = sum(1 for m in self.manifests if m["kind"] == "Pod")
         while True:
             pods = self.pods()
             for pod in pods:
@@ -136,14 +164,23 @@ class KubernetesJob:
                     return "failed", pod, pods
                 if self.max_restarts and pod.status.phase != "Succeeded":
                     self._log_restart(pod)
-            if len(pods) < want:
-                gone = sorted({m["metadata"]["name"] for m in self.manifests
-                               if m["kind"] == "Pod"} - {p.metadata.name for p in pods})
-                logger.error("pods %s of job %s are gone (deleted from outside?)",
-                             ", ".join(gone), self.name)
+            gone, failed = self.failed_jobs()
+            if gone:
+                logger.error("Jobs %s of job %s are gone (deleted from outside?)",
+                             ", ".join(sorted(gone)), self.name)
                 return "failed", None, pods
+            for node in sorted(failed):
+                pod = next((p for p in pods if self._node(p) == node), None)
+                if pod is not None and pod.metadata.name in self.survived:
+                    continue
+                if pod is None or not self._taken_over(pod, pods):
+                    logger.error("Job %s of job %s failed (kubectl describe job %s says "
+                                 "why)", node, self.name, node)
+                    return "failed", pod, pods
             workers = [p for p in pods if _label(p)[0] is Role.WORKER]
-            if workers and all(p.status.phase == "Succeeded" for p in workers):
+            want = sum(1 for m in self.manifests if m["kind"] == "Job"
+                       and m["metadata"]["labels"][LABEL_ROLE] == Role.WORKER.value)
+            if len(workers) == want and all(p.status.phase == "Succeeded" for p in workers):
                 return "ok", None, pods
             if deadline is not None and self.clock() >= deadline:
                 return "timeout", None, pods
@@ -189,10 +226,12 @@ class KubernetesJob:
         stdout.flush()
 
     def delete(self) -> None:
-        """Delete what `create` made, pods first; a failure is logged, never raised."""
+        """Delete what `create` made, Jobs first; a failure is logged, never raised."""
         calls = {"Secret": self.core.delete_namespaced_secret,
                  "Service": self.core.delete_namespaced_service,
-                 "Pod": self.core.delete_namespaced_pod}
+                 # batch/v1 would orphan a Job's pods by default: delete them with it
+                 "Job": lambda n, ns: self.batch.delete_namespaced_job(
+                     n, ns, propagation_policy="Background")}
         for kind, name in reversed(self.created):
             try:
                 calls[kind](name, self.namespace)
@@ -223,8 +262,13 @@ class KubernetesJob:
         return LaunchResult(code, tuple(results), failed_result, "failed")
 
 
-def _core_api() -> Any:
-    """A CoreV1Api from the in-cluster service account, else from the kubeconfig."""
+def _created(pod: Any) -> float:
+    stamp = pod.metadata.creation_timestamp
+    return stamp.timestamp() if hasattr(stamp, "timestamp") else 0.0
+
+
+def _apis() -> tuple[Any, Any]:
+    """CoreV1Api and BatchV1Api from the in-cluster service account, else the kubeconfig."""
     try:
         from kubernetes import client
         from kubernetes import config as config_module
@@ -241,7 +285,7 @@ def _core_api() -> Any:
             raise ConfigError(f"cannot configure the Kubernetes client: {err}. Run inside "
                               "a pod with a service account, or set KUBECONFIG / "
                               "~/.kube/config (kubectl get pods must work).") from err
-    return client.CoreV1Api()
+    return client.CoreV1Api(), client.BatchV1Api()
 
 
 def run_kubernetes(spec: LaunchSpec, *, core: Any = None, stdout: TextIO | None = None,
@@ -250,7 +294,8 @@ def run_kubernetes(spec: LaunchSpec, *, core: Any = None, stdout: TextIO | None 
     """Create the job's objects, follow them, print the logs, delete them (see module doc).
 
     With ``spec.dry_run`` only prints the manifests as YAML to `stdout`. `core` replaces
-    the CoreV1Api made from the cluster's configuration (the tests pass a recorder).
+    the CoreV1Api and BatchV1Api made from the cluster's configuration (the tests pass
+    one recorder for both).
     """
     out = sys.stdout if stdout is None else stdout
     env = os.environ if environ is None else environ
@@ -262,12 +307,13 @@ def run_kubernetes(spec: LaunchSpec, *, core: Any = None, stdout: TextIO | None 
         out.write(to_yaml(manifests))
         out.flush()
         return LaunchResult(0, ())
-    job = KubernetesJob(_core_api() if core is None else core, manifests, namespace, name,
+    core, batch = _apis() if core is None else (core, core)
+    job = KubernetesJob(core, manifests, namespace, name, batch=batch,
                         poll_interval=poll_interval,
                         max_restarts=spec.max_restarts
                         if restart_policy(spec) == "OnFailure" else 0,
                         backed_up=backed_up(spec, {}))
-    logger.info("creating job %s in namespace %s: %d pods", name, namespace,
+    logger.info("creating job %s in namespace %s: %d Jobs", name, namespace,
                 len(manifests) - 2)
     pods: list[Any] = []
     try:
