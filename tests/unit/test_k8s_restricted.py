@@ -200,7 +200,7 @@ def test_probes_check_ports_the_container_declares() -> None:
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert ports["metrics"] == 9400
         if name != "j-scheduler":
-            assert c["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+            assert c["readinessProbe"]["tcpSocket"] == {"port": "metrics"}
 
 
 # -- --values: a securityContext merged over the defaults -------------------------------

@@ -108,7 +108,7 @@ def probes(role: str, metrics_port: int | None) -> dict[str, Any]:
     and stays up (livenessProbe). A server or worker listens on ports the OS picks; with
     PSKV_METRICS_PORT it serves ``/metrics`` there (a pod of its own: the first port is
     free), but only once the whole cluster has formed, which takes as long as the slowest
-    pod takes to be scheduled: an HTTP GET there is its readinessProbe, and a liveness
+    pod takes to be scheduled: a TCP connect there is its readinessProbe, and a liveness
     check that could kill a node still waiting for the others is left out.
     """
     if role == "scheduler":  # a dict each: shared ones would print as YAML anchors
@@ -116,6 +116,7 @@ def probes(role: str, metrics_port: int | None) -> dict[str, Any]:
                 "readinessProbe": {"tcpSocket": {"port": "scheduler"}, **_TIMING},
                 "livenessProbe": {"tcpSocket": {"port": "scheduler"}, **_TIMING}}
     if metrics_port:
-        return {"readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"},
-                                   **_TIMING}}
+        # a TCP connect, not a GET: with PSKV_METRICS_TOKEN a GET without the token is
+        # answered 401, and the token does not belong in the manifest
+        return {"readinessProbe": {"tcpSocket": {"port": "metrics"}, **_TIMING}}
     return {}
