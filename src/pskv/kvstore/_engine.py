@@ -291,9 +291,13 @@ class Engine:
                 raise UnsupportedError("a compressed push reached a server without gradient "
                                        "compression: call set_gradient_compression on every "
                                        "worker before init.", key=name)
-            if arrays[0].size != self.compressor.packed_size(stored.size):
-                raise ShapeMismatchError(f"push to key {name!r}: {arrays[0].size} packed "
-                                         f"words for {stored.size} values", key=name)
+            words = self.compressor.packed_size(stored.size)
+            if arrays[0].nbytes != 4 * words:   # what decompress needs: checked before any key
+                raise ShapeMismatchError(
+                    f"compressed push to key {name!r}: {arrays[0].nbytes} bytes of packed "
+                    f"words for {stored.size} values, which take {4 * words} bytes. Push "
+                    "what compress() returns for the key's size.", key=name,
+                    shape=arrays[0].shape)
             return
         if kind == "r":
             rows, data = arrays
@@ -304,6 +308,10 @@ class Engine:
                 raise ShapeMismatchError(
                     f"row_sparse push to key {name!r}: rows/data do not fit shape "
                     f"{stored.shape}", key=name, shape=data.shape)
+            if not np.can_cast(data.dtype, stored.dtype, "same_kind"):
+                raise ShapeMismatchError(f"row_sparse push to key {name!r}: dtype "
+                                         f"{data.dtype} cannot be cast to {stored.dtype}. "
+                                         "Push rows of the key's dtype.", key=name)
             return
         value = arrays[0]
         if value.size != stored.size:
