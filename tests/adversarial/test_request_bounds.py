@@ -132,9 +132,11 @@ def test_replies_and_key_counts_are_bounded(thread_cluster: Any) -> None:
     print(json.dumps({"process grew by MiB under the reply bombs":
                       round(got.pop("grew") / 2 ** 20, 1)}))
     assert_unharmed(cluster, res, np.full(3, 2.0), 15)
-    for name in ("narrow ids", "uint8 ids", "key 20 times"):
-        assert isinstance(got[name], LimitError), (name, got[name])
-        assert "PSKV_MAX_REPLY_BYTES" in str(got[name]), got[name]
+    for name in ("narrow ids", "uint8 ids"):       # repeated ids: refused whatever the limit
+        assert isinstance(got[name], ShapeMismatchError), (name, got[name])
+        assert "unique" in str(got[name]), got[name]
+    assert isinstance(got["key 20 times"], LimitError), got["key 20 times"]
+    assert "PSKV_MAX_REPLY_BYTES" in str(got["key 20 times"]), got["key 20 times"]
     assert isinstance(got["65 keys"], LimitError), got["65 keys"]
     assert "PSKV_MAX_KEYS_PER_MESSAGE" in str(got["65 keys"]), got["65 keys"]
     assert got["rows"] == 2 * 16384
@@ -160,3 +162,43 @@ def test_a_worker_refuses_what_the_servers_would_on_every_worker(thread_cluster:
     for rank, (msg, _value) in res.items():
         assert "(reported by" not in msg, msg
     assert_unharmed(cluster, {r: v for r, (_m, v) in res.items()}, np.full(3, 2.0), 15)
+
+
+@pytest.mark.timeout(90)
+def test_a_row_sparse_reply_is_no_larger_than_the_rows_it_names_once(
+        thread_cluster: Any) -> None:
+    """Within the default 4 GiB reply limit, 4 KiB of uint8 row ids (one row, repeated)
+    made the server build a reply 4,096 rows long (1 GiB for 256 KiB rows; 64 MiB here).
+    Row ids are now sorted, unique and in range, as the worker sends them: the reply holds
+    each of the key's rows at most once. Refused before any copy; what a worker asks is
+    answered."""
+    cluster = thread_cluster(1, 1)
+
+    def fn(kv: Any) -> Any:
+        kv.init(1, mx.nd.zeros((3,)))
+        kv.init(7, mx.nd.ones((4, 4096)).tostype("row_sparse"))
+        pk = kv._store[7].pskey
+        mine: dict[str, Any] = {}
+        for name, rows in [("4 KiB of uint8 ids", np.zeros(4096, np.uint8)),
+                           ("more ids than rows", np.arange(5, dtype=np.int64)),
+                           ("unsorted", np.array([3, 1], np.int64)),
+                           ("out of range", np.array([1, 4], np.uint8)),
+                           ("negative", np.array([-1, 2], np.int8))]:
+            mine[name] = _ask(kv, Command.RSP_PULL, [pk], None, [rows])
+        mine["uint8 in order"] = _ask(kv, Command.RSP_PULL, [pk], None,
+                                      [np.array([0, 2, 3], np.uint8)])
+        out = mx.nd.zeros((4, 4096)).tostype("row_sparse")
+        kv.row_sparse_pull(7, out=out, row_ids=mx.nd.array([3, 0, 3]))
+        mine["rows"] = out.asnumpy().sum(axis=1)
+        mine["closing"] = push_and_pull(kv)
+        return mine
+
+    mine = cluster.run(fn, timeout=60)[0]
+    assert not isinstance(mine, BaseException), mine
+    for name in ("4 KiB of uint8 ids", "more ids than rows", "unsorted", "out of range",
+                 "negative"):
+        assert isinstance(mine[name], ShapeMismatchError), (name, mine[name])
+    assert "unique" in str(mine["4 KiB of uint8 ids"]), mine["4 KiB of uint8 ids"]
+    assert mine["uint8 in order"] is None, mine["uint8 in order"]
+    np.testing.assert_array_equal(mine["rows"], [4096, 0, 0, 4096])
+    assert_unharmed(cluster, {0: mine["closing"]}, np.full(3, 1.0), 15)
