@@ -202,3 +202,62 @@ def test_a_row_sparse_reply_is_no_larger_than_the_rows_it_names_once(
     assert mine["uint8 in order"] is None, mine["uint8 in order"]
     np.testing.assert_array_equal(mine["rows"], [4096, 0, 0, 4096])
     assert_unharmed(cluster, {0: mine["closing"]}, np.full(3, 1.0), 15)
+
+
+@pytest.mark.timeout(90)
+def test_tables_are_bounded_before_they_allocate(thread_cluster: Any) -> None:
+    """A table shard counts against PSKV_MAX_KEY_BYTES like any key: a spec whose dim,
+    reserved rows or admission counters cost more is refused at INIT, and a lookup or
+    push whose new IDs would grow a shard past it is refused before any row is inserted
+    (counted: ``budget_refusals``, the metric pskv_table_budget_refusals_total). Before,
+    a 1 GiB dim was accepted, 2**40 reserved rows were a TableSpecError from the failed
+    allocation, and 1,024 new IDs of 4 KiB grew the shard by 4 MiB. IDs of every integer
+    dtype are converted or refused with an error (uint64 closed the connection)."""
+    from pskv.table import CountAdmission, TableSpec
+    cluster = thread_cluster(1, 1, max_key_bytes=1 << 20)
+
+    def fn(kv: Any) -> Any:
+        kv.init(1, mx.nd.zeros((3,)))
+        mine: dict[str, Any] = {}
+        for name, spec in [("dim", TableSpec(dim=1 << 22)),
+                           ("reserve_rows", TableSpec(dim=2, reserve_rows=1 << 40)),
+                           ("counters", TableSpec(dim=2, admission=CountAdmission(
+                               2, counters=1 << 31)))]:
+            # as worker 0 sends it (the workers' own checker is not what is tested here)
+            mine[f"init {name}"] = _ask(kv, Command.INIT, [1000], {"entries": [{
+                "key": 10, "shape": [0, spec.dim], "stype": "table",
+                "table": spec.to_json(), "shard": [0, 1]}]},
+                [np.zeros((0, spec.dim), np.float32)])
+        kv.init(20, TableSpec(dim=1024))                  # 4 KiB rows, 64 reserved
+        kv.lookup(20, np.arange(16))
+        try:
+            kv.lookup(20, np.arange(100, 1124))           # 4 MiB of new rows
+        except mx.KVStoreError as err:
+            mine["grow"] = err
+        pk = kv._tables.pskeys[20]
+        body = {"op": "lookup", "key": pk, "train": True}
+        mine["uint64 ids"] = _ask(kv, Command.COMMAND, [], body,
+                                  [np.array([5000, 5001], np.uint64)])
+        mine["uint64 over 2**63"] = _ask(kv, Command.COMMAND, [], body,
+                                         [np.array([2**63 + 1], np.uint64)])
+        mine["int16 ids"] = _ask(kv, Command.COMMAND, [], body,
+                                 [np.array([6000, 6001], np.int16)])
+        mine["uint64 key"] = _ask(kv, Command.INIT, [30],
+                                  {"entries": [{"key": 30, "shape": [4]}]},
+                                  [np.zeros(4, np.uint64)])
+        mine["stats"] = kv.table_stats(20)
+        mine["closing"] = push_and_pull(kv)
+        return mine
+
+    mine = cluster.run(fn, timeout=60)[0]
+    assert not isinstance(mine, BaseException), mine
+    for name in ("init dim", "init reserve_rows", "init counters", "grow"):
+        assert isinstance(mine.get(name), LimitError), (name, mine.get(name))
+        assert "PSKV_MAX_KEY_BYTES" in str(mine[name]), mine[name]
+    assert mine["uint64 ids"] is None and mine["int16 ids"] is None, mine
+    assert isinstance(mine["uint64 over 2**63"], mx.KVStoreError), mine["uint64 over 2**63"]
+    assert "2**63" in str(mine["uint64 over 2**63"])
+    assert isinstance(mine["uint64 key"], mx.KVStoreError), mine["uint64 key"]
+    stats = mine["stats"]
+    assert stats["rows"] == 16 + 4 and stats["budget_refusals"] == 1, stats
+    assert_unharmed(cluster, {0: mine["closing"]}, np.full(3, 1.0), 15)

@@ -17,8 +17,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import LimitError, ShapeMismatchError
+from ..errors import LimitError, ShapeMismatchError, ValueTypeError
 from .config import ENV_MAX_KEY_BYTES, ENV_MAX_KEYS_PER_MESSAGE, ENV_MAX_REPLY_BYTES
+from .message import ALLOWED_DTYPES
 
 __all__ = ["ROW_ID_BYTES", "Place", "check_declared", "check_init", "check_key_count",
            "check_reply", "check_rows",
@@ -109,6 +110,10 @@ def check_init(entries: Sequence[dict[str, Any]], arrays: Sequence[np.ndarray],
     places = []
     for spec, part in zip(entries, arrays, strict=True):
         key, sparse = spec.get("key"), spec.get("stype") == "row_sparse"
+        if part.dtype.name not in ALLOWED_DTYPES:     # an ID dtype the wire carries
+            raise ValueTypeError(f"INIT of key {key!r}: dtype {part.dtype} is not a key's "
+                                 f"dtype; keys hold {', '.join(sorted(ALLOWED_DTYPES))}.",
+                                 key=key)
         if sparse and part.ndim == 0:
             raise ShapeMismatchError(f"INIT of row_sparse key {key!r}: a 0-d value has no "
                                      "rows", key=key)
