@@ -211,10 +211,11 @@ def test_tables_are_bounded_before_they_allocate(thread_cluster: Any) -> None:
     push whose new IDs would grow a shard past it is refused before any row is inserted
     (counted: ``budget_refusals``, the metric pskv_table_budget_refusals_total). Before,
     a 1 GiB dim was accepted, 2**40 reserved rows were a TableSpecError from the failed
-    allocation, and 1,024 new IDs of 4 KiB grew the shard by 4 MiB. IDs of every integer
-    dtype are converted or refused with an error (uint64 closed the connection)."""
+    allocation, and 256 new IDs of 4 KiB grew the shard past its 1 MiB. A lookup's reply is
+    bounded by PSKV_MAX_REPLY_BYTES like a pull's. IDs of every integer dtype are
+    converted or refused with an error (uint64 closed the connection)."""
     from pskv.table import CountAdmission, TableSpec
-    cluster = thread_cluster(1, 1, max_key_bytes=1 << 20)
+    cluster = thread_cluster(1, 1, max_key_bytes=1 << 20, max_reply_bytes=2 << 20)
 
     def fn(kv: Any) -> Any:
         kv.init(1, mx.nd.zeros((3,)))
@@ -231,9 +232,13 @@ def test_tables_are_bounded_before_they_allocate(thread_cluster: Any) -> None:
         kv.init(20, TableSpec(dim=1024))                  # 4 KiB rows, 64 reserved
         kv.lookup(20, np.arange(16))
         try:
-            kv.lookup(20, np.arange(100, 1124))           # 4 MiB of new rows
+            kv.lookup(20, np.arange(100, 356))            # 1.1 MiB of new rows
         except mx.KVStoreError as err:
             mine["grow"] = err
+        try:            # an eval lookup inserts nothing, but its reply was not bounded
+            kv.lookup(20, np.arange(600), train=False)    # 2.4 MiB of rows
+        except mx.KVStoreError as err:
+            mine["reply"] = err
         pk = kv._tables.pskeys[20]
         body = {"op": "lookup", "key": pk, "train": True}
         mine["uint64 ids"] = _ask(kv, Command.COMMAND, [], body,
@@ -254,6 +259,8 @@ def test_tables_are_bounded_before_they_allocate(thread_cluster: Any) -> None:
     for name in ("init dim", "init reserve_rows", "init counters", "grow"):
         assert isinstance(mine.get(name), LimitError), (name, mine.get(name))
         assert "PSKV_MAX_KEY_BYTES" in str(mine[name]), mine[name]
+    assert isinstance(mine.get("reply"), LimitError), mine.get("reply")
+    assert "PSKV_MAX_REPLY_BYTES" in str(mine["reply"]), mine["reply"]
     assert mine["uint64 ids"] is None and mine["int16 ids"] is None, mine
     assert isinstance(mine["uint64 over 2**63"], mx.KVStoreError), mine["uint64 over 2**63"]
     assert "2**63" in str(mine["uint64 over 2**63"])

@@ -22,7 +22,7 @@ from .config import ENV_MAX_KEY_BYTES, ENV_MAX_KEYS_PER_MESSAGE, ENV_MAX_REPLY_B
 from .message import ALLOWED_DTYPES
 
 __all__ = ["ROW_ID_BYTES", "Place", "check_declared", "check_init", "check_key_count",
-           "check_reply", "check_rows",
+           "check_lookup_reply", "check_reply", "check_rows",
            "key_bytes", "placement"]
 
 #: bytes a server keeps per row of a row_sparse key (its int64 row id)
@@ -154,6 +154,16 @@ def check_rows(key: Any, rows: np.ndarray, n: int) -> None:
             f"row_sparse_pull of key {key!r}: row ids must be sorted, unique and in [0, {n}) "
             "(each row is answered once). Send np.unique(row_ids) of rows the key has.",
             key=key, shape=rows.shape)
+
+
+def check_lookup_reply(key: Any, ids: int, row: int, limit: int, where: str) -> None:
+    """LimitError if a table lookup of ``ids`` IDs (rows of ``row`` bytes, and a found
+    flag each) would answer with more than ``limit`` bytes; checked before any row is
+    read or made."""
+    got = ids * (row + 1)
+    if got > limit:
+        raise _over(f"the reply to this lookup of table {key!r} ({ids} IDs of {row} bytes)",
+                    got, limit, ENV_MAX_REPLY_BYTES, where, key)
 
 
 def check_reply(stored: Sequence[np.ndarray], rows: Sequence[np.ndarray] | None,

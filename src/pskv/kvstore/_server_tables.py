@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import KeyAlreadyInitializedError, TableSpecError
 from ..table import TableSpec
-from .._ps.bounds import check_init
+from .._ps.bounds import check_init, check_lookup_reply
 from .._ps.message import Command
 from .._ps.ops import Op
 from ._engine import Engine, Ticket
@@ -72,6 +72,9 @@ def cmd_lookup(server: Any, shard: Any, conn: Any, worker: int, ts: int,
     key = body["key"]
     engine: Engine = shard.engine
     table = engine.table(key, "lookup", server._where())
+    check_lookup_reply(table.name, int(arrays[0].size),
+                       int(table.spec.dim) * np.dtype(table.spec.dtype).itemsize,
+                       server.cfg.max_reply_bytes, server._where())
     ids = check_lookup(table, arrays[0], bool(body["train"]))
     ticket = Ticket(conn, ts, Command.COMMAND, (key,), rows=[ids], train=bool(body["train"]))
     engine.hold(ticket)
