@@ -167,3 +167,61 @@ def test_a_worker_stuck_before_a_barrier_is_named(thread_cluster: Any) -> None:
         assert isinstance(err, ClusterTimeoutError), (rank, err)
         assert "worker 2" in str(err) and "worker 0" in str(err), err
     cluster.join(15)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("store_type", ["dist_sync", "dist_async"])
+def test_every_request_kind_is_checked_whole_before_its_first_key_changes(
+        thread_cluster: Any, store_type: str) -> None:
+    """One server's two-key request whose second part is bad, for each request kind
+    (push, pushpull, compressed push and pushpull, row_sparse push, table push): an error
+    reply, and the first key unchanged. Before the fix a compressed part of the right
+    word count but the wrong bytes was refused only when decompressed, after the first
+    key's round was applied."""
+    from pskv.table import TableSpec
+    cluster = thread_cluster(1, 1)
+
+    def fn(kv: Any) -> Any:
+        kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
+        kv.init([1, 2], [mx.nd.zeros((64,))] * 2)
+        kv.init(3, mx.nd.zeros((4, 2), dtype="int32").tostype("row_sparse"))
+        kv.init(4, TableSpec(dim=2))
+        pk = {k: kv._store[k].pskey for k in (1, 2, 3)}
+        pk["emb"] = kv._tables.pskeys[4]
+        words = kv._store[2].segments[0].stop - kv._store[2].segments[0].start
+        words = -(-words // 16)
+        dense = np.ones(64, np.float32)
+        bad_c = np.zeros(words, np.uint8)       # the word count, a quarter of the bytes
+        cases = {
+            "push, compressed second": (Command.PUSH, [pk[1], pk[2]], "dc", [dense, bad_c]),
+            "pushpull, compressed second": (Command.PUSHPULL, [pk[1], pk[2]], "dc",
+                                            [dense, bad_c]),
+            "push, dense second": (Command.PUSH, [pk[1], pk[2]], "dd",
+                                   [dense, np.ones(65, np.float32)]),
+            "push, row_sparse second": (Command.PUSH, [pk[1], pk[3]], "dr",
+                                        [dense, np.array([0], np.int64),
+                                         np.ones((1, 2), np.float32)]),
+            "push, table second": (Command.PUSH, [pk[1], pk["emb"]], "dt",
+                                   [dense, np.array([5], np.int64),
+                                    np.ones((1, 3), np.float32)]),
+        }
+        mine: dict[str, Any] = {}
+        for name, (cmd, keys, kinds, arrays) in cases.items():
+            mine[name] = _ask(kv, cmd, keys, {"kinds": kinds}, arrays)
+            mine[f"{name}: key 1"] = kv.pull(1).asnumpy()
+        mine["rows of 3"] = kv.pull(3).asnumpy()
+        kv.push(1, mx.nd.ones((64,)))          # 2-bit: +0.5 where a value reaches 0.5
+        mine["closing"] = kv.pull(1).asnumpy()
+        return mine
+
+    res = cluster.run(fn, store_type, timeout=60)
+    mine = res[0]
+    assert not isinstance(mine, BaseException), mine
+    for name in ("push, compressed second", "pushpull, compressed second",
+                 "push, dense second", "push, row_sparse second", "push, table second"):
+        assert isinstance(mine[name], KVStoreError), (name, mine[name])
+        np.testing.assert_array_equal(mine[f"{name}: key 1"], np.zeros(64), err_msg=name)
+    assert isinstance(mine["push, compressed second"], ShapeMismatchError)
+    assert "compress()" in str(mine["push, compressed second"])
+    np.testing.assert_array_equal(mine["rows of 3"], np.zeros((4, 2)))
+    assert_unharmed(cluster, {0: mine["closing"]}, np.full(64, 0.5), 15)

@@ -132,9 +132,11 @@ def test_replies_and_key_counts_are_bounded(thread_cluster: Any) -> None:
     print(json.dumps({"process grew by MiB under the reply bombs":
                       round(got.pop("grew") / 2 ** 20, 1)}))
     assert_unharmed(cluster, res, np.full(3, 2.0), 15)
-    for name in ("narrow ids", "uint8 ids", "key 20 times"):
-        assert isinstance(got[name], LimitError), (name, got[name])
-        assert "PSKV_MAX_REPLY_BYTES" in str(got[name]), got[name]
+    for name in ("narrow ids", "uint8 ids"):       # repeated ids: refused whatever the limit
+        assert isinstance(got[name], ShapeMismatchError), (name, got[name])
+        assert "unique" in str(got[name]), got[name]
+    assert isinstance(got["key 20 times"], LimitError), got["key 20 times"]
+    assert "PSKV_MAX_REPLY_BYTES" in str(got["key 20 times"]), got["key 20 times"]
     assert isinstance(got["65 keys"], LimitError), got["65 keys"]
     assert "PSKV_MAX_KEYS_PER_MESSAGE" in str(got["65 keys"]), got["65 keys"]
     assert got["rows"] == 2 * 16384
@@ -160,3 +162,109 @@ def test_a_worker_refuses_what_the_servers_would_on_every_worker(thread_cluster:
     for rank, (msg, _value) in res.items():
         assert "(reported by" not in msg, msg
     assert_unharmed(cluster, {r: v for r, (_m, v) in res.items()}, np.full(3, 2.0), 15)
+
+
+@pytest.mark.timeout(90)
+def test_a_row_sparse_reply_is_no_larger_than_the_rows_it_names_once(
+        thread_cluster: Any) -> None:
+    """Within the default 4 GiB reply limit, 4 KiB of uint8 row ids (one row, repeated)
+    made the server build a reply 4,096 rows long (1 GiB for 256 KiB rows; 64 MiB here).
+    Row ids are now sorted, unique and in range, as the worker sends them: the reply holds
+    each of the key's rows at most once. Refused before any copy; what a worker asks is
+    answered."""
+    cluster = thread_cluster(1, 1)
+
+    def fn(kv: Any) -> Any:
+        kv.init(1, mx.nd.zeros((3,)))
+        kv.init(7, mx.nd.ones((4, 4096)).tostype("row_sparse"))
+        pk = kv._store[7].pskey
+        mine: dict[str, Any] = {}
+        for name, rows in [("4 KiB of uint8 ids", np.zeros(4096, np.uint8)),
+                           ("more ids than rows", np.arange(5, dtype=np.int64)),
+                           ("unsorted", np.array([3, 1], np.int64)),
+                           ("out of range", np.array([1, 4], np.uint8)),
+                           ("negative", np.array([-1, 2], np.int8))]:
+            mine[name] = _ask(kv, Command.RSP_PULL, [pk], None, [rows])
+        mine["uint8 in order"] = _ask(kv, Command.RSP_PULL, [pk], None,
+                                      [np.array([0, 2, 3], np.uint8)])
+        out = mx.nd.zeros((4, 4096)).tostype("row_sparse")
+        kv.row_sparse_pull(7, out=out, row_ids=mx.nd.array([3, 0, 3]))
+        mine["rows"] = out.asnumpy().sum(axis=1)
+        mine["closing"] = push_and_pull(kv)
+        return mine
+
+    mine = cluster.run(fn, timeout=60)[0]
+    assert not isinstance(mine, BaseException), mine
+    for name in ("4 KiB of uint8 ids", "more ids than rows", "unsorted", "out of range",
+                 "negative"):
+        assert isinstance(mine[name], ShapeMismatchError), (name, mine[name])
+    assert "unique" in str(mine["4 KiB of uint8 ids"]), mine["4 KiB of uint8 ids"]
+    assert mine["uint8 in order"] is None, mine["uint8 in order"]
+    np.testing.assert_array_equal(mine["rows"], [4096, 0, 0, 4096])
+    assert_unharmed(cluster, {0: mine["closing"]}, np.full(3, 1.0), 15)
+
+
+@pytest.mark.timeout(90)
+def test_tables_are_bounded_before_they_allocate(thread_cluster: Any) -> None:
+    """A table shard counts against PSKV_MAX_KEY_BYTES like any key: a spec whose dim,
+    reserved rows or admission counters cost more is refused at INIT, and a lookup or
+    push whose new IDs would grow a shard past it is refused before any row is inserted
+    (counted: ``budget_refusals``, the metric pskv_table_budget_refusals_total). Before,
+    a 1 GiB dim was accepted, 2**40 reserved rows were a TableSpecError from the failed
+    allocation, and 256 new IDs of 4 KiB grew the shard past its 1 MiB. A lookup's reply is
+    bounded by PSKV_MAX_REPLY_BYTES like a pull's. IDs of every integer dtype are
+    converted or refused with an error (uint64 closed the connection)."""
+    from pskv.table import CountAdmission, TableSpec
+    cluster = thread_cluster(1, 1, max_key_bytes=1 << 20, max_reply_bytes=2 << 20)
+
+    def fn(kv: Any) -> Any:
+        kv.init(1, mx.nd.zeros((3,)))
+        mine: dict[str, Any] = {}
+        for name, spec in [("dim", TableSpec(dim=1 << 22)),
+                           ("reserve_rows", TableSpec(dim=2, reserve_rows=1 << 40)),
+                           ("counters", TableSpec(dim=2, admission=CountAdmission(
+                               2, counters=1 << 31)))]:
+            # as worker 0 sends it (the workers' own checker is not what is tested here)
+            mine[f"init {name}"] = _ask(kv, Command.INIT, [1000], {"entries": [{
+                "key": 10, "shape": [0, spec.dim], "stype": "table",
+                "table": spec.to_json(), "shard": [0, 1]}]},
+                [np.zeros((0, spec.dim), np.float32)])
+        kv.init(20, TableSpec(dim=1024))                  # 4 KiB rows, 64 reserved
+        kv.lookup(20, np.arange(16))
+        try:
+            kv.lookup(20, np.arange(100, 356))            # 1.1 MiB of new rows
+        except mx.KVStoreError as err:
+            mine["grow"] = err
+        try:            # an eval lookup inserts nothing, but its reply was not bounded
+            kv.lookup(20, np.arange(600), train=False)    # 2.4 MiB of rows
+        except mx.KVStoreError as err:
+            mine["reply"] = err
+        pk = kv._tables.pskeys[20]
+        body = {"op": "lookup", "key": pk, "train": True}
+        mine["uint64 ids"] = _ask(kv, Command.COMMAND, [], body,
+                                  [np.array([5000, 5001], np.uint64)])
+        mine["uint64 over 2**63"] = _ask(kv, Command.COMMAND, [], body,
+                                         [np.array([2**63 + 1], np.uint64)])
+        mine["int16 ids"] = _ask(kv, Command.COMMAND, [], body,
+                                 [np.array([6000, 6001], np.int16)])
+        mine["uint64 key"] = _ask(kv, Command.INIT, [30],
+                                  {"entries": [{"key": 30, "shape": [4]}]},
+                                  [np.zeros(4, np.uint64)])
+        mine["stats"] = kv.table_stats(20)
+        mine["closing"] = push_and_pull(kv)
+        return mine
+
+    mine = cluster.run(fn, timeout=60)[0]
+    assert not isinstance(mine, BaseException), mine
+    for name in ("init dim", "init reserve_rows", "init counters", "grow"):
+        assert isinstance(mine.get(name), LimitError), (name, mine.get(name))
+        assert "PSKV_MAX_KEY_BYTES" in str(mine[name]), mine[name]
+    assert isinstance(mine.get("reply"), LimitError), mine.get("reply")
+    assert "PSKV_MAX_REPLY_BYTES" in str(mine["reply"]), mine["reply"]
+    assert mine["uint64 ids"] is None and mine["int16 ids"] is None, mine
+    assert isinstance(mine["uint64 over 2**63"], mx.KVStoreError), mine["uint64 over 2**63"]
+    assert "2**63" in str(mine["uint64 over 2**63"])
+    assert isinstance(mine["uint64 key"], mx.KVStoreError), mine["uint64 key"]
+    stats = mine["stats"]
+    assert stats["rows"] == 16 + 4 and stats["budget_refusals"] == 1, stats
+    assert_unharmed(cluster, {0: mine["closing"]}, np.full(3, 1.0), 15)

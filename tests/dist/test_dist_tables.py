@@ -18,8 +18,8 @@ import pytest
 import pskv as mx
 from pskv._ps.message import Command
 from pskv._ps.ops import Op, command
-from pskv.errors import (KeyAlreadyInitializedError, KVStoreError, ShapeMismatchError,
-                         TableIdError, UnsupportedError)
+from pskv.errors import (KeyAlreadyInitializedError, KVStoreError, LimitError,
+                         ShapeMismatchError, TableIdError, UnsupportedError)
 from pskv.table import Capacity, CountAdmission, Normal, TableSpec, shard_of
 
 pytestmark = pytest.mark.timeout(90)
@@ -303,7 +303,8 @@ def test_server_validates_every_table_message(run_threads: Any) -> None:
     res = ok(run_threads(fn, num_servers=2))
     got, before, after = res[0]
     assert len(got) == 14 and all(isinstance(e, KVStoreError) for e in got), got
-    assert "cannot be allocated" in str(got[-1])
+    # refused before it allocates: the shard's bytes over the per-key budget (docs/security.md)
+    assert isinstance(got[-1], LimitError) and "PSKV_MAX_KEY_BYTES" in str(got[-1]), got[-1]
     assert before == after == res[1][2]
 
 

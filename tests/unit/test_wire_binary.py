@@ -15,6 +15,7 @@ from pskv._ps.message import (
     BINARY_TAG,
     DTYPE_CODES,
     MAX_HEADER,
+    WIRE_DTYPES,
     Command,
     Meta,
     decode,
@@ -31,7 +32,8 @@ def raw(frames: list) -> list[bytes]:
 
 
 def test_dtype_codes_name_every_allowed_dtype_once() -> None:
-    assert sorted(DTYPE_CODES) == sorted(ALLOWED_DTYPES)
+    assert sorted(DTYPE_CODES) == sorted(WIRE_DTYPES)
+    assert len(set(DTYPE_CODES)) == len(DTYPE_CODES) and ALLOWED_DTYPES <= WIRE_DTYPES
 
 
 @pytest.mark.parametrize("cmd", list(Command), ids=[c.name for c in Command])

@@ -17,11 +17,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import LimitError, ShapeMismatchError
+from ..errors import LimitError, ShapeMismatchError, ValueTypeError
 from .config import ENV_MAX_KEY_BYTES, ENV_MAX_KEYS_PER_MESSAGE, ENV_MAX_REPLY_BYTES
+from .message import ALLOWED_DTYPES
 
 __all__ = ["ROW_ID_BYTES", "Place", "check_declared", "check_init", "check_key_count",
-           "check_reply",
+           "check_lookup_reply", "check_reply", "check_rows",
            "key_bytes", "placement"]
 
 #: bytes a server keeps per row of a row_sparse key (its int64 row id)
@@ -109,6 +110,10 @@ def check_init(entries: Sequence[dict[str, Any]], arrays: Sequence[np.ndarray],
     places = []
     for spec, part in zip(entries, arrays, strict=True):
         key, sparse = spec.get("key"), spec.get("stype") == "row_sparse"
+        if part.dtype.name not in ALLOWED_DTYPES:     # an ID dtype the wire carries
+            raise ValueTypeError(f"INIT of key {key!r}: dtype {part.dtype} is not a key's "
+                                 f"dtype; keys hold {', '.join(sorted(ALLOWED_DTYPES))}.",
+                                 key=key)
         if sparse and part.ndim == 0:
             raise ShapeMismatchError(f"INIT of row_sparse key {key!r}: a 0-d value has no "
                                      "rows", key=key)
@@ -126,6 +131,39 @@ def check_key_count(count: int, limit: int, what: str, where: str) -> None:
         raise LimitError(f"a {what} names {count} keys, over the limit of {limit} keys per "
                          f"message on {where} ({ENV_MAX_KEYS_PER_MESSAGE}={limit}). Split the "
                          f"call, or raise {ENV_MAX_KEYS_PER_MESSAGE} on every node.")
+
+
+def check_rows(key: Any, rows: np.ndarray, n: int) -> None:
+    """ShapeMismatchError unless ``rows`` (a row_sparse pull's row ids of ``key``, which has
+    ``n`` rows) are integers, sorted, unique and in ``[0, n)``, as ``kv.row_sparse_pull``
+    sends them: the reply then holds each row at most once, no more than the key itself,
+    whatever the request's size or dtype (4 KiB of repeated uint8 ids asked for 1 GiB).
+    One vectorized pass, no copy of the ids."""
+    if rows.dtype.kind not in "iu":
+        raise ShapeMismatchError(f"row_sparse_pull of key {key!r}: row ids of dtype "
+                                 f"{rows.dtype}; send integers.", key=key)
+    if rows.size > n:
+        raise ShapeMismatchError(
+            f"row_sparse_pull of key {key!r} asks for {rows.size} rows of a key of {n} rows: "
+            "row ids are unique. Send np.unique(row_ids).", key=key, shape=rows.shape)
+    if not rows.size:
+        return
+    if int(rows[0]) < 0 or int(rows[-1]) >= n or (
+            rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1]))):
+        raise ShapeMismatchError(
+            f"row_sparse_pull of key {key!r}: row ids must be sorted, unique and in [0, {n}) "
+            "(each row is answered once). Send np.unique(row_ids) of rows the key has.",
+            key=key, shape=rows.shape)
+
+
+def check_lookup_reply(key: Any, ids: int, row: int, limit: int, where: str) -> None:
+    """LimitError if a table lookup of ``ids`` IDs (rows of ``row`` bytes, and a found
+    flag each) would answer with more than ``limit`` bytes; checked before any row is
+    read or made."""
+    got = ids * (row + 1)
+    if got > limit:
+        raise _over(f"the reply to this lookup of table {key!r} ({ids} IDs of {row} bytes)",
+                    got, limit, ENV_MAX_REPLY_BYTES, where, key)
 
 
 def check_reply(stored: Sequence[np.ndarray], rows: Sequence[np.ndarray] | None,

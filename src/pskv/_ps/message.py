@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import KVStoreError, ProtocolError, error_from_kind, error_kind
 
-__all__ = ["ALLOWED_DTYPES", "BINARY_TAG", "Command", "DTYPE_CODES", "MAX_DEPTH", "MAX_HEADER", "Meta",
+__all__ = ["ALLOWED_DTYPES", "WIRE_DTYPES", "BINARY_TAG", "Command", "DTYPE_CODES", "MAX_DEPTH", "MAX_HEADER", "Meta",
            "PUSH_KINDS", "decode", "encode", "error_body", "error_from_body", "kind_arrays",
            "loads", "parse_header", "short"]
 
@@ -37,12 +37,17 @@ __all__ = ["ALLOWED_DTYPES", "BINARY_TAG", "Command", "DTYPE_CODES", "MAX_DEPTH"
 ALLOWED_DTYPES = frozenset({
     "float16", "float32", "float64", "int8", "uint8", "int32", "int64", "uint32", "bool",
 })
+#: dtypes a message may carry: the above (a key's values), and the other integer dtypes a
+#: caller's IDs may come in (row ids, table IDs), which the server checks and converts or
+#: refuses with an error reply; never a key's dtype (``bounds.check_init``)
+WIRE_DTYPES = ALLOWED_DTYPES | {"int16", "uint16", "uint64"}
 #: dtype -> name, without numpy's slow ``dtype.name`` on the hot path
-_NAMES = {np.dtype(n): n for n in ALLOWED_DTYPES}
-_DTYPES = {n: np.dtype(n) for n in ALLOWED_DTYPES}
-#: dtype names by their code in a binary header (the order is part of the wire format)
+_NAMES = {np.dtype(n): n for n in WIRE_DTYPES}
+_DTYPES = {n: np.dtype(n) for n in WIRE_DTYPES}
+#: dtype names by their code in a binary header (the order is part of the wire format:
+#: new codes go at the end)
 DTYPE_CODES = ("float32", "float64", "float16", "int8", "uint8", "int32", "int64", "uint32",
-               "bool")
+               "bool", "int16", "uint16", "uint64")
 _CODE_OF = {np.dtype(n): i for i, n in enumerate(DTYPE_CODES)}
 _BY_CODE = tuple((np.dtype(n), np.dtype(n).itemsize) for n in DTYPE_CODES)
 #: a push's kind letters: dense, compressed, row_sparse (rows, data), table (ids, grads)
@@ -268,7 +273,7 @@ def parse_header(raw: bytes | memoryview, nframes: int | None = None) \
             shape = tuple(shape)
         except (TypeError, ValueError):
             raise ProtocolError(f"array {i}: malformed spec {short(spec)}") from None
-        if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
+        if not isinstance(dtype, str) or dtype not in WIRE_DTYPES:
             raise ProtocolError(f"array {i}: dtype {short(dtype)} is not allowed")
         if len(shape) > _MAX_NDIM or not all(type(s) is int and 0 <= s < _MAX_DIM
                                              for s in shape):

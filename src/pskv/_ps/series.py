@@ -196,6 +196,8 @@ _TABLE_COUNTERS = {
     "inserts": "Rows inserted (admitted IDs)",
     "refusals": "Unknown IDs the admission policy refused",
     "evictions": "Rows evicted (TTL and capacity)",
+    "budget_refusals": "Lookups and pushes refused: their new rows would grow the table "
+                       "past PSKV_MAX_KEY_BYTES",
 }
 
 

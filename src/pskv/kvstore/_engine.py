@@ -110,19 +110,22 @@ class _Entry:
     pulls: list[tuple[int, Ticket]] = field(default_factory=list)  # pulls after a push
     deferred: list[tuple[int, list[np.ndarray], str, Ticket | None]] = \
         field(default_factory=list)
-    sparse_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    # the containers only some keys or rounds use are made on first use (None: empty), so
+    # that a dense key costs no empty list or dict for them (one million one-float keys)
+    sparse_parts: list[tuple[np.ndarray, np.ndarray]] | None = None
     last: Any = None                   # the round's merged value, kept for ``replicate``
     table: tables.ServedTable | None = None   # a table key's shard (then ``stored`` is empty)
-    part_workers: list[int] = field(default_factory=list)   # the worker of each table part
-    again: list[np.ndarray] = field(default_factory=list)   # IDs of table pushes sent again
+    part_workers: list[int] | None = None          # the worker of each table part
+    again: list[np.ndarray] | None = None          # IDs of table pushes sent again
     # a dense sync round is summed in worker-rank order: the next rank to add (-1: rank 1
     # opened the round, rank 0 is next), and copies of pushes that came before a lower
     # rank's (Engine._add_in_order)
     next_rank: int = 0
-    early: dict[int, tuple[list[np.ndarray], str]] = field(default_factory=dict)
+    early: dict[int, tuple[list[np.ndarray], str]] | None = None
     # per worker: why its last push failed because a worker closed (its next pull of the
-    # key fails alike, not reading the last round as if its push had been applied)
-    refused: dict[int, KVStoreError] = field(default_factory=dict)
+    # key fails alike, not reading the last round as if its push had been applied); made
+    # on first use, as ``early`` (a key's bookkeeping stays small: test_engine)
+    refused: dict[int, KVStoreError] | None = None
 
 
 def _ignore(ticket: Ticket) -> None:
@@ -313,9 +316,13 @@ class Engine(UnevenRounds):
                 raise UnsupportedError("a compressed push reached a server without gradient "
                                        "compression: call set_gradient_compression on every "
                                        "worker before init.", key=name)
-            if arrays[0].size != self.compressor.packed_size(stored.size):
-                raise ShapeMismatchError(f"push to key {name!r}: {arrays[0].size} packed "
-                                         f"words for {stored.size} values", key=name)
+            words = self.compressor.packed_size(stored.size)
+            if arrays[0].nbytes != 4 * words:   # what decompress needs: checked before any key
+                raise ShapeMismatchError(
+                    f"compressed push to key {name!r}: {arrays[0].nbytes} bytes of packed "
+                    f"words for {stored.size} values, which take {4 * words} bytes. Push "
+                    "what compress() returns for the key's size.", key=name,
+                    shape=arrays[0].shape)
             return
         if kind == "r":
             rows, data = arrays
@@ -326,6 +333,10 @@ class Engine(UnevenRounds):
                 raise ShapeMismatchError(
                     f"row_sparse push to key {name!r}: rows/data do not fit shape "
                     f"{stored.shape}", key=name, shape=data.shape)
+            if not np.can_cast(data.dtype, stored.dtype, "same_kind"):
+                raise ShapeMismatchError(f"row_sparse push to key {name!r}: dtype "
+                                         f"{data.dtype} cannot be cast to {stored.dtype}. "
+                                         "Push rows of the key's dtype.", key=name)
             return
         value = arrays[0]
         if value.size != stored.size:
@@ -364,6 +375,8 @@ class Engine(UnevenRounds):
         else:
             self._add_in_order(key, entry, worker, arrays, kind)
         if entry.table is not None:
+            if entry.part_workers is None:
+                entry.part_workers = []
             entry.part_workers.append(worker)
         entry.pushers.add(worker)
         if ticket is not None:
@@ -398,6 +411,8 @@ class Engine(UnevenRounds):
             self.accumulate(key, arrays, kind, first=False)
             entry.next_rank = 2
         elif worker != entry.next_rank:
+            if entry.early is None:
+                entry.early = {}
             entry.early[worker] = ([np.array(a) for a in arrays], kind)
             return
         else:
@@ -410,7 +425,7 @@ class Engine(UnevenRounds):
         while True:
             if self.joined:
                 self._skip_joined(entry)
-            if entry.next_rank not in entry.early:
+            if not entry.early or entry.next_rank not in entry.early:
                 return
             held, held_kind = entry.early.pop(entry.next_rank)
             self.accumulate(key, held, held_kind, first=entry.next_rank == self._lowest)
@@ -420,7 +435,8 @@ class Engine(UnevenRounds):
         """Move a round's next rank past the joined workers (they add zeros: nothing)."""
         if entry.next_rank == -1 and 0 in self.joined:
             entry.next_rank = 2
-        while entry.next_rank in self.joined and entry.next_rank not in entry.early:
+        while entry.next_rank in self.joined and not (entry.early and
+                                                       entry.next_rank in entry.early):
             entry.next_rank += 1
 
     # ---- the two steps of a round (override both for a server that does no arithmetic,
@@ -431,10 +447,14 @@ class Engine(UnevenRounds):
         if kind in "rtT":
             # a table push in dist_async is applied before push() returns: no copy to keep
             keep = self.sync or kind == "r"
+            if entry.sparse_parts is None:
+                entry.sparse_parts = []
             entry.sparse_parts.append((arrays[0].astype(np.int64, copy=keep),
                                        np.array(arrays[1], copy=True) if keep
                                        else np.asarray(arrays[1])))
             if kind == "T":          # a table push sent again (docs/embeddings.md D9)
+                if entry.again is None:
+                    entry.again = []
                 entry.again.append(entry.sparse_parts[-1][0])
             return
         stored = entry.stored
@@ -455,15 +475,15 @@ class Engine(UnevenRounds):
         entry = self._entries[key]
         want = self.observer is not None and self.observer.wants_merged
         if entry.table is not None:
-            parts, entry.sparse_parts = entry.sparse_parts, []
-            if len(entry.part_workers) == len(parts) > 1:
+            parts, entry.sparse_parts = entry.sparse_parts or [], None
+            workers, entry.part_workers = entry.part_workers or [], None
+            if len(workers) == len(parts) > 1:
                 # in worker order, not arrival order: the sums of duplicate IDs (R7) are
                 # then the same bits whichever worker's push came first
-                parts = [p for _w, p in sorted(zip(entry.part_workers, parts),
+                parts = [p for _w, p in sorted(zip(workers, parts),
                                                key=lambda wp: wp[0])]
-            entry.part_workers.clear()
             opt = getattr(self.updater, "optimizer", None)
-            again, entry.again = entry.again, []
+            again, entry.again = entry.again or [], None
             entry.last = tables.apply_round(entry.table, parts, opt, entry.name, want, again)
             return
         merged = self._merged(entry)
@@ -494,9 +514,9 @@ class Engine(UnevenRounds):
 
     def _merged(self, entry: _Entry) -> NDArray:
         if entry.sparse:
-            rows, data = sum_rows(entry.sparse_parts, entry.stored.shape, entry.stored.dtype,
-                                  unique_rows=False)
-            entry.sparse_parts.clear()
+            rows, data = sum_rows(entry.sparse_parts or [], entry.stored.shape,
+                                  entry.stored.dtype, unique_rows=False)
+            entry.sparse_parts = None
             return RowSparseNDArray(data, rows, entry.stored.shape)
         assert entry.merge is not None
         return entry.stored._new(entry.merge)      # the stored value's context
@@ -681,7 +701,4 @@ class Engine(UnevenRounds):
         entry.waiting, entry.deferred, entry.pulls = [], [], []
         entry.pushers.clear()
         entry.next_rank = 0
-        entry.early.clear()
-        entry.sparse_parts.clear()
-        entry.part_workers.clear()
-        entry.again.clear()
+        entry.early = entry.sparse_parts = entry.part_workers = entry.again = None

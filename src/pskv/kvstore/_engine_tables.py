@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import CheckpointError, ShapeMismatchError, UnsupportedError
 from ..table import DynamicTable, TableSpec, shard_of
 from ..table.spec import now
+from ._table_budget import check_growth
 
 __all__ = ["ServedTable", "TableRound", "apply_round", "check_table_push", "lookup_arrays",
            "merge_states", "put_rows", "served_table", "table_copy"]
@@ -32,12 +33,20 @@ class ServedTable(DynamicTable):
     recording = False
     #: the spec the workers declared (``spec`` is this shard's: its Capacity divided)
     full_spec: TableSpec | None = None
+    #: the most bytes this shard may hold (``_table_budget``); None: unchecked
+    budget: int | None = None
+    #: requests refused for the budget (stats ``budget_refusals``, a metric)
+    budget_refusals = 0
 
     def __init__(self, spec: TableSpec, name: Any = "table",
                  clock: Callable[[], float] = now) -> None:
         super().__init__(spec, name=name, clock=clock)
         self.evicted: list[np.ndarray] = []
         self.born: list[np.ndarray] = []
+
+    def stats(self) -> dict[str, int]:
+        """DynamicTable's counters and ``budget_refusals``."""
+        return {**super().stats(), "budget_refusals": self.budget_refusals}
 
     def _evict(self, slots: np.ndarray) -> None:
         if self.recording:
@@ -101,6 +110,8 @@ def check_table_push(table: ServedTable, kind: str, arrays: list[np.ndarray]) ->
     ids = table._check_ids(ids, "push")
     table._check_grads(ids, grads, "push")
     _check_owned(table, ids, "push")
+    if table.spec.birth == "push":
+        check_growth(table, ids, "a push", f"server {table.shard[0]}")
 
 
 def _check_owned(table: ServedTable, ids: np.ndarray, what: str) -> None:
@@ -117,14 +128,17 @@ def _check_owned(table: ServedTable, ids: np.ndarray, what: str) -> None:
             "pskv.table.shard_of(ids, num_servers).", key=table.name)
 
 
-def check_lookup(table: ServedTable, ids: np.ndarray) -> np.ndarray:
-    """The IDs of a lookup message as int64 (1-d, owned here), or raise."""
+def check_lookup(table: ServedTable, ids: np.ndarray, train: bool = False) -> np.ndarray:
+    """The IDs of a lookup message as int64 (1-d, owned here), or raise (a training
+    lookup of a ``birth='pull'`` table: also if its new rows would pass the budget)."""
     if ids.ndim != 1:
         raise ShapeMismatchError(f"lookup of table key {table.name!r}: IDs of shape "
                                  f"{ids.shape}; a lookup message carries a 1-d array.",
                                  key=table.name, shape=ids.shape)
     got = table._check_ids(ids, "lookup")
     _check_owned(table, got, "lookup")
+    if train and table.spec.birth == "pull":
+        check_growth(table, got, "a training lookup", f"server {table.shard[0]}")
     return got
 
 

@@ -92,6 +92,8 @@ class UnevenRounds:
             f"(workers {sorted(entry.pushers)} did). With uneven data, call kv.join() on "
             "each worker that runs out of batches (pskv.torch: opt.join()), and close only "
             "after it returns.", key=entry.name)
+        if entry.pushers and entry.refused is None:
+            entry.refused = {}
         for worker in entry.pushers:
             entry.refused[worker] = err
         self._fail_entry(entry, err)

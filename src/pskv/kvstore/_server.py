@@ -22,7 +22,7 @@ import zmq
 from ..errors import CheckpointError, ClusterError, KVStoreError, NodeFailedError, ProtocolError, \
     ShapeMismatchError
 from .._ps.auth import Verifier, server_proof
-from .._ps.bounds import check_key_count, check_reply
+from .._ps.bounds import check_key_count, check_reply, check_rows
 from .._ps.config import ClusterConfig, advertised_host
 from .._ps.membership import ServerRejoined
 from .._ps.metrics import start as start_metrics
@@ -471,9 +471,7 @@ class KVServer:
         stored = []
         for k, rows in zip(keys, arrays):
             stored.append(shard.engine.value_of(k, "row_sparse_pull", self._where())._data)
-            n = stored[-1].shape[0] if stored[-1].ndim else 0
-            if rows.dtype.kind not in "iu" or (rows.size and (rows.min() < 0 or rows.max() >= n)):
-                raise ShapeMismatchError(f"row_sparse_pull: row ids out of [0, {n})", key=k)
+            check_rows(k, rows, stored[-1].shape[0] if stored[-1].ndim else 0)
         check_reply(stored, arrays, self.cfg.max_reply_bytes, self._where())  # before copies
         self._on_pull(shard, conn, worker, ts, keys, body, arrays,
                       rows=[r.astype(np.int64) for r in arrays])

@@ -16,11 +16,12 @@ import numpy as np
 
 from ..errors import KeyAlreadyInitializedError, TableSpecError
 from ..table import TableSpec
-from .._ps.bounds import check_init
+from .._ps.bounds import check_init, check_lookup_reply
 from .._ps.message import Command
 from .._ps.ops import Op
 from ._engine import Engine, Ticket
 from ._engine_tables import check_lookup, check_optimizer, served_table
+from ._table_budget import check_table_init
 
 __all__ = ["cmd_lookup", "cmd_table_stats", "init_entries", "stats_reply"]
 
@@ -42,13 +43,16 @@ def init_entries(engine: Engine, keys: tuple[int, ...], specs: list[dict[str, An
         if spec.get("stype") == "table":
             declared = TableSpec.from_json(spec.get("table"))
             i, n = spec["shard"]
+            shard = (int(i), int(n))
+            check_table_init(declared, shard[1], spec["key"], max_key_bytes, where)
             try:
-                tables[k] = served_table(declared, spec["key"], (int(i), int(n)))
+                tables[k] = served_table(declared, spec["key"], shard)
             except (MemoryError, ValueError) as err:
                 raise TableSpecError(
                     f"table {spec['key']!r}: dim {declared.dim} with reserve_rows "
                     f"{declared.reserve_rows} cannot be allocated here ({err}). Reserve "
                     "fewer rows.", key=spec["key"]) from err
+            tables[k].budget = max_key_bytes
     opt = getattr(engine.updater, "optimizer", None)
     for made in tables.values():
         if opt is not None:
@@ -68,7 +72,10 @@ def cmd_lookup(server: Any, shard: Any, conn: Any, worker: int, ts: int,
     key = body["key"]
     engine: Engine = shard.engine
     table = engine.table(key, "lookup", server._where())
-    ids = check_lookup(table, arrays[0])
+    check_lookup_reply(table.name, int(arrays[0].size),
+                       int(table.spec.dim) * np.dtype(table.spec.dtype).itemsize,
+                       server.cfg.max_reply_bytes, server._where())
+    ids = check_lookup(table, arrays[0], bool(body["train"]))
     ticket = Ticket(conn, ts, Command.COMMAND, (key,), rows=[ids], train=bool(body["train"]))
     engine.hold(ticket)
     engine.pull(key, worker, ticket)
