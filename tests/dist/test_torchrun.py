@@ -1,0 +1,90 @@
+"""torchrun starts pskv jobs (issue #29, item 6): the real torchrun, single node and two
+nodes on one machine (static and c10d rendezvous). Every worker's sums and optimizer step
+are checked, and no scheduler or server the workers started is left afterwards."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+
+pytest.importorskip("torch", reason="torchrun needs torch")
+
+SCRIPT = str(Path(__file__).parent / "scripts" / "torchrun_job.py")
+SRC = str(Path(__import__("pskv").__file__).resolve().parents[1])
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+JOB_S = 120
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run_all(argvs: Sequence[Sequence[str]]) -> list[str]:
+    if not os.path.exists(TORCHRUN) and shutil.which("torchrun") is None:
+        pytest.skip("no torchrun next to this python")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PSKV_"))},
+           "PYTHONPATH": SRC, "PSKV_CONNECT_TIMEOUT": "60", "PSKV_SHUTDOWN_TIMEOUT": "10"}
+    procs = [subprocess.Popen([TORCHRUN, *a, SCRIPT], env=env, text=True,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, start_new_session=True) for a in argvs]
+    outs = []
+    try:
+        for p in procs:
+            try:
+                outs.append(p.communicate(timeout=JOB_S)[0])
+            except subprocess.TimeoutExpired:
+                outs.append("(killed after the job's bound)")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+    output = "\n----\n".join(outs)
+    assert [p.returncode for p in procs] == [0] * len(procs), output
+    return outs
+
+
+def _check(outs: list[str], workers: int, nodes: int) -> None:
+    output = "\n----\n".join(outs)
+    # the workers share torchrun's stdout: their lines may run together
+    reps = [json.loads(m) for o in outs for m in re.findall(r'\{"rank"[^{}]*\}', o)]
+    assert sorted(r["rank"] for r in reps) == list(range(workers)), output
+    mean = sum(range(1, workers + 1)) / workers
+    for r in reps:
+        assert r["n"] == workers and r["sum"] == sum(range(1, workers + 1)), output
+        assert r["weight"] == [-mean, -mean], output
+    started = [pid for r in reps for pid in r["nodes"]]
+    assert len(started) == 1 + nodes, output          # the scheduler, a server per node
+    left = [pid for pid in started if os.path.exists(f"/proc/{pid}")
+            and not open(f"/proc/{pid}/stat").read().split()[2] == "Z"]
+    assert left == [], f"pskv nodes left after the job: {left}\n{output}"
+
+
+def test_torchrun_standalone_two_workers():
+    _check(_run_all([["--nproc-per-node", "2", "--standalone"]]), 2, 1)
+
+
+def test_torchrun_two_static_nodes():
+    port = str(_free_port())
+    outs = _run_all([["--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "1",
+                      "--master-addr", "127.0.0.1", "--master-port", port] for i in (0, 1)])
+    _check(outs, 2, 2)
+
+
+def test_torchrun_two_nodes_c10d_rendezvous():
+    port = _free_port()
+    outs = _run_all([["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                      "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"t{port}"]
+                     for _ in (0, 1)])
+    _check(outs, 2, 2)
