@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -66,8 +67,7 @@ def _check(outs: list[str], workers: int, nodes: int) -> None:
         assert r["weight"] == [-mean, -mean], output
     started = [pid for r in reps for pid in r["nodes"]]
     assert len(started) == 1 + nodes, output          # the scheduler, a server per node
-    left = [pid for pid in started if os.path.exists(f"/proc/{pid}")
-            and not open(f"/proc/{pid}/stat").read().split()[2] == "Z"]
+    left = [pid for pid in started if _alive(pid)]
     assert left == [], f"pskv nodes left after the job: {left}\n{output}"
 
 
@@ -88,3 +88,53 @@ def test_torchrun_two_nodes_c10d_rendezvous():
                       "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"t{port}"]
                      for _ in (0, 1)])
     _check(outs, 2, 2)
+
+
+ORPHAN = """
+import os, sys
+from pskv.kvstore._torchrun import _children, adopt_torchrun
+assert adopt_torchrun()
+print(" ".join(str(p.pid) for p in _children), flush=True)
+sys.stdin.readline()
+os._exit(1)      # no atexit, no close: as a worker killed mid-job
+"""
+
+
+def test_the_nodes_a_dying_worker_started_end_with_it():
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": SRC,
+           "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "PSKV_CONNECT_TIMEOUT": "300"}
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            start_new_session=True)
+    pids: list[int] = []
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2                          # the scheduler and this node's server
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        proc.wait(30)
+        end = time.monotonic() + 30                    # bound: they wait 300 s for workers
+        while time.monotonic() < end and any(_alive(p) for p in pids):
+            time.sleep(0.1)
+        assert [p for p in pids if _alive(p)] == []
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
