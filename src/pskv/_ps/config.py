@@ -26,8 +26,8 @@ __all__ = [
     "ENV_METRICS_CONNECTIONS", "ENV_METRICS_HOST", "ENV_METRICS_KEYS",
     "ENV_METRICS_PUSHGATEWAY", "ENV_METRICS_TOKEN", "ENV_METRICS_TOP_KEYS",
     "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY",
-    "ENV_SERVER_ID", "LOG_LEVELS", "log_level", "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS",
-    "ENV_JOIN_TIMEOUT",
+    "ENV_SCHEDULER_PORT", "ENV_SERVER_ID", "ENV_SERVERS_PER_NODE", "LOG_LEVELS", "log_level",
+    "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS", "ENV_JOIN_TIMEOUT",
     "ENV_TRANSPORT", "ENV_WORKER_ID", "ENV_STALENESS", "ENV_GLOBAL_STALENESS",
     "ENV_MXNET_PYTHON", "ENV_MXNET_SRC", "ENV_PREFIX", "KNOWN_ENV",
     "Role", "advertised_host", "loopback_address", "reduce_threads", "replicas_setting",
@@ -125,6 +125,10 @@ ENV_REDUCE_THREADS = "PSKV_REDUCE_THREADS"
 #: the test suite's (docs/env.md, "Tests"): an MXNet 1.9.1 python and source checkout
 ENV_MXNET_PYTHON = "PSKV_MXNET_PYTHON"
 ENV_MXNET_SRC = "PSKV_MXNET_SRC"
+#: a job started by torchrun (kvstore/_torchrun.py): servers each node's local rank 0
+#: starts (default 1), and the scheduler's port (default MASTER_PORT + 1)
+ENV_SERVERS_PER_NODE = "PSKV_SERVERS_PER_NODE"
+ENV_SCHEDULER_PORT = "PSKV_SCHEDULER_PORT"
 ENV_PREFIX = "PSKV_"
 #: every PSKV_* variable pskv reads: the ENV_* constants above, so the list is kept once
 KNOWN_ENV: frozenset[str] = frozenset(

@@ -24,9 +24,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..errors import ClusterError, ClusterTimeoutError, KVStoreError, ProtocolError
+from ..errors import (ClusterError, ClusterTimeoutError, KVStoreError, NodeFailedError,
+                      ProtocolError)
 from .auth import new_key, prove
 from .config import ClusterConfig, advertised_host
+from .hostid import host_id, same_host
 from .limits import ADMISSION_BYTES
 from .message import Command, Meta, error_body, error_from_body
 from .shm import FdInbox, seals_writes, supported
@@ -82,7 +84,7 @@ class PeerLinks:
                                                   tls=tls))
             self._listeners.append(StreamListener(path=ipc_path("worker")))
         return {"tcp": self._listeners[0].endpoint, "uds": self._listeners[1].endpoint,
-                "host": socket.gethostname(), "key": self._key.decode(),
+                "host": host_id(), "key": self._key.decode(),
                 "shm": "1" if self._shm_on() else "0"}
 
     def _shm_on(self) -> bool:
@@ -133,17 +135,26 @@ class PeerLinks:
         if inbox is not None:
             inbox.close()
 
+    def _open(self, where: str, p: int) -> StreamConn:
+        """A connection to worker ``p`` at ``where`` (TLS on TCP with ``PSKV_TLS_*``)."""
+        tls = client_context(*self.cfg.tls) \
+            if self.cfg.tls is not None and where.startswith("tcp:") else None
+        return StreamConn.connect(where, self.cfg.request_timeout, f"worker {p}", tls)
+
     def _dial(self, p: int, info: Mapping[str, str], key: bytes, deadline: float) \
             -> StreamConn:
-        same_host = info.get("host") == socket.gethostname()
-        where = info.get("uds") if same_host and self.cfg.transport != "tcp" \
+        where = info.get("uds") if same_host(info) and self.cfg.transport != "tcp" \
             else info.get("tcp")
         if not isinstance(where, str):
             raise ClusterError(f"worker {self.rank}: worker {p} announced no endpoint")
-        tls = client_context(*self.cfg.tls) \
-            if self.cfg.tls is not None and where.startswith("tcp:") else None
-        conn = self._unix(StreamConn.connect(where, self.cfg.request_timeout, f"worker {p}",
-                                             tls))
+        try:
+            conn = self._unix(self._open(where, p))
+        except NodeFailedError as err:
+            # a Unix socket in a network namespace the host identity could not tell apart
+            if where.startswith("tcp:") or not isinstance(info.get("tcp"), str):
+                raise
+            log.debug("worker %d: %s; trying its TCP endpoint", self.rank, err)
+            conn = self._open(info["tcp"], p)
         try:
             nonce = new_key()
             conn.send(Command.HELLO, 1, body={"role": "worker", "rank": self.rank,

@@ -29,6 +29,7 @@ from . import validate
 from .auth import prove, warn_without_secret
 from .crypt import curve_keys, derive, unseal
 from .config import ClusterConfig
+from .hostid import host_id
 from .membership import Event, Membership, ServerLost, ServerRejoined, frozen_servers
 from .message import Command, decode, error_from_body, short
 from .zeromq import ZmqContext, curve_client, recv_message, send_message
@@ -66,7 +67,8 @@ class Postoffice:
         self.role = cfg.role.value
         self._zctx = zctx
         self.host = socket.gethostname()
-        self._endpoints = {**endpoints, "host": self.host} if endpoints else {}
+        # the endpoints' host says which peers may take the Unix socket (:mod:`.hostid`)
+        self._endpoints = {**endpoints, "host": host_id()} if endpoints else {}
         self._ident = f"{self.role}-{os.getpid()}-{id(self):x}".encode()
         self._sock = zctx.socket(zmq.DEALER, identity=self._ident)
         if cfg.encrypt and cfg.transport != "inproc":

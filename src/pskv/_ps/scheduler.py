@@ -28,6 +28,7 @@ from .auth import Verifier, new_key, warn_without_secret
 from .crypt import curve_keys, derive, seal
 from .config import (ENV_JOIN_STATUS, ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_ID,
                      ClusterConfig)
+from .hostid import host_id
 from .limits import CONTROL_BYTES, CONTROL_FRAMES
 from .message import Command, Meta, error_body
 from .metrics import job_label, start as start_metrics
@@ -686,11 +687,12 @@ class Scheduler:
     def _remove_dead_sockets(self) -> None:
         """Remove the Unix socket files of this host's servers that died (a SIGKILLed
         process cannot remove its own); only files pskv names in the temp directory."""
-        me = socket.gethostname()
+        me = host_id()
         tmp = os.path.realpath(tempfile.gettempdir())
         for node in self._members("server"):
             path = node.body.get("endpoints", {}).get("uds")
-            if node.state != "dead" or node.body.get("host") != me or not isinstance(path, str):
+            if node.state != "dead" or node.body.get("endpoints", {}).get("host") != me \
+                    or not isinstance(path, str):
                 continue
             real = os.path.realpath(path)
             if os.path.dirname(real) != tmp or not os.path.basename(real).startswith(

@@ -9,12 +9,13 @@ message until its HELLO proves it holds the cluster secret.
 """
 from __future__ import annotations
 
+import logging
 import ssl
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NodeFailedError
 from .config import ClusterConfig
 from .crypt import curve_keys
 from .limits import ADMISSION_BYTES
@@ -22,6 +23,8 @@ from .message import Command, Meta
 from .sealed import SealedConn
 from .stream import Alloc, StreamConn
 from .zeromq import ZmqConn, ZmqContext
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ADMISSION_BYTES", "Alloc", "Connection", "connect", "data_curve"]
 
@@ -63,7 +66,9 @@ def connect(cfg: ClusterConfig, endpoints: Mapping[str, str], same_host: bool, p
 
     Endpoints: ``uds`` (a Unix socket path), ``tcp`` (``tcp:host:port``, stream framing),
     ``zmq`` (a ZeroMQ ``tcp://`` address). ``auto`` takes the Unix socket on the same
-    host and TCP otherwise. ``tls``: the context TCP links are wrapped in (:mod:`.tls`).
+    host (``same_host``: :func:`.hostid.same_host`) and TCP otherwise, and TCP too when
+    that Unix socket refuses (a namespace the host identity could not tell apart).
+    ``tls``: the context TCP links are wrapped in (:mod:`.tls`).
     With ``cfg.encrypt``, ``seal`` = (the key this node shares with that server, this
     node's role, its rank): stream links are sealed with it (:mod:`.sealed`), ZeroMQ
     links run CURVE with the data port's key derived from the secret (:mod:`.crypt`).
@@ -75,13 +80,20 @@ def connect(cfg: ClusterConfig, endpoints: Mapping[str, str], same_host: bool, p
     elif "tcp" in endpoints and transport != "zmq":
         path, use_tls = endpoints["tcp"], tls
     if path is not None:
-        if not cfg.encrypt:
-            return StreamConn.connect(path, cfg.request_timeout, peer, use_tls)
-        if seal is None:
+        if cfg.encrypt and seal is None:
             raise ConfigError(f"PSKV_ENCRYPT=1, and no key for the link to {peer}")
-        conn = SealedConn.connect(path, cfg.request_timeout, peer, use_tls)
-        assert isinstance(conn, SealedConn)
-        conn.initiate(*seal)
+        kind = SealedConn if cfg.encrypt else StreamConn
+        try:
+            conn = kind.connect(path, cfg.request_timeout, peer, use_tls)
+        except NodeFailedError as err:
+            if transport != "auto" or use_tls is not None or path.startswith("tcp:") \
+                    or "tcp" not in endpoints:
+                raise
+            log.debug("%s; trying its TCP endpoint", err)
+            conn = kind.connect(endpoints["tcp"], cfg.request_timeout, peer, tls)
+        if isinstance(conn, SealedConn):
+            assert seal is not None
+            conn.initiate(*seal)
         return conn
     return ZmqConn(zmq_context, endpoints["zmq"], cfg.request_timeout, peer,
                    data_curve(cfg)[0] if cfg.encrypt and cfg.transport == "zmq" else None)

@@ -37,6 +37,7 @@ from ..errors import ClusterTimeoutError, KVStoreError, NodeFailedError, Protoco
 from .auth import check_server, new_key, prove
 from .config import ClusterConfig
 from .failover import Failover, applied_counts
+from .hostid import same_host
 from .message import Command, Meta, error_from_body
 from .ops import Op, command
 from .metrics import start as start_metrics
@@ -175,7 +176,7 @@ class KVWorker:
 
     def _connect(self, rank: int, ep: Mapping[str, str]) -> Connection:
         try:
-            conn = connect(self.cfg, ep, ep.get("host") == socket.gethostname(),
+            conn = connect(self.cfg, ep, same_host(ep),
                            f"server {rank}", self._zctx, self._tls,
                            (self.po.key_for(rank), "worker", self.po.rank))
         except NodeFailedError as err:

@@ -41,6 +41,7 @@ from ..optimizer.updater import decode_states, encode_states
 from ..nd.sparse import RowSparseNDArray
 from .._ps.auth import Verifier, prove
 from .._ps.config import ClusterConfig, advertised_host
+from .._ps.hostid import same_host
 from .._ps.message import Command, Meta, error_from_body, short
 from .._ps.ops import BACKUP_ENDPOINT, ReplOp, change, parse
 from .._ps.postoffice import Postoffice
@@ -116,7 +117,7 @@ class Replicator:
     def _connect(self, endpoints: dict[str, str]) -> None:
         """Connect to the backup, say HELLO (as a server), send it the whole shard."""
         tls = client_context(*self.cfg.tls) if self.cfg.tls is not None else None
-        conn = connect(self.cfg, endpoints, endpoints.get("host") == socket.gethostname(),
+        conn = connect(self.cfg, endpoints, same_host(endpoints),
                        f"server {self.backup} (backup of shard {self.shard})", self._zctx, tls,
                        (self._po.server_key, "server", self.me))
         self._conn = conn
