@@ -268,3 +268,42 @@ def test_tables_are_bounded_before_they_allocate(thread_cluster: Any) -> None:
     stats = mine["stats"]
     assert stats["rows"] == 16 + 4 and stats["budget_refusals"] == 1, stats
     assert_unharmed(cluster, {0: mine["closing"]}, np.full(3, 1.0), 15)
+
+
+def test_a_worker_refuses_an_oversized_table_with_a_limit_error(
+        thread_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers' own side of a table INIT: a dist worker's checker reserves nothing (the
+    rows live on the servers, which refuse the shard with a LimitError), and a local store
+    checks the whole table against PSKV_MAX_KEY_BYTES before it allocates. Before, both
+    raised a bare MemoryError from the worker's own reservation of 2**40 rows."""
+    from pskv.table import TableSpec
+    huge = TableSpec(dim=8, reserve_rows=1 << 40)
+    with pytest.raises(LimitError, match="PSKV_MAX_KEY_BYTES") as info:
+        mx.kv.create("local").init("emb", huge)
+    assert info.value.key == "emb"
+    monkeypatch.setenv("PSKV_MAX_KEY_BYTES", str(1 << 20))
+    local = mx.kv.create("local")
+    with pytest.raises(LimitError, match="PSKV_MAX_KEY_BYTES=1048576"):
+        local.init("emb", TableSpec(dim=1024, reserve_rows=1024))   # 4 MiB of rows
+    local.init("emb", TableSpec(dim=8))                               # nothing was kept
+    monkeypatch.delenv("PSKV_MAX_KEY_BYTES")
+
+    cluster = thread_cluster(2, 2)
+
+    def fn(kv: Any) -> Any:
+        out: dict[str, Any] = {}
+        try:
+            kv.init("emb", huge)
+        except mx.KVStoreError as err:
+            out["huge"] = err
+        kv.init("ok", TableSpec(dim=8, reserve_rows=10_000_000))    # 1e7 rows: servers'
+        checker = kv._tables.tables["ok"]
+        out["checker rows"] = checker._values.shape[0]
+        out["spec"] = checker.spec.reserve_rows
+        return out
+
+    for rank, got in cluster.run(fn, "dist_sync", 60).items():
+        assert not isinstance(got, BaseException), (rank, got)
+        assert isinstance(got["huge"], LimitError), (rank, got)
+        assert "PSKV_MAX_KEY_BYTES" in str(got["huge"]), (rank, got)
+        assert got["checker rows"] == 64 and got["spec"] == 10_000_000, (rank, got)

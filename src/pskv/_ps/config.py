@@ -30,7 +30,8 @@ __all__ = [
     "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS", "ENV_JOIN_TIMEOUT",
     "ENV_TRANSPORT", "ENV_WORKER_ID", "ENV_STALENESS", "ENV_GLOBAL_STALENESS",
     "ENV_MXNET_PYTHON", "ENV_MXNET_SRC", "ENV_PREFIX", "KNOWN_ENV",
-    "Role", "advertised_host", "loopback_address", "reduce_threads", "replicas_setting",
+    "Role", "advertised_host", "loopback_address", "max_key_bytes", "reduce_threads",
+    "replicas_setting",
     "unknown_env",
     "warn_unknown_env",
 ]
@@ -219,6 +220,13 @@ def _int(env: Mapping[str, str], name: str, default: int | None, hint: str,
     if value < minimum:
         raise ConfigError(f"{name}={raw!r} must be at least {minimum}. {hint}")
     return value
+
+
+def max_key_bytes(env: Mapping[str, str]) -> int:
+    """``PSKV_MAX_KEY_BYTES`` of ``env`` (64 GiB unset); ConfigError when not a positive
+    integer. A dist node reads it into :class:`ClusterConfig`; a local store's tables here."""
+    return _int(env, ENV_MAX_KEY_BYTES, 1 << 36, "Set it to a number of bytes, e.g. "
+                "68719476736.", 1)
 
 
 _REPLICAS_HINT = "Set it to 1 (a backup of every shard) or 0 (none)."
@@ -493,8 +501,7 @@ class ClusterConfig:
                                 "connections, e.g. 64.", 1),
             max_message_bytes=_int(env, ENV_MAX_MESSAGE_BYTES, 4 << 30, "Set it to a number "
                                    "of bytes, e.g. 4294967296.", 1 << 20),
-            max_key_bytes=_int(env, ENV_MAX_KEY_BYTES, 1 << 36, "Set it to a number of "
-                               "bytes, e.g. 68719476736.", 1),
+            max_key_bytes=max_key_bytes(env),
             max_keys_per_message=_int(env, ENV_MAX_KEYS_PER_MESSAGE, 1 << 16, "Set it to a "
                                       "number of keys, e.g. 65536.", 1),
             max_reply_bytes=_int(env, ENV_MAX_REPLY_BYTES, 4 << 30, "Set it to a number of "

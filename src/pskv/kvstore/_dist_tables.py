@@ -15,12 +15,13 @@ a :class:`._tables.Tables` whose tables only check arguments (never hold a row).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import ClusterError, KVStoreError
-from ..table import TableSpec, shard_of
+from ..table import Always, DynamicTable, TableSpec, shard_of
 from .._ps.message import Command, error_body, error_from_body
 from .._ps.ops import Op, command
 from .._ps.worker import KVWorker
@@ -56,6 +57,15 @@ class DistTables(Tables):
         self.optimizer: Any = None
         #: (IDs, split) of the last ``_split``: a push of the IDs just looked up reuses it
         self._last_split: tuple[np.ndarray, list[np.ndarray]] | None = None
+
+    def _table(self, spec: TableSpec, key: Key) -> DynamicTable:
+        """A checker of ``spec``'s arguments for this worker (IDs, gradients, optimizer):
+        the rows live on the servers (each checks its shard against PSKV_MAX_KEY_BYTES),
+        so it reserves no rows and keeps no admission counters of its own."""
+        light = dataclasses.replace(spec, reserve_rows=0, admission=Always())
+        checker = DynamicTable(light, name=key)
+        checker.spec = spec          # what the worker reads back is the spec it was given
+        return checker
 
     def send_init(self, key: Key, pk: int, spec: TableSpec) -> None:
         """Init table ``key`` on every server (worker 0 does, after the workers agreed)."""

@@ -7,6 +7,7 @@ by the caller. Invariant: a key is either a table key or an array key, never bot
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,8 @@ from ._args import as_numpy, check_key
 from ._engine_tables import restore_from, table_copy
 from ._keys import KeyTable
 from ._snapshot import Reader, ShardCopy
+from ._table_budget import check_table_init
+from .._ps.config import max_key_bytes
 
 __all__ = ["TableMethods", "Tables", "rsp_outs"]
 
@@ -67,9 +70,16 @@ class Tables:
             raise KeyAlreadyInitializedError(
                 f"key {k!r} is initialized twice. Each key takes one init (a TableSpec or an "
                 "array).", key=k, store_type=self.store_type)
-        self.tables[k] = DynamicTable(spec, name=k)
+        self.tables[k] = self._table(spec, k)
         if keys.kind is None:
             keys.kind = type(k)
+
+    def _table(self, spec: TableSpec, key: Key) -> DynamicTable:
+        """The table of a new key ``key``: its whole memory is this process's, so it is
+        checked against ``PSKV_MAX_KEY_BYTES`` first (a LimitError, not a MemoryError)."""
+        check_table_init(spec, 1, key, max_key_bytes(os.environ),
+                         f"this {self.store_type!r} store")
+        return DynamicTable(spec, name=key)
 
     def taken(self, key: Any) -> None:
         """Raise KeyAlreadyInitializedError if ``key`` (or one of a list) is a table key."""
