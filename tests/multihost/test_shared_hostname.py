@@ -54,9 +54,9 @@ def _missing() -> str | None:
 @pytest.fixture
 def two_netns() -> Iterator[tuple[str, str]]:
     """Two namespaces, ``a`` at 10.229.0.1 and ``b`` at 10.229.0.2, one veth pair apart."""
-    reason = _missing()
-    if reason is not None:
-        pytest.skip(reason)
+    missing = _missing()
+    if missing is not None:
+        pytest.skip(f"two network namespaces cannot be made here: {missing}")
     tb = load_testbed()
     tb.sweep()
     # the bed's naming: sweep() removes them if this process is killed before its finally
