@@ -285,7 +285,7 @@ class StalenessTimeoutError(ClusterTimeoutError):
 
 class WorkerClosedError(ClusterError):
     """A ``dist_sync`` round (or a collective round) needs the push of a worker that has
-    closed its store without :meth:`~pskv.kvstore.KVStoreBase.join`: it can never complete.
+    closed its store without :meth:`~pskv.kv.KVStoreBase.join`: it can never complete.
     The message names that worker's rank, the key and the round; with uneven data, call
     ``kv.join()`` on each worker that runs out of batches (docs/api.md, "Uneven data").
 
