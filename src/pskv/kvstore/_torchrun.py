@@ -4,7 +4,8 @@ torchrun sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
 ``MASTER_ADDR`` and ``MASTER_PORT`` and no ``DMLC_*``. When a ``dist_*`` store is created in
 such a process, :func:`adopt_torchrun` turns those into the cluster variables: this process
 is worker ``RANK`` of ``WORLD_SIZE``; the scheduler listens at ``MASTER_ADDR``, port
-``PSKV_SCHEDULER_PORT`` (default ``MASTER_PORT + 1``), started by global rank 0; each node's
+``PSKV_SCHEDULER_PORT`` (default: ``MASTER_PORT + 1`` when free, else a free port, told to
+the others through torchrun's store), started by global rank 0; each node's
 local rank 0 starts ``PSKV_SERVERS_PER_NODE`` servers (default 1), so the job has
 ``WORLD_SIZE / LOCAL_WORLD_SIZE`` times that many. They are ``python -m pskv.server``
 children (no torch imported), in their own process group, sent SIGTERM if their parent dies
@@ -21,13 +22,14 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from typing import MutableMapping
 
-from .._ps.config import (ENV_NUM_SERVER, ENV_NUM_WORKER, ENV_ROLE, ENV_ROOT_PORT,
-                          ENV_ROOT_URI, ENV_SCHEDULER_PORT, ENV_SERVERS_PER_NODE,
-                          ENV_SHUTDOWN_TIMEOUT, ENV_WORKER_ID)
+from .._ps.config import (ENV_CONNECT_TIMEOUT, ENV_NUM_SERVER, ENV_NUM_WORKER, ENV_ROLE,
+                          ENV_ROOT_PORT, ENV_ROOT_URI, ENV_SCHEDULER_PORT,
+                          ENV_SERVERS_PER_NODE, ENV_SHUTDOWN_TIMEOUT, ENV_WORKER_ID)
 from ..errors import ConfigError
 
 __all__ = ["TORCHRUN_NAMES", "adopt_torchrun"]
@@ -69,7 +71,7 @@ def adopt_torchrun(env: MutableMapping[str, str] | None = None) -> bool:
                           "each node with the same --nproc-per-node.")
     per_node = _number(env, ENV_SERVERS_PER_NODE, 1) if env.get(ENV_SERVERS_PER_NODE) else 1
     port = _number(env, ENV_SCHEDULER_PORT, 1) if env.get(ENV_SCHEDULER_PORT) \
-        else _number(env, "MASTER_PORT", 1) + 1
+        else _agreed_port(env, rank)
     cluster = {ENV_ROOT_URI: env["MASTER_ADDR"], ENV_ROOT_PORT: str(port),
                ENV_NUM_WORKER: str(world), ENV_NUM_SERVER: str(world // local_world * per_node)}
     for name in (ENV_ROLE, ENV_WORKER_ID):
@@ -86,6 +88,49 @@ def adopt_torchrun(env: MutableMapping[str, str] | None = None) -> bool:
     log.info("torchrun: worker %d of %d; scheduler at %s:%d, %s servers", rank, world,
              env["MASTER_ADDR"], port, cluster[ENV_NUM_SERVER])
     return True
+
+
+def _bindable(port: int) -> bool:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", port))
+    except OSError:
+        return False
+    return True
+
+
+def _agreed_port(env: MutableMapping[str, str], rank: int) -> int:
+    """The scheduler's port when ``PSKV_SCHEDULER_PORT`` is unset. Without torchrun's agent
+    store (``TORCHELASTIC_USE_AGENT_STORE``), ``MASTER_PORT + 1``. With it, rank 0 takes
+    ``MASTER_PORT + 1`` if it is free here, else any free port, and tells the others through
+    torchrun's own store at MASTER_ADDR:MASTER_PORT. (A fixed ``MASTER_PORT + 1`` was taken
+    now and then: ``--standalone`` picks MASTER_PORT from the OS's ephemeral range, whose
+    next port another connection may already hold.)"""
+    master = _number(env, "MASTER_PORT", 1)
+    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        return master + 1       # no agent's store to ask (variables set by hand)
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    wait = float(env.get(ENV_CONNECT_TIMEOUT) or 60)
+    try:
+        store = dist.TCPStore(env["MASTER_ADDR"], master,  # type: ignore[attr-defined]
+                              is_master=False, timeout=timedelta(seconds=wait))
+    except (RuntimeError, OSError) as err:
+        raise ConfigError(f"torchrun's store at {env['MASTER_ADDR']}:{master} did not answer "
+                          f"({err}): pskv asks it for the scheduler's port. Set "
+                          f"{ENV_SCHEDULER_PORT} to one free port, the same on every node.") \
+            from err
+    key = f"pskv/scheduler_port/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if rank == 0:
+        port = master + 1
+        if port > 65535 or not _bindable(port):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("", 0))
+                port = int(sock.getsockname()[1])
+        store.set(key, str(port))
+        return port
+    return int(store.get(key).decode())
 
 
 def _die_with_parent() -> None:
