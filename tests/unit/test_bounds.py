@@ -13,7 +13,7 @@ import pytest
 
 from pskv._ps.bounds import check_init, check_key_count, check_reply, key_bytes, placement
 from pskv.errors import CheckpointError, LimitError, ShapeMismatchError
-from pskv.kvstore._durable import checkpoint_path
+from pskv.kvstore._snapshot import checkpoint_path
 from pskv.nd._npz import BadArchive, SafeNpz, open_regular, read_bounded
 
 

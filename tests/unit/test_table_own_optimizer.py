@@ -10,7 +10,8 @@ import pytest
 
 import pskv as mx
 from pskv.errors import TableSpecError
-from pskv.kvstore._engine_tables import check_optimizer, served_table
+from pskv.kvstore._engine_tables import served_table
+from pskv.kvstore._table_rules import check_optimizer
 from pskv.table import Constant, TableSpec
 
 IDS = np.array([9, -2**40, 9, 3])

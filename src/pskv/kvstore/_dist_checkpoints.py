@@ -11,8 +11,7 @@ from typing import Any, Callable
 from ..errors import CheckpointError, KVStoreError, UnsupportedError
 from .._ps.message import Command
 from .._ps.ops import Op, command
-from ._durable import checkpoint_path
-from ._snapshot import Reader, check_keys, write_manifest
+from ._snapshot import Reader, checkpoint_path, check_keys, write_manifest
 
 __all__ = ["CheckpointMethods"]
 

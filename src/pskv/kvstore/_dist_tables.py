@@ -28,7 +28,7 @@ from .._ps.worker import KVWorker
 from .._types import Key
 from .._ps.partition import ps_key
 from ._args import as_numpy, check_key
-from ._engine_tables import check_optimizer
+from ._table_rules import check_optimizer
 from ._tables import Tables, _pairs, rsp_outs
 from ._agree import check_agreement, init_spec
 

@@ -18,14 +18,14 @@ import numpy as np
 
 from ..errors import CheckpointError, KVStoreError
 from ..table import TableSpec
-from .._ps.config import ENV_CHECKPOINT_DIR, ClusterConfig
+from .._ps.config import ClusterConfig
 from .._ps.message import Command
 from ._ckcheck import guarded
 from ._engine import Engine, EntryCopy
 from ._engine_tables import served_table
-from ._snapshot import Reader, ShardCopy, latest, prune, round_dir, write_manifest, write_shard
+from ._snapshot import Reader, checkpoint_path, ShardCopy, latest, prune, round_dir, write_manifest, write_shard
 
-__all__ = ["PeriodicCopies", "Snapshots", "checkpoint_path", "load_shard"]
+__all__ = ["PeriodicCopies", "Snapshots", "load_shard"]
 
 log = logging.getLogger(__name__)
 
@@ -239,22 +239,3 @@ def _part_shape(shape: tuple[int, ...], start: int, stop: int, sparse: bool) -> 
     return (stop - start,)
 
 
-def checkpoint_path(path: str, root: str | None = None) -> str:
-    """``path`` as every server sees it (absolute: servers may run elsewhere).
-
-    With ``root`` (``PSKV_CHECKPOINT_DIR``), a path a worker names must lie under it once
-    symlinks are resolved: a server writes or reads a worker's checkpoint only there
-    (CheckpointError otherwise; docs/durability.md)."""
-    if "\x00" in path:
-        raise CheckpointError(f"checkpoint path {path!r} holds a NUL byte. Pass a directory "
-                              "path.")
-    where = os.path.abspath(path)
-    if root is not None:
-        base = os.path.realpath(root)
-        real = os.path.realpath(where)
-        if os.path.commonpath([base, real]) != base:
-            raise CheckpointError(
-                f"checkpoint path {path!r} is outside {ENV_CHECKPOINT_DIR}={root!r}: this "
-                "job's servers write and read checkpoints only under it. Pass a path under "
-                f"{root!r}, or start the job with another {ENV_CHECKPOINT_DIR}.")
-    return where

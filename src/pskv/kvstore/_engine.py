@@ -31,13 +31,14 @@ from typing import Any, Callable, Literal, Protocol
 import numpy as np
 
 from .. import compression, optimizer
-from ..errors import (CheckpointError, ClusterError, ClusterTimeoutError,
+from ..errors import (ClusterError, ClusterTimeoutError,
                       KeyAlreadyInitializedError, KeyNotInitializedError, KVStoreError,
                       ShapeMismatchError, UnsupportedError)
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._types import Key, Updater
-from ._agree import check_optimizer_spec
+from ._specs import check_optimizer_spec
+from ._table_rules import check_optimizer as check_table_optimizer
 from ._reduce import sum_rows
 from ._snapshot import Reader, ShardCopy
 from . import _engine_state, _engine_tables as tables
@@ -273,7 +274,7 @@ class Engine(UnevenRounds):
             check_optimizer_spec(opt, spec)     # a spec that cannot update is refused now
             for e in self._entries.values():    # and one a table key cannot run
                 if e.table is not None:
-                    tables.check_optimizer(e.table, opt)
+                    check_table_optimizer(e.table, opt)
             self.updater = optimizer.get_updater(opt)
             self._opt_spec = spec
         if sent is not None:

@@ -16,6 +16,7 @@ from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from . import _engine_tables as tables
 from ._snapshot import Reader, ShardCopy
+from ._table_rules import table_copy
 
 __all__ = ["copy_entry", "restore", "shard_copy"]
 
@@ -26,7 +27,7 @@ def copy_entry(engine: Any, key: Any, entry: Any) -> tuple[dict[str, Any], Any, 
     counts = {"round": entry.round,
               "applied": [[w, n] for w, n in sorted(entry.applied.items())]}
     if entry.table is not None:
-        fields, arrays = tables.table_copy(entry.table)
+        fields, arrays = table_copy(entry.table)
         return {"key": entry.name, "id": key, **fields, **counts}, arrays, None
     data = entry.stored._data
     start, stop, full = entry.place or (0, units(data.shape, entry.sparse), data.shape)

@@ -17,13 +17,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import CheckpointError, ShapeMismatchError, UnsupportedError
+from ..errors import ShapeMismatchError, UnsupportedError
 from ..table import DynamicTable, TableSpec, shard_of
 from ..table.spec import now
 from ._table_budget import check_growth
+from ._table_rules import check_restorable, merge_states, restore_local
 
 __all__ = ["ServedTable", "TableRound", "apply_round", "check_table_push", "lookup_arrays",
-           "merge_states", "put_rows", "served_table", "table_copy"]
+           "put_rows", "restore_from", "restore_table", "served_table"]
 
 class ServedTable(DynamicTable):
     """A DynamicTable serving shard ``shard = (i, n)`` of a table key; it can note the IDs
@@ -258,47 +259,6 @@ def put_rows(table: ServedTable, arrays: dict[str, np.ndarray], meta: dict[str, 
             table.counters[k] = int(v)
 
 
-def table_copy(table: DynamicTable) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The checkpoint entry fields and arrays of one table shard (rows stored by ID)."""
-    arrays, meta = table.state()
-    spec = getattr(table, "full_spec", None) or table.spec
-    return {"stype": "table", "shape": [spec.dim], "dtype": spec.dtype, "start": 0,
-            "stop": 0, "shard": list(getattr(table, "shard", (0, 1))), "spec": spec.to_json(),
-            "table": meta}, arrays
-
-
-def merge_states(parts: list[tuple[int, dict[str, np.ndarray], dict[str, Any]]],
-                 shard: tuple[int, int]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """One state from the saved shards ``(saved index, arrays, meta)`` of a table: their
-    rows concatenated (``from_state(shard=)`` keeps this server's), the admission cells
-    summed, the step the newest, and the counters of the saved shards ``j`` with
-    ``j % n == i``, so the counters summed over the new servers equal the saved ones."""
-    if not parts:
-        raise CheckpointError("a table with no saved shard cannot be restored")
-    arrays: dict[str, np.ndarray] = {}
-    names = [k for k in parts[0][1] if k != "sightings"]
-    for k in names:
-        if not all(k in p[1] for p in parts):
-            raise CheckpointError(f"the saved shards of table {parts[0][2].get('name')!r} "
-                                  f"differ: array {k!r} is missing from some.")
-        arrays[k] = np.concatenate([np.asarray(p[1][k]) for p in parts])
-    cells = [np.asarray(p[1]["sightings"]) for p in parts if "sightings" in p[1]]
-    if cells and all(c.shape == cells[0].shape for c in cells):
-        arrays["sightings"] = np.minimum(np.sum(cells, axis=0, dtype=np.int64),
-                                         2**31 - 2).astype(np.int32)
-    i, n = shard
-    meta = dict(parts[0][2])
-    meta["step"] = max(int(p[2].get("step", 0)) for p in parts)
-    meta["rowopt"] = next((p[2]["rowopt"] for p in parts if p[2].get("rowopt")), None)
-    counters: dict[str, int] = {}
-    for j, _a, m in parts:
-        if j % n == i:
-            for k, v in (m.get("counters") or {}).items():
-                counters[k] = counters.get(k, 0) + int(v)
-    meta["counters"] = counters
-    return arrays, meta
-
-
 def restore_table(like: ServedTable,
                   parts: list[tuple[int, dict[str, np.ndarray], dict[str, Any]]]) -> ServedTable:
     """A new shard like ``like`` (its spec, name, shard, clock) holding the rows of the
@@ -316,31 +276,10 @@ def restore_from(table: DynamicTable | None, name: Any, meta: dict[str, Any],
     """This shard of table ``name`` from checkpoint ``reader`` (whose entry is ``meta``),
     re-hashed from however many servers saved it; CheckpointError if the key is not a
     table of the same dim and dtype on both sides. Changes nothing."""
-    if table is None or meta.get("stype") != "table":
-        here, there = ("a table", "an array") if table is not None else ("an array", "a table")
-        raise CheckpointError(
-            f"key {name!r} is {here} key here but {there} key in checkpoint "
-            f"{reader.directory!r}. Load a checkpoint of the same model.", key=name)
-    saved = TableSpec.from_json(meta.get("spec"))
-    if (saved.dim, saved.dtype) != (table.spec.dim, table.spec.dtype):
-        raise CheckpointError(
-            f"table key {name!r} has dim {table.spec.dim} {table.spec.dtype} here but dim "
-            f"{saved.dim} {saved.dtype} in checkpoint {reader.directory!r}. Load a checkpoint "
-            "of the same model.", key=name)
+    table = check_restorable(table, name, meta, reader)
     if isinstance(table, ServedTable):
         return restore_table(table, reader.table_parts(name))
-    arrays, state = merge_states(reader.table_parts(name), (0, 1))    # a local store's
-    return DynamicTable.from_state(table.spec, arrays, state, name=name, clock=table._clock)
+    return restore_local(table, name, meta, reader)
 
 
-def check_optimizer(table: DynamicTable, opt: Any) -> None:
-    """UnsupportedError if ``opt`` cannot update this table's rows (R12); a table with
-    its own optimizer (``TableSpec.optimizer``) never runs the store's."""
-    from ..table._rowopt import row_optimizer
-    if table.spec.optimizer is not None:
-        return
-    rowopt = row_optimizer(opt, table.spec.state_layout, table.spec.dim, table.name)
-    if rowopt.kind.startswith("adagrad") and opt._get_wd(table.name) != 0.0:
-        raise UnsupportedError(
-            f"table {table.name!r}: sparse adagrad_update does not support wd (as in "
-            "MXNet). Use wd=0 for table keys.", key=table.name)
+

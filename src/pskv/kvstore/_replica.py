@@ -57,7 +57,7 @@ from ._backup_log import (LOG_ROUNDS, BufferPool, RoundLog, counts_of, describe_
                           state_arrays)
 from ._engine import Engine
 from ._engine_tables import TableRound, restore_table, served_table
-from ._server_tables import init_entries
+from ._engine_entries import init_entries
 from ._snapshot import Reader, ShardCopy
 
 __all__ = ["Backups", "PURPOSE", "Replicator", "apply_change",

@@ -39,11 +39,13 @@ from .._ps.tls import server_context
 from .._ps.transport import Connection, data_curve
 from .._ps.zeromq import ZmqContext, curve_server
 from ._engine import Engine, Ticket
-from ._durable import Snapshots, checkpoint_path, load_shard
+from ._durable import Snapshots, load_shard
+from ._snapshot import checkpoint_path
 from ._observed import server_state
 from ._replica import Backups
 from ._server_staleness import cmd_clock, park_read
-from ._server_tables import cmd_lookup, cmd_table_stats, init_entries, stats_reply
+from ._engine_entries import init_entries
+from ._server_tables import cmd_lookup, cmd_table_stats, stats_reply
 from ._shards import TakeoverPending, Shard, Shards
 
 __all__ = ["KVServer"]

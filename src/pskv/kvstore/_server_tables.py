@@ -14,55 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import KeyAlreadyInitializedError, TableSpecError
-from ..table import TableSpec
-from .._ps.bounds import check_init, check_lookup_reply
+from .._ps.bounds import check_lookup_reply
 from .._ps.message import Command
 from .._ps.ops import Op
 from ._engine import Engine, Ticket
-from ._engine_tables import check_lookup, check_optimizer, served_table
-from ._table_budget import check_table_init
+from ._engine_tables import check_lookup
 
-__all__ = ["cmd_lookup", "cmd_table_stats", "init_entries", "stats_reply"]
-
-
-def init_entries(engine: Engine, keys: tuple[int, ...], specs: list[dict[str, Any]],
-                 arrays: list[np.ndarray], max_key_bytes: int, where: str) -> None:
-    """Init every entry of an INIT (a worker's, or its copy replicated to a backup): arrays
-    and table shards; all checked first (each placement and whole key by
-    ``bounds.check_init``, the one parser of placements; a TableSpec that does not parse,
-    a key held already, rows that cannot be reserved), then held: a refused INIT holds
-    nothing."""
-    places = check_init(specs, arrays, max_key_bytes, where)
-    tables: dict[int, Any] = {}
-    for k, spec in zip(keys, specs):
-        if k in engine:
-            raise KeyAlreadyInitializedError(
-                f"key {spec.get('key')!r} is initialized twice. Each key takes one init.",
-                key=spec.get("key"))
-        if spec.get("stype") == "table":
-            declared = TableSpec.from_json(spec.get("table"))
-            i, n = spec["shard"]
-            shard = (int(i), int(n))
-            check_table_init(declared, shard[1], spec["key"], max_key_bytes, where)
-            try:
-                tables[k] = served_table(declared, spec["key"], shard)
-            except (MemoryError, ValueError) as err:
-                raise TableSpecError(
-                    f"table {spec['key']!r}: dim {declared.dim} with reserve_rows "
-                    f"{declared.reserve_rows} cannot be allocated here ({err}). Reserve "
-                    "fewer rows.", key=spec["key"]) from err
-            tables[k].budget = max_key_bytes
-    opt = getattr(engine.updater, "optimizer", None)
-    for made in tables.values():
-        if opt is not None:
-            check_optimizer(made, opt)     # the row optimizer it would run (R12)
-    for k, spec, arr, place in zip(keys, specs, arrays, places):
-        if k in tables:
-            engine.init_table(k, tables[k])
-        else:
-            engine.init(k, arr, spec.get("stype") == "row_sparse", spec.get("key"),
-                        place=place)
+__all__ = ["cmd_lookup", "cmd_table_stats", "stats_reply"]
 
 
 def cmd_lookup(server: Any, shard: Any, conn: Any, worker: int, ts: int,

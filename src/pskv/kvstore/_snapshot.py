@@ -33,13 +33,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError
+from .._ps.config import ENV_CHECKPOINT_DIR
 from ..nd._npz import BadArchive, SafeNpz, read_bounded
 from ..nd.ndarray import NDArray
 from ..optimizer.base import from_spec
 from ..optimizer.updater import decode_states, encode_states
 from ._ckcheck import FORMAT, MANIFEST_BYTES, VERSION, check_entry, check_manifest, guarded
 
-__all__ = ["FORMAT", "MANIFEST", "Reader", "ShardCopy", "check_keys", "latest", "prune", "read_manifest",
+__all__ = ["FORMAT", "checkpoint_path", "MANIFEST", "Reader", "ShardCopy", "check_keys", "latest", "prune", "read_manifest",
            "round_dir", "shard_name", "write_manifest", "write_shard"]
 
 MANIFEST = "manifest.json"
@@ -453,3 +454,24 @@ def _units(meta: dict[str, Any]) -> int:
 def _flat(a: np.ndarray, meta: dict[str, Any]) -> np.ndarray:
     """``a`` as units: rows for row_sparse keys, elements otherwise (a view)."""
     return a if meta.get("stype") == "row_sparse" else a.reshape(-1)
+
+
+def checkpoint_path(path: str, root: str | None = None) -> str:
+    """``path`` as every server sees it (absolute: servers may run elsewhere).
+
+    With ``root`` (``PSKV_CHECKPOINT_DIR``), a path a worker names must lie under it once
+    symlinks are resolved: a server writes or reads a worker's checkpoint only there
+    (CheckpointError otherwise; docs/durability.md)."""
+    if "\x00" in path:
+        raise CheckpointError(f"checkpoint path {path!r} holds a NUL byte. Pass a directory "
+                              "path.")
+    where = os.path.abspath(path)
+    if root is not None:
+        base = os.path.realpath(root)
+        real = os.path.realpath(where)
+        if os.path.commonpath([base, real]) != base:
+            raise CheckpointError(
+                f"checkpoint path {path!r} is outside {ENV_CHECKPOINT_DIR}={root!r}: this "
+                "job's servers write and read checkpoints only under it. Pass a path under "
+                f"{root!r}, or start the job with another {ENV_CHECKPOINT_DIR}.")
+    return where

@@ -18,7 +18,7 @@ from ..nd.sparse import RowSparseNDArray
 from ..table import DynamicTable, TableSpec
 from .._types import Key
 from ._args import as_numpy, check_key
-from ._engine_tables import restore_from, table_copy
+from ._table_rules import restore_local, table_copy
 from ._keys import KeyTable
 from ._snapshot import Reader, ShardCopy
 from ._table_budget import check_table_init
@@ -143,7 +143,7 @@ class Tables:
         """Every table rebuilt from checkpoint ``reader`` (saved by any number of servers),
         to :meth:`install` once everything else loaded; CheckpointError, changing nothing,
         if a key is not a table of the same dim and dtype there."""
-        return {key: restore_from(table, key, reader.key_meta(key), reader)
+        return {key: restore_local(table, key, reader.key_meta(key), reader)
                 for key, table in self.tables.items()}
 
     def install(self, made: dict[Key, DynamicTable]) -> None:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar, overload
 from ..errors import ConfigError, KeyTypeError, UnsupportedError, ValueTypeError
 from ..optimizer import Optimizer
 from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
-from ._agree import check_optimizer_spec, check_optimizer_values
+from ._specs import check_optimizer_spec, check_optimizer_values
 from ._registry import STORES
 
 __all__ = ["KVStoreBase", "check_capability", "check_optimizer"]

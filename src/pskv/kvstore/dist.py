@@ -23,7 +23,7 @@ import numpy as np
 import zmq
 
 from .. import compression
-from ..errors import CheckpointError, ClusterError, KVStoreError, UnsupportedError, ValueTypeError
+from ..errors import ClusterError, KVStoreError, UnsupportedError, ValueTypeError
 from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from .._ps.bounds import check_declared, check_key_count
@@ -46,7 +46,6 @@ from ._device_io import DeviceIO, Staged, has_device
 from ._held import HeldPush
 from ._keys import KeyRecord, KeyTable
 from ._reduce import Reducer
-from ._snapshot import Reader, check_keys, write_manifest
 from ._dist_staleness import StalenessMethods
 from ._staleness import Staleness, env_bounds
 from ._agree import check_agreement, init_spec
