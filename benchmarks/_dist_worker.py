@@ -280,8 +280,8 @@ def serve_empty():
 
     import pskv  # noqa: F401  (the package, for its loggers)
     from pskv._ps.config import ClusterConfig, Role
-    from pskv.kvstore._engine import Engine
-    from pskv.kvstore._server import KVServer
+    from pskv.kvstore.engine._core import Engine
+    from pskv.kvstore.server._core import KVServer
     from pskv.server import run_node
 
     class EmptyEngine(Engine):

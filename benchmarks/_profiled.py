@@ -5,7 +5,7 @@
 
 Times are CPU seconds of the thread (``time.thread_time``), not wall time: waits count
 nothing. ``cProfile`` alone sees only the main thread; a pskv server keeps its backups on a thread
-of their own (``kvstore/_replica.py``), so each thread started here gets its own profiler,
+of their own (``kvstore/durable/_replica.py``), so each thread started here gets its own profiler,
 and writes ``OUT_DIR/<pid>-<thread name>.prof`` when it ends (the main thread's at exit,
 also when the launcher stops the process with SIGTERM). Merge them with ``pstats``.
 """

@@ -162,7 +162,7 @@ def throughput(workload: str, replicas: int, steps: int, quick: bool,
 def cpu_per_step(workload: str, replicas: int, steps: int, quick: bool,
                  profile: str | None, loop: str) -> float:
     """CPU seconds per step of one job, summed over all its processes."""
-    # warmed up past the first whole states a backup gets (kvstore/_backup_log.py), so
+    # warmed up past the first whole states a backup gets (kvstore/durable/_backup_log.py), so
     # that its buffers are reused as they are in a long job
     return run_job(workload, replicas, steps, quick, profile, loop,
                    warmup=6)["cpu_seconds_per_step"]
@@ -172,7 +172,7 @@ def snapshot_pause(workload: str, quick: bool, repeats: int) -> dict[str, float]
     """Seconds ``Engine.snapshot()`` pauses for half the workload's keys (one server's
     shard of two), and that per 100 MB."""
     import pskv as mx
-    from pskv.kvstore._engine import Engine
+    from pskv.kvstore.engine._core import Engine
     engine = Engine(num_workers=1)
     engine.set_optimizer_spec(mx.optimizer.SGD(learning_rate=0.01, momentum=0.9).to_spec())
     shard_bytes = 0

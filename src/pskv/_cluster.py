@@ -18,8 +18,8 @@ import zmq
 from ._ps.config import ClusterConfig, Role
 from ._ps.scheduler import Scheduler
 from .errors import ClusterTimeoutError
-from .kvstore.dist import DistKVStore
-from .kvstore._server import KVServer
+from .kvstore.dist._store import DistKVStore
+from .kvstore.server._core import KVServer
 
 __all__ = ["InprocCluster"]
 

@@ -3,7 +3,7 @@
 Everything that starts a scheduler or a server goes through :func:`run_node`; the one place
 a ``dist_*`` store turns its process into a scheduler or server (MXNet's launchers start the
 user's script in those roles too) is :func:`serve_unless_worker`. Both are defined in the
-store layer (``pskv.kvstore._roles``, which ``create`` imports) and re-exported here.
+store layer (``pskv.kvstore.server._roles``, which ``create`` imports) and re-exported here.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from types import FrameType
 
 from ._ps.config import ClusterConfig, Role
 from .errors import KVStoreError
-from .kvstore._roles import run_node, serve_unless_worker
+from .kvstore.server._roles import run_node, serve_unless_worker
 
 __all__ = ["main", "run_node", "serve_unless_worker"]
 

@@ -9,7 +9,7 @@ the hottest keys, and how unevenly the servers are loaded. ``--once`` prints one
 (two reads, one interval apart) and exits.
 
 ``--scheduler HOST:PORT`` (the job's ``DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT``) instead asks
-the scheduler itself where the nodes serve (``_ps/observe.py``: one HELLO as an observer,
+the scheduler itself where the nodes serve (``_ps/observe/observer.py``: one HELLO as an observer,
 which proves ``PSKV_SECRET`` like any node's and joins nothing), so the metrics ports need
 not be known. Everything else reads HTTP only: the view needs no secret and cannot disturb
 the job; what it shows is what Prometheus would see.
@@ -300,7 +300,7 @@ def from_scheduler(host: str, port: int, environ: Any = None,
     ``PSKV_SECRET`` (and ``PSKV_ENCRYPT``). ConfigError when it cannot be asked or
     serves no metrics."""
     from ._ps.config import ENV_ENCRYPT, ENV_SECRET
-    from ._ps.observe import ask_scheduler
+    from ._ps.observe.observer import ask_scheduler
     env = os.environ if environ is None else environ
     secret = env.get(ENV_SECRET) or None
     address = f"tcp://{_bracket(host)}:{port}"

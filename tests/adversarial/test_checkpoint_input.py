@@ -43,8 +43,8 @@ try:
         kv.set_optimizer(mx.optimizer.SGD(momentum=0.9))
         kv.load_optimizer_states({path!r})
     elif {mode!r} == "restart":
-        from pskv.kvstore._durable import load_shard
-        from pskv.kvstore._engine import Engine
+        from pskv.kvstore.durable._snapshots import load_shard
+        from pskv.kvstore.engine._core import Engine
         load_shard(Engine(), {path!r}, 0, 1)
     else:
         kv.load_checkpoint({path!r})

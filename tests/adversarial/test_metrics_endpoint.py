@@ -113,7 +113,7 @@ def test_half_sent_requests_cost_bounded_descriptors_and_threads(
 def test_a_pushgateway_answering_a_byte_at_a_time_is_cut_off_at_the_deadline() -> None:
     """The gateway dribbles its answer a byte every 0.2 s, 150 bytes (30 s): each read
     is quick, but the push (deadline 1 s here) hangs up long before the last byte."""
-    from pskv._ps.metrics import NodeMetrics
+    from pskv._ps.observe.metrics import NodeMetrics
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(30)
     sent: list[int] = []
@@ -149,8 +149,8 @@ def test_with_a_token_only_requests_that_carry_it_are_served(
     """PSKV_METRICS_TOKEN: /metrics answers 401 without ``Authorization: Bearer <token>``
     (or with another token); pskv-top sends it from its own environment."""
     from pskv._ps.config import ClusterConfig
-    from pskv._ps.metrics import start
-    from pskv._ps.series import SchedulerMetrics
+    from pskv._ps.observe.metrics import start
+    from pskv._ps.observe.series import SchedulerMetrics
     from pskv.top import _fetch
     env = {"DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_URI": "127.0.0.1",
            "DMLC_PS_ROOT_PORT": "9000", "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1",

@@ -143,7 +143,7 @@ def test_a_replicated_init_with_bad_placements_is_refused_as_a_workers(
     """A backup checks a replicated INIT's placements with the check a server gives a
     worker's INIT (``bounds.check_init``): a bad one from a primary's link (a bug, or a
     holder of the servers' key) gets the same error, and the copy holds nothing of it."""
-    from pskv.kvstore import _replica
+    from pskv.kvstore.durable import _replica
     backups: dict[int, Any] = {}
     real_start = _replica.Backups.start
 

@@ -14,7 +14,7 @@ import pytest
 from _compare import same as compare
 
 import pskv as mx
-from pskv._ps.collective import chunks
+from pskv._ps.collective.core import chunks
 from pskv._ps.config import ClusterConfig
 from pskv.errors import (ClusterError, ConfigError, KeyTypeError, KVStoreError,
                          NodeFailedError, UnsupportedError, ValueTypeError)

@@ -237,7 +237,7 @@ def test_a_push_of_ids_a_lookup_found_skips_no_foreign_id() -> None:
     """The server hashes only the pushed IDs its lookups did not find a row of (rows held
     are its own): a push of looked-up IDs with one foreign ID appended, or in place of an
     unknown one, is still refused whole."""
-    from pskv.kvstore._engine_tables import check_table_push, served_table
+    from pskv.kvstore.engine._tables import check_table_push, served_table
     table = served_table(TableSpec(dim=2), "emb", (0, 2))
     pool = np.arange(-50, 50, dtype=np.int64)
     mine, theirs = pool[shard_of(pool, 2) == 0], pool[shard_of(pool, 2) == 1]

@@ -110,6 +110,6 @@ def test_server_logs_say_what_happened(tmp_path: Path) -> None:
     done = subprocess.run(cmd, capture_output=True, env=env, timeout=80)
     assert done.returncode == 0, done.stderr
     log = (tmp_path / "server-0.log").read_text()
-    assert "INFO pskv.kvstore._server: server 0: serving dist_sync for 2 workers at " in log
-    assert "INFO pskv.kvstore._server: server 0: all 2 workers connected" in log
+    assert "INFO pskv.kvstore.server._core: server 0: serving dist_sync for 2 workers at " in log
+    assert "INFO pskv.kvstore.server._core: server 0: all 2 workers connected" in log
     assert "worker 0 connected" not in log         # per worker: DEBUG only

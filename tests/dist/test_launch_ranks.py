@@ -61,7 +61,7 @@ def test_server_prefix_is_server_rank(tmp_path: Path) -> None:
     server = [PY, "-c", (
         "import os, sys, time\n"
         "from pskv._ps.config import ClusterConfig, Role\n"
-        "from pskv.kvstore._server import KVServer\n"
+        "from pskv.kvstore.server._core import KVServer\n"
         "from pskv.server import run_node\n"
         "cfg = ClusterConfig.from_env()\n"
         "if cfg.role is Role.SCHEDULER:\n"

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_a_late_worker_is_named_with_its_key(run_threads: Any,
                                              caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="pskv._ps.stragglers")
+    caplog.set_level(logging.WARNING, logger="pskv._ps.observe.stragglers")
 
     def train(kv: Any) -> float:
         kv.init("b", np.zeros(3, np.float32))
@@ -31,17 +31,17 @@ def test_a_late_worker_is_named_with_its_key(run_threads: Any,
 
     results = run_threads(train, straggler_seconds=0.2)
     assert results == {0: 2.0, 1: 2.0}
-    lines = [r.getMessage() for r in caplog.records if r.name == "pskv._ps.stragglers"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "pskv._ps.observe.stragglers"]
     assert lines, "no straggler warning was logged"
     assert all(r.levelno == logging.WARNING for r in caplog.records
-               if r.name == "pskv._ps.stragglers")
+               if r.name == "pskv._ps.observe.stragglers")
     assert any("round 0 of key 'b' has waited" in line and "for worker 1 (of 2)" in line
                and line.startswith("server 0: ") for line in lines), lines
 
 
 def test_no_straggler_line_when_rounds_close_in_time(run_threads: Any,
                                                      caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="pskv._ps.stragglers")
+    caplog.set_level(logging.WARNING, logger="pskv._ps.observe.stragglers")
 
     def train(kv: Any) -> None:
         kv.init("b", np.zeros(3, np.float32))
@@ -50,7 +50,7 @@ def test_no_straggler_line_when_rounds_close_in_time(run_threads: Any,
             kv.pull("b", out=np.zeros(3, np.float32))
 
     run_threads(train, straggler_seconds=30.0)
-    assert not [r for r in caplog.records if r.name == "pskv._ps.stragglers"]
+    assert not [r for r in caplog.records if r.name == "pskv._ps.observe.stragglers"]
 
 
 def test_the_scheduler_names_a_worker_last_across_servers(
@@ -58,8 +58,8 @@ def test_the_scheduler_names_a_worker_last_across_servers(
     """Keys spread over two servers, worker 1 always a little late: no server sees enough
     rounds to flag it alone (fewer than MIN_ROUNDS each), the scheduler, adding up what
     every server's heartbeats say, names it."""
-    from pskv._ps.stragglers import MIN_ROUNDS
-    caplog.set_level(logging.WARNING, logger="pskv._ps.stragglers")
+    from pskv._ps.observe.stragglers import MIN_ROUNDS
+    caplog.set_level(logging.WARNING, logger="pskv._ps.observe.stragglers")
     keys = list(range(4))
     steps = (MIN_ROUNDS + len(keys) - 1) // len(keys) + 1    # a few rounds past MIN_ROUNDS
 
@@ -74,7 +74,7 @@ def test_the_scheduler_names_a_worker_last_across_servers(
 
     run_threads(train, num_servers=2, straggler_seconds=2.0, heartbeat_interval=0.1,
                 heartbeat_timeout=5.0)
-    lines = [r.getMessage() for r in caplog.records if r.name == "pskv._ps.stragglers"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "pskv._ps.observe.stragglers"]
     assert not [line for line in lines if line.startswith("server ")], lines
     flagged = [line for line in lines if line.startswith("scheduler: worker 1 (of 2)")]
     assert flagged and "on all servers" in flagged[0], lines
@@ -168,7 +168,8 @@ def test_a_port_in_use_is_skipped_and_a_full_range_logged(
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test the metrics endpoints")
     import socket
-    from pskv._ps import metrics, series
+    from pskv._ps.observe import metrics
+    from pskv._ps.observe import series
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     held.listen()
@@ -181,7 +182,7 @@ def test_a_port_in_use_is_skipped_and_a_full_range_logged(
     finally:
         m.close()
     monkeypatch.setattr(metrics, "PORT_TRIES", 1)
-    caplog.set_level(logging.ERROR, logger="pskv._ps.metrics")
+    caplog.set_level(logging.ERROR, logger="pskv._ps.observe.metrics")
     other = series.WorkerMetrics(1, "job")
     try:
         assert other.serve("127.0.0.1", port) is None
@@ -200,7 +201,7 @@ def test_a_scraped_port_is_served_again_at_once() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test the metrics endpoints")
     import socket
-    from pskv._ps import series
+    from pskv._ps.observe import series
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
@@ -228,7 +229,7 @@ def test_top_asks_the_scheduler_where_the_nodes_serve(
     without the secret, or with another, it is refused like any stranger."""
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to serve and read metrics")
-    from pskv._ps.observe import ask_scheduler
+    from pskv._ps.observe.observer import ask_scheduler
     from pskv.errors import ConfigError
     from pskv.launch._net import free_port
     from pskv.top import from_scheduler, main, read_job
@@ -326,7 +327,7 @@ def test_a_pushgateway_that_does_not_answer_does_not_fail_the_job(
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to push metrics")
     from pskv.launch._net import free_port
-    caplog.set_level(logging.ERROR, logger="pskv._ps.metrics")
+    caplog.set_level(logging.ERROR, logger="pskv._ps.observe.metrics")
 
     def train(kv: Any) -> float:
         kv.init("w", np.zeros(2, np.float32))
@@ -415,12 +416,12 @@ def test_a_metrics_range_all_in_use_leaves_the_job_alone(
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test the metrics endpoints")
     import socket
-    from pskv._ps import metrics
+    from pskv._ps.observe import metrics
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     held.listen()
     monkeypatch.setattr(metrics, "PORT_TRIES", 1)
-    caplog.set_level(logging.ERROR, logger="pskv._ps.metrics")
+    caplog.set_level(logging.ERROR, logger="pskv._ps.observe.metrics")
 
     def train(kv: Any) -> float:
         kv.init("w", np.zeros(2, np.float32))

@@ -92,7 +92,7 @@ def test_torchrun_two_nodes_c10d_rendezvous():
 
 ORPHAN = """
 import os, sys
-from pskv.kvstore._torchrun import _children, adopt_torchrun
+from pskv.kvstore.dist._torchrun import _children, adopt_torchrun
 assert adopt_torchrun()
 print(" ".join(str(p.pid) for p in _children), flush=True)
 sys.stdin.readline()

@@ -6,6 +6,7 @@ at module level or inside a function, is an edge.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -138,7 +139,7 @@ def test_the_layer_check_finds_upward_imports() -> None:
         ("pskv._ps.worker", "pskv.nd.ndarray")]
     assert upward_imports({"pskv.kvstore.local": {"pskv"}}) == [("pskv.kvstore.local", "pskv")]
     assert upward_imports({"pskv.nd.ops": {"pskv.errors"},
-                           "pskv.server": {"pskv.kvstore._roles"}}) == []
+                           "pskv.server": {"pskv.kvstore.server._roles"}}) == []
 
 
 def test_every_module_has_a_layer() -> None:
@@ -150,17 +151,182 @@ def test_every_module_has_a_layer() -> None:
     assert not unplaced, f"place these in LAYERS and docs/architecture.md: {unplaced}"
 
 
-def test_engine_has_no_sockets_and_no_threads() -> None:
-    tree = ast.parse(MODULES["pskv.kvstore._engine"].read_text())
-    names = {a.name.split(".")[0] for node in ast.walk(tree)
-             if isinstance(node, (ast.Import, ast.ImportFrom))
-             for a in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])}
-    assert not names & {"socket", "threading", "zmq", "select", "asyncio"}, names
-    assert not {d for d in GRAPH["pskv.kvstore._engine"] if d.startswith("pskv._ps")}
+# ---- wings: inside a layer, each package a wing; a wing imports only wings below it ---------
+#: docs/architecture.md's wings of layers 2 and 3, bottom up: wing -> its tier. Module
+#: prefixes (the longest wins); a module of the package not named here is its ground floor.
+WINGS = {
+    "pskv.kvstore": {"pskv.kvstore": 0,                  # the ground floor: vocabulary
+                     "pskv.kvstore.engine": 1,
+                     "pskv.kvstore.durable": 2,
+                     "pskv.kvstore.server": 3, "pskv.kvstore.dist": 3,   # siblings
+                     # the stores, then create(), on top
+                     "pskv.kvstore.local": 4, "pskv.kvstore._create": 5},
+    "pskv._ps": {"pskv._ps": 0,
+                 "pskv._ps.collective": 1, "pskv._ps.observe": 1,         # siblings
+                 "pskv._ps.scheduler": 2, "pskv._ps.worker": 2},          # the nodes
+}
+#: the package modules themselves sit on top (pskv.kvstore re-exports the stores)
+WING_TOPS = {"pskv.kvstore": 6, "pskv._ps": 0}
+
+
+def wing_of(module: str) -> tuple[str, int] | None:
+    """(wing prefix, tier) of ``module``, or None outside the winged packages."""
+    for package, wings in WINGS.items():
+        if module == package:
+            return package, WING_TOPS[package]
+        if module.startswith(package + "."):
+            best = max((w for w in wings if module == w or module.startswith(w + ".")), key=len)
+            return best, wings[best]
+    return None
+
+
+def wing_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every edge from one wing to another that is not below it (siblings included)."""
+    bad = []
+    for name, deps in sorted(graph.items()):
+        mine = wing_of(name)
+        if mine is None:
+            continue
+        for dep in sorted(deps):
+            theirs = wing_of(dep)
+            if theirs is None or theirs[0] == mine[0]:
+                continue
+            same_package = theirs[0].split(".")[:2] == mine[0].split(".")[:2]
+            if same_package and theirs[1] >= mine[1]:
+                bad.append((name, dep))
+    return bad
+
+
+def test_a_wing_imports_only_wings_below_it() -> None:
+    bad = wing_violations(GRAPH)
+    assert not bad, "imports against docs/architecture.md's wings: " + ", ".join(
+        f"{a} imports {b} ({wing_of(a)} -> {wing_of(b)})" for a, b in bad)
+
+
+def test_the_wing_check_finds_sideways_and_upward_imports() -> None:
+    assert wing_violations({"pskv.kvstore.engine._core": {"pskv.kvstore.durable._shards"},
+                            "pskv.kvstore.dist._store": {"pskv.kvstore.server._core"},
+                            "pskv.kvstore._tables": {"pskv.kvstore.engine._tables"},
+                            "pskv._ps.observe.metrics": {"pskv._ps.collective.core"},
+                            "pskv._ps.serve": {"pskv._ps.worker"}}) == [
+        ("pskv._ps.observe.metrics", "pskv._ps.collective.core"),
+        ("pskv._ps.serve", "pskv._ps.worker"),
+        ("pskv.kvstore._tables", "pskv.kvstore.engine._tables"),
+        ("pskv.kvstore.dist._store", "pskv.kvstore.server._core"),
+        ("pskv.kvstore.engine._core", "pskv.kvstore.durable._shards")]
+    assert wing_violations({"pskv.kvstore.server._core": {"pskv.kvstore.durable._shards",
+                                                          "pskv.kvstore.engine._core"},
+                            "pskv.kvstore.local": {"pskv.kvstore.engine._core"},
+                            "pskv._ps.worker": {"pskv._ps.observe.series"}}) == []
+
+
+def test_every_kvstore_and_ps_module_has_a_wing() -> None:
+    """A new folder in kvstore/ or _ps/ is placed in WINGS (and docs/architecture.md)."""
+    for package in WINGS:
+        depth = len(package.split(".")) + 1
+        folders = {".".join(m.split(".")[:depth]) for m in MODULES
+                   if m.startswith(package + ".") and len(m.split(".")) > depth}
+        assert folders <= set(WINGS[package]), sorted(folders - set(WINGS[package]))
+
+
+def _wing_members(prefix: str) -> list[str]:
+    return [m for m in MODULES if m == prefix or m.startswith(prefix + ".")]
+
+
+def _third_party(module: str) -> set[str]:
+    tree = ast.parse(MODULES[module].read_text())
+    return {a.name.split(".")[0] for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0)
+            for a in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])}
+
+
+IO = {"socket", "threading", "zmq", "select", "selectors", "asyncio", "subprocess"}
+
+
+def test_the_engine_wing_has_no_sockets_and_no_threads() -> None:
+    """docs/architecture.md: the engine imports neither sockets nor threads, and of _ps only
+    ``bounds`` (the pure checks of an INIT's placements)."""
+    for m in _wing_members("pskv.kvstore.engine"):
+        assert not _third_party(m) & IO, (m, _third_party(m) & IO)
+        assert {d for d in GRAPH[m] if d.startswith("pskv._ps")} <= {"pskv._ps.bounds"}, m
+
+
+def test_the_ground_floor_reads_only_settings_and_formats_of_ps() -> None:
+    """The ground floor of pskv.kvstore (what the engine and both stores share) opens no
+    socket and starts no thread: of _ps it reads settings, key placement and the checks of
+    the message format only."""
+    allowed = {"pskv._ps.config", "pskv._ps.partition", "pskv._ps.bounds", "pskv._ps.message"}
+    for m in MODULES:
+        if wing_of(m) == ("pskv.kvstore", 0) and m != "pskv.kvstore":
+            ps = {d for d in GRAPH[m] if d.startswith("pskv._ps")}
+            assert ps <= allowed, (m, ps - allowed)
+            assert not _third_party(m) & (IO - {"threading"}), m
+
+
+def test_only_the_server_and_durable_wings_import_the_server_side_of_ps() -> None:
+    """docs/architecture.md: the serving loop, the scheduler, the staleness gate, the backup
+    ring and the re-send placement are imported by the server and durable wings only."""
+    server_side = {"pskv._ps.serve", "pskv._ps.scheduler", "pskv._ps.staleness",
+                   "pskv._ps.ring"}
+    for m, deps in GRAPH.items():
+        if deps & server_side and m.startswith("pskv.kvstore"):
+            assert wing_of(m)[0] in {"pskv.kvstore.server", "pskv.kvstore.durable"}, (
+                m, deps & server_side)
+
+
+def test_only_the_dist_wing_imports_the_worker_side_of_ps() -> None:
+    worker_side = {"pskv._ps.worker", "pskv._ps.collective.core", "pskv._ps.failover"}
+    for m, deps in GRAPH.items():
+        if deps & worker_side and m.startswith("pskv.kvstore"):
+            assert wing_of(m)[0] == "pskv.kvstore.dist", (m, deps & worker_side)
 
 
 def test_local_and_dist_stores_are_siblings() -> None:
-    assert "pskv.kvstore.local" not in GRAPH["pskv.kvstore.dist"]
-    assert "pskv.kvstore.dist" not in GRAPH["pskv.kvstore.local"]
-    assert not GRAPH["pskv.kvstore.base"] & {"pskv.kvstore.local", "pskv.kvstore.dist",
-                                              "pskv.kvstore._create"}
+    dist = set(_wing_members("pskv.kvstore.dist"))
+    assert not any("pskv.kvstore.local" in GRAPH[m] for m in dist)
+    assert not GRAPH["pskv.kvstore.local"] & dist
+    assert not GRAPH["pskv.kvstore.base"] & ({"pskv.kvstore.local", "pskv.kvstore._create"}
+                                              | dist)
+
+
+def test_prometheus_client_is_imported_only_by_the_metrics_module_only_when_asked() -> None:
+    """docs/architecture.md: ``prometheus_client`` is imported only inside functions, by
+    the observe wing and by pskv-top's parser (a job without PSKV_METRICS_PORT never
+    imports it)."""
+    for m, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        top = {a.name.split(".")[0] for node in tree.body
+               if isinstance(node, (ast.Import, ast.ImportFrom))
+               for a in (node.names if isinstance(node, ast.Import)
+                         else [ast.alias(node.module or "")])}
+        assert "prometheus_client" not in top, m
+        if "prometheus_client" in _third_party(m):
+            assert m.startswith("pskv._ps.observe.") or m == "pskv.top", m
+
+
+def test_failover_reaches_the_network_only_through_links() -> None:
+    """docs/architecture.md: ``Failover`` reaches the network only through the ``Links``
+    protocol (so fake links drive it): it imports no transport and no socket (a lock is
+    all it takes of threading)."""
+    m = "pskv._ps.failover"
+    assert not _third_party(m) & (IO - {"threading"})
+    assert not GRAPH[m] & {"pskv._ps.transport", "pskv._ps.stream", "pskv._ps.zeromq",
+                           "pskv._ps.postoffice", "pskv._ps.worker", "pskv._ps.sealed"}
+
+
+def test_only_the_failover_and_the_server_read_membership_events() -> None:
+    """docs/architecture.md: the Postoffice's events (``next_event()``) are read by the
+    worker's ``Failover`` (and by ``KVWorker`` while it connects, which hands each to the
+    Failover) and by the server's loop, by nothing else."""
+    readers = sorted(m for m, path in MODULES.items() if "next_event(" in path.read_text()
+                     and m != "pskv._ps.postoffice")
+    assert readers == ["pskv._ps.failover", "pskv._ps.worker", "pskv.kvstore.server._core"], \
+        readers
+
+
+def test_only_the_in_process_cluster_sets_the_inproc_transport() -> None:
+    """docs/architecture.md: ``transport == 'inproc'`` is set only by the in-process
+    cluster (``pskv._cluster``, which pskv.testing re-exports)."""
+    setters = sorted(m for m, path in MODULES.items()
+                     if re.search(r"transport\s*=\s*[\"']inproc", path.read_text()))
+    assert setters == ["pskv._cluster"], setters

@@ -1,4 +1,4 @@
-"""A backup's round log (``kvstore/_backup_log.py``), rule by rule: a primary engine runs
+"""A backup's round log (``kvstore/durable/_backup_log.py``), rule by rule: a primary engine runs
 rounds, what its replicator would send goes into a backup's log, and the backup's copy,
 once flushed, must be bit for bit the primary's (values, optimizer states, update counts)."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 import pskv as mx
 from pskv.errors import ProtocolError
-from pskv.kvstore._backup_log import LOG_ROUNDS, MAX_LOGGED, BufferPool, RoundLog
-from pskv.kvstore._engine import Engine
-from pskv.kvstore._replica import Replicator
+from pskv.kvstore.durable._backup_log import LOG_ROUNDS, MAX_LOGGED, BufferPool, RoundLog
+from pskv.kvstore.engine._core import Engine
+from pskv.kvstore.durable._replica import Replicator
 
 SHAPES = {0: (6,), 1: (3, 4), 2: (5,)}
 

@@ -17,8 +17,8 @@ import pskv as mx
 from pskv._ps.config import ClusterConfig, Role
 from pskv._ps.replay import PushLog, backup_of
 from pskv.errors import CheckpointError, ConfigError, NodeFailedError, ProtocolError
-from pskv.kvstore._engine import Engine, Ticket
-from pskv.kvstore._replica import encode_copy, install_copy
+from pskv.kvstore.engine._core import Engine, Ticket
+from pskv.kvstore.durable._replica import encode_copy, install_copy
 from pskv.kvstore.base import check_optimizer
 from pskv.kvstore._snapshot import (MANIFEST, Reader, latest, prune, round_dir, shard_name,
                                     write_manifest, write_shard)
@@ -258,7 +258,7 @@ def test_push_log_reuses_buffers_of_forgotten_pushes_without_mixing_them_up() ->
 
 
 def test_periodic_copies_write_one_copy_once_every_key_reached_the_round() -> None:
-    from pskv.kvstore._durable import PeriodicCopies
+    from pskv.kvstore.durable._snapshots import PeriodicCopies
     written: list[tuple[int, list[Any]]] = []
     engine = Engine(num_workers=1)
     engine.init(1, np.zeros(2, np.float32))
@@ -274,7 +274,7 @@ def test_periodic_copies_write_one_copy_once_every_key_reached_the_round() -> No
 
 
 def test_a_shard_sends_a_round_to_its_backup_before_its_periodic_copy() -> None:
-    from pskv.kvstore._shards import Shard
+    from pskv.kvstore.durable._shards import Shard
     order: list[str] = []
 
     class Repl:
@@ -304,8 +304,8 @@ def test_a_primary_reads_every_buffered_acknowledgment_before_it_sleeps(monkeypa
     from types import SimpleNamespace
 
     from pskv._ps.message import Command, Meta
-    from pskv.kvstore import _replica
-    from pskv.kvstore._replica import Replicator
+    from pskv.kvstore.durable import _replica
+    from pskv.kvstore.durable._replica import Replicator
 
     class Buffered:
         """A link whose acknowledgments all arrived: held in its read buffer, where poll
@@ -371,8 +371,8 @@ class _Link:
 def _linked(engine: Engine) -> tuple[Any, _Link]:
     from types import SimpleNamespace
 
-    from pskv.kvstore._replica import Replicator
-    from pskv.kvstore._shards import Shard
+    from pskv.kvstore.durable._replica import Replicator
+    from pskv.kvstore.durable._shards import Shard
     repl = Replicator.__new__(Replicator)
     link = _Link()
     repl.cfg = SimpleNamespace(request_timeout=5.0,  # type: ignore[assignment]
@@ -474,7 +474,7 @@ def test_a_batch_never_carries_more_than_its_cap(monkeypatch: Any) -> None:
     """Rounds that would pass the cap (64 MiB, and never PSKV_MAX_MESSAGE_BYTES, which the
     backup enforces on every message) go in the next message, in order."""
     from pskv._ps.ops import ReplOp, parse
-    from pskv.kvstore import _replica
+    from pskv.kvstore.durable import _replica
     monkeypatch.setattr(_replica, "BATCH_BYTES", 40)      # two rounds of 16 bytes fit
     engine = Engine(num_workers=1)
     for k in range(5):
@@ -524,7 +524,7 @@ def _shards_with_fakes(monkeypatch: Any, rank: int, held: dict[int, int],
     in `unreachable` fails as a refused connection does (it forgets where the backup is)."""
     from types import SimpleNamespace
 
-    from pskv.kvstore import _shards
+    from pskv.kvstore.durable import _shards
     links: list[Any] = []
     down = unreachable if unreachable is not None else set()
 
@@ -632,7 +632,7 @@ def test_a_backup_serves_empty_the_shard_of_a_server_that_died_before_its_first_
     loaded machine): a server answers no worker before that copy is in place, so the
     shard is empty, and its first backup serves it empty once the scheduler says server 0
     died (before, the request waits for that word)."""
-    from pskv.kvstore._shards import TakeoverPending
+    from pskv.kvstore.durable._shards import TakeoverPending
     shards, links = _shards_with_fakes(monkeypatch, rank=1, held={})
     with pytest.raises(TakeoverPending):
         shards.get(0)

@@ -15,7 +15,7 @@ import pytest
 from pskv.errors import (ClusterTimeoutError, KeyAlreadyInitializedError,
                          KeyNotInitializedError, KVStoreError, NodeFailedError,
                          ShapeMismatchError)
-from pskv.kvstore._engine import Engine, Ticket
+from pskv.kvstore.engine._core import Engine, Ticket
 from pskv.nd.sparse import RowSparseNDArray
 
 

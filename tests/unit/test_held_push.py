@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pskv.kvstore._held import HeldPush
+from pskv.kvstore.dist._held import HeldPush
 
 
 def items(nbytes: int, kinds: str = "d") -> dict[int, tuple[list[int], str, list[np.ndarray]]]:

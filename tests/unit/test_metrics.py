@@ -1,4 +1,4 @@
-"""The metrics of a node (``_ps/metrics.py``) without HTTP: each node's series, its labels,
+"""The metrics of a node (``_ps/observe/metrics.py``) without HTTP: each node's series, its labels,
 the setting, and what happens without prometheus_client."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from pskv._ps.config import (ENV_METRICS_PORT, ENV_METRICS_PUSHGATEWAY, KNOWN_ENV,
                              ClusterConfig, Role)
 from pskv._ps.message import Command
-from pskv._ps.metrics import job_label, start
+from pskv._ps.observe.metrics import job_label, start
 from pskv.errors import ConfigError
 
 ENV = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9000", "DMLC_NUM_SERVER": "1",
@@ -41,8 +41,8 @@ def test_off_unless_asked() -> None:
 def test_without_prometheus_client_the_node_goes_on(monkeypatch: pytest.MonkeyPatch,
                                                      caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)   # import fails
-    from pskv._ps.series import WorkerMetrics
-    caplog.set_level(logging.ERROR, logger="pskv._ps.metrics")
+    from pskv._ps.observe.series import WorkerMetrics
+    caplog.set_level(logging.ERROR, logger="pskv._ps.observe.metrics")
     assert start(ClusterConfig(Role.WORKER, metrics_port=9400),
                  lambda: WorkerMetrics(0, "job")) is None
     [rec] = caplog.records
@@ -76,7 +76,7 @@ def _state(keys: int = 0, per_key: dict[str, tuple[int, int]] | None = None,
 def test_server_series() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test metrics")
-    from pskv._ps.series import ServerMetrics
+    from pskv._ps.observe.series import ServerMetrics
     m = ServerMetrics(1, "job", lambda: {**_state(keys=7), "waiting": 2})
     m.request(Command.PUSH, [_nbytes(400)])
     m.request(Command.PUSH, [_nbytes(100), _nbytes(300)])
@@ -103,7 +103,7 @@ def test_server_series() -> None:
 def test_worker_times_answered_requests_only() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test metrics")
-    from pskv._ps.series import WorkerMetrics
+    from pskv._ps.observe.series import WorkerMetrics
     m = WorkerMetrics(0, "job")
     m.sent(-1, Command.PUSH, [_nbytes(100)])     # a push: counted, not timed
     m.sent(2, Command.PULL, [])
@@ -125,7 +125,7 @@ def test_worker_records_from_many_threads_add_up_exactly() -> None:
     kept between folds stays bounded."""
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test metrics")
-    from pskv._ps import series
+    from pskv._ps.observe import series
     m = series.WorkerMetrics(0, "job")
     per, threads = 3 * series._FOLD, 4
     start = threading.Barrier(threads + 1)
@@ -163,7 +163,7 @@ def test_worker_records_from_many_threads_add_up_exactly() -> None:
 def test_scheduler_series() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test metrics")
-    from pskv._ps.series import SchedulerMetrics
+    from pskv._ps.observe.series import SchedulerMetrics
     m = SchedulerMetrics("job", lambda role: 2 if role == "worker" else 1)
     m.missed.inc()
     got = _samples(m.registry)
@@ -184,7 +184,7 @@ def _with(base: tuple[tuple[str, str], ...], **labels: str) -> tuple[tuple[str, 
 def test_per_key_series_are_bounded_to_the_top_keys_and_those_named() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test metrics")
-    from pskv._ps.series import ServerMetrics
+    from pskv._ps.observe.series import ServerMetrics
     # 50 keys; key i was pushed i times, 4 bytes each: the busiest are k49, k48, k47
     per_key = {f"k{i}": (i, 4) for i in range(50)}
     m = ServerMetrics(0, "job", lambda: _state(per_key=per_key), top_keys=3, keys=["k1"])
@@ -216,7 +216,7 @@ def test_the_per_key_settings() -> None:
 def test_table_and_replication_series() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test metrics")
-    from pskv._ps.series import ServerMetrics
+    from pskv._ps.observe.series import ServerMetrics
     stats = {"rows": 5, "lookups": 9, "misses": 6, "inserts": 5, "refusals": 1,
              "evictions": 2}
     m = ServerMetrics(0, "job", lambda: _state(tables={"emb": stats},
@@ -233,7 +233,7 @@ def test_table_and_replication_series() -> None:
 def test_worker_resent_series() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test metrics")
-    from pskv._ps.series import WorkerMetrics
+    from pskv._ps.observe.series import WorkerMetrics
     got = _samples(WorkerMetrics(2, "job", lambda: (4, 1)).registry)
     base = _base("worker", 2)
     assert got[("pskv_worker_resent_total", _with(base, what="push"))] == 4
@@ -243,7 +243,7 @@ def test_worker_resent_series() -> None:
 def test_scheduler_lists_every_node_and_counts_restarts() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to test metrics")
-    from pskv._ps.series import SchedulerMetrics
+    from pskv._ps.observe.series import SchedulerMetrics
     nodes = [("server", 0, "alive", "127.0.0.1", 9401), ("worker", 0, "dead", "", 0)]
     m = SchedulerMetrics("job", lambda role: 1, lambda: nodes)
     m.restarts.inc()
@@ -267,7 +267,7 @@ def test_the_hooks_take_few_calls() -> None:
                         "(prometheus_client) to test metrics")
     import cProfile
     import pstats
-    from pskv._ps.series import ServerMetrics, WorkerMetrics
+    from pskv._ps.observe.series import ServerMetrics, WorkerMetrics
     server = ServerMetrics(0, "job", _state)
     worker = WorkerMetrics(0, "job")
     value = [_nbytes(64)]

@@ -22,7 +22,7 @@ def _exported() -> dict[str, str]:
     from prometheus_client.parser import text_string_to_metric_families
 
     from pskv._ps.message import Command
-    from pskv._ps.series import SchedulerMetrics, ServerMetrics, WorkerMetrics
+    from pskv._ps.observe.series import SchedulerMetrics, ServerMetrics, WorkerMetrics
     state = {"keys": 1, "per_key": {"w": (1, 4)}, "backups": [(0, 1, True, 0)],
              "tables": {"emb": {"rows": 1, "lookups": 1, "misses": 1, "inserts": 1,
                                 "refusals": 0, "evictions": 0}}}

@@ -21,7 +21,7 @@ from pskv._ps.membership import ServerLost
 from pskv._ps.message import Command
 from pskv._ps.partition import Segment
 from pskv.errors import NodeFailedError
-from pskv.kvstore._datapath import DataPath
+from pskv.kvstore.dist._datapath import DataPath
 from pskv.kvstore._keys import KeyRecord
 from pskv.kvstore._reduce import Reducer
 from pskv.nd.ndarray import NDArray, sole_buffer

@@ -1,4 +1,4 @@
-"""The straggler bookkeeping (``_ps/stragglers.py``) with a fake clock, and the engine's
+"""The straggler bookkeeping (``_ps/observe/stragglers.py``) with a fake clock, and the engine's
 hooks that feed it (``Engine.open_rounds``, ``Engine.closed``)."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from pskv._ps.config import ENV_STRAGGLER_SECONDS, KNOWN_ENV, ClusterConfig, Role
-from pskv._ps.stragglers import (MIN_ROUNDS, WINDOW, JobStragglers, OpenRound, StragglerWatch,
+from pskv._ps.observe.stragglers import (MIN_ROUNDS, WINDOW, JobStragglers, OpenRound, StragglerWatch,
                                  parse_beat)
 from pskv.errors import ConfigError
-from pskv.kvstore._engine import Engine
+from pskv.kvstore.engine._core import Engine
 
 
 class Clock:
@@ -65,7 +65,7 @@ def test_keys_waiting_for_the_same_workers_share_one_bounded_line() -> None:
 
 
 def test_lines_are_warnings(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="pskv._ps.stragglers")
+    caplog.set_level(logging.WARNING, logger="pskv._ps.observe.stragglers")
     w, clock = watch(1.0)
     clock.now = 102.0
     w.check([OpenRound(7, 0, 100.0, frozenset(), 1)])
@@ -125,7 +125,7 @@ def test_the_threshold_setting() -> None:
 
 
 def test_an_info_summary_of_closed_rounds_per_interval(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="pskv._ps.stragglers")
+    caplog.set_level(logging.INFO, logger="pskv._ps.observe.stragglers")
     clock = Clock()
     w = StragglerWatch(10.0, "server 1", clock, summary_every=60.0)
     for worker, waited in ((1, 0.2), (1, 0.4), (0, 0.0)):
@@ -159,7 +159,7 @@ def test_the_scheduler_flags_a_worker_last_across_servers_once_per_interval(
     half = MIN_ROUNDS // 2
     # each server alone saw too few rounds to flag anyone; together they are enough
     assert job.add([(1, half - 1, 0.5 * (half - 1))]) == []
-    with caplog.at_level(logging.WARNING, logger="pskv._ps.stragglers"):
+    with caplog.at_level(logging.WARNING, logger="pskv._ps.observe.stragglers"):
         lines = job.add([(1, half, 0.5 * half), (0, 1, 0.5)])
     assert len(lines) == 1 and lines[0] == caplog.records[-1].getMessage()
     assert lines[0].startswith(f"scheduler: worker 1 (of 2) pushed last in {2 * half - 1} of "

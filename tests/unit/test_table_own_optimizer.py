@@ -10,7 +10,7 @@ import pytest
 
 import pskv as mx
 from pskv.errors import TableSpecError
-from pskv.kvstore._engine_tables import served_table
+from pskv.kvstore.engine._tables import served_table
 from pskv.kvstore._table_rules import check_optimizer
 from pskv.table import Constant, TableSpec
 

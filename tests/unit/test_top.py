@@ -18,8 +18,8 @@ def _text(metrics: object) -> str:
 def test_parse_a_server_and_refuse_what_is_not_pskv() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to read metrics")
-    from pskv._ps.metrics import job_label
-    from pskv._ps.series import ServerMetrics
+    from pskv._ps.observe.metrics import job_label
+    from pskv._ps.observe.series import ServerMetrics
     m = ServerMetrics(1, "job", lambda: {"keys": 3, "per_key": {"w": (2, 40)}, "tables": {},
                                          "backups": []})
     m.request(Command.PUSH, [np.zeros(40, np.uint8)])
@@ -80,7 +80,7 @@ def test_bad_targets() -> None:
 def test_the_scheduler_listing_is_parsed() -> None:
     pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
                         "(prometheus_client) to read metrics")
-    from pskv._ps.series import SchedulerMetrics
+    from pskv._ps.observe.series import SchedulerMetrics
     m = SchedulerMetrics("job", lambda role: 1, lambda: [
         ("server", 0, "alive", "127.0.0.1", 9401), ("worker", 1, "dead", "", 0)])
     _job, role, _rank, samples = parse(_text(m))

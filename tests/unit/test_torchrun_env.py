@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pskv.errors import ConfigError
-from pskv.kvstore._torchrun import _children, adopt_torchrun
+from pskv.kvstore.dist._torchrun import _children, adopt_torchrun
 
 TORCHRUN = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
             "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}

@@ -126,7 +126,7 @@ ENV_REDUCE_THREADS = "PSKV_REDUCE_THREADS"
 #: the test suite's (docs/env.md, "Tests"): an MXNet 1.9.1 python and source checkout
 ENV_MXNET_PYTHON = "PSKV_MXNET_PYTHON"
 ENV_MXNET_SRC = "PSKV_MXNET_SRC"
-#: a job started by torchrun (kvstore/_torchrun.py): servers each node's local rank 0
+#: a job started by torchrun (kvstore/dist/_torchrun.py): servers each node's local rank 0
 #: starts (default 1), and the scheduler's port (default MASTER_PORT + 1)
 ENV_SERVERS_PER_NODE = "PSKV_SERVERS_PER_NODE"
 ENV_SCHEDULER_PORT = "PSKV_SCHEDULER_PORT"

@@ -5,11 +5,11 @@ A COMMAND's JSON body names an ``op`` and carries that op's fields. Two families
 * :class:`Op`: what a worker asks a server (settings, states, checkpoints, failover
   questions); built with :func:`command` by the dist store and the worker.
 * :class:`ReplOp`: what the server serving a shard sends that shard's backup
-  (``PSKV_REPLICAS=1``, ``kvstore/_replica.py``); built with :func:`change`.
+  (``PSKV_REPLICAS=1``, ``kvstore/durable/_replica.py``); built with :func:`change`.
 
 Invariant: an op travels as its ``.value`` string and is read back only through
 :func:`parse`, which returns the enum member (or None for anything else); validation
-(``validate.py``) and dispatch (``kvstore/_server.py``, ``kvstore/_replica.py``) are tables
+(``validate.py``) and dispatch (``kvstore/server/_core.py``, ``kvstore/durable/_replica.py``) are tables
 keyed by these enums, so no op name is spelt anywhere else.
 """
 from __future__ import annotations

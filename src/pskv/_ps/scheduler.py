@@ -31,11 +31,11 @@ from .config import (ENV_JOIN_STATUS, ENV_ROOT_PORT, ENV_SERVER_ID, ENV_WORKER_I
 from .hostid import host_id
 from .limits import CONTROL_BYTES, CONTROL_FRAMES
 from .message import Command, Meta, error_body
-from .metrics import job_label, start as start_metrics
-from .series import SchedulerMetrics
+from .observe.metrics import job_label, start as start_metrics
+from .observe.series import SchedulerMetrics
 from .replay import backup_of
 from .serve import ServeLoop
-from .stragglers import JobStragglers, parse_beat
+from .observe.stragglers import JobStragglers, parse_beat
 from .transport import Connection
 from .validate import OBSERVER
 from .zeromq import ZmqContext, curve_server

@@ -22,7 +22,7 @@ __all__ = ["OBSERVER", "ROLES", "admit_reply", "request"]
 #: the roles of a job's nodes
 ROLES = ("server", "worker")
 #: a HELLO's role that asks the scheduler where the nodes serve metrics and joins nothing
-#: (pskv-top --scheduler; ``_ps/observe.py``): it proves the secret like any node
+#: (pskv-top --scheduler; ``_ps/observe/observer.py``): it proves the secret like any node
 OBSERVER = "observer"
 _MAX_STR = 4096
 _MAX_RANK = 1 << 20
@@ -219,7 +219,7 @@ def _r_round(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None
     _int(meta, body, "round", 0, 1 << 62)
     _str(meta, body, "kind", ("d", "r", "t", "l", "f"))
     _pairs(meta, body, "applied")
-    # the optimizer's counts of a dense round (kvstore/_backup_log.py): both or neither
+    # the optimizer's counts of a dense round (kvstore/durable/_backup_log.py): both or neither
     _int(meta, body, "count", 0, 1 << 62, optional=True)
     _int(meta, body, "nu", 0, 1 << 62, optional=True)
     if ("count" in body) != ("nu" in body) or body["kind"] in "lf" and "count" not in body:
@@ -272,7 +272,7 @@ def _r_ring(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
 
 
 def _state_shape(desc: Any, depth: int) -> bool:
-    """Whether ``desc`` describes an optimizer state as ``_backup_log`` writes it."""
+    """Whether ``desc`` describes an optimizer state as ``durable._backup_log`` writes it."""
     if desc is None or desc == "a":
         return True
     return isinstance(desc, list) and depth < 4 and len(desc) <= 16 and \

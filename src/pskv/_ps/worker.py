@@ -40,8 +40,8 @@ from .failover import Failover, applied_counts
 from .hostid import same_host
 from .message import Command, Meta, error_from_body
 from .ops import Op, command
-from .metrics import start as start_metrics
-from .series import WorkerMetrics
+from .observe.metrics import start as start_metrics
+from .observe.series import WorkerMetrics
 from .postoffice import Postoffice
 from .tls import client_context
 from .transport import Alloc, Connection, connect

@@ -19,6 +19,6 @@ __all__ = ["DistKVStore", "KVStore", "KVStoreBase", "LocalKVStore",
 def __getattr__(name: str) -> Any:
     # the dist store needs pyzmq: import it when asked for, not with pskv
     if name == "DistKVStore":
-        from .dist import DistKVStore
+        from .dist._store import DistKVStore
         return DistKVStore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

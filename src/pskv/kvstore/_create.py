@@ -77,9 +77,9 @@ def create(name: str = "local") -> KVStoreBase:
     if lname in DIST_TYPES:
         # the dist store needs pyzmq and the cluster variables: imported when asked for
         from .._ps.config import ClusterConfig
-        from ._roles import serve_unless_worker
-        from ._torchrun import adopt_torchrun
-        from .dist import DistKVStore
+        from .server._roles import serve_unless_worker
+        from .dist._torchrun import adopt_torchrun
+        from .dist._store import DistKVStore
         adopt_torchrun()     # a script torchrun started: a worker, the nodes started for it
         cfg = ClusterConfig.from_env()
         serve_unless_worker(cfg)

@@ -26,7 +26,7 @@ from ..table import TableSpec
 from .._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
 from ._args import as_numpy, dense_data, normalize, row_ids_by_key
 from ._device_io import DeviceIO, has_device
-from ._engine import Engine
+from .engine._core import Engine
 from ._keys import KeyTable
 from ._snapshot import Reader, check_keys, write_manifest, write_shard
 from ._staleness import check_bounds, env_bounds

@@ -10,7 +10,7 @@ is sent and by ``finish`` only after its pushpull returned.
 Why one thread and ``pushpull``: the dist store releases its lock while a call waits for
 replies, so a second thread may push while backward goes on in the first; ``pushpull``
 sends push and pull as one message per server, and is never held back by the store's
-small-push coalescing (``kvstore/_held.py`` holds only plain pushes).
+small-push coalescing (``kvstore/dist/_held.py`` holds only plain pushes).
 """
 from __future__ import annotations
 

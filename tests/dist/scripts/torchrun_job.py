@@ -12,7 +12,7 @@ import pskv as mx
 import pskv.torch as pt
 
 try:   # the pskv nodes this process started (absent before torchrun support)
-    from pskv.kvstore._torchrun import _children
+    from pskv.kvstore.dist._torchrun import _children
 except ImportError:
     _children = []
 

@@ -31,7 +31,7 @@ from pskv.server import main
 
 def _count_copies() -> None:
     """On a restarted server: mark each whole shard copy installed (DIE_MARK-copy-I)."""
-    from pskv.kvstore import _replica
+    from pskv.kvstore.durable import _replica
     real = _replica.install_copy
     made = [0]
 
@@ -66,7 +66,7 @@ def _die_at_last_hello(me: str) -> None:
 
 def _die_after_batch(me: str, n: int) -> None:
     from pskv._ps.ops import ReplOp
-    from pskv.kvstore import _replica
+    from pskv.kvstore.durable import _replica
     real = _replica.Replicator.send
     sent = [0]
 
@@ -81,7 +81,7 @@ def _die_after_batch(me: str, n: int) -> None:
 
 
 def _die_after_rounds(me: str, n: int) -> None:
-    from pskv.kvstore import _shards
+    from pskv.kvstore.durable import _shards
     real = _shards.Shard.round_applied
     applied = [0]
 
@@ -96,7 +96,7 @@ def _die_after_rounds(me: str, n: int) -> None:
 
 def _die_at_push(me: str, n: int) -> None:
     from pskv._ps.message import Command
-    from pskv.kvstore._server import KVServer
+    from pskv.kvstore.server._core import KVServer
     real = KVServer._handlers[Command.PUSH]
     seen = [0]
 
@@ -110,7 +110,7 @@ def _die_at_push(me: str, n: int) -> None:
 
 
 def _die_before_first_copy(me: str) -> None:
-    from pskv.kvstore import _shards
+    from pskv.kvstore.durable import _shards
     real = _shards.Shards.serve
 
     def serve(self: Any, index: int, engine: Any) -> Any:

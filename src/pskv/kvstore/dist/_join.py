@@ -1,0 +1,157 @@
+"""``kv.join()`` of a dist store: uneven data, in the spirit of ``hvd.join()`` and DDP's
+``Join`` (docs/api.md, "Uneven data").
+
+A worker that ran out of batches calls ``kv.join()``. It sends its held push and waits
+until every push it made is applied (then no round waits on it), then tells the scheduler,
+which tells every server (``Command.WORKER_LEFT``): from then on the servers count this
+worker as having pushed zeros, so each ``dist_sync`` round closes with the other workers'
+pushes, and their sum is the sum of those pushes (the divisor, the optimizer's
+``rescale_grad``, stays the user's: DDP's default, ``divide_by_initial_world_size=True``).
+On the collective path (docs/collective.md) the worker itself adds zeros to the rounds the
+others run while it waits (DDP's join hook shadows the all-reduce the same way), and, once
+every worker has joined, to the last rounds any worker pushed (the join barrier's payloads
+carry every worker's push counts), so every round the others began completes.
+
+``join`` returns once every worker has joined (the rank of the last one to join, as
+``hvd.join`` does). A join is one epoch, as a DDP ``Join`` context is: when every worker
+has joined, rank 0 tells every server (``Op.JOINED`` with the scheduler's new join epoch)
+and the workers meet at a barrier, so the next rounds (the next epoch's, a final
+broadcast) count every worker again; a late WORKER_LEFT of the ended epoch is ignored. In
+``dist_async`` no round waits on anyone: ``join`` is a barrier that waits for every
+worker's pushes to be applied. A worker that closes without joining is not waited for:
+rounds and joins that need it fail with a WorkerClosedError naming it. Mixed into
+:class:`.dist.DistKVStore`, whose locks it takes.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ...errors import ClusterError, ClusterTimeoutError, ConfigError, UnsupportedError
+from ..._ps.message import Command
+from ..._ps.ops import Op, command
+
+__all__ = ["JoinMethods"]
+
+
+class JoinMethods:
+    """``join`` of a DistKVStore, and the check that a joined worker pushes no more."""
+
+    _lock: Any
+    _collective_lock: Any
+    _po: Any
+    _kv: Any
+    _cfg: Any
+    _coll: Any
+    _sync: bool
+    _type: str
+    _join_sent: bool
+    _begin: Callable[..., None]
+    _collective: Callable[..., dict[str, dict[str, Any]]]
+    _unlocked: Callable[[], Any]
+
+    def join(self, timeout: float | None = None) -> int:
+        """Leave the job's rounds: this worker has no more data (uneven data).
+
+        Every worker calls it once it has made its last push. Until every worker has
+        joined, the others' ``dist_sync`` rounds complete without this worker, which
+        counts as having pushed zeros: a round's sum is the sum of the other workers'
+        pushes, and the divisor (``rescale_grad``) is unchanged (DDP's default under
+        ``Join``). This worker may pull meanwhile, not push. Once every worker has joined
+        the rounds count every worker again (the next epoch of data may follow).
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds to wait for the other workers to join (default
+            ``PSKV_JOIN_TIMEOUT``, 3600).
+
+        Returns
+        -------
+        int
+            The rank of the last worker to join (as ``hvd.join()``).
+
+        Raises
+        ------
+        ClusterTimeoutError
+            Some worker did not join within ``timeout`` (the message names it).
+        WorkerClosedError
+            A worker closed its store without joining: it never will.
+        """
+        limit = self._cfg.join_timeout if timeout is None else timeout
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
+            raise ConfigError(f"kv.join(timeout={timeout!r}): the timeout must be a positive "
+                              "number of seconds (or None for PSKV_JOIN_TIMEOUT).",
+                              store_type=self._type)
+        with self._collective_lock, self._lock:
+            self._begin()       # the held push goes first
+            with self._unlocked():
+                # every push of this worker applied: no round can be waiting on it when
+                # the servers hear it joined (a later push of it would be one too many)
+                self._kv.flush()
+                # from here on the servers may count it as zeros: no push until every
+                # worker has joined, even if the wait below times out (join again)
+                self._join_sent = True
+                pushed = self._coll.pushed_all() if self._coll is not None else {}
+                poll = self._coll.add_zeros if self._coll is not None else None
+                try:
+                    payloads = self._po.barrier(
+                        "join", {"pushed": {str(k): v for k, v in pushed.items()}},
+                        timeout=float(limit), poll=poll)
+                except ClusterTimeoutError as err:
+                    joined = self._po.membership.joined
+                    missing = [r for r in range(self._po.num_workers)
+                               if r not in joined and r != self._po.rank]
+                    raise ClusterTimeoutError(
+                        f"worker {self._po.rank} waited {float(limit):g} s in kv.join() for "
+                        f"worker{'s' if len(missing) > 1 else ''} "
+                        f"{', '.join(map(str, missing)) or '(none known)'} to join. Call "
+                        "kv.join() on every worker once it runs out of data, or raise "
+                        "PSKV_JOIN_TIMEOUT / kv.join(timeout=...).",
+                        store_type=self._type) from err
+                if self._coll is not None:
+                    # the last rounds any worker began: every joined worker adds zeros
+                    upto: dict[int, int] = {}
+                    for p in payloads.values():
+                        for k, n in _pushed_of(p).items():
+                            upto[k] = max(upto.get(k, 0), n)
+                    self._coll.add_zeros(upto)
+                if self._po.rank == 0:
+                    # the next rounds count every worker again: every server knows it
+                    # before any worker leaves the barrier below
+                    epoch = _field(payloads, "epoch")
+                    body = command(Op.JOINED, epoch=epoch)
+                    self._kv.wait_all([self._kv.request(s, Command.COMMAND, body=body)
+                                       for s in range(self._po.num_servers)],
+                                      "the servers to end the join")
+            self._collective("join")
+            self._join_sent = False
+            return int(max(payloads, key=lambda r: _field({r: payloads[r]}, "order")))
+
+    def _check_not_joined(self, what: str = "push") -> None:
+        """A joined worker pushes no more (its rounds closed without it)."""
+        if self._join_sent:
+            raise UnsupportedError(
+                f"worker {self._po.rank} is in kv.join() and cannot {what} until every "
+                "worker has joined: the other workers' rounds close without it. Call "
+                "kv.join() after this worker's last push; pulls still work.",
+                store_type=self._type)
+
+
+def _field(payloads: dict[str, Any], name: str) -> int:
+    """A number the scheduler put in the first of the join's ``payloads`` (``order``:
+    where that worker came in the join; ``epoch``: the join epoch that begins)."""
+    payload = next(iter(payloads.values()), None)
+    value = payload.get(name) if isinstance(payload, dict) else None
+    if type(value) is not int or value < 0:
+        raise ClusterError(f"the scheduler's join reply has no {name}: {payload!r:.200}")
+    return value
+
+
+def _pushed_of(payload: Any) -> dict[int, int]:
+    """A worker's collective push counts, as its join payload carried them."""
+    pushed = payload.get("pushed") if isinstance(payload, dict) else None
+    if not isinstance(pushed, dict) or not all(
+            isinstance(k, str) and k.lstrip("-").isdigit() and type(v) is int and v >= 0
+            for k, v in pushed.items()):
+        raise ClusterError(f"a join reply with bad push counts: {payload!r:.200}")
+    return {int(k): v for k, v in pushed.items()}

@@ -1,0 +1,701 @@
+"""DistKVStore: the worker side of ``dist_sync``, ``dist_async`` and ``dist_device_sync``.
+
+A sibling of LocalKVStore under KVStoreBase: it shares the argument normaliser
+(:mod:`._args`) and the per-key records and checks (:class:`._keys.KeyTable`), and talks to
+the servers through a :class:`.._ps.worker.KVWorker`. A push reduces the local devices'
+values, compresses if asked, cuts each key into its segments and sends one message per
+server; a pull sends one message per server and lands the replies in the outs. Invariants:
+``init`` is collective (every worker calls it with the same keys; shapes are checked across
+workers at a barrier, rank 0 sends the values, a second barrier publishes them); every
+worker computes the same placement because init calls are collective and keys are placed in
+ps_key order; a failed call on one worker fails on every worker instead of hanging.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import threading
+from typing import Any, Iterator, overload
+
+import numpy as np
+import zmq
+
+from ... import compression
+from ...errors import ClusterError, KVStoreError, UnsupportedError, ValueTypeError
+from ...nd.ndarray import NDArray
+from ...nd.sparse import RowSparseNDArray
+from ..._ps.bounds import check_declared, check_key_count
+from ..._ps.config import ClusterConfig
+from ..._ps.message import ALLOWED_DTYPES, Command
+from ..._ps.ops import Op, command
+from ..._ps.partition import place, ps_key
+from ..._ps.postoffice import Postoffice
+from ..._ps.zeromq import ZmqContext
+from ..._ps.worker import KVWorker
+from ..._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
+from ...table import TableSpec
+from .._args import as_numpy, normalize, row_ids_by_key
+from ._collective import Choice, CollectiveMethods
+from ._checkpoints import CheckpointMethods
+from ._join import JoinMethods
+from ._tables import DistTables, init_table
+from ._datapath import DataPath
+from .._device_io import DeviceIO, Staged, has_device
+from ._held import HeldPush
+from .._keys import KeyRecord, KeyTable
+from .._reduce import Reducer
+from ._staleness import StalenessMethods
+from .._staleness import Staleness, env_bounds
+from ._agree import check_agreement, init_spec
+from ._placement import assemble, parts
+from .._states import read_states, write_states
+from .._tables import TableMethods
+from .._gradkeys import GradientKeys
+from ..base import KVStoreBase, check_capability, check_optimizer
+
+__all__ = ["DistKVStore"]
+
+log = logging.getLogger(__name__)
+
+
+class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods,
+                  CheckpointMethods, KVStoreBase):
+    """A worker's handle on a parameter-server cluster (``dist_*`` store types).
+
+    Create it with ``pskv.kv.create('dist_sync')`` in a process started by ``pskv-launch``
+    (or with the DMLC_* variables set by hand).
+    """
+
+    _tables: DistTables
+
+    def __init__(self, name: str, cfg: ClusterConfig,
+                 zmq_context: zmq.Context[Any] | None = None) -> None:
+        self._type = name
+        self._keys = KeyTable(name)
+        #: key -> its record (shape, dtype, placement); the tests read the placement here
+        self._store: dict[Key, KeyRecord] = self._keys.records
+        self._reducer = Reducer()     # PSKV_REDUCE_THREADS, read by the config module
+        # held while a call checks its arguments and sends, never while it waits for a
+        # reply or a barrier (_unlocked): other threads may push and pull meanwhile
+        self._lock = threading.Lock()
+        self._collective_lock = threading.Lock()   # init, barrier: one at a time
+        self._cfg = cfg
+        self._sync = "async" not in name
+        env_default = env_bounds(os.environ, name)      # refused before joining the job
+        #: the bounds set (kv.set_staleness), and what enforces them: None in dist_sync
+        #: and without a bound (the hot path checks this one attribute)
+        self._bounds: tuple[int | None, int | None] = (None, None)
+        self._stale: Staleness | None = None
+        self._zctx = ZmqContext(zmq_context)
+        po: Postoffice | None = None
+        # held until the store is built: the control thread's idle hook (_send_overdue)
+        # finds it taken and does nothing before then
+        self._lock.acquire()
+        try:
+            # the scheduler refuses a job whose workers created different store types
+            po = self._po = Postoffice(cfg, self._zctx, mode="sync" if self._sync else "async",
+                                       idle_hook=self._send_overdue)
+            self._po.start()
+            self._kv = KVWorker(cfg, self._zctx, self._po)
+        except BaseException:
+            self._lock.release()
+            if po is not None:
+                po.close()          # its control thread first: then its sockets
+            self._zctx.close()
+            raise
+        self._loads = [0] * self._po.num_servers
+        #: CUDA values and outs: read into, and written from, pinned buffers (docs/gpu.md)
+        self._device = DeviceIO(name)
+        self._path = DataPath(self._store, self._kv, self._reducer, self._wait_all)
+        #: table keys (docs/embeddings.md): rows on the servers, by a hash of the ID
+        self._tables = DistTables(name, self._kv, self._po.num_servers, self._wait_all)
+        #: DistributedOptimizers' gradient keys, which no optimizer may touch
+        self._gradient_keys = GradientKeys(name, lambda: None if self._tables.optimizer is None
+                                           else "optimizer (kv.set_optimizer)")
+        self._by_pskey: dict[int, Key] = {}
+        self._held = HeldPush(cfg.coalesce_bytes if self._sync else 0)
+        self._initial_sent = False
+        #: in kv.join(): the servers may count this worker as zeros, it pushes no more
+        self._join_sent = False
+        #: which keys are summed among the workers (docs/collective.md), and the links
+        self._choice = Choice(name, cfg, self._po.num_workers)
+        self._coll = None
+        self._lock.release()
+        # a strong reference: a store dropped without close() must still say goodbye at
+        # exit, or the scheduler takes the silent worker for dead and exits 1
+        self._atexit = self.close
+        atexit.register(self._atexit)
+        if env_default != (None, None):     # PSKV_STALENESS, PSKV_GLOBAL_STALENESS
+            try:
+                self.set_staleness(env_default[0], global_bound=env_default[1])
+            except BaseException:
+                self.close()
+                raise
+
+    @property
+    def type(self) -> str:
+        """The store type, as given to ``create`` and lower-cased."""
+        return self._type
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank, 0 to ``num_workers - 1``."""
+        return self._po.rank
+
+    @property
+    def num_workers(self) -> int:
+        """The number of workers in the cluster."""
+        return self._po.num_workers
+
+    # ---- plumbing ------------------------------------------------------------------------
+    def _to_all(self, cmd: Command, body: Any) -> list[Any]:
+        tss = [self._kv.request(s, cmd, body=body) for s in range(self._po.num_servers)]
+        return self._wait_all(tss, f"the servers to take {body.get('op', cmd.name)}")
+
+    @contextlib.contextmanager
+    def _unlocked(self) -> Iterator[None]:
+        """Release the store lock for a network wait (the caller holds it)."""
+        self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.acquire()
+
+    def _wait_all(self, tss: list[int], what: str) -> list[Any]:
+        with self._unlocked():
+            return self._kv.wait_all(tss, what)
+
+    def _table_begin(self) -> None:
+        """A table call's checks (``TableMethods``): as every call's."""
+        self._begin()
+
+    def _begin(self, pulling: bool = False) -> None:
+        self._keys.check_open()
+        self._po.check()
+        self._kv.raise_deferred()
+        if not pulling:
+            self._send_held()
+
+    def _send_held(self) -> None:
+        """Send the push that waited for this call (it was not a pull of its keys)."""
+        self._path.send(self._held.release())
+
+    def _send_overdue(self) -> None:
+        """On the control thread, when the store is idle: send a push held too long (rule 4
+        of ``pskv.kvstore.dist._held``) and notice a server connection that broke; an error is
+        raised by the store's next call."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self._keys.closed:
+                return
+            if self._held.overdue():
+                self._send_held()
+            self._kv.poll_links()
+        except KVStoreError as err:
+            self._kv.defer(err)
+        finally:
+            self._lock.release()
+
+    # ---- init ------------------------------------------------------------------------------
+    def init(self, key: KeyArg, value: ValueArg) -> None:
+        """Initialize keys on the servers: every worker calls it; rank 0's values are kept.
+
+        Raises on every worker if any worker's keys, shapes or dtypes differ. A
+        ``TableSpec`` (``pskv.table``) declares a table key on every server.
+        """
+        if isinstance(value, TableSpec):
+            for k in (key if isinstance(key, (list, tuple)) else [key]):
+                if type(k) in (int, str) and self._choice.prefs.get(k):  # type: ignore[arg-type]
+                    raise UnsupportedError(
+                        f"key {k!r} was set to take the collective path (set_collective), "
+                        "but a table key stays on the servers. Call "
+                        f"set_collective({k!r}, False) first.", key=k, store_type=self._type)
+            return init_table(self, key, value)
+        staged: list[Staged] = []
+        try:
+            self._init_keys(key, value, staged)
+        finally:
+            for st in staged:        # rank 0 has sent the values: the buffers are free
+                st.release()
+
+    def _init_keys(self, key: KeyArg, value: ValueArg, staged: list[Staged]) -> None:
+        with self._collective_lock, self._lock:
+            self._begin()
+            self._tables.taken(key)
+            keys: list[Key] = []
+            groups: list[list[Any]] = []
+            specs = None
+            error: KVStoreError | None = None
+            try:
+                keys, given = normalize(key, value)
+                groups, held = self._device.values(keys, given, self._store)
+                if held is not None:
+                    staged.append(held)
+                self._keys.validate_init(keys, groups)
+                self._check_bounds(keys, groups, "init")
+                specs = [init_spec(k, vals[0], self._by_pskey) for k, vals in zip(keys, groups)]
+                coll = self._collective_keys(keys, groups, specs)
+            except KVStoreError as err:
+                error = err
+                coll = []
+            if self._po.rejoin:
+                # a worker restarted by --max-restarts: the keys are on the servers already,
+                # and the other workers are past init; place them as the first run did
+                if error is not None:
+                    raise error
+                assert specs is not None
+                for i in sorted(range(len(keys)), key=lambda i: specs[i][0]):
+                    self._by_pskey[self._keys.add(self._place(
+                        keys[i], groups[i][0], given[i][0])).pskey] = keys[i]
+                return
+            extra: dict[str, Any] = {}
+            if coll:
+                extra = {"collective": coll}
+                if self._coll is None or not self._coll.connected:
+                    extra["peer"] = self._collective_path().listen()
+            payloads = self._collective("init", {
+                "specs": specs, "error": None if error is None else
+                f"{type(error).__name__}: {error}", **extra})
+            if error is not None:
+                raise error
+            assert specs is not None
+            check_agreement(payloads, specs, self.rank)
+            self._check_collective_agreement(payloads, coll)
+            order = sorted(range(len(keys)), key=lambda i: specs[i][0])
+            recs = {keys[i]: self._place(keys[i], groups[i][0], given[i][0]) for i in order}
+            if self.rank == 0:
+                self._send_init(keys, groups, recs)
+            if coll:
+                # before the second barrier: no worker pushes a key another has not taken
+                self._link_collective(payloads, recs, set(coll))
+            self._collective("init (values sent)")
+            for k in keys:
+                self._by_pskey[self._keys.add(recs[k]).pskey] = k
+
+    def _check_bounds(self, keys: list[Key], groups: list[list[Any]], what: str) -> None:
+        """Refuse here what the servers would refuse (sizes: ``_ps/bounds.py``; an init's
+        dtype: the wire's), on every worker for an init, so that no server takes part of a
+        call another refuses (docs/security.md, all-or-nothing calls)."""
+        where = f"worker {self.rank}"
+        check_key_count(len(keys), self._cfg.max_keys_per_message, what, where)
+        if what == "init":
+            for k, vals in zip(keys, groups):
+                v = vals[0] if isinstance(vals[0], NDArray) else as_numpy(vals[0])
+                dtype = np.dtype(v.dtype)
+                if dtype.name not in ALLOWED_DTYPES:   # a server would drop the connection
+                    raise ValueTypeError(
+                        f"init of key {k!r}: dtype {dtype} cannot be sent to a server; a "
+                        f"{self._type!r} store holds {', '.join(sorted(ALLOWED_DTYPES))}. "
+                        "Cast the value first (e.g. value.astype('float32')).", key=k,
+                        store_type=self._type)
+                check_declared(k, tuple(v.shape), dtype.itemsize,
+                               isinstance(v, RowSparseNDArray), self._cfg.max_key_bytes, where)
+
+    def _collective(self, call: str, payload: dict[str, Any] | None = None) \
+            -> dict[str, dict[str, Any]]:
+        """A barrier of the workers that also checks they all made the same ``call``."""
+        with self._unlocked():
+            payloads: dict[str, dict[str, Any]] = self._po.barrier(
+                "worker", {"call": call, **(payload or {})})
+        calls = {r: (p or {}).get("call") for r, p in payloads.items()}
+        if len(set(calls.values())) > 1:
+            met = ", ".join(f"worker {r} called {c}" for r, c in
+                            sorted(calls.items(), key=lambda rc: int(rc[0])))
+            raise ClusterError(
+                f"mismatched collective calls met at a barrier: {met}. Every worker must make "
+                "the same sequence of init, barrier and broadcast calls.",
+                store_type=self._type)
+        return payloads
+
+    def _place(self, key: Key, value: Any, given: Any = None) -> KeyRecord:
+        """``key``'s record, with its ps_key and segments (not added yet); ``given``: the
+        caller's value when ``value`` is its host copy."""
+        rec = self._keys.make(key, value, given)
+        size, dtype, shape = rec.size, rec.dtype, rec.shape
+        if rec.sparse:
+            row = size // shape[0] if shape[0] else 0
+            rec.segments = place(shape[0], row * dtype.itemsize, self._po.num_servers,
+                                 self._cfg.bigarray_bound, row, self._loads, split_always=True)
+        else:
+            rec.segments = place(size, dtype.itemsize, self._po.num_servers,
+                                 self._cfg.bigarray_bound, 1, self._loads)
+        rec.pskey = ps_key(key)
+        return rec
+
+    def _send_init(self, keys: list[Key], groups: list[list[Any]],
+                   infos: dict[Key, KeyRecord]) -> None:
+        per: dict[int, tuple[list[int], list[Any], list[np.ndarray]]] = {}
+        for k, vals in zip(keys, groups):
+            info = infos[k]
+            v = vals[0]
+            dense = np.ascontiguousarray(v._dense() if isinstance(v, NDArray) else as_numpy(v))
+            for seg, part in zip(info.segments, parts(info, dense)):
+                pk, specs, arrays = per.setdefault(seg.server, ([], [], []))
+                pk.append(info.pskey)
+                specs.append({"key": k, "shape": list(part.shape),
+                              "stype": "row_sparse" if info.sparse else "default",
+                              "place": [seg.start, seg.stop, list(info.shape)]})
+                arrays.append(np.ascontiguousarray(part).reshape(part.shape))  # keeps 0-d
+        tss = [self._kv.request(s, Command.INIT, pk, {"entries": sp}, arr)
+               for s, (pk, sp, arr) in per.items()]
+        self._wait_all(tss, "the servers to take init")
+
+    # ---- push --------------------------------------------------------------------------------
+    def push(self, key: KeyArg, value: ValueArg, priority: int = 0) -> None:
+        """Push values to the servers (summed per key first, then per round there).
+
+        In ``dist_sync`` a small push may wait for this store's next call
+        (``pskv.kvstore.dist._held`` has the rule).
+        """
+        with self._lock:
+            self._begin()
+            if self._tables.owns(key):
+                self._first_push()
+                self._tables.push(key, value, None)
+            else:
+                keys, groups = normalize(key, value)
+                if has_device(groups):
+                    self._device.run(keys, groups, None, None, self._store,
+                                     lambda g, _: self._push_checked(keys, g),
+                                     self._path.compressor is not None)
+                else:
+                    self._push_checked(keys, groups)
+            if self._stale is not None:
+                self._stale.pushed()
+
+    def _push_checked(self, keys: list[Key], groups: list[list[Any]]) -> None:
+        self._check_bounds(keys, groups, "push")
+        self._keys.validate_push(keys, groups, self._path.compressor is not None)
+        self._push_validated(keys, groups)
+
+    def _first_push(self) -> None:
+        """Before worker 0's first push, with periodic checkpoints: the initial values as
+        the checkpoint of round 0 (docs/durability.md); no round can close before it,
+        since every round needs this worker's push."""
+        self._check_not_joined()
+        if not self._initial_sent:
+            self._initial_sent = True
+            if self.rank == 0 and self._cfg.checkpoint_every:
+                self._to_all(Command.COMMAND, command(Op.INITIAL))
+
+    def _push_validated(self, keys: list[Key], groups: list[list[Any]]) -> None:
+        self._first_push()      # _begin() has sent a held push already
+        if self._coll is not None:
+            peers = [i for i, k in enumerate(keys) if self._store[k].collective]
+            if peers:
+                rest = [i for i in range(len(keys)) if i not in set(peers)]
+                if rest:
+                    self._push_validated([keys[i] for i in rest], [groups[i] for i in rest])
+                for i in peers:
+                    rec = self._store[keys[i]]
+                    flat = self._path.merged(keys[i], groups[i]).reshape(-1)
+                    with self._unlocked():
+                        self._coll.push(rec.pskey, flat)
+                return
+        items = self._path.items(keys, groups)
+        if not self._held.hold(keys, items):
+            self._path.send(items, lend=True)
+
+    # ---- pull --------------------------------------------------------------------------------
+    def _pull_validated(self, keys: list[Key], groups: list[list[Any]],
+                        ignore_sparse: bool, fetched: dict[Key, list[np.ndarray]]
+                        | None = None) -> None:
+        if fetched is None and self._coll is not None:
+            peers = [i for i, k in enumerate(keys) if self._from_peers(k)]
+            if peers:
+                rest = [i for i in range(len(keys)) if i not in set(peers)]
+                if rest:
+                    self._pull_validated([keys[i] for i in rest], [groups[i] for i in rest],
+                                         ignore_sparse)
+                keys, groups = [keys[i] for i in peers], [groups[i] for i in peers]
+                fetched = self._fetch_collective(keys, groups)
+        wanted = [k for k, outs in zip(keys, groups)
+                  if any(not (ignore_sparse and isinstance(o, RowSparseNDArray)) for o in outs)]
+        if fetched is None and self._held:
+            held = self._held.take_for_pull(keys) if wanted == keys else None
+            if held is not None:         # the push this pull follows: together
+                fetched = self._path.fetch(keys, Command.PUSHPULL, held, self._path.targets(keys, groups))
+            else:
+                self._send_held()
+        if fetched is None:
+            fetched = self._path.fetch(wanted, targets=self._path.targets(keys, groups, set(wanted))) \
+                if wanted else {}
+        parts = fetched
+        for k, outs in zip(keys, groups):
+            info = self._store[k]
+            for o in outs:
+                if isinstance(o, RowSparseNDArray):
+                    if ignore_sparse:
+                        self._keys.warn_sparse(k)
+                        continue
+                    table = np.empty(info.shape, o.dtype)
+                    assemble(info, parts[k], table)
+                    o._data, o._indices = table, np.arange(info.shape[0], dtype=np.int64)
+                    continue
+                assemble(info, parts[k], as_numpy(o))
+
+    def _pull_new(self, key: Any) -> Any:
+        self._send_held()
+        many, records = self._keys.pull_new_keys(key)
+        uniq = list(dict.fromkeys(r.key for r in records))
+        peers = [k for k in uniq if self._coll is not None and self._from_peers(k)]
+        parts = self._path.fetch([k for k in uniq if k not in peers]) \
+            if len(peers) < len(uniq) else {}
+        if peers:
+            parts.update(self._fetch_collective(peers, [[] for _ in peers]))
+        result = []
+        for rec in records:
+            data = np.empty(rec.shape, rec.dtype)
+            assemble(rec, parts[rec.key], data)
+            result.append(self._keys.new_out(rec, data))
+        return result if many else result[0]
+
+    @overload
+    def pull(self, key: Key, out: None = None, priority: int = 0,
+             ignore_sparse: bool = True) -> Array: ...
+
+    @overload
+    def pull(self, key: KeyList, out: None = None, priority: int = 0,
+             ignore_sparse: bool = True) -> list[Array]: ...
+
+    @overload
+    def pull(self, key: KeyArg, out: OutArg, priority: int = 0,
+             ignore_sparse: bool = True) -> None: ...
+
+    def pull(self, key: KeyArg, out: OutArg | None = None, priority: int = 0,
+             ignore_sparse: bool = True) -> Any:
+        """Pull values from the servers into ``out`` (new arrays with ``out=None``).
+
+        A pull after this worker's push of a key returns the value of the round that
+        includes the push (MXNet's pull-after-push ordering).
+        """
+        with self._lock:
+            self._begin(pulling=True)
+            if self._tables.owns(key):
+                self._tables.refuse(key, "pull")
+            if self._stale is not None:
+                self._stale.before_read()
+            if out is None:
+                return self._pull_new(key)
+            keys, groups = normalize(key, out, "out")
+            if has_device(groups):
+                return self._device.run(None, None, keys, groups, self._store,
+                                        lambda _, o: self._pull_checked(keys, o, ignore_sparse))
+            self._pull_checked(keys, groups, ignore_sparse)
+            return None
+
+    def _pull_checked(self, keys: list[Key], groups: list[list[Any]],
+                      ignore_sparse: bool) -> None:
+        self._check_bounds(keys, groups, "pull")
+        self._keys.validate_pull(keys, groups)
+        self._pull_validated(keys, groups, ignore_sparse)
+
+    def pushpull(self, key: KeyArg, value: ValueArg, out: OutArg | None = None,
+                 priority: int = 0) -> None:
+        """Push, then pull the round's result, in one message per server."""
+        with self._lock:
+            self._begin()
+            if self._tables.owns(key):
+                self._tables.refuse(key, "pushpull")
+            keys, groups = normalize(key, value)
+            okeys, ogroups = normalize(key, value if out is None else out, "out")
+            if has_device(groups) or has_device(ogroups):
+                # the outs are pinned buffers, never the values: the reply may land there
+                return self._device.run(
+                    keys, groups, okeys, ogroups, self._store,
+                    lambda g, o: self._pushpull_checked(keys, g, okeys, o, True),
+                    self._path.compressor is not None)
+            self._pushpull_checked(keys, groups, okeys, ogroups, out is not None)
+
+    def _pushpull_checked(self, keys: list[Key], groups: list[list[Any]], okeys: list[Key],
+                          ogroups: list[list[Any]], apart: bool) -> None:
+        """``apart``: the outs are not the values (the reply may be read into them)."""
+        self._keys.validate_push(keys, groups, self._path.compressor is not None)
+        self._keys.validate_pull(okeys, ogroups)
+        self._check_bounds(keys, groups, "pushpull")
+        self._first_push()
+        if self._coll is not None and any(self._store[k].collective for k in keys):
+            # the collective keys' pushes are written when this returns: then the pull
+            # may land in the values (out=None)
+            self._push_validated(keys, groups)
+            self._pull_validated(okeys, ogroups, True)
+            return
+        if self._stale is not None:
+            # a push call, then a bounded read: apart, so that the servers see the
+            # clock before the read (the global bound) and the read may flush (K)
+            self._path.send(self._path.items(keys, groups), lend=True)
+            self._stale.pushed()
+            self._stale.before_read()
+            return self._pull_validated(okeys, ogroups, True)
+        items = self._path.items(keys, groups)
+        # with out=None the reply overwrites the values: after they were sent
+        targets = self._path.targets(okeys, ogroups) if apart else {}
+        fetched = self._path.fetch(keys, Command.PUSHPULL, items, targets)
+        self._pull_validated(okeys, ogroups, True, fetched)
+
+    def broadcast(self, key: KeyArg, value: ValueArg, out: OutArg, priority: int = 0) -> None:
+        """Initialize with rank 0's ``value`` and pull it into ``out`` on every worker."""
+        self.init(key, value)
+        self.pull(key, out=out)
+
+    def row_sparse_pull(self, key: KeyArg, out: OutArg | None = None, priority: int = 0,
+                        row_ids: Any = None) -> None:
+        """Pull rows ``row_ids`` of row_sparse keys from the servers holding them."""
+        with self._lock:
+            self._begin()
+            if self._stale is not None:
+                self._stale.before_read()
+            if self._tables.owns(key):
+                return self._tables.row_sparse_pull(key, out, row_ids)
+            self._keys.need_rows(key, out, row_ids)
+            keys, groups = normalize(key, out, "out")
+            rows = row_ids_by_key(key, keys, groups, row_ids)
+            self._keys.validate_row_sparse_pull(key, out, row_ids, keys, groups, rows)
+            self._check_bounds(keys, groups, "row_sparse_pull")
+            self._path.rows([(k, o, r) for k, outs in zip(keys, groups)
+                             for o, r in zip(outs, rows[k])])
+
+    # ---- optimizer, compression, states -----------------------------------------------------
+    def set_optimizer(self, optimizer: Any) -> None:
+        """Install ``optimizer`` on every server (a JSON spec, never a pickle).
+
+        Every worker may call it (MXNet scripts do); the servers install it once and treat
+        identical repeats as no-ops. Refused (ConfigError, on every worker alike) for an
+        optimizer whose spec cannot travel or that the servers could not rebuild and run,
+        and while a ``pskv.torch.DistributedOptimizer`` with ``update_on_kvstore=False``
+        holds gradient keys here. Table keys with their own ``TableSpec(optimizer=)``
+        keep it.
+        """
+        spec = check_optimizer(optimizer, need_spec=True)   # refused here, alike on every worker
+        with self._lock:
+            self._begin()
+            self._gradient_keys.refuse_optimizer("set_optimizer")
+            coll = [rec for rec in self._store.values() if rec.collective]
+            pushed = [rec.key for rec in coll if self._coll is not None and
+                      self._coll.pushed(rec.pskey)]
+            if pushed:
+                raise UnsupportedError(
+                    f"set_optimizer after pushes of key {pushed[0]!r} on the collective "
+                    "path: the servers never saw them, so they cannot update its weights. "
+                    "Call set_optimizer before the first push (before init keeps every key "
+                    "on the servers), or keep the key on the servers with "
+                    f"set_collective({pushed[0]!r}, False) before its init.", key=pushed[0],
+                    store_type=self._type)
+            self._to_all(Command.COMMAND, command(Op.OPTIMIZER, spec=spec))
+            self._tables.optimizer = optimizer
+            # the keys that were to be summed among the workers go back to the servers,
+            # which hold their initial values (MXNet's Module inits, then sets the optimizer)
+            self._choice.optimizer = True
+            for rec in coll:
+                rec.collective = False
+                assert self._coll is not None
+                self._coll.drop_key(rec.pskey)
+
+    def _store_optimizer(self) -> Any:
+        return self._tables.optimizer
+
+    def set_updater(self, updater: Updater) -> None:
+        """Not available in dist stores: the update runs on the servers. Use set_optimizer."""
+        raise UnsupportedError(
+            f"a {self._type!r} store updates on the servers, which cannot run a Python "
+            "function sent from a worker. Use kv.set_optimizer(mx.optimizer.create(...)).",
+            store_type=self._type)
+
+    _set_updater = set_updater
+
+    def set_gradient_compression(self, compression_params: dict[str, Any]) -> None:
+        """Compress pushes on the wire (2bit / 1bit); call on every worker before init."""
+        with self._lock:
+            self._begin()
+            if self._store:
+                raise UnsupportedError(
+                    "set_gradient_compression must be called before the first init.",
+                    store_type=self._type)
+            compressor = compression.create(compression_params)
+            params = None if compressor is None else compressor.params
+            self._to_all(Command.COMMAND, command(Op.COMPRESSION, params=params))
+            self._path.compressor = compressor
+            self._choice.compression = compressor is not None
+
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        """Gather every server's optimizer states into ``fname`` (NumPy arrays + JSON)."""
+        with self._lock:
+            self._begin()
+            replies = self._to_all(Command.COMMAND, command(Op.SAVE, dump=dump_optimizer))
+            write_states(fname, [arrays[0] for _, arrays in replies])
+
+    def load_optimizer_states(self, fname: str) -> None:
+        """Send each server its part of states saved by :meth:`save_optimizer_states`."""
+        with self._lock:
+            self._begin()
+            blobs = read_states(fname, self._po.num_servers)
+            tss = [self._kv.request(s, Command.COMMAND, body=command(Op.LOAD), arrays=[b])
+                   for s, b in enumerate(blobs)]
+            self._wait_all(tss, "the servers to load states")
+
+    # ---- cluster ---------------------------------------------------------------------------------
+    def barrier(self) -> None:
+        """Wait until every worker reaches this barrier.
+
+        ``dist_async``: every worker's earlier pushes are applied before anyone leaves it.
+        ``dist_sync``: earlier pushes are sent first but not waited for, since their rounds
+        may need pushes other workers make after the barrier; a pull after the barrier
+        still returns the round that includes this worker's push. A worker waiting here
+        holds no one back under a global staleness bound (docs/embeddings.md S5).
+        """
+        with self._collective_lock, self._lock:
+            self._begin()
+            if not self._sync:
+                if self._stale is not None:
+                    self._stale.flush()
+                else:
+                    with self._unlocked():
+                        self._kv.flush()
+            bounded = self._stale is not None and self._stale.global_bound is not None
+            if bounded:
+                self._leave_bound()   # workers with more steps before it may finish them
+            try:
+                self._collective("barrier")
+            finally:
+                if bounded:
+                    assert self._stale is not None
+                    self._tick(self._stale.clock)    # counted again, at its own clock
+
+    _barrier = barrier
+
+    def close(self) -> None:
+        """Leave the cluster; when every worker has closed, the servers and scheduler exit."""
+        with self._lock:
+            if self._keys.closed:
+                return
+            self._keys.closed = True
+            atexit.unregister(self._atexit)
+            try:
+                if self._po.failure is None:
+                    if self._stale is not None and self._stale.global_bound is not None:
+                        self._leave_bound()
+                    self._send_held()
+                    with self._unlocked():
+                        self._kv.flush(timeout=min(self._cfg.request_timeout, 10.0))
+            except KVStoreError as err:
+                log.warning("worker %d: closing with unacknowledged pushes: %s", self.rank, err)
+            finally:
+                if self._coll is not None:
+                    self._coll.close(min(self._cfg.request_timeout, 10.0))
+                self._po.goodbye()
+                self._po.close()
+                self._kv.close()
+                self._zctx.close()
+                self._reducer.close()
+                self._device.close()
+
+    def is_capable(self, capability: str) -> bool:
+        """Whether the store supports ``capability``; ``'optimizer'`` is supported."""
+        return check_capability(capability)
+
+    def __repr__(self) -> str:
+        return (f"<DistKVStore type={self._type!r} rank={self.rank}/{self.num_workers} "
+                f"keys={len(self._store)}>")

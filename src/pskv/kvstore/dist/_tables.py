@@ -1,0 +1,212 @@
+"""The table keys of a dist store: the worker side of docs/embeddings.md on the servers.
+
+A table key lives on every server, each holding the rows of the IDs that
+:func:`pskv.table.shard_of` routes to it (R13: a hash, never ranges). A push ``(ids,
+grads)`` is checked whole here (R15), split by that hash (the gradient rows with their IDs)
+and sent to every server as a push of kind ``t`` (an empty one where no ID goes, so that a
+``dist_sync`` round, which needs every worker's push, closes on every server, and every
+server counts the same steps, R11); a lookup asks only the servers that own some of its
+IDs and puts their rows back in the caller's order; ``table_stats`` sums the servers'
+counters (``step``: the largest, the same everywhere). The store holds its lock around
+these calls and releases it while waiting (``wait_all``).
+
+Invariant: the same API and the same errors as the local store (``_tables``): a worker keeps
+a :class:`._tables.Tables` whose tables only check arguments (never hold a row).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+from ...errors import ClusterError, KVStoreError
+from ...table import Always, DynamicTable, TableSpec, shard_of
+from ..._ps.message import Command, error_body, error_from_body
+from ..._ps.ops import Op, command
+from ..._ps.worker import KVWorker
+from ..._types import Key
+from ..._ps.partition import ps_key
+from .._args import as_numpy, check_key
+from .._table_rules import check_optimizer
+from .._tables import Tables, _pairs, rsp_outs
+from ._agree import check_agreement, init_spec
+
+__all__ = ["DistTables", "init_table"]
+
+
+class DistTables(Tables):
+    """Table keys of one DistKVStore, and the messages of their calls.
+
+    Parameters
+    ----------
+    store_type : str
+    kv : KVWorker
+    num_servers : int
+    wait_all : callable
+        ``wait_all(tss, what)``: the replies, waited for without the store's lock.
+    """
+
+    def __init__(self, store_type: str, kv: KVWorker, num_servers: int,
+                 wait_all: Callable[[list[int], str], list[Any]]) -> None:
+        super().__init__(store_type)
+        self._kv, self._n, self._wait_all = kv, num_servers, wait_all
+        #: key -> its ps_key (the same on every server)
+        self.pskeys: dict[Key, int] = {}
+        #: the optimizer this worker gave ``set_optimizer`` (a table init checks it)
+        self.optimizer: Any = None
+        #: (IDs, split) of the last ``_split``: a push of the IDs just looked up reuses it
+        self._last_split: tuple[np.ndarray, list[np.ndarray]] | None = None
+
+    def _table(self, spec: TableSpec, key: Key) -> DynamicTable:
+        """A checker of ``spec``'s arguments for this worker (IDs, gradients, optimizer):
+        the rows live on the servers (each checks its shard against PSKV_MAX_KEY_BYTES),
+        so it reserves no rows and keeps no admission counters of its own."""
+        light = dataclasses.replace(spec, reserve_rows=0, admission=Always())
+        checker = DynamicTable(light, name=key)
+        checker.spec = spec          # what the worker reads back is the spec it was given
+        return checker
+
+    def send_init(self, key: Key, pk: int, spec: TableSpec) -> None:
+        """Init table ``key`` on every server (worker 0 does, after the workers agreed)."""
+        dim = spec.dim
+        tss = [self._kv.request(s, Command.INIT, [pk], {"entries": [{
+            "key": key, "shape": [0, dim], "stype": "table", "table": spec.to_json(),
+            "shard": [s, self._n]}]}, [np.zeros((0, dim), spec.dtype)])
+            for s in range(self._n)]
+        self._wait_all(tss, "the servers to take init")
+
+    def _split(self, ids: np.ndarray) -> list[np.ndarray]:
+        """For each server, the positions in ``ids`` of the IDs it owns (in order).
+
+        The split of the last call is kept with a copy of its IDs: a training step looks
+        up a batch and then pushes the gradients of the same IDs, and the push finds its
+        split by comparing the IDs (one pass) instead of hashing them again."""
+        if self._n == 1:
+            return [np.arange(ids.size)]
+        last = self._last_split
+        if last is not None and last[0].shape == ids.shape and np.array_equal(last[0], ids):
+            return last[1]
+        owner = shard_of(ids, self._n)
+        if self._n <= 16:       # one pass per server beats a sort of the owners
+            where = [np.flatnonzero(owner == s) for s in range(self._n)]
+        else:
+            order = np.argsort(owner, kind="stable")
+            bounds = np.searchsorted(owner[order], np.arange(self._n + 1))
+            where = [order[bounds[s]:bounds[s + 1]] for s in range(self._n)]
+        self._last_split = (ids.copy(), where)
+        return where
+
+    def push(self, key: Any, value: Any, updater: Any = None) -> None:
+        """One push ``(ids, grads)`` (or a RowSparseNDArray of IDs, or a list: one per
+        device) of table ``key``: checked whole, then one message per server."""
+        table = self.get(key, "push to table")
+        ids, grads = _pairs(key, value)
+        flat = table._check_ids(ids, "push").ravel()
+        g = table._check_grads(flat, grads, "push")
+        g = np.ascontiguousarray(g, dtype=table.spec.dtype)
+        pk = self.pskeys[key]
+        for s, where in enumerate(self._split(flat)):
+            part = (flat, g) if self._n == 1 else (flat[where], g[where])
+            self._kv.push(s, Command.PUSH, [pk], {"kinds": "t"}, list(part))
+
+    def lookup(self, key: Any, ids: Any, train: bool) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, found)`` of ``ids`` (any shape) from the servers that own them."""
+        table = self.get(key, "lookup")
+        arr = table._check_ids(ids, "lookup")
+        flat = np.ascontiguousarray(arr.ravel())
+        dim, dtype = table.spec.dim, table.spec.dtype
+        values = np.empty((flat.size, dim), dtype)
+        found = np.zeros(flat.size, bool)
+        body = command(Op.LOOKUP, key=self.pskeys[key], train=bool(train))
+        asks = [(s, where) for s, where in enumerate(self._split(flat)) if where.size]
+        one = self._n == 1          # its reply is read straight into values and found
+        tss = [self._kv.request(s, Command.COMMAND, body=body,
+                                arrays=[flat if one else flat[where]],
+                                into=[values, found] if one else None)
+               for s, where in asks]
+        replies = self._wait_all(tss, f"a lookup of table {key!r}")
+        for (s, where), (_meta, got) in zip(asks, replies):
+            if len(got) != 2 or got[0].shape != (where.size, dim) or got[1].shape != where.shape:
+                raise ClusterError(f"server {s} answered a lookup of table {key!r} with "
+                                   f"{[a.shape for a in got]} for {where.size} IDs (reported "
+                                   f"by server {s})", key=key)
+            if one:
+                if got[0] is not values:        # a transport that could not read in place
+                    values[...] = got[0]
+                if got[1] is not found:
+                    found[...] = got[1]
+                continue
+            values[where] = got[0]
+            found[where] = got[1]
+        return values.reshape(arr.shape + (dim,)), found.reshape(arr.shape)
+
+    def stats(self, key: Any) -> dict[str, int]:
+        """The counters of table ``key``, summed over the servers (``step``: the largest)."""
+        self.get(key, "read the stats of")
+        body = command(Op.TABLE_STATS, key=self.pskeys[key])
+        tss = [self._kv.request(s, Command.COMMAND, body=body) for s in range(self._n)]
+        total: dict[str, int] = {}
+        for s, (meta, _a) in enumerate(self._wait_all(tss, f"the stats of table {key!r}")):
+            got = meta.body.get("stats") if isinstance(meta.body, dict) else None
+            if not isinstance(got, dict):
+                raise ClusterError(f"server {s} sent no stats of table {key!r} (reported by "
+                                   f"server {s})", key=key)
+            for k, v in got.items():
+                total[k] = max(total.get(k, 0), int(v)) if k == "step" else \
+                    total.get(k, 0) + int(v)
+        return total
+
+    def row_sparse_pull(self, key: Any, out: Any, row_ids: Any) -> None:
+        """Training lookup of ``row_ids`` into row_sparse ``out`` (a list: one each)."""
+        table = self.get(key, "row_sparse_pull from table")
+        outs, rows = rsp_outs(key, table, out, row_ids)
+        ids = [np.unique(table._check_ids(as_numpy(r), "row_sparse_pull")) for r in rows]
+        for o, r in zip(outs, ids):
+            values, _found = self.lookup(key, r, True)
+            o._data = values.astype(o.dtype, copy=False)
+            o._indices = r
+            o._full_shape = (max(o.shape[0], 1), table.spec.dim)
+
+
+def init_table(store: Any, key: Any, spec: TableSpec) -> None:
+    """``kv.init(key, TableSpec)`` of dist store ``store``: collective; every worker's spec
+    must agree (compared as JSON at a barrier), worker 0 inits the key on every server."""
+    with store._collective_lock, store._lock:
+        store._begin()
+        mine: list[Any] = []
+        error: KVStoreError | None = None
+        added = False
+        try:
+            k = check_key(key)
+            mine = [[ps_key(k), k, "table", spec.to_json()]]
+            init_spec(k, np.zeros(0), store._by_pskey)      # a ps_key clash raises
+            store._tables.init(k, spec, store._keys)   # checks; then holds a checker
+            added = True
+            if store._tables.optimizer is not None:   # one it cannot run: refused now
+                check_optimizer(store._tables.tables[k], store._tables.optimizer)
+        except KVStoreError as err:
+            error = err
+        why = None if error is None else f"{type(error).__name__}: {error}"
+        try:
+            payloads = {} if store._po.rejoin else \
+                store._collective("init", {"specs": mine, "error": why})
+            if error is not None:
+                raise error
+            if not store._po.rejoin:
+                check_agreement(payloads, mine, store.rank)
+                failed = None
+                if store.rank == 0:
+                    try:
+                        store._tables.send_init(k, mine[0][0], spec)
+                    except KVStoreError as err:        # every worker raises it, alike
+                        failed = error_body(err)
+                done = store._collective("init (values sent)", {"error": failed})
+                if (done.get("0") or {}).get("error"):
+                    raise error_from_body(done["0"]["error"], "worker 0")
+        except KVStoreError:
+            if added:
+                store._tables.tables.pop(k, None)
+            raise
+        store._tables.pskeys[k] = mine[0][0]
+        store._by_pskey[mine[0][0]] = k

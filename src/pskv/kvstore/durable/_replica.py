@@ -1,0 +1,681 @@
+"""Primary-backup replication of shards between servers (``PSKV_REPLICAS=1``).
+
+Shard ``x`` (what server ``x`` was placed) has one backup: server ``x + 1`` (mod S) while
+server ``x`` serves it, and server ``x`` itself once the backup has taken it over and
+``x`` was restarted (:func:`backup_of`). The server that serves a shard sends its backup,
+on the loop thread and before it answers anyone, every init, every setting (optimizer,
+compression, states) and each applied round's merged value with the round
+counters and the optimizer's counts (:class:`Replicator`; the rounds one request closed go
+as one ``r_rounds`` message, queued without copies); the backup logs the rounds of
+dense keys and applies them when its copy is needed, the others at once
+(:mod:`._backup_log`), so both stay bit-identical. A new backup first gets the whole
+shard (:func:`encode_copy`). To a backup on the same host (a plain Unix-socket link) the
+batches' arrays go through a ring of shared memory the primary offers (``r_ring``,
+:mod:`.._ps.ring`), and the link carries their headers.
+Invariant: a request is answered only after the backup acknowledged every change it saw,
+or after the backup was found dead (then the shard runs without one until it is back).
+
+The link between servers is admitted like any other (:mod:`.._ps.auth`): the backups'
+listener challenges, and a primary proves the servers' key that only servers get from the
+scheduler (purpose ``"backup"``, bound to the job and the primary's rank), so a worker,
+which holds the cluster secret but not that key, cannot write into a backup.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import struct
+import time
+import zlib
+from dataclasses import replace
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import zmq
+
+from ...errors import KVStoreError, NodeFailedError, ProtocolError
+from ...nd.ndarray import NDArray
+from ...optimizer.updater import decode_states, encode_states
+from ...nd.sparse import RowSparseNDArray
+from ..._ps.auth import Verifier, prove
+from ..._ps.config import ClusterConfig, advertised_host
+from ..._ps.hostid import same_host
+from ..._ps.message import Command, Meta, error_from_body, short
+from ..._ps.ops import BACKUP_ENDPOINT, ReplOp, change, parse
+from ..._ps.postoffice import Postoffice
+from ..._ps.replay import backup_of
+from ..._ps.ring import RingReader, RingWriter, supported as ring_supported
+from ..._ps.sealed import SealedConn
+from ..._ps.stream import StreamConn
+from ..._ps.tls import client_context, server_context
+from ..._ps.transport import Connection, connect
+from ..._ps.zeromq import ZmqContext
+from ..._types import Key
+from ._backup_log import (LOG_ROUNDS, BufferPool, RoundLog, counts_of, describe_state,
+                          state_arrays)
+from ..engine._core import Engine
+from ..engine._tables import TableRound, restore_table, served_table
+from ..engine._entries import init_entries
+from .._snapshot import Reader, ShardCopy
+
+__all__ = ["Backups", "PURPOSE", "Replicator", "apply_change",
+           "backup_endpoints", "backup_of", "encode_copy", "install_copy"]
+
+log = logging.getLogger(__name__)
+#: what a proof on the replication link is made for (auth.py): worthless anywhere else
+PURPOSE = "backup"
+#: acknowledgments read from the backup at a time (the rest stay buffered for the next read)
+ACKS_PER_READ = 64
+#: the most bytes of rounds one batch carries (and never over PSKV_MAX_MESSAGE_BYTES, which
+#: the backup enforces): a round that would pass it goes in the next message
+BATCH_BYTES = 64 << 20
+
+
+class Replicator:
+    """The link from the server that serves ``shard`` to that shard's backup."""
+
+    def __init__(self, cfg: ClusterConfig, zctx: ZmqContext, po: Postoffice, shard: int,
+                 backup: int, engine: Engine) -> None:
+        # stream sockets always: the backups' listeners are Unix and TCP sockets
+        self.cfg = replace(cfg, transport="auto" if cfg.transport != "tcp" else "tcp")
+        self._zctx = zctx
+        self._po = po
+        self.me, self.shard, self.backup, self.engine = po.rank, shard, backup, engine
+        self._conn: Connection | None = None
+        self._ts = 0
+        self._outstanding: set[int] = set()
+        #: rounds applied and not sent yet (body, arrays): sent as one message by
+        #: :meth:`flush`, before anyone is answered and before their arrays change
+        self._batch: list[tuple[dict[str, Any], list[np.ndarray]]] = []
+        self._batch_bytes = 0
+        #: where the backup's replication listeners are; None while it is dead
+        self.endpoints: dict[str, str] | None = None
+        #: the backup's endpoints as the scheduler announced them (:meth:`aim`)
+        self.announced: Mapping[str, str] | None = None
+        #: shared memory the batches' arrays go through to a backup on this host (None:
+        #: the link carries them; ``_ps/ring.py``)
+        self._ring: RingWriter | None = None
+
+    def aim(self, announced: Mapping[str, str]) -> None:
+        """The backup is the server the scheduler announced at ``announced`` (the next
+        change connects to it): a broken link is reported as that process's loss."""
+        self.announced = announced
+        self.endpoints = backup_endpoints(announced)
+
+    @property
+    def up(self) -> bool:
+        """Whether the backup is connected (else changes are not replicated)."""
+        return self._conn is not None
+
+    @property
+    def pending(self) -> int:
+        """Changes sent to the backup and not acknowledged yet (replication lag)."""
+        return len(self._outstanding)
+
+    def _connect(self, endpoints: dict[str, str]) -> None:
+        """Connect to the backup, say HELLO (as a server), send it the whole shard."""
+        tls = client_context(*self.cfg.tls) if self.cfg.tls is not None else None
+        conn = connect(self.cfg, endpoints, same_host(endpoints),
+                       f"server {self.backup} (backup of shard {self.shard})", self._zctx, tls,
+                       (self._po.server_key, "server", self.me))
+        self._conn = conn
+        hello: dict[str, Any] = {"role": "server", "rank": self.me}
+        challenge = self._call(Command.HELLO, hello, ())
+        if challenge.cmd == Command.CHALLENGE:
+            self._call(Command.HELLO, {**hello, **prove(self._po.server_key, PURPOSE,
+                                                        challenge.body, "server", self.me)}, ())
+        body, arrays = encode_copy(self.engine.snapshot(), self.engine.sync)
+        self._call(Command.COMMAND, change(ReplOp.STATE, self.shard, body), arrays)
+        log.info("server %d: server %d is the backup of shard %d (%d keys copied)", self.me,
+                 self.backup, self.shard, len(body["entries"]))
+        self._open_ring(conn)
+
+    def _open_ring(self, conn: Connection) -> None:
+        """Offer the backup a ring (``_ps/ring.py``) where the link is a plain Unix socket
+        on this host; a backup that cannot map it says so, and the link carries on."""
+        if self.cfg.backup_ring_bytes <= 0 or self.cfg.encrypt or not ring_supported() or \
+                _unix_socket(conn) is None:
+            return
+        try:
+            ring = RingWriter(self.cfg.backup_ring_bytes)
+        except OSError as err:      # no memory for it: the socket it is
+            log.info("server %d: no ring for the backup of shard %d (%s)", self.me,
+                     self.shard, err)
+            return
+        try:
+            self._call(Command.COMMAND, change(ReplOp.RING, self.shard,
+                                               {"fd": ring.fd, "bytes": ring.size}), ())
+        except NodeFailedError:
+            ring.close()
+            raise
+        except KVStoreError as err:     # it answered: the link is fine, the ring is not
+            ring.close()
+            log.info("server %d: the backup of shard %d (server %d) does not map a ring "
+                     "(%s); the link carries the rounds", self.me, self.shard, self.backup,
+                     err)
+            return
+        self._ring = ring
+
+    def close(self) -> None:
+        """Forget the backup (it died, or another takes its place)."""
+        self._outstanding.clear()
+        self._batch.clear()
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        self._batch_bytes = 0
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def send(self, op: ReplOp, body: dict[str, Any], arrays: list[np.ndarray] | tuple[()] = (),
+             wait: bool = True) -> None:
+        """One change of the shard. ``wait``: return once the backup has applied it and
+        every change before it (or is found dead); else :meth:`drain` waits for it."""
+        if op not in (ReplOp.ROUND, ReplOp.ROUNDS):
+            self.flush()            # the rounds before this change go first
+        if (self._conn is None and self.endpoints is None) or \
+                (op is ReplOp.NOOP and self._conn is not None):
+            return
+        try:
+            if self._conn is None:
+                assert self.endpoints is not None
+                self._connect(self.endpoints)
+                if op.applied_first:
+                    return      # the whole copy just sent has it already
+            self._ts += 1
+            self._outstanding.add(self._ts)
+            assert self._conn is not None
+            self._conn.send(Command.COMMAND, self._ts, (), change(op, self.shard, body),
+                            arrays)
+            if wait:
+                self._wait()
+        except KVStoreError as err:
+            self._lost(err)
+
+    def flush(self) -> None:
+        """Send the rounds queued by :meth:`round`: one as ``r_round``, several as one
+        ``r_rounds`` message (one header, one acknowledgment), without waiting."""
+        if not self._batch:
+            return
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
+        flat = [a for _, arrays in batch for a in arrays]
+        entries = self._ring.place(flat) if self._ring is not None else None
+        if entries is not None:     # in shared memory: the message names where
+            self.send(ReplOp.ROUNDS, {"rounds": [body for body, _ in batch],
+                                      "arrays": [len(arrays) for _, arrays in batch],
+                                      "ring": entries}, (), wait=False)
+            return
+        if len(batch) == 1:
+            self.send(ReplOp.ROUND, batch[0][0], batch[0][1], wait=False)
+            return
+        self.send(ReplOp.ROUNDS, {"rounds": [body for body, _ in batch],
+                                  "arrays": [len(arrays) for _, arrays in batch]},
+                  [a for _, arrays in batch for a in arrays], wait=False)
+
+    def drain(self) -> None:
+        """Send the queued rounds, and wait until the backup has applied every change sent
+        (before answering anyone)."""
+        self.flush()
+        if self._outstanding:
+            try:
+                self._wait()
+            except KVStoreError as err:
+                self._lost(err)
+
+    def _lost(self, err: KVStoreError) -> None:
+        broke = isinstance(err, NodeFailedError)
+        if broke:      # its link broke: the scheduler hears it, and warns of the death once
+            self._po.report_lost("server", self.backup, self.announced)
+        # a backup that is alive but dropped (it stopped answering) has no other warning
+        log.log(logging.INFO if broke else logging.WARNING,
+                "server %d: the backup of shard %d (server %d) is lost (%s); the shard "
+                "runs without a backup until it is back", self.me, self.shard, self.backup,
+                err)
+        self.close()
+        self.endpoints = None
+
+    def _call(self, cmd: Command, body: Any, arrays: Any) -> Meta:
+        """Send one message and wait for its answer (and every earlier one's)."""
+        conn = self._conn
+        assert conn is not None
+        self._ts += 1
+        self._outstanding.add(self._ts)
+        conn.send(cmd, self._ts, (), body, arrays)
+        last = self._wait()
+        assert last is not None
+        return last
+
+    def _wait(self) -> Meta | None:
+        """Read the backup's acknowledgments until none is outstanding; the last one."""
+        conn = self._conn
+        assert conn is not None
+        deadline = time.monotonic() + self.cfg.request_timeout
+        poller = zmq.Poller()
+        poller.register(conn.pollable(), zmq.POLLIN)
+        last: Meta | None = None
+        while self._outstanding:
+            got = conn.receive(None, ACKS_PER_READ)
+            for meta, _arrays in got:
+                self._outstanding.discard(meta.ts)
+                last = meta
+                if meta.cmd == Command.ERROR:
+                    raise error_from_body(meta.body, f"server {self.backup}")
+            if not self._outstanding:
+                return last
+            if len(got) == ACKS_PER_READ:
+                # more may wait in the connection's read buffer, where poll does not see
+                # them: read on (polling here slept 0.5 s whenever a step had over 64
+                # rounds to acknowledge)
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise KVStoreError(f"no answer from server {self.backup} in "
+                                   f"{self.cfg.request_timeout:g} s")
+            poller.poll(int(min(left, 0.5) * 1000) + 1)
+        return last
+
+    # ---- what the engine and the server replicate ------------------------------------------
+    def round(self, key: Key, merged: NDArray | TableRound, rnd: int,
+              applied: dict[int, int]) -> None:
+        """The engine's ``replicate`` hook: one applied round (or async push) of ``key``,
+        queued until :meth:`flush` (the arrays are not copied: the caller flushes before
+        they change, and before anyone is answered)."""
+        if self._conn is None and self.endpoints is None:
+            return                  # no backup: nothing to keep
+        counters = {"key": key, "round": rnd, "applied": [[w, n] for w, n in applied.items()]}
+        if isinstance(merged, TableRound):      # a table shard's changed rows
+            fields = list(merged.arrays)
+            self._queue({**counters, "kind": "t", "fields": fields, "table": merged.meta},
+                        [np.ascontiguousarray(merged.arrays[f]) for f in fields])
+        elif isinstance(merged, RowSparseNDArray):
+            self._queue({**counters, "kind": "r"},
+                        [np.ascontiguousarray(merged._indices),
+                         np.ascontiguousarray(merged._data)])
+        else:       # acknowledged before any answer: KVServer._send drains first
+            self._queue(*self._dense(key, merged, rnd, counters))
+
+    def _queue(self, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        """Queue one round for :meth:`flush`, after the queued ones if they fit together."""
+        size = sum(a.nbytes for a in arrays)
+        if self._batch and self._batch_bytes + size > min(BATCH_BYTES,
+                                                          self.cfg.max_message_bytes):
+            self.flush()
+        self._batch.append((body, arrays))
+        self._batch_bytes += size
+
+    def _dense(self, key: Key, merged: NDArray, rnd: int,
+               counters: dict[str, Any]) -> tuple[dict[str, Any], list[np.ndarray]]:
+        """A dense round for the backup: to be logged (``"l"``), or every LOG_ROUNDS-th
+        round of the key its whole value and state instead (``"f"``), with the
+        optimizer's counts (``_backup_log``); applied at once (``"d"``) where the log
+        cannot carry the key's state."""
+        body: dict[str, Any] = {**counters, "kind": "d"}
+        arrays = [np.ascontiguousarray(merged._data)]
+        counts = counts_of(self.engine, key)
+        if counts is None:
+            return body, arrays
+        body["count"], body["nu"] = counts
+        upd: Any = self.engine.updater
+        state = upd.states.get(self.engine.entry_name(key))
+        try:
+            desc = describe_state(state)
+        except ValueError:
+            return body, arrays
+        if (rnd + zlib.crc32(repr(key).encode())) % LOG_ROUNDS:
+            body["kind"] = "l"
+            return body, arrays
+        body.update(kind="f", state=desc)
+        stored = self.engine.value_of(key, "replicate")
+        return body, [np.ascontiguousarray(stored._data), *state_arrays(state)]
+
+
+def encode_copy(copy: ShardCopy, sync: bool) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """A whole shard as one replication message (JSON body, arrays; no pickle)."""
+    arrays: list[np.ndarray] = []
+    entries: list[dict[str, Any]] = []
+    tables: list[tuple[int, dict[str, np.ndarray]]] = []
+    for e, a in zip(copy.entries, copy.arrays, strict=True):
+        if isinstance(a, dict):         # a table shard: its state's arrays after the rest
+            tables.append((len(entries), a))
+            a = np.zeros(0)
+        entries.append(e)
+        arrays.append(a)
+    states = None
+    if copy.states is not None:
+        arrays.append(np.frombuffer(encode_states(copy.states), dtype=np.uint8))
+        states = len(arrays) - 1
+    entries = [dict(e) for e in entries]
+    for i, named in tables:
+        entries[i]["fields"] = {f: len(arrays) + j for j, f in enumerate(named)}
+        arrays.extend(np.ascontiguousarray(v) for v in named.values())
+    return ({"entries": entries, "optimizer": copy.optimizer, "sent": copy.sent,
+             "states": states, "compression": copy.compression, "sync": sync}, arrays)
+
+
+def install_copy(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """Fill an empty ``engine`` from :func:`encode_copy` output."""
+    engine.sync = bool(body.get("sync", True))
+    if body.get("compression") is not None:
+        engine.set_compression(body["compression"])
+    if body.get("optimizer") is not None:
+        # a restarted worker's repeat of what it sent must not reset the copy's states
+        engine.set_optimizer_spec(body["optimizer"], body.get("sent"))
+    for e, arr in zip(body["entries"], arrays, strict=False):
+        if e.get("stype") == "table":
+            _install_table(engine, e, arrays)
+        else:
+            engine.init(e["id"], arr, e.get("stype") == "row_sparse", e["key"],
+                        place=(int(e["start"]), int(e["stop"]), tuple(e["shape"])))
+        engine.set_counters(e["id"], int(e.get("round", 0)),
+                            {int(w): int(n) for w, n in e.get("applied", [])})
+    if body.get("states") is not None and engine.updater is not None:
+        states = decode_states(arrays[int(body["states"])].tobytes())[0]
+        upd: Any = engine.updater
+        for name, st in states.items():
+            upd.states[name] = st
+            upd.states_synced[name] = False
+
+
+def _install_table(engine: Engine, e: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """A table shard of a whole copy: made from its state (``DynamicTable.from_state``)."""
+    from ...table import TableSpec
+    shard = (int(e["shard"][0]), int(e["shard"][1]))
+    empty = served_table(TableSpec.from_json(e["spec"]), e["key"], shard)
+    named = {f: arrays[int(i)] for f, i in e["fields"].items()}
+    engine.init_table(e["id"], restore_table(empty, [(shard[0], named, e["table"])]))
+
+
+class Backups:
+    """The backup side: copies of other servers' shards, kept up to date on a thread of
+    their own (its own ServeLoop and listeners), so that two servers that back each other
+    up never wait for each other. ``lock`` guards the copies against the server's loop,
+    which reads counters and takes a copy over (:meth:`take`)."""
+
+    def __init__(self, cfg: ClusterConfig, make_engine: Any, zctx: ZmqContext) -> None:
+        import threading
+
+        from ..._ps.serve import ServeLoop
+        from ..._ps.stream import StreamListener, ipc_path
+        self.cfg = cfg
+        self._make = make_engine
+        self.lock = threading.Lock()
+        self.engines: dict[int, Engine] = {}
+        #: each copy's rounds not applied yet (``_backup_log``), and the buffers they land in
+        self.logs: dict[int, RoundLog] = {}
+        self._pool = BufferPool()
+        #: each primary's ring (``_ps/ring.py``), by its link
+        self._rings: dict[Connection, RingReader] = {}
+        #: shard -> the server whose whole copy this is (the one that serves it), and when
+        #: the copy came (a death reported after that is its death, not a past one's)
+        self.source: dict[int, tuple[int, float]] = {}
+        self._po: Postoffice | None = None
+        tls = server_context(*cfg.tls) if cfg.tls is not None else None
+        self._listeners = [StreamListener(host=cfg.node_host,
+                                          advertise=advertised_host(cfg.node_host, cfg.root_uri),
+                                          tls=tls)]
+        try:
+            if cfg.transport != "tcp":
+                self._listeners.append(StreamListener(path=ipc_path("backup")))
+        except BaseException:
+            self._listeners[0].close()
+            raise
+        #: where primaries reach this server's backups (announced with its endpoints)
+        self.endpoints = {BACKUP_ENDPOINT + ("tcp" if lis.endpoint.startswith("tcp:") else "uds"):
+                          lis.endpoint for lis in self._listeners}
+        self._verifier = Verifier(PURPOSE, "", self._key_for)
+        if cfg.encrypt:        # every link sealed under the servers' key (sealed.py)
+            for lis in self._listeners:
+                lis.make_conn = functools.partial(SealedConn, key_for=self._key_for)
+        self.loop = ServeLoop("backups", self, self._verifier, cfg.request_timeout, None,
+                              self._listeners, handshake_timeout=cfg.handshake_timeout,
+                              max_unadmitted=cfg.max_unadmitted,
+                              max_message_bytes=cfg.max_message_bytes)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pskv-backups", daemon=True)
+
+    def _key_for(self, role: str, rank: int | None) -> bytes:
+        """Only servers of this job write into backups, proving the servers' key."""
+        po = self._po
+        if po is None or not po.server_key:
+            raise ProtocolError("this server has not joined its cluster yet")
+        if role != "server" or rank is None or not 0 <= rank < po.num_servers:
+            raise ProtocolError("only a server of this job may send a backup its changes")
+        return po.server_key
+
+    def start(self, po: Postoffice) -> None:
+        """Serve the primaries of the cluster ``po`` joined, on a thread."""
+        self._po = po
+        self._verifier.job = po.job
+        self.loop.name = f"backups of server {po.rank}"
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.loop.run(self._stop.is_set, 50, 1.0)
+        except Exception:  # pragma: no cover - logged: the shard is then without a backup
+            log.exception("backups: the replication thread failed")
+
+    def close(self) -> None:
+        """Stop the thread and close the listeners."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5.0)
+        self.loop.close()
+        for ring in self._rings.values():
+            ring.close()
+        self._rings.clear()
+
+    def take(self, shard: int) -> Engine | None:
+        """The copy of ``shard``, to serve it (its primary died), with every round it
+        logged applied; it is no longer updated."""
+        with self.lock:
+            log_ = self.logs.pop(shard, None)
+            if log_ is not None:
+                log_.flush()
+            self.source.pop(shard, None)
+            return self.engines.pop(shard, None)
+
+    def alloc_for(self, meta: Meta) -> Any:
+        """Where the arrays of a round to be logged land: buffers of the pool, which the
+        log then keeps without a copy (ServeLoop calls this for each message)."""
+        body = meta.body
+        if meta.cmd != Command.COMMAND or not isinstance(body, dict):
+            return None
+        op = parse(body)
+        if op is ReplOp.ROUND and body.get("kind") in ("l", "f"):
+            return self._land
+        if op is ReplOp.ROUNDS:
+            # the arrays of logged rounds and whole states; the others' are applied at once
+            rounds, counts = body.get("rounds"), body.get("arrays")
+            if not isinstance(rounds, list) or not isinstance(counts, list):
+                return None         # refused by validate.request once read
+            land: set[int] = set()
+            pos = 0
+            for one, n in zip(rounds, counts):
+                if type(n) is not int or not 0 <= n <= 1 << 20:
+                    return None
+                if isinstance(one, dict) and one.get("kind") in ("l", "f"):
+                    land.update(range(pos, pos + n))
+                pos += n
+            return lambda i, dtype, shape: self._land(i, dtype, shape) if i in land else None
+        return None
+
+    def _land(self, index: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
+        return self._pool.take(dtype, shape)
+
+    def empty(self) -> Engine:
+        """A fresh engine for a shard taken over empty (``Shards.get``: its server died
+        before its first copy came here, so it never answered a worker)."""
+        engine: Engine = self._make()
+        return engine
+
+    def held_from(self, shard: int) -> tuple[int, float] | None:
+        """The server whose copy of ``shard`` this server holds and when the copy came
+        (None: it holds none)."""
+        with self.lock:
+            return self.source.get(shard) if shard in self.engines else None
+
+    # ---- the Handler of the ServeLoop ----------------------------------------------------
+    def admit(self, conn: Connection, meta: Meta) -> int:
+        """A primary's HELLO whose proof checked."""
+        self.loop.send(conn, Command.ACK, meta.ts)
+        return int(meta.body["rank"])
+
+    def handle(self, conn: Connection, peer: Any, meta: Meta, arrays: list[np.ndarray]) -> None:
+        """One change of a shard this server backs up."""
+        body = meta.body if isinstance(meta.body, dict) else {}
+        op, shard = parse(body), body.get("shard")
+        if meta.cmd != Command.COMMAND or not isinstance(op, ReplOp) or \
+                not isinstance(shard, int) or isinstance(shard, bool):
+            raise ProtocolError(f"backups take replication commands, not {meta.cmd.name} "
+                                f"{short(body.get('op'))}")
+        if op is ReplOp.NOOP:
+            self.loop.send(conn, Command.ACK, meta.ts)
+            return
+        if op is ReplOp.RING:
+            self._map_ring(conn, peer, body)
+            self.loop.send(conn, Command.ACK, meta.ts)
+            return
+        if op is ReplOp.ROUNDS and "ring" in body:
+            ring = self._rings.get(conn)
+            if ring is None:
+                raise ProtocolError("r_rounds names ring entries, but this link has no ring")
+            land = self.alloc_for(meta)
+            arrays = ring.read(body["ring"], land or (lambda i, dtype, shape: None),
+                               self.cfg.max_message_bytes)
+        with self.lock:
+            if op in (ReplOp.ROUND, ReplOp.ROUNDS) and shard in self.engines:
+                # the rounds are safe once they are here: acknowledge, then log or apply
+                # them (still under the lock, so a takeover sees them) while the primary
+                # answers
+                self.loop.send(conn, Command.ACK, meta.ts)
+                if op is ReplOp.ROUND:
+                    self._round(shard, body, arrays)
+                    return
+                pos = 0
+                for one, n in zip(body["rounds"], body["arrays"]):
+                    self._round(shard, one, arrays[pos:pos + n])
+                    pos += n
+                return
+            if op is ReplOp.STATE:
+                engine = self.engines[shard] = self._make()
+                self.logs[shard] = RoundLog(engine, self._pool)
+                install_copy(engine, body, arrays)
+                self.source[shard] = (int(peer), time.monotonic())
+            else:
+                engine = self.engines.get(shard)
+                if engine is None:
+                    raise ProtocolError(f"{op} for shard {shard}, which this server does not "
+                                        "back up (its whole copy, r_state, comes first)")
+                self.logs[shard].flush()            # every logged round before the change
+                apply_change(engine, op, body, arrays, self.cfg.max_key_bytes,
+                             f"server {self._po.rank if self._po else '?'}")
+        self.loop.send(conn, Command.ACK, meta.ts)
+
+    def _round(self, shard: int, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        """One round of a shard held here: logged, or applied at once (under the lock)."""
+        if body.get("kind") in ("t", "r"):
+            self.logs[shard].flush()        # in turn with the logged rounds
+            _round(self.engines[shard], body, arrays)
+            self.logs[shard].synced()
+        else:
+            self.logs[shard].round(body, arrays)
+
+    def _map_ring(self, conn: Connection, peer: Any, body: dict[str, Any]) -> None:
+        """Map the ring primary ``peer`` offers on its Unix-socket link: the process is
+        the socket's peer, of this server's own user (``_ps/ring.py``)."""
+        sock = _unix_socket(conn)
+        who = f"server {peer}"
+        if sock is None:
+            raise ProtocolError(f"{who} offered a ring on a link that is not a plain Unix "
+                                "socket (sealed, TLS or TCP links carry the arrays)")
+        pid, uid, _gid = struct.unpack("3i", sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if uid != os.getuid():
+            raise ProtocolError(f"{who} runs as another user: no ring")
+        old = self._rings.pop(conn, None)
+        if old is not None:
+            old.close()
+        self._rings[conn] = RingReader.open(pid, body["fd"], body["bytes"], who)
+
+    def tick(self) -> None:
+        """Nothing on a timer."""
+
+    def dropped(self, conn: Connection) -> None:
+        """A primary went away (it died, or it closed): buffers lent for a message it
+        never finished are not kept (one still lent to another primary's message is
+        copied from instead)."""
+        self._pool.forget()
+        ring = self._rings.pop(conn, None)
+        if ring is not None:
+            ring.close()
+
+
+def _unix_socket(conn: Connection) -> socket.socket | None:
+    """The socket of a plain (not sealed, not TLS) Unix-socket stream link, else None:
+    the only links a ring goes beside (``_ps/ring.py``)."""
+    sock = getattr(conn, "sock", None)
+    if type(conn) is not StreamConn or conn.tls or sock is None or \
+            sock.family != socket.AF_UNIX:
+        return None
+    return sock
+
+
+def _round(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    key = body["key"]
+    applied = {int(w): int(n) for w, n in body.get("applied", [])}
+    if body.get("kind") == "t":         # a table shard's changed rows (validate: fields)
+        engine.replay(key, TableRound(dict(zip(body["fields"], arrays)), body["table"]),
+                      int(body["round"]), applied)
+        return
+    if body.get("kind") == "r" and len(arrays) != 2 or body.get("kind") != "r" and \
+            len(arrays) != 1:
+        raise ProtocolError("a replicated round needs its merged value's arrays")
+    entry_shape = engine.value_of(key, "replicate").shape
+    merged: NDArray = RowSparseNDArray(arrays[1], arrays[0].astype(np.int64), entry_shape) \
+        if body.get("kind") == "r" else NDArray(arrays[0])
+    engine.replay(key, merged, int(body["round"]), applied)
+
+
+def _restore(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    reader = Reader(str(body.get("path")))
+    try:
+        engine.restore(reader)
+    finally:
+        reader.close()
+
+
+#: how a backup applies each change to its copy (``ReplOp.STATE`` makes the copy,
+#: ``ReplOp.INIT`` is checked as a worker's INIT: :func:`apply_change`)
+_CHANGES: dict[ReplOp, Callable[[Engine, dict[str, Any], list[np.ndarray]], None]] = {
+    ReplOp.ROUND: _round, ReplOp.RESTORE: _restore,
+    ReplOp.OPTIMIZER: lambda engine, body, arrays: engine.set_optimizer_spec(body.get("spec")),
+    ReplOp.COMPRESSION: lambda engine, body, arrays: engine.set_compression(body.get("params")),
+    ReplOp.LOAD: lambda engine, body, arrays: engine.states_updater("load").set_states(
+        arrays[0].tobytes()),
+}
+
+
+def apply_change(engine: Engine, op: ReplOp, body: dict[str, Any],
+                 arrays: list[np.ndarray], max_key_bytes: int, where: str) -> None:
+    """Apply one replicated change (not ``ReplOp.STATE``) to a backup copy. An INIT goes
+    through the checks of a worker's (``init_entries``, refusals naming ``where``)."""
+    if op is ReplOp.INIT:
+        init_entries(engine, tuple(body["keys"]), body["entries"], arrays, max_key_bytes,
+                     where)
+        return
+    apply = _CHANGES.get(op)
+    if apply is None:
+        raise KVStoreError(f"{op.value} is not a change of a backup copy")
+    apply(engine, body, arrays)
+
+
+def backup_endpoints(endpoints: Mapping[str, str]) -> dict[str, str]:
+    """A server's announced endpoints -> those of its backups' listeners."""
+    got = {k[len(BACKUP_ENDPOINT):]: v for k, v in endpoints.items()
+           if k.startswith(BACKUP_ENDPOINT)}
+    got["host"] = endpoints.get("host", "")
+    return got

@@ -1,0 +1,243 @@
+"""The shards one server serves: which engine serves which shard, backups, takeover, rejoin.
+
+A server serves its own shard (what it was placed) and, with ``PSKV_REPLICAS=1``, once a
+primary died, the shard it kept the backup of (docs/durability.md). :class:`Shards` is that
+table, the server's durability wing: it takes a shard over from the backups
+(:meth:`Shards.get`), starts serving a shard with its backup link and periodic checkpoints
+(:meth:`Shards.serve`), and makes a restarted server the new backup of the shards it backs
+(:meth:`Shards.rejoined`). Each served :class:`Shard` is its engine's one
+:class:`pskv.kvstore.engine._core.RoundObserver`: an applied round goes to the backup first, then to the
+periodic checkpoint. The request handlers of ``KVServer`` receive the :class:`Shard` a
+request is for, never a swapped attribute.
+
+Invariant: only the server's loop thread calls into this module (the backups' thread
+touches only ``Backups``' own copies, under its lock).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from ...errors import ProtocolError
+from ..._ps.config import ClusterConfig
+from ..._ps.ops import ReplOp
+from ..._ps.postoffice import Postoffice
+from ..._ps.replay import backup_of
+from ..._ps.zeromq import ZmqContext
+from ..._types import Key
+from ...nd.ndarray import NDArray
+from ._snapshots import PeriodicCopies, Snapshots
+from ..engine._core import Engine
+from ._replica import Backups, Replicator
+
+__all__ = ["TakeoverPending", "Shard", "Shards"]
+
+log = logging.getLogger(__name__)
+
+
+class TakeoverPending(ProtocolError):
+    """A worker asks for a shard whose copy is held here while the server it comes from is
+    not known dead yet (its link to the worker broke first; the scheduler's word follows
+    within moments): the request waits for that word (`Shards.lost`)."""
+
+    def __init__(self, shard: int, source: int) -> None:
+        super().__init__(f"a worker asked for shard {shard}, whose copy this server holds, "
+                         f"while server {source}, which serves it, is not known dead: a "
+                         "backup takes a shard over only once the scheduler reports its "
+                         "server dead")
+        self.shard, self.source = shard, source
+
+
+class Shard:
+    """One shard served here: its index, its engine, its backup link and periodic copies."""
+
+    def __init__(self, index: int, engine: Engine, replicator: Replicator | None = None,
+                 periodic: PeriodicCopies | None = None) -> None:
+        self.index, self.engine = index, engine
+        self.replicator, self.periodic = replicator, periodic
+
+    @property
+    def wants_merged(self) -> bool:
+        """The backup needs each round's merged value."""
+        return self.replicator is not None
+
+    def round_applied(self, key: Key, merged: NDArray | None, rnd: int,
+                      applied: dict[int, int]) -> None:
+        """The engine applied round ``rnd`` of ``key``: to the backup, then the checkpoint."""
+        if self.replicator is not None and merged is not None:
+            self.replicator.round(key, merged, rnd, applied)
+        if self.periodic is not None:
+            self.periodic.round_applied(key, merged, rnd, applied)
+
+    def settle(self) -> None:
+        """The engine is about to change arrays of rounds it handed over (a deferred push
+        opens the key's next round): the backup gets those rounds now."""
+        if self.replicator is not None:
+            self.replicator.flush()
+
+    def rows_born(self, key: Key, born: Any, rnd: int, applied: dict[int, int]) -> None:
+        """A training lookup inserted rows of table ``key``: to the backup (not a round,
+        so not to the periodic copies)."""
+        if self.replicator is not None:
+            self.replicator.round(key, born, rnd, applied)
+
+    def forward(self, op: ReplOp, body: dict[str, Any],
+                arrays: list[np.ndarray] | tuple[()] = ()) -> None:
+        """Replicate a change of this shard to its backup (before anyone is answered)."""
+        if self.replicator is not None:
+            self.replicator.send(op, body, list(arrays))
+
+
+class Shards:
+    """The shards a server serves (see the module docstring).
+
+    Parameters
+    ----------
+    cfg : ClusterConfig
+    zctx : ZmqContext
+    po : Postoffice
+        The server's membership (its rank, the servers' endpoints).
+    snapshots : Snapshots
+        The server's checkpoint writers.
+    backups : Backups or None
+        The copies this server keeps of other shards (``PSKV_REPLICAS=1``).
+    own : Engine
+        The engine of this server's own shard.
+    """
+
+    def __init__(self, cfg: ClusterConfig, zctx: ZmqContext, po: Postoffice,
+                 snapshots: Snapshots, backups: Backups | None, own: Engine) -> None:
+        self.cfg, self._zctx, self.po = cfg, zctx, po
+        self.snapshots, self.backups = snapshots, backups
+        self.own = own
+        #: shard index -> the shard served here
+        self.served: dict[int, Shard] = {}
+        #: server -> when it was last reported restarted (a new backup)
+        self._rejoined: dict[int, float] = {}
+        #: server -> when the scheduler last reported it dead: a copy that came from it
+        #: before then may be taken over; a worker alone cannot make a backup split the
+        #: shard of a server that lives (or of its restarted self, which sent a new copy)
+        self.lost: dict[int, float] = {}
+
+    def get(self, index: int | None) -> Shard:
+        """The shard a request names (None: this server's own), taken over from the
+        backups if its primary died."""
+        if index is None:
+            rank = self.po.rank
+            return self.served.get(rank) or Shard(rank, self.own)
+        shard = self.served.get(index)
+        if shard is None and self.backups is not None:
+            held = self.backups.held_from(index)
+            if held is not None and self.lost.get(held[0], float("-inf")) < held[1]:
+                raise TakeoverPending(index, held[0])
+            engine = self.backups.take(index)
+            if engine is None and held is None and self._first_backup_of(index):
+                # no copy ever came from its server: it died before its first copy was in
+                # place, and a server answers no worker before that (server._core.KVServer.run), so the
+                # shard is empty: served empty, once the scheduler says its server died
+                if index not in self.lost:
+                    raise TakeoverPending(index, index)
+                engine = self.backups.empty()
+                log.info("server %d: serves shard %d now, empty: its server died before "
+                         "its first copy reached this backup", self.po.rank, index)
+            elif engine is not None:
+                log.info("server %d: serves shard %d now, as its backup (its server died)",
+                            self.po.rank, index)
+            if engine is not None:
+                engine.num_workers = self.po.num_workers
+                shard = self.serve(index, engine)
+        if shard is None:
+            if self.backups is not None and self.cfg.restart:
+                raise ProtocolError(
+                    f"server {self.po.rank} holds no copy of shard {index}: it was restarted, "
+                    f"and the server that served shard {index} died before sending it one "
+                    "(two deaths closer together than a whole copy takes), so that shard is "
+                    "lost. Restart the job from a checkpoint (kv.load_checkpoint), or leave "
+                    "more time between faults")
+            raise ProtocolError(f"server {self.po.rank} holds no shard {index} (with "
+                                "PSKV_REPLICAS=1 a server serves its own shard and, once its "
+                                "primary died, the one it backs up)")
+        return shard
+
+    def _first_backup_of(self, index: int) -> bool:
+        """Whether this server, never restarted, is the backup that shard ``index`` had
+        when its own server served it (the only server its first copy goes to)."""
+        return not self.cfg.restart and index != self.po.rank and \
+            0 <= index < self.po.num_servers and \
+            backup_of(index, index, self.po.num_servers) == self.po.rank
+
+    def copied(self, index: int) -> bool:
+        """Whether shard ``index``, served here, has its whole copy on its backup, or the
+        backup is reported dead (it gets the copy once it is back); else the copy is tried
+        again. A server answers no worker before this holds for its own shard: a backup
+        that got no copy from it may then take its shard over empty."""
+        repl = self.served[index].replicator
+        if repl is None or repl.up or not self._alive(repl.backup):
+            return True
+        repl.aim(self.po.servers[repl.backup])
+        repl.send(ReplOp.NOOP, {})          # connects, then sends the whole shard
+        return repl.up
+
+    def serve(self, index: int, engine: Engine) -> Shard:
+        """Serve shard ``index`` with ``engine``, replicating it to its backup if any."""
+        shard = Shard(index, engine,
+                      periodic=self.snapshots.start(engine, index, self.po.num_servers))
+        self.served[index] = shard
+        if self.backups is not None:
+            backup = backup_of(index, self.po.rank, self.po.num_servers)
+            shard.replicator = Replicator(self.cfg, self._zctx, self.po, index, backup, engine)
+            if self._alive(backup):     # else it is aimed at once it is back (rejoined)
+                shard.replicator.aim(self.po.servers[backup])
+        engine.observer = shard
+        if shard.replicator is not None:
+            # the backup gets the whole shard now, before anyone is answered: a takeover
+            # whose backup is already back (restarted before a worker asked for the shard)
+            # must not wait for the shard's next change to copy it, or a death meanwhile
+            # loses the shard (found by the long chaos soak)
+            shard.replicator.send(ReplOp.NOOP, {})
+        return shard
+
+    def _alive(self, server: int) -> bool:
+        """Whether ``server`` lives as far as this server has heard: never reported dead,
+        or restarted since (a takeover's backup is the dead server it took over from)."""
+        if server not in self.lost:
+            return True
+        return self.lost[server] < self._rejoined.get(server, float("-inf"))
+
+    def rejoined(self, rank: int) -> None:
+        """Server ``rank`` was restarted: the new backup of the shards served here that it
+        backs (it gets the whole shard at once, then every change)."""
+        self._rejoined[rank] = time.monotonic()
+        for shard in self.served.values():
+            repl = shard.replicator
+            if repl is not None and repl.backup == rank:
+                repl.aim(self.po.servers[rank])
+                repl.close()
+                repl.send(ReplOp.NOOP, {})       # connect now: the whole shard, then this
+
+    def flush(self) -> None:
+        """Send every backup the rounds queued for it (at the end of each request: the
+        arrays of its rounds may change with the next one)."""
+        for shard in self.served.values():
+            if shard.replicator is not None:
+                shard.replicator.flush()
+
+    def drain(self) -> None:
+        """Wait until every backup has every change sent (before answering anyone)."""
+        for shard in self.served.values():
+            if shard.replicator is not None:
+                shard.replicator.drain()
+
+    def each_engine(self, action: Callable[[Engine], None]) -> None:
+        """Run ``action`` on the engine of every shard served here."""
+        for shard in self.served.values():
+            action(shard.engine)
+
+    def close(self) -> None:
+        """Close the backup links."""
+        for shard in self.served.values():
+            if shard.replicator is not None:
+                shard.replicator.close()
