@@ -268,6 +268,7 @@ def test_a_message_out_of_order_fails_both_sides_not_the_thread(run_threads: Any
 
 def test_a_worker_whose_links_break_is_named_at_once(thread_cluster: Any) -> None:
     cluster = thread_cluster(3, request_timeout=60.0, collective_bytes=8)
+    both_heard = threading.Barrier(2)
 
     def fn(kv: Any) -> Any:
         kv.init("w", np.zeros(300, np.float32))
@@ -281,6 +282,9 @@ def test_a_worker_whose_links_break_is_named_at_once(thread_cluster: Any) -> Non
             for _ in range(2):      # the first round may finish or not: the second cannot
                 kv.push("w", np.ones(300, np.float32))
                 kv.pull("w")
+        # neither closes its store before both heard: a store closed first would be what
+        # the other's round fails on (WorkerClosedError naming it, not worker 2)
+        both_heard.wait(timeout=30)
         return str(info.value)
 
     # the run's bound is below the request timeout: a wait for it would fail the test
