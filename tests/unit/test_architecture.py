@@ -317,11 +317,11 @@ def test_failover_reaches_the_network_only_through_links() -> None:
 def test_only_the_failover_and_the_server_read_membership_events() -> None:
     """docs/architecture.md: the Postoffice's events (``next_event()``) are read by the
     worker's ``Failover`` (and by ``KVWorker`` while it connects, which hands each to the
-    Failover) and by the server's loop, by nothing else."""
+    Failover) and by the server's ``Takeovers`` (durable wing), by nothing else."""
     readers = sorted(m for m, path in MODULES.items() if "next_event(" in path.read_text()
                      and m != "pskv._ps.postoffice")
-    assert readers == ["pskv._ps.failover", "pskv._ps.worker", "pskv.kvstore.server._core"], \
-        readers
+    assert readers == ["pskv._ps.failover", "pskv._ps.worker",
+                       "pskv.kvstore.durable._takeover"], readers
 
 
 def test_only_the_in_process_cluster_sets_the_inproc_transport() -> None:

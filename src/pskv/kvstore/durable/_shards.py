@@ -106,13 +106,21 @@ class Shards:
         The copies this server keeps of other shards (``PSKV_REPLICAS=1``).
     own : Engine
         The engine of this server's own shard.
+    replicator : callable, optional (default: Replicator)
+        Makes a shard's backup link: ``replicator(cfg, zctx, po, index, backup, engine)``
+        (the socket-free tests pass a fake).
+    clock : callable, default ``time.monotonic``
     """
 
     def __init__(self, cfg: ClusterConfig, zctx: ZmqContext, po: Postoffice,
-                 snapshots: Snapshots, backups: Backups | None, own: Engine) -> None:
+                 snapshots: Snapshots, backups: Backups | None, own: Engine,
+                 replicator: Callable[..., Replicator] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg, self._zctx, self.po = cfg, zctx, po
         self.snapshots, self.backups = snapshots, backups
         self.own = own
+        self._replicator = replicator if replicator is not None else Replicator
+        self._clock = clock
         #: shard index -> the shard served here
         self.served: dict[int, Shard] = {}
         #: server -> when it was last reported restarted (a new backup)
@@ -188,7 +196,8 @@ class Shards:
         self.served[index] = shard
         if self.backups is not None:
             backup = backup_of(index, self.po.rank, self.po.num_servers)
-            shard.replicator = Replicator(self.cfg, self._zctx, self.po, index, backup, engine)
+            shard.replicator = self._replicator(self.cfg, self._zctx, self.po, index, backup,
+                                                engine)
             if self._alive(backup):     # else it is aimed at once it is back (rejoined)
                 shard.replicator.aim(self.po.servers[backup])
         engine.observer = shard
@@ -210,7 +219,7 @@ class Shards:
     def rejoined(self, rank: int) -> None:
         """Server ``rank`` was restarted: the new backup of the shards served here that it
         backs (it gets the whole shard at once, then every change)."""
-        self._rejoined[rank] = time.monotonic()
+        self._rejoined[rank] = self._clock()
         for shard in self.served.values():
             repl = shard.replicator
             if repl is not None and repl.backup == rank:

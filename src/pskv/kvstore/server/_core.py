@@ -24,7 +24,6 @@ from ...errors import CheckpointError, ClusterError, KVStoreError, NodeFailedErr
 from ..._ps.auth import Verifier, server_proof
 from ..._ps.bounds import check_key_count, check_reply, check_rows
 from ..._ps.config import ClusterConfig, advertised_host
-from ..._ps.membership import ServerRejoined
 from ..._ps.observe.metrics import start as start_metrics
 from ..._ps.observe.series import ServerMetrics
 from ..._ps.message import Command, Meta, kind_arrays
@@ -47,6 +46,7 @@ from ._staleness import cmd_clock, park_read
 from ..engine._entries import init_entries
 from ._tables import cmd_lookup, cmd_table_stats, stats_reply
 from ..durable._shards import TakeoverPending, Shard, Shards
+from ..durable._takeover import Takeovers
 
 __all__ = ["KVServer"]
 
@@ -121,12 +121,6 @@ class KVServer:
         self.snapshots = Snapshots(cfg, self._send, self._error)
         #: names rounds that wait and workers that are often last (PSKV_STRAGGLER_SECONDS)
         self.stragglers = StragglerWatch(cfg.straggler_seconds)
-        #: takeover requests waiting for the scheduler to report the server dead
-        #: (deadline, connection, worker, request, arrays), and how long one may wait
-        self._takeovers: list[tuple[float, Any, Any, Meta, list[np.ndarray]]] = []
-        # a broken link is reported within moments (the scheduler's grace, then its word)
-        self._takeover_wait = min(2.0 + 3 * cfg.heartbeat_interval,
-                                  cfg.request_timeout / 2)
         self.po.beat_extra = self._beat_extra
         #: Prometheus series when PSKV_METRICS_PORT asks for them (``run`` starts them)
         self.metrics: ServerMetrics | None = None
@@ -135,6 +129,12 @@ class KVServer:
         #: the shards this server serves (its own; one whose primary died, as its backup)
         self.shards = Shards(cfg, self._zctx, self.po, self.snapshots, self.backups,
                              self._new_engine())
+        #: requests waiting for the scheduler to report their shard's server dead, and the
+        #: membership news; a broken link is reported within moments (the scheduler's
+        #: grace, then its word), so a request waits that long at most
+        self.takeovers = Takeovers(self.shards, self.po.next_event,
+                                   min(2.0 + 3 * cfg.heartbeat_interval,
+                                       cfg.request_timeout / 2), self._rerun)
 
     def _new_engine(self) -> Engine:
         """An engine whose answers go to this server's peers."""
@@ -228,7 +228,7 @@ class KVServer:
         check_key_count(len(meta.keys), self.cfg.max_keys_per_message, meta.cmd.name,
                         self._where())
         try:
-            self._serve(conn, worker, meta, arrays, time.monotonic() + self._takeover_wait)
+            self._serve(conn, worker, meta, arrays, self.takeovers.deadline())
         finally:    # its rounds to the backups as one message, before their arrays change
             self.shards.flush()
 
@@ -244,7 +244,7 @@ class KVServer:
             if last:
                 raise
             # its server's death is not known here yet: wait for the scheduler's word
-            self._takeovers.append((deadline, conn, worker, meta, arrays))
+            self.takeovers.park(deadline, (conn, worker, meta, arrays))
             return
         if self.gate.bound is not None and park_read(self.gate, shard, conn, worker, meta,
                                                      arrays, index):
@@ -252,17 +252,12 @@ class KVServer:
         self._handlers[meta.cmd](self, shard, conn, worker, meta.ts, meta.keys, meta.body,
                                  arrays)
 
-    def _retry_takeovers(self, expire: bool = False) -> None:
-        """Run the requests that waited for a server's death to be known (now it may be),
-        refusing those past their deadline (``expire``: only those are looked at)."""
-        waiting, self._takeovers = self._takeovers, []
-        now = time.monotonic()
-        for deadline, conn, worker, meta, arrays in waiting:
-            if expire and now < deadline:
-                self._takeovers.append((deadline, conn, worker, meta, arrays))
-            else:
-                self._guarded(conn, worker, meta, functools.partial(
-                    self._serve, conn, worker, meta, arrays, deadline, last=expire))
+    def _rerun(self, deadline: float, request: Any, last: bool) -> None:
+        """Serve a request ``takeovers`` parked, again (``last``: refuse it if its shard
+        still cannot be taken over)."""
+        conn, worker, meta, arrays = request
+        self._guarded(conn, worker, meta, functools.partial(
+            self._serve, conn, worker, meta, arrays, deadline, last=last))
 
     def _guarded(self, conn: Any, worker: Any, meta: Meta, run: Callable[[], None]) -> None:
         """Run a request held back earlier; what it raises goes to its worker (a node never
@@ -297,8 +292,8 @@ class KVServer:
 
     def tick(self) -> None:
         """Name sync rounds that wait (stragglers); fail those that waited too long."""
-        if self._takeovers:
-            self._retry_takeovers(expire=True)
+        if self.takeovers:
+            self.takeovers.retry(expire=True)
         rounds: list[OpenRound] = []
         self.shards.each_engine(lambda engine: rounds.extend(
             OpenRound(*r, engine.num_workers) for r in engine.open_rounds()))
@@ -598,7 +593,7 @@ class KVServer:
                 # here: a death while the workers connect leaves it a copy to serve
                 self.shards.serve(self.po.rank, own)
                 if self.backups is not None:
-                    self._await_first_copy()
+                    self.takeovers.await_first_copy(self.po.rank, self.cfg.connect_timeout)
             # else: its backup took its shard over; it rejoins as a backup
             failed_seen = False
             lost_at: float | None = None
@@ -607,7 +602,7 @@ class KVServer:
                 nonlocal failed_seen, lost_at
                 self.snapshots.reap()
                 if self.backups is not None:
-                    self._membership_events()
+                    self.takeovers.events()
                 self._workers_left()
                 if self.po.failure is not None and not failed_seen:
                     failed_seen = True
@@ -633,35 +628,6 @@ class KVServer:
             return 0
         finally:
             self._close()
-
-    def _await_first_copy(self) -> None:
-        """Answer no worker before this server's shard has its first copy on its backup
-        (or the backup is reported dead, and gets the copy once it is back): a backup that
-        never got one then knows the shard is empty and may serve it so (``Shards.get``).
-        Bounded by PSKV_CONNECT_TIMEOUT; the workers' handshakes wait meanwhile."""
-        deadline = time.monotonic() + self.cfg.connect_timeout
-        pause = 0.1         # doubled up to 1 s: a backup still starting is tried less often
-        while not self.shards.copied(self.po.rank):
-            if time.monotonic() >= deadline:
-                raise ClusterError(
-                    f"server {self.po.rank} could not send the first copy of its shard to "
-                    f"its backup within {self.cfg.connect_timeout:g} s, and the scheduler "
-                    "does not report that backup dead: check the network between the "
-                    "servers (PSKV_REPLICAS=1), or raise PSKV_CONNECT_TIMEOUT")
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(2 * pause, 1.0)
-            self._membership_events()
-
-    def _membership_events(self) -> None:
-        """Act on the servers' deaths and restarts the scheduler reported (with backups): a
-        restarted server becomes the backup of the shards here it backs; a dead one's
-        shards may now be taken over, so the requests that waited for that run again."""
-        while (event := self.po.next_event()) is not None:
-            if isinstance(event, ServerRejoined):
-                self.shards.rejoined(event.rank)
-            else:   # its shard is taken over when a worker asks for it
-                self.shards.lost[event.rank] = time.monotonic()
-                self._retry_takeovers()
 
     def _reload(self, rank: int) -> None:
         """Restarted by pskv-launch --max-restarts: this rank's shard from the newest
