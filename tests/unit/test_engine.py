@@ -33,16 +33,12 @@ class Harness:
         ticket = Ticket(f"worker {worker}", ts, "push", (key,))
         arrays = list(value) if kind == "r" else [np.asarray(value, np.float32)]
         self.engine.check_push(key, kind, arrays)
-        self.engine.hold(ticket)
-        self.engine.push(key, worker, arrays, kind, ticket)
-        self.engine.release(ticket)
+        self.engine.request(ticket, lambda: self.engine.push(key, worker, arrays, kind, ticket))
         return ticket
 
     def pull(self, worker: int, key: int, ts: int) -> Ticket:
         ticket = Ticket(f"worker {worker}", ts, "pull", (key,))
-        self.engine.hold(ticket)
-        self.engine.pull(key, worker, ticket)
-        self.engine.release(ticket)
+        self.engine.request(ticket, lambda: self.engine.pull(key, worker, ticket))
         return ticket
 
     def value(self, key: int) -> np.ndarray:
@@ -160,10 +156,8 @@ def test_round_timeout_fails_every_waiting_ticket_once() -> None:
     h.engine.init(0, np.zeros(2, np.float32))
     h.engine.init(1, np.zeros(2, np.float32))
     t = Ticket("worker 0", 1, "push", (0, 1))
-    h.engine.hold(t)
-    h.engine.push(0, 0, [np.ones(2, np.float32)], "d", t)
-    h.engine.push(1, 0, [np.ones(2, np.float32)], "d", t)
-    h.engine.release(t)
+    h.engine.request(t, lambda: (h.engine.push(0, 0, [np.ones(2, np.float32)], "d", t),
+                                 h.engine.push(1, 0, [np.ones(2, np.float32)], "d", t)))
     h.now = 5.0
     h.engine.check_rounds(10.0)
     assert h.failed == []
@@ -200,9 +194,8 @@ def test_accumulate_and_finish_are_the_extension_point() -> None:
     engine.init(0, np.full(2, 5.0, np.float32))
     for worker, ts in ((0, 1), (1, 2)):
         ticket = Ticket(worker, ts, "push", (0,))
-        engine.hold(ticket)
-        engine.push(0, worker, [np.ones(2, np.float32)], "d", ticket)
-        engine.release(ticket)
+        engine.request(ticket, lambda: engine.push(0, worker, [np.ones(2, np.float32)], "d",
+                                                   ticket))
     assert sorted(done) == [1, 2]
     np.testing.assert_array_equal(engine.stored[0]._dense(), np.full(2, 5.0))
 
@@ -267,3 +260,30 @@ def test_a_one_float_key_costs_the_engine_little_bookkeeping() -> None:
     for worker, v in ((2, 4.0), (0, 1.0), (1, 2.0)):
         eng.push(0, worker, [np.full(1, v, np.float32)], "d")
     np.testing.assert_array_equal(eng.value_of(0, "pull")._data, [7.0])
+
+
+def test_a_request_answers_once_every_key_is_queued_and_never_once_abandoned() -> None:
+    """``Engine.request``: a ticket of two keys is answered when both rounds closed, not
+    when the first did; a request whose calls raise is abandoned: the error goes to its
+    maker, and the rounds that hold it close without answering it."""
+    h = Harness(2)
+    for k in (0, 1):
+        h.engine.init(k, np.zeros(2, np.float32))
+    t = Ticket("worker 0", 1, "push", (0, 1))
+    h.engine.request(t, lambda: (h.engine.push(0, 0, [np.ones(2, np.float32)], "d", t),
+                                 h.engine.push(1, 0, [np.ones(2, np.float32)], "d", t)))
+    h.push(1, 0, [1, 1], ts=2)
+    assert h.done == [2]                     # key 1's round is still open: not answered
+    h.push(1, 1, [1, 1], ts=3)
+    assert h.done == [2, 1, 3]
+
+    bad = Ticket("worker 0", 4, "push", (0, 1))
+
+    def fails() -> None:
+        h.engine.push(0, 0, [np.ones(2, np.float32)], "d", bad)
+        raise ValueError("the second key's update failed")
+    with pytest.raises(ValueError, match="second key"):
+        h.engine.request(bad, fails)
+    assert bad.abandoned
+    h.push(1, 0, [1, 1], ts=5)               # closes the round that held ``bad``
+    assert h.done == [2, 1, 3, 5] and h.failed == []

@@ -80,10 +80,11 @@ class Ticket:
     """One request waiting for the rounds of some of its keys to close.
 
     ``peer``, ``ts`` and ``cmd`` belong to whoever made it (the engine never reads them);
-    ``rows`` are per-key row ids for a row_sparse pull.
+    ``rows`` are per-key row ids for a row_sparse pull. A ticket is answered once
+    (``on_done`` or ``on_fail``), or never once abandoned (:meth:`abandon`).
     """
 
-    __slots__ = ("peer", "ts", "cmd", "keys", "remaining", "rows", "train")
+    __slots__ = ("peer", "ts", "cmd", "keys", "remaining", "rows", "train", "abandoned")
 
     def __init__(self, peer: Any, ts: int, cmd: Any, keys: tuple[Key, ...],
                  rows: list[np.ndarray] | None = None, train: bool | None = None) -> None:
@@ -92,6 +93,11 @@ class Ticket:
         self.rows = rows
         #: a table lookup of the IDs in ``rows`` (True: training, False: eval), else None
         self.train = train
+        self.abandoned = False
+
+    def abandon(self) -> None:
+        """The engine never answers this ticket (it failed, or its maker answers it)."""
+        self.abandoned = True
 
 
 @dataclass(slots=True)
@@ -620,6 +626,19 @@ class Engine(UnevenRounds):
         _engine_state.restore(self, reader, counters)
 
     # ---- tickets ---------------------------------------------------------------------
+    def request(self, ticket: Ticket, ops: Callable[[], object]) -> None:
+        """Run ``ops``, the push, pull or lookup calls of one request (each given
+        ``ticket``), and answer ``ticket`` once all of them are over, never before every
+        key is queued. If ``ops`` raises, ``ticket`` is abandoned (the caller answers the
+        error; the rounds that hold it never do) and the error goes on."""
+        self.hold(ticket)
+        try:
+            ops()
+        except BaseException:
+            ticket.abandon()
+            raise
+        self.release(ticket)
+
     def hold(self, ticket: Ticket) -> None:
         """Keep ``ticket`` open while its keys are queued (pair with :meth:`release`)."""
         ticket.remaining += 1
@@ -627,7 +646,7 @@ class Engine(UnevenRounds):
     def release(self, ticket: Ticket) -> None:
         """One wait of ``ticket`` is over; answer it when none is left."""
         ticket.remaining -= 1
-        if ticket.remaining == 0:
+        if ticket.remaining == 0 and not ticket.abandoned:
             self.on_done(ticket)
 
     def pull(self, key: Key, worker: int, ticket: Ticket) -> None:
@@ -692,7 +711,7 @@ class Engine(UnevenRounds):
             if o is not None and o is not entry:
                 o.waiting = [t for t in o.waiting if t is not ticket]
                 o.pulls = [p for p in o.pulls if p[1] is not ticket]
-        ticket.remaining = -1               # never answered again
+        ticket.abandon()                    # never answered again
 
     def _fail_entry(self, entry: _Entry, err: KVStoreError) -> None:
         tickets = entry.waiting + [t for _, t in entry.pulls] + \

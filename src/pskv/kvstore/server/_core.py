@@ -432,17 +432,17 @@ class KVServer:
         ticket = Ticket(conn, ts, cmd, keys)
         if cmd == Command.PUSH:
             self._open[conn] = self._open.get(conn, 0) + 1
-        shard.engine.hold(ticket)                         # until every key is queued
-        sync = shard.engine.sync
-        try:
+        engine = shard.engine
+        held = ticket if engine.sync else None        # dist_async: applied at once
+
+        def pushes() -> None:
             for k, kind, part in items:
-                shard.engine.push(k, worker, part, kind, ticket if sync else None)
+                engine.push(k, worker, part, kind, held)
+        try:
+            engine.request(ticket, pushes)
         except Exception as err:  # an update failed (dist_async): answered, flush not held
-            ticket.remaining = -1
             self._answer_error(ticket, err if isinstance(err, KVStoreError) else
                                ClusterError(f"{type(err).__name__}: {err}"))
-            return
-        shard.engine.release(ticket)
 
     def _on_pushpull(self, shard: Shard, conn: Connection,
                      worker: int, ts: int, keys: tuple[int, ...], body: Any,
@@ -455,10 +455,9 @@ class KVServer:
         stored = [shard.engine.value_of(k, "pull", self._where())._data for k in keys]
         check_reply(stored, rows, self.cfg.max_reply_bytes, self._where())
         ticket = Ticket(conn, ts, Command.PULL, keys, rows)
-        shard.engine.hold(ticket)
-        for k in keys:
-            shard.engine.pull(k, worker, ticket)   # after this worker's push of it
-        shard.engine.release(ticket)
+        engine = shard.engine
+        engine.request(ticket, lambda: [engine.pull(k, worker, ticket)   # after this
+                                        for k in keys])                 # worker's push
 
     def _on_rsp_pull(self, shard: Shard, conn: Connection,
                      worker: int, ts: int, keys: tuple[int, ...], body: Any,

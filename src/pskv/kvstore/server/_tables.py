@@ -35,9 +35,7 @@ def cmd_lookup(server: Any, shard: Any, conn: Any, worker: int, ts: int,
                        server.cfg.max_reply_bytes, server._where())
     ids = check_lookup(table, arrays[0], bool(body["train"]))
     ticket = Ticket(conn, ts, Command.COMMAND, (key,), rows=[ids], train=bool(body["train"]))
-    engine.hold(ticket)
-    engine.pull(key, worker, ticket)
-    engine.release(ticket)
+    engine.request(ticket, lambda: engine.pull(key, worker, ticket))
     return None
 
 
@@ -49,9 +47,7 @@ def cmd_table_stats(server: Any, shard: Any, conn: Any, worker: int, ts: int,
     engine: Engine = shard.engine
     engine.table(key, "read the stats of", server._where())
     ticket = Ticket(conn, ts, Op.TABLE_STATS, (key,))
-    engine.hold(ticket)
-    engine.pull(key, worker, ticket)
-    engine.release(ticket)
+    engine.request(ticket, lambda: engine.pull(key, worker, ticket))
     return None
 
 
