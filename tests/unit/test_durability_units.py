@@ -17,7 +17,7 @@ import pskv as mx
 from pskv._ps.config import ClusterConfig, Role
 from pskv._ps.replay import PushLog, backup_of
 from pskv.errors import CheckpointError, ConfigError, NodeFailedError, ProtocolError
-from pskv.kvstore.engine._core import Engine, Ticket
+from pskv.kvstore.engine._core import Engine, EngineEvents, Ticket
 from pskv.kvstore.durable._replica import encode_copy, install_copy
 from pskv.kvstore.base import check_optimizer
 from pskv.kvstore._snapshot import (MANIFEST, Reader, latest, prune, round_dir, shard_name,
@@ -152,7 +152,11 @@ def test_engine_counts_each_workers_held_pushes() -> None:
 
 def test_engine_round_observer_runs_before_answers() -> None:
     seen: list[Any] = []
-    engine = Engine(num_workers=1, on_done=lambda t: seen.append("answer"))
+
+    class Answers(EngineEvents):
+        def done(self, engine: Engine, ticket: Ticket) -> None:
+            seen.append("answer")
+    engine = Engine(num_workers=1, events=Answers())
 
     class Observer:
         wants_merged = True

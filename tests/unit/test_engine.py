@@ -15,8 +15,21 @@ import pytest
 from pskv.errors import (ClusterTimeoutError, KeyAlreadyInitializedError,
                          KeyNotInitializedError, KVStoreError, NodeFailedError,
                          ShapeMismatchError)
-from pskv.kvstore.engine._core import Engine, Ticket
+from pskv.kvstore.engine._core import Engine, EngineEvents, Ticket
 from pskv.nd.sparse import RowSparseNDArray
+
+
+class Answers(EngineEvents):
+    """Records the ts of each answered ticket, and (ts, error) of each failed one."""
+
+    def __init__(self, done: list[int], failed: list[Any]) -> None:
+        self.answered, self.errors = done, failed
+
+    def done(self, engine: Engine, ticket: Ticket) -> None:
+        self.answered.append(ticket.ts)
+
+    def failed(self, engine: Engine, ticket: Ticket, err: KVStoreError) -> None:
+        self.errors.append((ticket.ts, err))
 
 
 class Harness:
@@ -26,8 +39,7 @@ class Harness:
         self.done: list[int] = []
         self.failed: list[tuple[int, KVStoreError]] = []
         self.now = 0.0
-        self.engine = Engine(num_workers, sync, lambda t: self.done.append(t.ts),
-                             lambda t, e: self.failed.append((t.ts, e)), lambda: self.now)
+        self.engine = Engine(num_workers, sync, Answers(self.done, self.failed), lambda: self.now)
 
     def push(self, worker: int, key: int, value: Any, ts: int, kind: str = "d") -> Ticket:
         ticket = Ticket(f"worker {worker}", ts, "push", (key,))
@@ -190,7 +202,7 @@ def test_accumulate_and_finish_are_the_extension_point() -> None:
             pass
 
     done: list[int] = []
-    engine = EmptyEngine(2, True, lambda t: done.append(t.ts))
+    engine = EmptyEngine(2, True, Answers(done, []))
     engine.init(0, np.full(2, 5.0, np.float32))
     for worker, ts in ((0, 1), (1, 2)):
         ticket = Ticket(worker, ts, "push", (0,))
@@ -287,3 +299,38 @@ def test_a_request_answers_once_every_key_is_queued_and_never_once_abandoned() -
     assert bad.abandoned
     h.push(1, 0, [1, 1], ts=5)               # closes the round that held ``bad``
     assert h.done == [2, 1, 3, 5] and h.failed == []
+
+
+def test_the_engine_reads_its_clock_for_round_events_only_when_its_listener_asks() -> None:
+    """A local store's engine (no listener) reads no clock for a round's close or its
+    update; a server's hears each close and, while metrics are on, each update's time
+    (two reads more a round)."""
+    class Watching(EngineEvents):
+        def __init__(self, on: bool) -> None:
+            self.watches_rounds = self.times_updates = on  # type: ignore[misc]
+            self.closes: list[Any] = []
+            self.times: list[float] = []
+
+        def round_closed(self, engine: Engine, key: Any, worker: int, waited: float) -> None:
+            self.closes.append((key, worker, engine.num_workers))
+
+        def applied_in(self, seconds: float) -> None:
+            self.times.append(seconds)
+
+    def one_round(events: Watching) -> int:
+        reads: list[int] = []
+
+        def clock() -> float:
+            reads.append(1)
+            return 10.0 + len(reads)
+        engine = Engine(2, True, events, clock)
+        engine.init("k", np.zeros(2, np.float32))
+        for worker in (1, 0):
+            engine.request(Ticket("w", worker, "push", ("k",)), lambda: engine.push(
+                "k", worker, [np.ones(2, np.float32)], "d", None))
+        return len(reads)
+
+    off, on = Watching(False), Watching(True)
+    assert one_round(on) == one_round(off) + 2
+    assert (off.closes, off.times) == ([], [])
+    assert on.closes == [("k", 0, 2)] and on.times == [1.0]

@@ -11,7 +11,7 @@ Invariants: in sync mode a key's round closes when ``num_workers`` distinct work
 pushed it once, then the updater (or assign) runs once and every waiting pusher and puller
 is answered (MXNet kvstore_dist_server.h ApplyUpdates); a worker's second push in an open
 round waits for the next round; a pull after this worker's push waits for that push's round;
-a ticket is answered exactly once (``on_done`` or ``on_fail``).
+a ticket is answered exactly once (``EngineEvents.done`` or ``failed``).
 
 Uneven data (``_uneven``, :meth:`Engine.worker_left`): a worker that *joined*
 (``kv.join``) counts as having pushed zeros, so a round closes with the others' pushes
@@ -81,7 +81,7 @@ class Ticket:
 
     ``peer``, ``ts`` and ``cmd`` belong to whoever made it (the engine never reads them);
     ``rows`` are per-key row ids for a row_sparse pull. A ticket is answered once
-    (``on_done`` or ``on_fail``), or never once abandoned (:meth:`abandon`).
+    (``EngineEvents.done`` or ``failed``), or never once abandoned (:meth:`abandon`).
     """
 
     __slots__ = ("peer", "ts", "cmd", "keys", "remaining", "rows", "train", "abandoned")
@@ -135,12 +135,32 @@ class _Entry:
     refused: dict[int, KVStoreError] | None = None
 
 
-def _ignore(ticket: Ticket) -> None:
-    """The default ``on_done``."""
+class EngineEvents:
+    """What an engine tells whoever runs it: its one listener, given at construction.
 
+    This base tells nobody (a local store's engine); a server's answers its workers and
+    feeds its straggler watch and metrics. ``watches_rounds`` and ``times_updates`` are
+    read as each sync round closes: off, the engine does not even read its clock.
+    """
 
-def _ignore_fail(ticket: Ticket, err: KVStoreError) -> None:
-    """The default ``on_fail``."""
+    #: whether :meth:`round_closed` hears of each sync round's close
+    watches_rounds = False
+    #: whether :meth:`applied_in` hears how long each sync round's update took
+    times_updates = False
+
+    def done(self, engine: "Engine", ticket: Ticket) -> None:
+        """Every round ``ticket`` waited for has closed: answer it."""
+
+    def failed(self, engine: "Engine", ticket: Ticket, err: KVStoreError) -> None:
+        """A round ``ticket`` waited for failed with ``err``: answer that."""
+
+    def round_closed(self, engine: "Engine", key: Key, worker: int, waited: float) -> None:
+        """``worker``'s push closed a sync round of the user's ``key``, ``waited`` seconds
+        after the round's first push (stragglers, metrics)."""
+
+    def applied_in(self, seconds: float) -> None:
+        """A sync round's update (``finish``: the sum applied, the optimizer run) took
+        ``seconds``, timed from its close (metrics)."""
 
 
 class Engine(UnevenRounds):
@@ -152,22 +172,19 @@ class Engine(UnevenRounds):
         Distinct workers that close a sync round.
     sync : bool
         Sync rounds (``dist_sync``) or apply every push at once (``dist_async``).
-    on_done : callable, optional
-        ``on_done(ticket)``: every round ``ticket`` waited for has closed.
-    on_fail : callable, optional
-        ``on_fail(ticket, error)``: a round ``ticket`` waited for failed with ``error``.
+    events : EngineEvents, optional
+        Who hears of answered and failed tickets, closed rounds and update times (the
+        default: nobody).
     clock : callable, optional
         Seconds, for round timeouts (``time.monotonic``).
     """
 
     def __init__(self, num_workers: int = 1, sync: bool = True,
-                 on_done: Callable[[Ticket], None] = _ignore,
-                 on_fail: Callable[[Ticket, KVStoreError], None] = _ignore_fail,
+                 events: EngineEvents | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.num_workers = num_workers
         self.sync = sync
-        self.on_done = on_done
-        self.on_fail = on_fail
+        self.events = events if events is not None else EngineEvents()
         self._clock = clock
         #: key -> stored value (the local store's fast paths read it directly)
         self.stored: dict[Key, NDArray] = {}
@@ -182,12 +199,6 @@ class Engine(UnevenRounds):
         #: told of each applied round or async push, before any request waiting for it
         #: is answered (a server's shard: its backup and its periodic checkpoints)
         self.observer: RoundObserver | None = None
-        #: ``closed(key, worker, waited)``: ``worker``'s push closed a sync round of the
-        #: user's ``key`` ``waited`` seconds after its first push (stragglers, metrics)
-        self.closed: Callable[[Key, int, float], object] | None = None
-        #: ``applied_in(seconds)``: a sync round's update (``finish``: the sum applied, the
-        #: optimizer run) took that long, timed from ``closed`` (metrics)
-        self.applied_in: Callable[[float], object] | None = None
         #: workers that joined (they count as pushing zeros) and workers that closed
         #: without joining (a round needing their push fails): :meth:`worker_left`
         self.joined: frozenset[int] = frozenset()
@@ -394,9 +405,11 @@ class Engine(UnevenRounds):
         elif len(entry.pushers) == self.num_workers or (
                 self.joined and len(entry.pushers | self.joined) == self.num_workers):
             now = 0.0
-            if self.closed is not None:
+            events = self.events
+            if events.watches_rounds or events.times_updates:
                 now = self._clock()
-                self.closed(entry.name, worker, now - entry.started)
+                if events.watches_rounds:
+                    events.round_closed(self, entry.name, worker, now - entry.started)
             self._close_round(key, entry, now)
 
     def _add_in_order(self, key: Key, entry: _Entry, worker: int, arrays: list[np.ndarray],
@@ -537,8 +550,8 @@ class Engine(UnevenRounds):
                 f"the update of key {entry.name!r} failed: {type(err).__name__}: {err}",
                 key=entry.name))
             return
-        if self.applied_in is not None and now:     # outside the try: not the update's
-            self.applied_in(self._clock() - now)
+        if now and self.events.times_updates:     # outside the try: not the update's
+            self.events.applied_in(self._clock() - now)
         entry.round += 1
         for worker in entry.pushers:
             entry.applied[worker] = entry.applied.get(worker, 0) + 1
@@ -647,7 +660,7 @@ class Engine(UnevenRounds):
         """One wait of ``ticket`` is over; answer it when none is left."""
         ticket.remaining -= 1
         if ticket.remaining == 0 and not ticket.abandoned:
-            self.on_done(ticket)
+            self.events.done(self, ticket)
 
     def pull(self, key: Key, worker: int, ticket: Ticket) -> None:
         """``ticket`` reads ``key``: after this worker's pending push of it, if any."""
@@ -705,7 +718,7 @@ class Engine(UnevenRounds):
 
     def _fail_ticket(self, ticket: Ticket, err: KVStoreError, entry: _Entry) -> None:
         """Answer ``ticket`` with ``err``; it is counted by no other key's round."""
-        self.on_fail(ticket, err)
+        self.events.failed(self, ticket, err)
         for other in ticket.keys:   # answered: stop counting it anywhere else
             o = self._entries.get(other)
             if o is not None and o is not entry:

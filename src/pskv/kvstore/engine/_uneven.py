@@ -57,7 +57,8 @@ class UnevenRounds:
                 if entry.table is None and not entry.sparse:
                     self._add_early(key, entry)
                 if len(entry.pushers | self.joined) == self.num_workers:
-                    self._close_round(key, entry, self._clock() if self.applied_in else 0.0)
+                    self._close_round(key, entry,
+                                      self._clock() if self.events.times_updates else 0.0)
             return
         if worker in self.joined:
             self._closed_joined = self._closed_joined | {worker}

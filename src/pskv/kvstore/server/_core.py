@@ -37,7 +37,7 @@ from ..._ps.sealed import SealedConn
 from ..._ps.tls import server_context
 from ..._ps.transport import Connection, data_curve
 from ..._ps.zeromq import ZmqContext, curve_server
-from ..engine._core import Engine, Ticket
+from ..engine._core import Engine, EngineEvents, Ticket
 from ..durable._snapshots import Snapshots, load_shard
 from .._snapshot import checkpoint_path
 from ._observed import server_state
@@ -51,6 +51,34 @@ from ..durable._takeover import Takeovers
 __all__ = ["KVServer"]
 
 log = logging.getLogger(__name__)
+
+
+class _ServerEvents(EngineEvents):
+    """A server's engines' one listener: answers go to the workers, closed rounds to the
+    straggler watch and metrics, update times to metrics while they are on."""
+
+    watches_rounds = True
+
+    def __init__(self, server: "KVServer") -> None:
+        self.server = server
+
+    @property
+    def times_updates(self) -> bool:  # type: ignore[override]
+        return getattr(self.server, "metrics", None) is not None
+
+    def done(self, engine: Engine, ticket: Ticket) -> None:
+        self.server._answer(ticket, engine)
+
+    def failed(self, engine: Engine, ticket: Ticket, err: KVStoreError) -> None:
+        self.server._answer_error(ticket, err)
+
+    def round_closed(self, engine: Engine, key: Any, worker: int, waited: float) -> None:
+        self.server._round_closed(key, worker, waited, engine.num_workers)
+
+    def applied_in(self, seconds: float) -> None:
+        metrics = self.server.metrics
+        if metrics is not None:
+            metrics.applied_in(seconds)
 
 
 class KVServer:
@@ -72,6 +100,8 @@ class KVServer:
                  zmq_context: zmq.Context[Any] | None = None) -> None:
         self.cfg = cfg
         self._stop = stop or threading.Event()
+        #: what every engine of this server tells it (answers, rounds closed, update times)
+        self._events = _ServerEvents(self)
         self._zctx = ZmqContext(zmq_context)
         self._listeners: list[StreamListener] = []
         router: zmq.Socket[Any] | None = None
@@ -138,17 +168,8 @@ class KVServer:
 
     def _new_engine(self) -> Engine:
         """An engine whose answers go to this server's peers."""
-        holder: list[Engine] = []
         nw = self.po.num_workers if hasattr(self, "po") else self.cfg.num_workers
-        engine = self._engine_class(nw, True, lambda t: self._answer(t, holder[0]),
-                                    self._answer_error)
-        holder.append(engine)
-        engine.closed = lambda key, worker, waited: self._round_closed(
-            key, worker, waited, engine.num_workers)
-        # metrics on: the update of each sync round is timed (off: not even the clock read)
-        metrics = getattr(self, "metrics", None)
-        engine.applied_in = metrics.applied_in if metrics is not None else None
-        return engine
+        return self._engine_class(nw, True, self._events)
 
     def _beat_extra(self) -> dict[str, Any]:
         """For the scheduler's straggler view: who closed this server's sync rounds since
@@ -301,8 +322,6 @@ class KVServer:
         self.stragglers.summary()
         if named and self.metrics is not None:
             self.metrics.stragglers.inc(len(named))
-        if self.metrics is not None:        # a shard taken over from a backup: timed too
-            self.shards.each_engine(self._timed)
         self.shards.each_engine(lambda engine: engine.check_rounds(self.cfg.round_timeout))
         self._workers_left(force=True)      # a shard taken over since: told too
         if self.gate.parked:
@@ -326,10 +345,6 @@ class KVServer:
         for rank in sorted(m.closed):
             self.shards.each_engine(functools.partial(Engine.worker_left, worker=rank,
                                                       joined=False))
-
-    def _timed(self, engine: Engine) -> None:
-        if engine.applied_in is None and self.metrics is not None:
-            engine.applied_in = self.metrics.applied_in
 
     def dropped(self, conn: Connection) -> None:
         """A worker's connection is gone: tell the scheduler (a worker that closed said
@@ -583,7 +598,6 @@ class KVServer:
                 self.cfg.metrics_top_keys, self.cfg.metrics_keys), self.po)
             if self.metrics is not None:
                 self.snapshots.written = self.metrics.checkpoint.observe
-                own.applied_in = self.metrics.applied_in
             log.info("server %d: serving dist_%s for %d workers at %s", self.po.rank,
                      self.po.mode or "sync", self.po.num_workers,
                      ", ".join(sorted(self._endpoints.values())))
