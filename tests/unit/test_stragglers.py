@@ -12,7 +12,7 @@ from pskv._ps.config import ENV_STRAGGLER_SECONDS, KNOWN_ENV, ClusterConfig, Rol
 from pskv._ps.observe.stragglers import (MIN_ROUNDS, WINDOW, JobStragglers, OpenRound, StragglerWatch,
                                  parse_beat)
 from pskv.errors import ConfigError
-from pskv.kvstore.engine._core import Engine
+from pskv.kvstore.engine._core import Engine, EngineEvents
 
 
 class Clock:
@@ -102,9 +102,14 @@ def test_balanced_workers_and_single_workers_are_not_flagged() -> None:
 
 def test_engine_reports_open_rounds_and_the_worker_that_closed_each() -> None:
     clock = Clock()
-    engine = Engine(2, clock=clock)
     closed: list[tuple[Any, int, float]] = []
-    engine.closed = lambda key, worker, waited: closed.append((key, worker, waited))
+
+    class Watch(EngineEvents):
+        watches_rounds = True
+
+        def round_closed(self, engine: Engine, key: Any, worker: int, waited: float) -> None:
+            closed.append((key, worker, waited))
+    engine = Engine(2, events=Watch(), clock=clock)
     engine.init(3, np.zeros(2), name="b")
     engine.push(3, 0, [np.ones(2)], "d")
     assert engine.open_rounds() == [("b", 0, 100.0, frozenset({0}))]
