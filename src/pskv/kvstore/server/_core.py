@@ -10,6 +10,7 @@ earlier push of that worker is applied; nothing waits forever.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -64,7 +65,7 @@ class _ServerEvents(EngineEvents):
 
     @property
     def times_updates(self) -> bool:  # type: ignore[override]
-        return getattr(self.server, "metrics", None) is not None
+        return self.server.metrics is not None
 
     def done(self, engine: Engine, ticket: Ticket) -> None:
         self.server._answer(ticket, engine)
@@ -102,8 +103,16 @@ class KVServer:
         self._stop = stop or threading.Event()
         #: what every engine of this server tells it (answers, rounds closed, update times)
         self._events = _ServerEvents(self)
+        #: Prometheus series when PSKV_METRICS_PORT asks for them (``run`` starts them)
+        self.metrics: ServerMetrics | None = None
         self._zctx = ZmqContext(zmq_context)
+        #: what closing takes, last made first closed (each registered as it is made)
+        self._closing = contextlib.ExitStack()
+        self._closing.callback(self._zctx.close)
         self._listeners: list[StreamListener] = []
+        #: the listeners' owner: the serving loop once it is made
+        self._io: Any = None
+        self._closing.callback(self._close_io)
         router: zmq.Socket[Any] | None = None
         try:
             if cfg.transport in ("zmq", "inproc"):
@@ -126,11 +135,13 @@ class KVServer:
             #: copies of other servers' shards (PSKV_REPLICAS=1), updated on their own thread
             self.backups = Backups(cfg, self._new_engine, self._zctx) if cfg.replicas else None
             if self.backups is not None:
+                self._closing.callback(self.backups.close)
                 endpoints.update(self.backups.endpoints)
             self.po = Postoffice(cfg, self._zctx, endpoints=endpoints)
+            self._closing.callback(self.po.close)
             self._endpoints = endpoints
         except BaseException:
-            self._close()
+            self._closing.close()
             raise
         self._verifier = Verifier("server", "", self._key_for)
         if cfg.encrypt:        # every worker link sealed under its pair key (sealed.py)
@@ -142,6 +153,7 @@ class KVServer:
                               self._listeners, handshake_timeout=cfg.handshake_timeout,
                               max_unadmitted=cfg.max_unadmitted,
                               max_message_bytes=cfg.max_message_bytes)
+        self._io = self.loop
         self._open: dict[Any, int] = {}           # per worker: pushes not yet applied
         #: the membership's ``left`` last told to the engines (_workers_left)
         self._left: Any = None
@@ -149,16 +161,16 @@ class KVServer:
         self._join_epoch = 0
         self._flushes: dict[Any, list[int]] = {}  # per worker: FLUSH requests waiting
         self.snapshots = Snapshots(cfg, self._send, self._error)
+        self._closing.callback(self.snapshots.close)
         #: names rounds that wait and workers that are often last (PSKV_STRAGGLER_SECONDS)
         self.stragglers = StragglerWatch(cfg.straggler_seconds)
         self.po.beat_extra = self._beat_extra
-        #: Prometheus series when PSKV_METRICS_PORT asks for them (``run`` starts them)
-        self.metrics: ServerMetrics | None = None
         #: the global staleness bound: workers' clocks and the reads they hold back
         self.gate = ClockGate(cfg.num_workers)
         #: the shards this server serves (its own; one whose primary died, as its backup)
         self.shards = Shards(cfg, self._zctx, self.po, self.snapshots, self.backups,
                              self._new_engine())
+        self._closing.callback(self.shards.close)
         #: requests waiting for the scheduler to report their shard's server dead, and the
         #: membership news; a broken link is reported within moments (the scheduler's
         #: grace, then its word), so a request waits that long at most
@@ -597,6 +609,7 @@ class KVServer:
                 self.po.rank, self.po.job, lambda: server_state(self.shards),
                 self.cfg.metrics_top_keys, self.cfg.metrics_keys), self.po)
             if self.metrics is not None:
+                self._closing.callback(self.metrics.close)
                 self.snapshots.written = self.metrics.checkpoint.observe
             log.info("server %d: serving dist_%s for %d workers at %s", self.po.rank,
                      self.po.mode or "sync", self.po.num_workers,
@@ -640,7 +653,7 @@ class KVServer:
             self.po.goodbye()
             return 0
         finally:
-            self._close()
+            self._closing.close()
 
     def _reload(self, rank: int) -> None:
         """Restarted by pskv-launch --max-restarts: this rank's shard from the newest
@@ -657,22 +670,11 @@ class KVServer:
         log.warning("server %d: restarted; reloaded %d keys from the checkpoint of round %d",
                     rank, len(self.shards.own), rnd)
 
-    def _close(self) -> None:
-        if getattr(self, "metrics", None) is not None:
-            assert self.metrics is not None
-            self.metrics.close()
-        if hasattr(self, "snapshots"):
-            self.snapshots.close()
-        if hasattr(self, "shards"):
-            self.shards.close()
-        if getattr(self, "backups", None) is not None:
-            assert self.backups is not None
-            self.backups.close()
-        if hasattr(self, "loop"):
-            self.loop.close()
+    def _close_io(self) -> None:
+        """Close the serving loop's connections and listeners (before the loop is made:
+        the listeners bound so far)."""
+        if self._io is not None:
+            self._io.close()
         else:
             for lis in self._listeners:
                 lis.close()
-        if hasattr(self, "po"):
-            self.po.close()
-        self._zctx.close()
