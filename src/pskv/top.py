@@ -31,7 +31,7 @@ from .errors import ConfigError
 
 __all__ = ["Snapshot", "from_scheduler", "listing", "main", "parse", "read_job", "view"]
 
-#: ports read from the first one upward (as many as a node tries: ``_ps.metrics``)
+#: ports read from the first one upward (as many as a node tries: ``_ps.observe.metrics``)
 PORTS = 64
 
 
