@@ -1,15 +1,15 @@
-"""Loans: failover keeps a pushed NDArray's buffer instead of a copy, and copies it only
-when the array is about to be written or handed out while the push is still kept
-(``pskv.nd.ndarray``'s docstring, ``_ps/replay.py``). Driven with fake links (as
-``test_failover.py``) and a DataPath over a fake worker: no socket, no process.
+"""Loans: failover keeps the dist store's own send buffer (a multi-device sum) instead of a
+copy, and copies it only when the store is about to write the buffer again while the push
+is still kept (``kvstore/dist/_datapath.SendBuffer``, ``_ps/replay.py``); a caller's array
+is never lent (the log copies it), so ``NDArray`` knows nothing of failover. Driven with
+fake links (as ``test_failover.py``) and a DataPath over a fake worker: no socket, no
+process.
 
 The attack each test makes: a caller who changes, aliases or re-pushes an array after
 ``push`` returned, and a server that dies before the push was backed up; what is sent
 again must be what was pushed."""
 from __future__ import annotations
 
-import copy
-import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -21,10 +21,10 @@ from pskv._ps.membership import ServerLost
 from pskv._ps.message import Command
 from pskv._ps.partition import Segment
 from pskv.errors import NodeFailedError
-from pskv.kvstore.dist._datapath import DataPath
+from pskv.kvstore.dist._datapath import DataPath, SendBuffer
 from pskv.kvstore._keys import KeyRecord
 from pskv.kvstore._reduce import Reducer
-from pskv.nd.ndarray import NDArray, sole_buffer
+from pskv.nd.ndarray import NDArray
 
 from test_failover import FakeLinks
 
@@ -43,10 +43,8 @@ def _failover(keep: int = 8) -> tuple[Failover, FakeLinks]:
     return Failover(links, rank=0, num_servers=2, keep=keep, replicas=True), links
 
 
-def _lend_push(fo: Failover, g: NDArray, ts: int, pk: int = 7) -> None:
-    buf = sole_buffer(g)
-    assert buf is not None
-    fo.send(0, Command.PUSH, -ts, [pk], {"kinds": "d"}, [buf], lenders=[g])
+def _lend_push(fo: Failover, g: SendBuffer, ts: int, pk: int = 7) -> None:
+    fo.send(0, Command.PUSH, -ts, [pk], {"kinds": "d"}, [g.data], lenders=[g])
 
 
 def _kept(fo: Failover, shard: int = 0) -> list[np.ndarray]:
@@ -73,47 +71,63 @@ class _CountingCopies:
         monkeypatch.setattr(fo.pushes, "_copy", counted)
 
 
+def _buffer(value: float) -> SendBuffer:
+    return SendBuffer(np.full(4, value, np.float32))
+
+
 def _lent(monkeypatch: pytest.MonkeyPatch) -> tuple[Failover, FakeLinks, _CountingCopies,
-                                                    NDArray]:
-    """A failover that counts its copies, holding push 1 of an array of 3s, lent."""
+                                                    SendBuffer]:
+    """A failover that counts its copies, holding push 1 of a send buffer of 3s, lent."""
     fo, links = _failover()
     copies = _CountingCopies(fo, monkeypatch)
-    g = mx.nd.full((4,), 3.0)
+    g = _buffer(3.0)
     _lend_push(fo, g, 1)
     return fo, links, copies, g
 
 
-# ---- sole_buffer: who may lend ------------------------------------------------------------
-def test_only_an_array_whose_buffer_nothing_else_holds_may_lend_it() -> None:
-    g = mx.nd.ones((3, 4))
-    assert sole_buffer(g) is g._buf
-    aliases = [lambda: g[0], lambda: g.reshape(12), lambda: g.T, lambda: np.asarray(g),
-               lambda: copy.copy(g), lambda: memoryview(g._buf), lambda: g.__dlpack__(),
-               lambda: NDArray(g._buf)]
-    for make in aliases:
-        alias = make()
-        assert sole_buffer(g) is None, make
-        del alias
-        assert sole_buffer(g) is g._buf
-    held = np.ones(3, np.float32)
-    wrapped = NDArray(held)                 # the caller still holds the NumPy array
-    assert sole_buffer(wrapped) is None
-    del held
-    assert sole_buffer(wrapped) is not None
-    view_of_other = NDArray(np.ones(6, np.float32)[2:])
-    assert sole_buffer(view_of_other) is None      # a view: its base may be anywhere
-
-
 # ---- the log keeps the buffer; a write copies first ----------------------------------------
-def test_a_lent_push_is_the_callers_buffer_until_the_array_is_written(
+def test_a_lent_push_is_the_buffer_until_the_store_writes_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     fo, links, copies, g = _lent(monkeypatch)
-    assert _kept(fo)[0] is g._buf and copies.n == 0
-    assert g.shape == (4,) and g.asnumpy().tolist() == [3.0] * 4 and copies.n == 0   # reads
-    g[:] = -1.0                             # the next gradient, before the push was backed up
+    assert _kept(fo)[0] is g.data and copies.n == 0
+    g.writable()[:] = -1.0                  # the next sum, before the push was backed up
     kept = _kept(fo)[0]
-    assert copies.n == 1 and kept is not g._buf and kept.tolist() == [3.0] * 4
+    assert copies.n == 1 and kept is not g.data and kept.tolist() == [3.0] * 4
     assert _resent(fo, links) == [[3.0] * 4]
+
+
+def test_a_push_backed_up_before_the_write_costs_no_copy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fo, links, copies, g = _lent(monkeypatch)
+    fo.send(0, Command.PULL, 2, [7], None, ())
+    fo.answered(2, ok=True)                 # the pull's reply: push 1 applied and backed up
+    g.writable()[:] = 5.0
+    assert copies.n == 0
+    with pytest.raises(NodeFailedError):
+        fo.pushes.since(0, {})              # nothing kept, nothing to send again
+    _lend_push(fo, g, 3)                    # the next step lends the same buffer again
+    g.writable()[:] = 6.0
+    assert copies.n == 1
+    assert [a[0].tolist() for _pk, _k, a in fo.pushes.since(0, {7: 1})] == [[5.0] * 4]
+
+
+def test_a_lent_buffer_never_becomes_a_buffer_of_later_copies() -> None:
+    fo, links = _failover(keep=1)
+    g = _buffer(1.0)
+    _lend_push(fo, g, 1)
+    fo.send(0, Command.PUSH, -2, [7], {"kinds": "d"}, [np.full(4, 9.0, np.float32)])  # pops 1
+    fo.send(0, Command.PUSH, -3, [7], {"kinds": "d"}, [np.full(4, 8.0, np.float32)])
+    assert g.data.tolist() == [1.0] * 4
+
+
+def test_lending_the_same_buffer_twice_keeps_both_pushes_apart() -> None:
+    fo, links = _failover()
+    g = _buffer(1.0)
+    _lend_push(fo, g, 1)
+    g.writable()[:] += 1.0
+    _lend_push(fo, g, 2)
+    g.writable()[:] += 1.0
+    assert _resent(fo, links) == [[1.0] * 4, [2.0] * 4]
 
 
 @pytest.mark.parametrize("write", [
@@ -124,47 +138,16 @@ def test_a_lent_push_is_the_callers_buffer_until_the_array_is_written(
     lambda g: g[1:3].__setitem__(slice(None), 9.0),
     lambda g: g.reshape(2, 2).__setitem__((0, 0), 9.0),
 ])
-def test_every_way_of_writing_a_lent_array_repays_first(write: Any) -> None:
-    fo, links = _failover()
+def test_a_callers_array_is_copied_so_no_way_of_writing_it_changes_what_is_sent_again(
+        write: Any) -> None:
+    rec = _record(1, (4,), [Segment(0, 0, 4)])
+    path, kv, fo, links = _path([rec])
     g = mx.nd.full((4,), 2.0)
-    _lend_push(fo, g, 1)
+    path.send(path.items([1], [[g]]), lend=True)
+    assert kv.lenders == [None]             # never lent: NDArray knows nothing of failover
     write(g)
     assert g.asnumpy().tolist() != [2.0] * 4
     assert _resent(fo, links) == [[2.0] * 4]
-
-
-def test_a_push_backed_up_before_the_write_costs_no_copy(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    fo, links, copies, g = _lent(monkeypatch)
-    fo.send(0, Command.PULL, 2, [7], None, ())
-    fo.answered(2, ok=True)                 # the pull's reply: push 1 applied and backed up
-    g[:] = 5.0
-    assert copies.n == 0
-    with pytest.raises(NodeFailedError):
-        fo.pushes.since(0, {})              # nothing kept, nothing to send again
-    _lend_push(fo, g, 3)                    # the next step lends the same buffer again
-    g[:] = 6.0
-    assert copies.n == 1
-    assert [a[0].tolist() for _pk, _k, a in fo.pushes.since(0, {7: 1})] == [[5.0] * 4]
-
-
-def test_a_lent_buffer_never_becomes_a_buffer_of_later_copies() -> None:
-    fo, links = _failover(keep=1)
-    g = mx.nd.full((4,), 1.0)
-    _lend_push(fo, g, 1)
-    fo.send(0, Command.PUSH, -2, [7], {"kinds": "d"}, [np.full(4, 9.0, np.float32)])  # pops 1
-    fo.send(0, Command.PUSH, -3, [7], {"kinds": "d"}, [np.full(4, 8.0, np.float32)])
-    assert g.asnumpy().tolist() == [1.0] * 4
-
-
-def test_pushing_the_same_array_twice_keeps_both_pushes_apart() -> None:
-    fo, links = _failover()
-    g = mx.nd.full((4,), 1.0)
-    _lend_push(fo, g, 1)
-    g += 1.0
-    _lend_push(fo, g, 2)
-    g += 1.0
-    assert _resent(fo, links) == [[1.0] * 4, [2.0] * 4]
 
 
 # ---- the data path: what it lends ----------------------------------------------------------
@@ -196,12 +179,12 @@ def _path(records: list[KeyRecord]) -> tuple[DataPath, _FakeKV, Failover, FakeLi
     return path, kv, fo, links
 
 
-def test_a_key_cut_across_both_servers_is_lent_whole_and_copied_once_written() -> None:
+def test_a_key_cut_across_both_servers_is_copied_per_server() -> None:
     rec = _record(1, (2, 4), [Segment(0, 0, 4), Segment(1, 4, 8)])
     path, kv, fo, links = _path([rec])
     g = mx.nd.array(np.arange(8, dtype=np.float32).reshape(2, 4))
     path.send(path.items([1], [[g]]), lend=True)
-    assert all(lenders == [g] for lenders in kv.lenders)
+    assert kv.lenders == [None, None]
     g[:] = 0.0
     assert [a[0].tolist() for _pk, _k, a in fo.pushes.since(1, {})] == [[4.0, 5.0, 6.0, 7.0]]
     assert _resent(fo, links) == [[0.0, 1.0, 2.0, 3.0]]
@@ -226,34 +209,6 @@ def test_a_sum_of_devices_is_lent_from_its_send_buffer_and_repaid_by_the_next_su
     path, kv, fo, links = _path([rec])
     path.send(path.items([1], [[mx.nd.full((4,), 1.0), mx.nd.full((4,), 2.0)]]), lend=True)
     assert kv.lenders[0] is not None and kv.lenders[0][0] is path._sendbuf[1]
+    assert np.shares_memory(_kept(fo)[0], path._sendbuf[1].data)   # kept, not copied
     path.send(path.items([1], [[mx.nd.full((4,), 5.0), mx.nd.full((4,), 5.0)]]), lend=True)
     assert _resent(fo, links) == [[3.0] * 4, [10.0] * 4]
-
-
-# ---- threads ---------------------------------------------------------------------------------
-def test_a_second_thread_touching_the_array_mid_repay_repays_too_so_waits_for_the_copy() -> None:
-    # thread A reads the array and is copying it for the log; thread B, about to write it,
-    # must not find the loans already let go: it repays too (and so waits, in the real
-    # log, on the lock A holds) instead of writing under A's copy
-    started, release = threading.Event(), threading.Event()
-    calls: list[str] = []
-
-    class SlowLoan:
-        def repay(self) -> None:
-            calls.append(threading.current_thread().name)
-            if len(calls) == 1:
-                started.set()
-                release.wait(10)
-
-    g = mx.nd.ones(4)
-    g._lend(SlowLoan())
-    a = threading.Thread(target=lambda: g._data, name="A")
-    b = threading.Thread(target=lambda: g._data, name="B")
-    a.start()
-    assert started.wait(10)
-    b.start()
-    b.join(10)
-    release.set()
-    a.join(10)
-    assert calls == ["A", "B"]
-    assert g._loans is None

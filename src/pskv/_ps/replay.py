@@ -56,7 +56,7 @@ class _Kept:
 
 
 class Loan:
-    """The pushes a log keeps of one lent buffer (``pskv.nd.NDArray._lend``).
+    """The pushes a log keeps of one lent buffer (``kvstore.dist._datapath.SendBuffer``).
 
     :meth:`repay` (the lender is about to write or hand out its buffer) gives the log its
     own copies of whatever of them it still keeps; ``lock``: the one that guards the log.
@@ -90,8 +90,8 @@ class PushLog:
     then (its reply did not let it go) is copied. Invariant: outside such a call, the log
     holds no borrowed array.
 
-    A push of a buffer its caller *lends* (``lenders``, objects with ``_lend(loan)``:
-    ``pskv.nd.NDArray``, whose buffer has no other holder) is kept without a copy until
+    A push of a buffer its caller *lends* (``lenders``, objects with ``_lend(loan)``: the
+    dist store's own send buffers, never a user's array) is kept without a copy until
     the lender repays its :class:`Loan` (before its next write) or the push is let go;
     no copy at all when the servers backed the push up before the caller wrote the array.
     """

@@ -3,23 +3,10 @@
 Invariant: ``_data`` is a NumPy array the NDArray owns (or a view of one it owns, for
 slices); ``_ctx`` is a Context. Operators return new arrays, in-place operators write
 into ``_data``.
-
-Loans (MXNet's "a write waits for the pending push that reads the array", without an
-engine): a dist store with failover keeps each push until the servers have applied and
-backed it up, to send it again if a server dies. Where the pushed array's buffer has no
-holder but its NDArray (:func:`sole_buffer`), the store keeps the buffer itself, not a
-copy, and *lends* it (:meth:`NDArray._lend`). ``_data`` is then a property: the first
-access that could write the buffer or hand it out (every access but ``shape``, ``dtype``,
-``size``, ``ndim``, ``len`` and the copying reads ``asnumpy``, ``tolist``, ``item``)
-*repays* the loans first: the store copies whatever of the buffer it still keeps. A push
-the servers backed up before that costs no copy at all (a training loop's push, pull,
-then next gradient). Invariant: while an NDArray has loans, nothing but the NDArray and
-the store's log holds its buffer.
 """
 from __future__ import annotations
 
 import operator
-import sys
 from typing import Any, Callable
 
 import numpy as np
@@ -97,7 +84,7 @@ class NDArray:
     ((1,), 3.0)
     """
 
-    __slots__ = ("_buf", "_loans", "_ctx", "__weakref__")
+    __slots__ = ("_data", "_ctx", "__weakref__")
     __array_priority__ = 1000.0  # numpy scalars/arrays defer to our operators
     # MXNet 1.x legacy rules: no 0-d results from indexing or reductions (they have shape
     # (1,)), a scalar operand takes the array's dtype, comparisons give the array's dtype.
@@ -107,34 +94,6 @@ class NDArray:
     def __init__(self, data: np.ndarray, ctx: Context | None = None) -> None:
         self._data = data
         self._ctx = ctx if ctx is not None else current_context()
-
-    # ---- the buffer, and its loans (module docstring) --------------------------------
-    @property
-    def _data(self) -> np.ndarray:
-        if self._loans:
-            self._repay()
-        return self._buf
-
-    @_data.setter
-    def _data(self, data: np.ndarray) -> None:
-        # a replaced buffer is nobody's but the store's log now: its loans need no copy
-        self._loans = None
-        self._buf = data
-
-    def _lend(self, loan: Any) -> None:
-        """The store keeps this array's buffer for a push: ``loan.repay()`` before the
-        buffer is next written or handed out (by the first ``_data`` access)."""
-        self._loans = [*(self._loans or ()), loan]     # a new list: see _repay
-
-    def _repay(self) -> None:
-        # the loans are let go only once repaid: another thread's access meanwhile
-        # repays them too, and so waits (under the log's lock) until the copies are made;
-        # a loan lent meanwhile is in a new list, kept for the next access
-        loans = self._loans
-        for loan in loans or ():
-            loan.repay()
-        if self._loans is loans:
-            self._loans = None
 
     def _new(self, data: np.ndarray) -> NDArray:
         out = object.__new__(type(self))
@@ -146,9 +105,8 @@ class NDArray:
         return self._data
 
     def _read(self) -> np.ndarray:
-        """The dense values for a read that neither keeps nor hands out the array (no
-        loan is repaid)."""
-        return self._buf
+        """The dense values for a read that neither keeps nor hands out the array."""
+        return self._data
 
     def _result(self, data: Any) -> NDArray:
         """Wrap an operation's result; legacy arrays turn a 0-d result into shape (1,)."""
@@ -170,22 +128,22 @@ class NDArray:
     @property
     def shape(self) -> tuple[int, ...]:
         """Tuple of array dimensions."""
-        return self._buf.shape
+        return self._data.shape
 
     @property
     def dtype(self) -> np.dtype[Any]:
         """Data type of the elements (a NumPy dtype)."""
-        return self._buf.dtype
+        return self._data.dtype
 
     @property
     def size(self) -> int:
         """Number of elements."""
-        return int(self._buf.size)
+        return int(self._data.size)
 
     @property
     def ndim(self) -> int:
         """Number of dimensions."""
-        return self._buf.ndim
+        return self._data.ndim
 
     @property
     def context(self) -> Context:
@@ -335,7 +293,7 @@ class NDArray:
 
     # ---- python protocols -----------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._buf)
+        return len(self._data)
 
     def __iter__(self) -> Any:
         for i in range(len(self)):
@@ -496,32 +454,6 @@ class NDArray:
         """The L2 norm of all elements, as a 1-element array."""
         return self._new(np.asarray([np.linalg.norm(self._dense().ravel())],
                                     dtype=self.dtype))
-
-
-def _holders(nd: NDArray) -> int:
-    buf = nd._buf
-    return sys.getrefcount(buf)
-
-
-_ALONE: list[int] = []
-
-
-def sole_buffer(nd: NDArray) -> np.ndarray | None:
-    """``nd``'s buffer if nothing else holds it (no view of it, no other NDArray or NumPy
-    array on it, no buffer or DLPack export), so that lending it is safe; else None.
-
-    It is the buffer's reference count against that of a fresh NDArray's buffer, counted
-    the same way (a view holds its base); None on an interpreter without a GIL, where
-    counts are not exact."""
-    if not getattr(sys, "_is_gil_enabled", lambda: True)():
-        return None
-    if not _ALONE:
-        _ALONE.append(_holders(NDArray(np.empty(1), Context("cpu"))))
-    if nd._loans:
-        nd._repay()
-    if not nd._buf.flags.owndata or _holders(nd) != _ALONE[0]:
-        return None
-    return nd._buf
 
 
 def _rebuild(cls: type[NDArray], data: np.ndarray, ctx: Context) -> NDArray:

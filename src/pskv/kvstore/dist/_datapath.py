@@ -7,8 +7,9 @@ error-feedback residuals. A pull asks each server for its segments and, where an
 the key's shape and dtype, reads the reply straight into it. The store keeps the API, the
 checks and the locks; this keeps the buffers. Invariant: the arrays of a message sent are
 free again when ``send`` returns (every transport has written or copied them), except a
-buffer lent to failover's push log, which its NDArray repays before it is written again
-(``pskv.nd.ndarray``: loans).
+send buffer of this path's own lent to failover's push log (:class:`SendBuffer`), which
+is repaid before the next sum is written into it. A caller's array is never lent: the log
+copies it (a ``pushpull`` borrows it for the call instead, ``_ps/replay.py``).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ...errors import ClusterError
-from ...nd.ndarray import NDArray, sole_buffer
+from ...nd.ndarray import NDArray
 from ...nd.sparse import RowSparseNDArray
 from ..._ps.message import Command
 from ..._ps.worker import KVWorker
@@ -29,6 +30,30 @@ from .._reduce import Reducer, sum_row_sparse
 from ._placement import parts, rows_by_server, target
 
 __all__ = ["DataPath"]
+
+
+class SendBuffer:
+    """A multi-value key's sum, in a buffer this path owns. Failover's push log may keep
+    the buffer itself instead of a copy (it *lends* it, ``_ps/replay.Loan``):
+    :meth:`writable` repays the loans (the log copies what of it it still keeps) before
+    the next sum is written, so a push the servers backed up before then costs no copy.
+    Only the store's thread, under the store's lock, lends and writes it."""
+
+    __slots__ = ("data", "_loans")
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data = data
+        self._loans: list[Any] = []
+
+    def _lend(self, loan: Any) -> None:
+        self._loans.append(loan)
+
+    def writable(self) -> np.ndarray:
+        """The buffer, once nothing the log keeps reads it."""
+        loans, self._loans = self._loans, []
+        for loan in loans:
+            loan.repay()
+        return self.data
 
 
 class DataPath:
@@ -55,29 +80,26 @@ class DataPath:
         #: the gradient compression of pushes (``set_gradient_compression``), or None
         self.compressor: Any = None
         self._residual: dict[Key, np.ndarray] = {}
-        #: each multi-value key's sum, in an NDArray of its own: lent like a caller's
-        self._sendbuf: dict[Key, NDArray] = {}
-        #: id(buffer) -> (NDArray, buffer) of the buffers the last :meth:`items` may lend
-        #: to failover's push log instead of a copy (``pskv.nd.ndarray``: loans)
-        self._lendable: dict[int, tuple[NDArray, np.ndarray]] = {}
+        #: each multi-value key's sum, in a buffer of this path's own
+        self._sendbuf: dict[Key, SendBuffer] = {}
+        #: id(buffer) -> (SendBuffer, buffer) of the buffers the last :meth:`items` may
+        #: lend to failover's push log instead of a copy
+        self._lendable: dict[int, tuple[SendBuffer, np.ndarray]] = {}
 
     # ---- push ------------------------------------------------------------------------------
     def _merged_dense(self, key: Key, info: KeyRecord, vals: list[Any]) -> np.ndarray:
         """The sum of ``vals``: the caller's own array when it is one array (every transport
-        is done with it when push returns), else this key's send buffer. A caller's
-        NDArray whose buffer nothing else holds, and the send buffer, may be lent."""
+        is done with it when push returns), else this key's send buffer, which may be
+        lent."""
         if len(vals) == 1 and self.compressor is None:
             v = vals[0]
-            own = sole_buffer(v) if type(v) is NDArray else None
-            data = own if own is not None else v._data if type(v) is NDArray else as_numpy(v)
+            data = v._data if type(v) is NDArray else as_numpy(v)
             if data.dtype == info.dtype and data.flags.c_contiguous:
-                if own is not None:
-                    self._lendable[id(own)] = (v, own)
                 return data
         held = self._sendbuf.get(key)
         if held is None:
-            held = self._sendbuf[key] = NDArray(np.empty(info.shape, info.dtype))
-        buf = held._data        # repays what the log still keeps of its last push
+            held = self._sendbuf[key] = SendBuffer(np.empty(info.shape, info.dtype))
+        buf = held.writable()   # repays what the log still keeps of its last push
         arrays = [v._dense() if isinstance(v, NDArray) else as_numpy(v) for v in vals]
         self._reducer.sum_into(buf, arrays)
         if self.compressor is None:
@@ -134,9 +156,9 @@ class DataPath:
             self._kv.push(server, Command.PUSH, pk, {"kinds": kinds}, arrays, lenders)
 
     @staticmethod
-    def _lender(lendable: dict[int, tuple[NDArray, np.ndarray]], a: np.ndarray) \
-            -> NDArray | None:
-        """The NDArray that lends ``a`` (its buffer, or a view of it), or None."""
+    def _lender(lendable: dict[int, tuple[SendBuffer, np.ndarray]], a: np.ndarray) \
+            -> SendBuffer | None:
+        """The send buffer that lends ``a`` (itself, or a view of it), or None."""
         base = a if a.base is None else a.base
         hit = lendable.get(id(base))
         return hit[0] if hit is not None and hit[1] is base else None
