@@ -28,6 +28,10 @@ True
 """
 from __future__ import annotations
 
+# Over 500 lines because it is the public test kit: the in-process cluster, the local
+# launcher harness and the MXNet-compatibility checks users run, each documented where
+# it is (a comment: the docstring is the reference page's).
+
 import json
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 

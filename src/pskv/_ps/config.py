@@ -2,6 +2,9 @@
 
 Invariant: a ClusterConfig is frozen and validated; everything else receives one, and tests
 build it directly.
+
+Over 500 lines because it is the one reader of every environment variable (docs/env.md),
+each with its parse and its error message.
 """
 from __future__ import annotations
 

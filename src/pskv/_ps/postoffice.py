@@ -8,6 +8,9 @@ typed events (:meth:`Postoffice.next_event`), ``failure`` and the ``shutdown`` /
 ``start()`` returns the node is admitted and ``membership`` holds its rank and the server
 table; ``failure`` is set (and stays set) as soon as the scheduler reports a dead peer or
 stops answering; every wait is bounded.
+
+Over 500 lines because it is one protocol's one side (admission, barriers, heartbeats and
+the membership they change, on one control thread), whose steps share the link's state.
 """
 from __future__ import annotations
 

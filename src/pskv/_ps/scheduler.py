@@ -4,6 +4,9 @@ Invariants: a node is admitted only with a good proof of the cluster secret; eve
 that stops heartbeating is reported to all others as failed; the scheduler exits once every
 worker has said goodbye (or died) and every server has stopped, or the cluster never formed
 within ``connect_timeout``.
+
+Over 500 lines because the scheduler's node registry, barriers, heartbeats and failure
+reports change one membership under one loop.
 """
 from __future__ import annotations
 

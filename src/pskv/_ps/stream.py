@@ -30,6 +30,10 @@ more from that peer until the queue is empty. So a peer that does not read costs
 loop, per draining of its queue, at most one reply's bound (in practice one
 :data:`SEND_PATIENCE`: a socket nobody reads offers no room) and the replies to what it had
 sent, and stalls nobody but itself.
+
+Over 500 lines because the stream transport's framing, queued mode and non-blocking writes
+are one connection object whose invariants (what is in flight, what is queued) span its
+methods.
 """
 from __future__ import annotations
 

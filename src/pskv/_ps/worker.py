@@ -19,6 +19,10 @@ and sends it again after a failover), every reply comes back through it, and a b
 marks the server down there instead of failing the call. Only the receiver recovers
 (``Failover.recover``), with the receiver role held; this class is the failover's
 :class:`.failover.Links`.
+
+Over 500 lines because KVWorker's request table, its one reading thread and the reply
+filing are one invariant (one waiting thread reads for all) that a split would spread over
+modules.
 """
 from __future__ import annotations
 

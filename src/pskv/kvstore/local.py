@@ -7,6 +7,9 @@ every push, so the store calls ``Engine.apply`` directly. Invariants: ``_store[k
 engine's ``stored``) is an NDArray the store owns (a RowSparseNDArray holding every row for
 row_sparse keys); every call validates all of its arguments before it changes any key, so a
 call that raises changes nothing; ``_lock`` serializes calls.
+
+Over 500 lines because LocalKVStore implements the whole typed API (docs/api.md) with the
+fast paths of one key and one dense array beside the general path.
 """
 from __future__ import annotations
 

@@ -10,6 +10,10 @@ Precedence: every flag beats the values file, and within each, a role's setting
 (``worker:`` in a flag, the ``worker`` section of the file) beats the one for every pod.
 Maps (requests, limits, node selectors, labels, annotations) merge key by key, later
 winning; tolerations and image pull secrets add up; a volume replaces one of the same name.
+
+Over 500 lines because it holds the pod settings a user may pass and their checks, one
+table per Kubernetes object kind; the next step is validating them with the official
+schemas (issue #30 item 5, not done).
 """
 from __future__ import annotations
 

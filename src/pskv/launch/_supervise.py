@@ -7,6 +7,9 @@ forwards signals, and reports how each process ended.
 Invariant: every child runs in its own session (so its process group id is its pid), and
 when `run_processes` returns, every child has been reaped and every child's process group
 has been sent SIGKILL: nothing the job started is left behind.
+
+Over 500 lines because supervising a job (start, watch, restart with back-off, stop every
+process group) is one state machine over the same process table.
 """
 from __future__ import annotations
 

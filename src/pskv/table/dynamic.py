@@ -6,6 +6,10 @@ Its owner (a local store, later a server's engine) calls :meth:`DynamicTable.loo
 Invariants: a live row has exactly one slot and one index entry; ``_live[slot]`` marks
 them; slots ``>= _top`` were never used, freed slots wait in ``_free``; every method
 checks all of its input before it changes anything.
+
+Over 500 lines because DynamicTable is one class whose admission, eviction and row-
+optimizer steps share the index and the row arrays (docs/embeddings.md R1-R14 in one
+place).
 """
 from __future__ import annotations
 

@@ -44,6 +44,9 @@ Invariants:
   peer whose link breaks fails every call, naming it, at once; a message (or descriptor)
   that breaks the rules fails the job on both sides (an ERROR goes back) and never kills
   the thread.
+
+Over 500 lines because the collective's round rules (docs/collective.md) bind its progress
+thread, its chunk owners and its shared-memory slots together.
 """
 from __future__ import annotations
 

@@ -9,6 +9,10 @@ server; a pull sends one message per server and lands the replies in the outs. I
 workers at a barrier, rank 0 sends the values, a second barrier publishes them); every
 worker computes the same placement because init calls are collective and keys are placed in
 ps_key order; a failed call on one worker fails on every worker instead of hanging.
+
+Over 500 lines because DistKVStore implements the whole typed API (docs/api.md) with its
+locks and collectives; its data path, collective path, join, staleness, tables and
+checkpoints are components in their own modules.
 """
 from __future__ import annotations
 

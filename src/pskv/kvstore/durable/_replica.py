@@ -19,6 +19,10 @@ The link between servers is admitted like any other (:mod:`.._ps.auth`): the bac
 listener challenges, and a primary proves the servers' key that only servers get from the
 scheduler (purpose ``"backup"``, bound to the job and the primary's rank), so a worker,
 which holds the cluster secret but not that key, cannot write into a backup.
+
+Over 500 lines because it holds both ends of one replication protocol (the primary's
+Replicator, the backup's Backups) and the change codec they share; splitting the two ends
+is the next step.
 """
 from __future__ import annotations
 

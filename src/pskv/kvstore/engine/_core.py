@@ -21,6 +21,10 @@ round that still needs its push fails with a WorkerClosedError naming it, the ke
 round, at once. Joins come in epochs: once every worker has joined, the workers tell the
 servers (:meth:`Engine.end_join`) and the next rounds count every worker again (a worker
 that closed meanwhile is then one that closed).
+
+Over 500 lines because the engine's sync rounds (open, accumulate in rank order, close,
+defer, fail) are one state machine over the same entries; snapshots, tables and uneven
+data are already apart.
 """
 from __future__ import annotations
 

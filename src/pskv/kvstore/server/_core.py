@@ -7,6 +7,10 @@ answers into replies. Invariants: a server never dies of a worker's bad input (e
 is validated whole before any change, and a bad one gets an ERROR reply naming the key and
 what was wrong); pushes are not acknowledged one by one, a FLUSH is answered once every
 earlier push of that worker is applied; nothing waits forever.
+
+Over 500 lines because KVServer is the request dispatcher of every command
+(docs/architecture.md, one handler table); takeovers, tables and staleness already live in
+their own modules.
 """
 from __future__ import annotations
 
