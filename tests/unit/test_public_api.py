@@ -284,8 +284,13 @@ def _public_modules() -> list[str]:
     return sorted(names)
 
 
+#: programs, not API: run as ``python -m``, their names are not pinned (issue #30)
+UNPINNED = ("pskv.examples",)
+
+
 def _surface() -> list[str]:
     return sorted(f"{name} {public}" for name in _public_modules()
+                  if not name.startswith(UNPINNED)
                   for public in importlib.import_module(name).__all__)
 
 
