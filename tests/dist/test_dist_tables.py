@@ -479,3 +479,28 @@ def test_table_init_checks_the_optimizer_set_before(run_threads: Any) -> None:
 
     for stats in ok(run_threads(fn, num_servers=2)).values():
         assert stats["rows"] == 1 and stats["step"] == 1
+
+
+def test_a_worker_holds_the_spec_of_a_table_not_its_rows(run_threads: Any) -> None:
+    """Issue #30: a worker keeps a TableKey (spec and name) per table key, never a table:
+    a table reserving a million rows of dim 64 reserves them on the servers only, and the
+    worker's checks still raise what the local store's do."""
+    from pskv.errors import ShapeMismatchError, TableIdError
+    from pskv.kvstore._table_rules import TableKey
+    from pskv.table import TableSpec
+
+    def fn(kv: Any) -> Any:
+        kv.init("emb", TableSpec(dim=64, reserve_rows=1_000_000))
+        held = kv._tables.tables["emb"]
+        errors = []
+        for bad in ((np.array([1.5]), np.zeros((1, 64), np.float32)),
+                    (np.array([1, 2]), np.zeros((2, 3), np.float32))):
+            try:
+                kv.push("emb", bad)
+            except (TableIdError, ShapeMismatchError) as err:
+                errors.append(type(err).__name__)
+        return type(held).__name__, isinstance(held, TableKey), held.spec.reserve_rows, errors
+
+    for name, is_key, reserved, errors in ok(run_threads(fn, num_servers=2)).values():
+        assert (name, is_key, reserved) == ("TableKey", True, 1_000_000)
+        assert errors == ["TableIdError", "ShapeMismatchError"]

@@ -6,6 +6,7 @@ local store, a dist worker and a server's engine all use it; no sockets, no thre
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,16 @@ import numpy as np
 from ..errors import CheckpointError, UnsupportedError
 from ..table import DynamicTable, TableSpec
 
-__all__ = ["check_optimizer", "check_restorable", "merge_states", "restore_local", "table_copy"]
+__all__ = ["TableKey", "check_optimizer", "check_restorable", "merge_states", "restore_local", "table_copy"]
+
+
+@dataclass(frozen=True, slots=True)
+class TableKey:
+    """What a dist worker holds of a table key: its spec and name, no row (the rows live
+    on the servers); its calls are checked with ``pskv.table._checks``."""
+
+    spec: TableSpec
+    name: Any
 
 
 def table_copy(table: DynamicTable) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import (KeyAlreadyInitializedError, KeyNotInitializedError, ShapeMismatchError,
                       TableIdError, UnsupportedError, ValueTypeError)
 from ..nd.sparse import RowSparseNDArray
+from ..table._checks import check_ids
 from ..table import DynamicTable, TableSpec
 from .._types import Key
 from ._args import as_numpy, check_key
@@ -109,7 +110,7 @@ class Tables:
         """Training lookup of ``row_ids`` into row_sparse ``out`` (a list: one each)."""
         table = self.get(key, "row_sparse_pull from table")
         outs, rows = rsp_outs(key, table, out, row_ids)
-        ids = [np.unique(table._check_ids(as_numpy(r), "row_sparse_pull")) for r in rows]
+        ids = [np.unique(check_ids(key, as_numpy(r), "row_sparse_pull")) for r in rows]
         for o, r in zip(outs, ids):
             values, _found = table.lookup(r, train=True)
             o._data = values.astype(o.dtype, copy=False)

@@ -17,10 +17,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import ShapeMismatchError, TableIdError, UnsupportedError
+from ..errors import ShapeMismatchError, UnsupportedError
 from ._hash import SALT_ADMIT, SALT_COUNT, SALT_INIT, salted, uniform01
 from ._index import IdIndex
 from ._rowopt import RowOptimizer, row_optimizer
+from ._checks import check_grads, check_ids
 from .spec import (Capacity, Constant, CountAdmission, Normal, ProbabilityAdmission, ReadOnly,
                    RowMeta, TableSpec, Uniform, now)
 
@@ -180,36 +181,10 @@ class DynamicTable:
 
     # ---- checks ------------------------------------------------------------------------
     def _check_ids(self, ids: Any, what: str) -> np.ndarray:
-        try:
-            arr = np.asarray(ids)
-        except ValueError as err:     # ragged nested lists
-            raise TableIdError(f"{what} of table {self.name!r}: the IDs are ragged ({err}). "
-                               "Pass a flat int64 array.", key=self.name) from err
-        if arr.dtype.kind not in "iu":
-            raise TableIdError(
-                f"{what} of table {self.name!r} got IDs of dtype {arr.dtype}; IDs are "
-                "integers. Pass an int64 array (float IDs lose precision above 2**53).",
-                key=self.name)
-        if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
-            raise TableIdError(f"{what} of table {self.name!r} got an unsigned ID above "
-                               "2**63-1. Pass int64 IDs.", key=self.name)
-        return arr.astype(np.int64, copy=False)
+        return check_ids(self.name, ids, what)
 
     def _check_grads(self, ids: np.ndarray, grads: Any, what: str) -> np.ndarray:
-        try:
-            g = np.asarray(grads)
-        except ValueError as err:     # ragged nested lists
-            raise ShapeMismatchError(f"{what} of table {self.name!r}: the values are ragged "
-                                     f"({err}). Pass a ({ids.size}, {self.spec.dim}) array.",
-                                     key=self.name) from err
-        want = (ids.size, self.spec.dim)
-        if g.dtype.kind not in "iuf" or g.shape != want:
-            raise ShapeMismatchError(
-                f"{what} of table {self.name!r} got values of shape {g.shape} and dtype "
-                f"{g.dtype}, but {ids.size} IDs of a table of dim {self.spec.dim} need "
-                f"shape {want} of a real dtype. Pass one row of {self.spec.dim} numbers per "
-                "ID.", key=self.name, shape=g.shape)
-        return g
+        return check_grads(self.spec, self.name, ids, grads, what)
 
     # ---- lookups -----------------------------------------------------------------------
     def lookup(self, ids: Any, train: bool = True) -> tuple[np.ndarray, np.ndarray]:

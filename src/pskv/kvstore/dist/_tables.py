@@ -11,24 +11,25 @@ counters (``step``: the largest, the same everywhere). The store holds its lock 
 these calls and releases it while waiting (``wait_all``).
 
 Invariant: the same API and the same errors as the local store (``_tables``): a worker keeps
-a :class:`._tables.Tables` whose tables only check arguments (never hold a row).
+a :class:`._tables.Tables` of :class:`.._table_rules.TableKey` (spec and name, never a
+row), checked by the functions a DynamicTable runs (``pskv.table._checks``).
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
 import numpy as np
 
-from ...errors import ClusterError, KVStoreError
-from ...table import Always, DynamicTable, TableSpec, shard_of
+from ...errors import ClusterError, KVStoreError, UnsupportedError
+from ...table import TableSpec, shard_of
+from ...table._checks import check_grads, check_ids
 from ..._ps.message import Command, error_body, error_from_body
 from ..._ps.ops import Op, command
 from ..._ps.worker import KVWorker
 from ..._types import Key
 from ..._ps.partition import ps_key
 from .._args import as_numpy, check_key
-from .._table_rules import check_optimizer
+from .._table_rules import TableKey, check_optimizer
 from .._tables import Tables, _pairs, rsp_outs
 from ._agree import check_agreement, init_spec
 
@@ -58,14 +59,14 @@ class DistTables(Tables):
         #: (IDs, split) of the last ``_split``: a push of the IDs just looked up reuses it
         self._last_split: tuple[np.ndarray, list[np.ndarray]] | None = None
 
-    def _table(self, spec: TableSpec, key: Key) -> DynamicTable:
-        """A checker of ``spec``'s arguments for this worker (IDs, gradients, optimizer):
-        the rows live on the servers (each checks its shard against PSKV_MAX_KEY_BYTES),
-        so it reserves no rows and keeps no admission counters of its own."""
-        light = dataclasses.replace(spec, reserve_rows=0, admission=Always())
-        checker = DynamicTable(light, name=key)
-        checker.spec = spec          # what the worker reads back is the spec it was given
-        return checker
+    def _table(self, spec: TableSpec, key: Key) -> TableKey:  # type: ignore[override]
+        """What this worker holds of table ``key``: its spec (the rows live on the
+        servers, each checking its shard against PSKV_MAX_KEY_BYTES); its calls' arguments
+        are checked with the table's own check functions."""
+        if not isinstance(spec, TableSpec):
+            raise UnsupportedError(f"table {key!r} needs a pskv.table.TableSpec, got "
+                                   f"{type(spec).__name__}.", key=key)
+        return TableKey(spec, key)
 
     def send_init(self, key: Key, pk: int, spec: TableSpec) -> None:
         """Init table ``key`` on every server (worker 0 does, after the workers agreed)."""
@@ -102,8 +103,8 @@ class DistTables(Tables):
         device) of table ``key``: checked whole, then one message per server."""
         table = self.get(key, "push to table")
         ids, grads = _pairs(key, value)
-        flat = table._check_ids(ids, "push").ravel()
-        g = table._check_grads(flat, grads, "push")
+        flat = check_ids(key, ids, "push").ravel()
+        g = check_grads(table.spec, key, flat, grads, "push")
         g = np.ascontiguousarray(g, dtype=table.spec.dtype)
         pk = self.pskeys[key]
         for s, where in enumerate(self._split(flat)):
@@ -113,7 +114,7 @@ class DistTables(Tables):
     def lookup(self, key: Any, ids: Any, train: bool) -> tuple[np.ndarray, np.ndarray]:
         """``(values, found)`` of ``ids`` (any shape) from the servers that own them."""
         table = self.get(key, "lookup")
-        arr = table._check_ids(ids, "lookup")
+        arr = check_ids(key, ids, "lookup")
         flat = np.ascontiguousarray(arr.ravel())
         dim, dtype = table.spec.dim, table.spec.dtype
         values = np.empty((flat.size, dim), dtype)
@@ -161,7 +162,7 @@ class DistTables(Tables):
         """Training lookup of ``row_ids`` into row_sparse ``out`` (a list: one each)."""
         table = self.get(key, "row_sparse_pull from table")
         outs, rows = rsp_outs(key, table, out, row_ids)
-        ids = [np.unique(table._check_ids(as_numpy(r), "row_sparse_pull")) for r in rows]
+        ids = [np.unique(check_ids(key, as_numpy(r), "row_sparse_pull")) for r in rows]
         for o, r in zip(outs, ids):
             values, _found = self.lookup(key, r, True)
             o._data = values.astype(o.dtype, copy=False)

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...errors import ShapeMismatchError, UnsupportedError
+from ...table._checks import check_grads, check_ids
 from ...table import DynamicTable, TableSpec, shard_of
 from ...table.spec import now
 from .._table_budget import check_growth
@@ -108,8 +109,8 @@ def check_table_push(table: ServedTable, kind: str, arrays: list[np.ndarray]) ->
     if ids.ndim != 1:
         raise ShapeMismatchError(f"push to table key {name!r}: IDs of shape {ids.shape}; a "
                                  "push carries a 1-d array of IDs.", key=name, shape=ids.shape)
-    ids = table._check_ids(ids, "push")
-    table._check_grads(ids, grads, "push")
+    ids = check_ids(table.name, ids, "push")
+    check_grads(table.spec, table.name, ids, grads, "push")
     _check_owned(table, ids, "push")
     if table.spec.birth == "push":
         check_growth(table, ids, "a push", f"server {table.shard[0]}")
@@ -136,7 +137,7 @@ def check_lookup(table: ServedTable, ids: np.ndarray, train: bool = False) -> np
         raise ShapeMismatchError(f"lookup of table key {table.name!r}: IDs of shape "
                                  f"{ids.shape}; a lookup message carries a 1-d array.",
                                  key=table.name, shape=ids.shape)
-    got = table._check_ids(ids, "lookup")
+    got = check_ids(table.name, ids, "lookup")
     _check_owned(table, got, "lookup")
     if train and table.spec.birth == "pull":
         check_growth(table, got, "a training lookup", f"server {table.shard[0]}")
