@@ -22,7 +22,8 @@ from pskv._ps.staleness import ClockGate
 from pskv._ps.validate import request
 from pskv.errors import (ConfigError, NodeFailedError, ProtocolError, StalenessError,
                          StalenessTimeoutError, UnsupportedError)
-from pskv.kvstore._staleness import Staleness, check_bounds, env_bounds
+from pskv._ps.config import staleness_bounds as env_bounds
+from pskv.kvstore._staleness import Staleness, check_bounds
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ import socket
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StalenessError
 
 __all__ = [
     "ClusterConfig", "ENV_BIGARRAY_BOUND", "ENV_CHECKPOINT_DIR", "ENV_CHECKPOINT_EVERY",
@@ -31,7 +31,7 @@ __all__ = [
     "ENV_SECRET", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY",
     "ENV_SCHEDULER_PORT", "ENV_SERVER_ID", "ENV_SERVERS_PER_NODE", "LOG_LEVELS", "log_level",
     "ENV_SHUTDOWN_TIMEOUT", "ENV_STRAGGLER_SECONDS", "ENV_JOIN_TIMEOUT",
-    "ENV_TRANSPORT", "ENV_WORKER_ID", "ENV_STALENESS", "ENV_GLOBAL_STALENESS",
+    "ENV_TRANSPORT", "ENV_WORKER_ID", "ENV_STALENESS", "ENV_GLOBAL_STALENESS", "staleness_bounds",
     "ENV_MXNET_PYTHON", "ENV_MXNET_SRC", "ENV_PREFIX", "KNOWN_ENV",
     "Role", "advertised_host", "loopback_address", "max_key_bytes", "reduce_threads",
     "replicas_setting",
@@ -230,6 +230,26 @@ def max_key_bytes(env: Mapping[str, str]) -> int:
     integer. A dist node reads it into :class:`ClusterConfig`; a local store's tables here."""
     return _int(env, ENV_MAX_KEY_BYTES, 1 << 36, "Set it to a number of bytes, e.g. "
                 "68719476736.", 1)
+
+
+def staleness_bounds(env: Mapping[str, str], store_type: str) -> tuple[int | None, int | None]:
+    """The default staleness bounds of every store this process creates, from
+    ``PSKV_STALENESS`` and ``PSKV_GLOBAL_STALENESS`` of ``env`` (unset or empty: none); StalenessError for a value that is not a whole number of at least 0."""
+    out: list[int | None] = []
+    for name in (ENV_STALENESS, ENV_GLOBAL_STALENESS):
+        raw = env.get(name, "").strip()
+        if not raw:
+            out.append(None)
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise StalenessError(f"{name}={raw!r} is not a whole number of pushes of at least "
+                                 "0. Set it to e.g. 2, or unset it.", store_type=store_type)
+        out.append(value)
+    return out[0], out[1]
 
 
 _REPLICAS_HINT = "Set it to 1 (a backup of every shard) or 0 (none)."

@@ -23,12 +23,11 @@ attribute for None).
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from ..errors import StalenessError
-from .._ps.config import ENV_GLOBAL_STALENESS, ENV_STALENESS
 
-__all__ = ["Staleness", "check_bounds", "env_bounds"]
+__all__ = ["Staleness", "check_bounds"]
 
 
 def _one(value: Any, what: str, store_type: str) -> int | None:
@@ -55,26 +54,6 @@ def check_bounds(bound: Any, global_bound: Any, store_type: str) -> tuple[int | 
     """``(bound, global_bound)`` as ints (or None), or StalenessError naming the bad one."""
     return (_one(bound, "the bound", store_type),
             _one(global_bound, "global_bound", store_type))
-
-
-def env_bounds(env: Mapping[str, str], store_type: str) -> tuple[int | None, int | None]:
-    """The default bounds from ``PSKV_STALENESS`` and ``PSKV_GLOBAL_STALENESS`` (unset or
-    empty: none); StalenessError for a value that is not a whole number of at least 0."""
-    out: list[int | None] = []
-    for name in (ENV_STALENESS, ENV_GLOBAL_STALENESS):
-        raw = env.get(name, "").strip()
-        if not raw:
-            out.append(None)
-            continue
-        try:
-            value = int(raw)
-        except ValueError:
-            value = -1
-        if value < 0:
-            raise StalenessError(f"{name}={raw!r} is not a whole number of pushes of at least "
-                                 "0. Set it to e.g. 2, or unset it.", store_type=store_type)
-        out.append(value)
-    return out[0], out[1]
 
 
 class Staleness:

@@ -32,7 +32,8 @@ from ._device_io import DeviceIO, has_device
 from .engine._core import Engine
 from ._keys import KeyTable
 from ._snapshot import Reader, check_keys, write_manifest, write_shard
-from ._staleness import check_bounds, env_bounds
+from ._staleness import check_bounds
+from .._ps.config import staleness_bounds
 from ._gradkeys import GradientKeys
 from ._tables import TableMethods, Tables
 from ._reduce import PARALLEL_MIN, DeviceMerge, Reducer
@@ -75,7 +76,7 @@ class LocalKVStore(TableMethods, KVStoreBase):
         self._gradient_keys = GradientKeys(name, self._updates)
         #: the staleness bounds set (PSKV_STALENESS / PSKV_GLOBAL_STALENESS by default):
         #: kept, and always honoured, since every push here is applied before it returns
-        self._bounds = env_bounds(os.environ, name)
+        self._bounds = staleness_bounds(os.environ, name)
 
     # ---- properties ----------------------------------------------------------------
     @property

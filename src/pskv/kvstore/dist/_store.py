@@ -51,7 +51,8 @@ from ._held import HeldPush
 from .._keys import KeyRecord, KeyTable
 from .._reduce import Reducer
 from ._staleness import StalenessMethods
-from .._staleness import Staleness, env_bounds
+from .._staleness import Staleness
+from ..._ps.config import staleness_bounds
 from ._agree import check_agreement, init_spec
 from ._placement import assemble, parts
 from .._states import read_states, write_states
@@ -87,7 +88,7 @@ class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods
         self._collective_lock = threading.Lock()   # init, barrier: one at a time
         self._cfg = cfg
         self._sync = "async" not in name
-        env_default = env_bounds(os.environ, name)      # refused before joining the job
+        env_default = staleness_bounds(os.environ, name)      # refused before joining the job
         #: the bounds set (kv.set_staleness), and what enforces them: None in dist_sync
         #: and without a bound (the hot path checks this one attribute)
         self._bounds: tuple[int | None, int | None] = (None, None)
