@@ -60,3 +60,14 @@ def test_bad_log_level() -> None:
 
 def test_log_dir() -> None:
     assert parse_args(["--log-dir", "logs", "-n", "1", "x"], environ={}).log_dir == "logs"
+
+
+def test_every_launcher_name_has_one_registry_row_and_one_way_to_run() -> None:
+    """Issue #30: launchers come from one table, not string chains; each builds the
+    processes started here or runs the job itself, never both."""
+    from pskv.launch._launchers import REGISTRY
+    from pskv.launch._spec import LAUNCHERS, MANAGED
+    assert tuple(REGISTRY) == LAUNCHERS
+    for name, launcher in REGISTRY.items():
+        assert (launcher.build is None) != (launcher.run is None), name
+        assert launcher.scheduler_here == (name not in MANAGED), name

@@ -19,16 +19,12 @@ import sys
 from typing import Mapping, NoReturn, Sequence, TextIO
 
 from ..errors import ConfigError
-from ._net import free_port, guess_host_ip
 from ._env import get_secret, parse_env_pair
-from ._hosts import is_host_list, parse_host_list, read_hostfile
-from ._local import local_processes
-from ._mpi import mpi_processes
+from ._hosts import is_host_list
+from ._launchers import REGISTRY
 from ._k8s_options import pod_options
 from ._spec import (DEFAULT_SERVER_COMMAND, INHERITING, LAUNCHERS, LauncherName, LaunchSpec,
                    ProcessSpec, backed_up, check_replicas, check_restarts)
-from ._slurm import build_slurm
-from ._ssh import ssh_processes
 from ._supervise import CommandError, LaunchResult, ProcessResult, run_processes
 from .._ps.config import LOG_LEVELS, log_level, warn_unknown_env
 
@@ -74,25 +70,11 @@ def build_processes(spec: LaunchSpec, *, environ: Mapping[str, str] | None = Non
     """
     env = os.environ if environ is None else environ
     secret = get_secret(spec, env)
-    if spec.launcher == "local":
-        return local_processes(spec, port=spec.port or free_port(), secret=secret,
-                               environ=env)
-    if spec.launcher == "slurm":
-        return build_slurm(spec, secret=secret, environ=env)
-    if spec.launcher in ("kubernetes", "ray"):
+    launcher = REGISTRY[spec.launcher]
+    if launcher.build is None:
         raise ConfigError(f"--launcher {spec.launcher} starts no process on this machine, "
                           "so there is no process list to build. Call launch_spec(spec).")
-    root_uri = spec.host_ip or guess_host_ip()
-    port = spec.port or free_port("::" if ":" in root_uri else "0.0.0.0")
-    if spec.launcher == "ssh":
-        hosts = (parse_host_list(spec.hosts) if spec.hosts
-                 else read_hostfile(spec.hostfile or ""))
-        return ssh_processes(spec, hosts, port=port, secret=secret,
-                             root_uri=root_uri, cwd=os.getcwd() if cwd is None else cwd,
-                             environ=env)
-    if spec.hostfile:
-        read_hostfile(spec.hostfile)  # mpirun reads it; a missing one is a usage error here
-    return mpi_processes(spec, port=port, secret=secret, root_uri=root_uri, environ=env)
+    return launcher.build(spec, secret, env, cwd)
 
 
 def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
@@ -104,12 +86,10 @@ def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
                       **dict(spec.env_worker)}, "pskv-launch")
     check_restarts(spec, os.environ)
     check_replicas(spec, os.environ)
-    if spec.launcher == "kubernetes":
-        from ._kubernetes import run_kubernetes
-        return run_kubernetes(spec, stdout=stdout, stderr=stderr)
-    if spec.launcher == "ray":
-        from ._ray import run_ray
-        return run_ray(spec, stdout=stdout, stderr=stderr)
+    launcher = REGISTRY[spec.launcher]
+    if launcher.run is not None:
+        result: LaunchResult = launcher.run(spec, stdout=stdout, stderr=stderr)
+        return result
     procs = build_processes(spec)
     w, s = spec.num_workers, spec.num_servers
     logger.info("launching %d worker%s and %d server%s (%s)", w, "s"[:w != 1], s,
@@ -118,7 +98,7 @@ def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
                            log_dir=spec.log_dir, max_restarts=spec.max_restarts,
                            backed_up=backed_up(spec, os.environ),
                            # the scheduler runs here (ssh and mpi: scheduler_here)
-                           check_joined=spec.launcher in ("local", "ssh", "mpi"),
+                           check_joined=launcher.scheduler_here,
                            shutdown_timeout=spec.shutdown_timeout, stdout=stdout,
                            stderr=stderr)
     if result.reason == "ok" and result.killed:
