@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError, UnsupportedError
+from ..errors import CheckpointError
 from ..table import DynamicTable, TableSpec
 
 __all__ = ["TableKey", "check_optimizer", "check_restorable", "merge_states", "restore_local", "table_copy"]
@@ -73,11 +73,7 @@ def check_optimizer(table: DynamicTable, opt: Any) -> None:
     from ..table._rowopt import row_optimizer
     if table.spec.optimizer is not None:
         return
-    rowopt = row_optimizer(opt, table.spec.state_layout, table.spec.dim, table.name)
-    if rowopt.kind.startswith("adagrad") and opt._get_wd(table.name) != 0.0:
-        raise UnsupportedError(
-            f"table {table.name!r}: sparse adagrad_update does not support wd (as in "
-            "MXNet). Use wd=0 for table keys.", key=table.name)
+    row_optimizer(opt, table.spec.state_layout, table.spec.dim, table.name)  # wd too
 
 
 def check_restorable(table: DynamicTable | None, name: Any, meta: dict[str, Any],

@@ -6,6 +6,11 @@ same per-key update count as a lazy update of a pre-sized row_sparse key. Adam n
 per row for its bias correction, and row-wise AdaGrad one accumulator per row: both are
 written here, in the operation order of their element-wise kernels. Invariant: ``update``
 changes only the arrays it is given (the caller gathers and scatters).
+
+Which optimizer updates rows how is one registry, keyed by optimizer class
+(:data:`ELEMENTWISE`, :data:`ROWWISE`): a small class per way, with its state widths, its
+update and whether it refuses ``wd`` (:func:`refuse_wd`, the one refusal); the store, a
+table, a TableSpec's own optimizer and a server all choose through it.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from ..nd.ndarray import NDArray
 from ..nd.sparse import RowSparseNDArray
 from ..optimizer import SGD, AdaGrad, Adam, Ftrl, Optimizer
 
-__all__ = ["RowOptimizer", "row_optimizer"]
+__all__ = ["ELEMENTWISE", "ROWWISE", "RowOptimizer", "refuse_wd", "row_optimizer"]
 
 
 class RowOptimizer:
@@ -28,6 +33,9 @@ class RowOptimizer:
     """
 
     def __init__(self, kind: str, widths: tuple[int, ...], per_row_step: bool) -> None:
+        if kind not in _KINDS:       # e.g. a replicated round's meta naming no row optimizer
+            raise UnsupportedError(f"no row optimizer {kind!r}; tables know "
+                                   f"{', '.join(sorted(_KINDS))}.")
         self.kind = kind
         #: one entry per state array: its width (the row's dim, or 1 for a row-wise one)
         self.widths = widths
@@ -38,47 +46,7 @@ class RowOptimizer:
                g: np.ndarray, t: np.ndarray | None) -> None:
         """Update gathered rows ``w`` and ``states`` in place from summed gradients ``g``;
         ``t`` holds the rows' steps (already counting this update) for Adam."""
-        n = w.shape[0]
-        rows = np.arange(n, dtype=np.int64)
-        grad = RowSparseNDArray(g, rows, w.shape)
-        if self.kind == "sgd":
-            opt.update(key, NDArray(w), grad, NDArray(states[0]) if states else None)
-        elif self.kind == "adagrad":
-            opt.update(key, NDArray(w), grad, NDArray(states[0]))
-        elif self.kind == "ftrl":   # a row_sparse weight: Ftrl's row_sparse kernel
-            opt.update(key, RowSparseNDArray(w, rows, w.shape), grad,
-                       (NDArray(states[0]), NDArray(states[1])))
-        elif self.kind == "adam":
-            assert t is not None
-            _adam_rows(opt, key, w, states[0], states[1], g, t)
-        else:
-            _adagrad_rowwise(opt, key, w, states[0], g)
-
-
-def row_optimizer(opt: Optimizer, layout: str, dim: int, table: Any) -> RowOptimizer:
-    """The row optimizer for ``opt`` with state ``layout``, or UnsupportedError."""
-    if layout == "rowwise":
-        if type(opt) is AdaGrad:
-            return RowOptimizer("adagrad_rowwise", (1,), False)
-        raise UnsupportedError(
-            f"table {table!r} has state_layout='rowwise', which only AdaGrad supports; the "
-            f"store's optimizer is {type(opt).__name__}. Use AdaGrad, or "
-            "state_layout='elementwise'.", key=table)
-    if opt.multi_precision:
-        raise UnsupportedError(f"table {table!r}: multi_precision optimizers are not "
-                               "supported for tables (their rows are float32 or float64). "
-                               "Create the optimizer without multi_precision.", key=table)
-    if type(opt) is SGD:
-        return RowOptimizer("sgd", (dim,) if opt.momentum > 0 else (), False)
-    if type(opt) is AdaGrad:
-        return RowOptimizer("adagrad", (dim,), False)
-    if type(opt) is Ftrl:
-        return RowOptimizer("ftrl", (dim, dim), False)
-    if type(opt) is Adam:
-        return RowOptimizer("adam", (dim, dim), True)
-    raise UnsupportedError(
-        f"table {table!r} cannot be updated by {type(opt).__name__}: tables support SGD, "
-        "AdaGrad, Ftrl and Adam. Set one of those with kv.set_optimizer.", key=table)
+        _KINDS[self.kind].update(opt, key, w, states, g, t)
 
 
 def _adam_rows(opt: Any, key: Any, w: np.ndarray, m: np.ndarray, v: np.ndarray,
@@ -121,8 +89,7 @@ def _adagrad_rowwise(opt: Any, key: Any, w: np.ndarray, h: np.ndarray,
     opt._update_count(key)
     lr, wd = opt._get_lr(key), opt._get_wd(key)
     if wd != 0.0:
-        raise UnsupportedError("sparse adagrad_update does not support wd (as in MXNet). Use "
-                               "wd=0 for table keys.", key=key)
+        raise refuse_wd(key)
     f = w.dtype.type
     clip = opt._clip()
     t1 = g * f(opt.rescale_grad)
@@ -133,3 +100,135 @@ def _adagrad_rowwise(opt: Any, key: Any, w: np.ndarray, h: np.ndarray,
     t1 /= div
     t1 *= f(lr)
     w -= t1
+
+
+class _Rows:
+    """One way of updating table rows, keyed by the optimizer class it serves (in
+    :data:`ELEMENTWISE` or :data:`ROWWISE`): its kind, state widths for a row of ``dim``,
+    whether it counts a step per row, whether it refuses ``wd``, and its update."""
+
+    kind = ""
+    per_row_step = False
+    refuses_wd = False
+
+    @staticmethod
+    def widths(opt: Any, dim: int) -> tuple[int, ...]:
+        return ()
+
+    @staticmethod
+    def update(opt: Any, key: Any, w: np.ndarray, states: list[np.ndarray], g: np.ndarray,
+               t: np.ndarray | None) -> None:
+        raise NotImplementedError
+
+
+def _sparse(w: np.ndarray, g: np.ndarray) -> RowSparseNDArray:
+    """The gathered rows' gradient as a row_sparse array holding every one of them."""
+    return RowSparseNDArray(g, np.arange(w.shape[0], dtype=np.int64), w.shape)
+
+
+class _SgdRows(_Rows):
+    kind = "sgd"
+
+    @staticmethod
+    def widths(opt: Any, dim: int) -> tuple[int, ...]:
+        return (dim,) if opt.momentum > 0 else ()
+
+    @staticmethod
+    def update(opt: Any, key: Any, w: np.ndarray, states: list[np.ndarray], g: np.ndarray,
+               t: np.ndarray | None) -> None:
+        opt.update(key, NDArray(w), _sparse(w, g), NDArray(states[0]) if states else None)
+
+
+class _AdaGradRows(_Rows):
+    kind, refuses_wd = "adagrad", True
+
+    @staticmethod
+    def widths(opt: Any, dim: int) -> tuple[int, ...]:
+        return (dim,)
+
+    @staticmethod
+    def update(opt: Any, key: Any, w: np.ndarray, states: list[np.ndarray], g: np.ndarray,
+               t: np.ndarray | None) -> None:
+        opt.update(key, NDArray(w), _sparse(w, g), NDArray(states[0]))
+
+
+class _FtrlRows(_Rows):
+    kind = "ftrl"
+
+    @staticmethod
+    def widths(opt: Any, dim: int) -> tuple[int, ...]:
+        return (dim, dim)
+
+    @staticmethod
+    def update(opt: Any, key: Any, w: np.ndarray, states: list[np.ndarray], g: np.ndarray,
+               t: np.ndarray | None) -> None:  # a row_sparse weight: Ftrl's row_sparse kernel
+        rows = np.arange(w.shape[0], dtype=np.int64)
+        opt.update(key, RowSparseNDArray(w, rows, w.shape), _sparse(w, g),
+                   (NDArray(states[0]), NDArray(states[1])))
+
+
+class _AdamRows(_Rows):
+    kind, per_row_step = "adam", True
+
+    @staticmethod
+    def widths(opt: Any, dim: int) -> tuple[int, ...]:
+        return (dim, dim)
+
+    @staticmethod
+    def update(opt: Any, key: Any, w: np.ndarray, states: list[np.ndarray], g: np.ndarray,
+               t: np.ndarray | None) -> None:
+        assert t is not None
+        _adam_rows(opt, key, w, states[0], states[1], g, t)
+
+
+class _AdaGradRowwise(_Rows):
+    kind, refuses_wd = "adagrad_rowwise", True
+
+    @staticmethod
+    def widths(opt: Any, dim: int) -> tuple[int, ...]:
+        return (1,)
+
+    @staticmethod
+    def update(opt: Any, key: Any, w: np.ndarray, states: list[np.ndarray], g: np.ndarray,
+               t: np.ndarray | None) -> None:
+        _adagrad_rowwise(opt, key, w, states[0], g)
+
+
+#: state_layout='elementwise': optimizer class -> how it updates rows
+ELEMENTWISE: dict[type[Optimizer], type[_Rows]] = {
+    SGD: _SgdRows, AdaGrad: _AdaGradRows, Ftrl: _FtrlRows, Adam: _AdamRows}
+#: state_layout='rowwise': one accumulator per row
+ROWWISE: dict[type[Optimizer], type[_Rows]] = {AdaGrad: _AdaGradRowwise}
+_KINDS: dict[str, type[_Rows]] = {r.kind: r for r in (*ELEMENTWISE.values(),
+                                                      *ROWWISE.values())}
+
+
+def refuse_wd(table: Any, key: Any = None) -> UnsupportedError:
+    """The one refusal of ``wd`` by sparse AdaGrad (as in MXNet's ``adagrad_update``)."""
+    return UnsupportedError(f"table {table!r}: sparse adagrad_update does not support wd (as "
+                            "in MXNet). Use wd=0 for table keys.",
+                            key=table if key is None else key)
+
+
+def row_optimizer(opt: Optimizer, layout: str, dim: int, table: Any,
+                  key: Any = None) -> RowOptimizer:
+    """The row optimizer for ``opt`` with state ``layout``, or UnsupportedError (also
+    for ``wd`` where the optimizer refuses it; ``key``: the name its wd is read under)."""
+    rows = (ROWWISE if layout == "rowwise" else ELEMENTWISE).get(type(opt))
+    if rows is None and layout == "rowwise":
+        raise UnsupportedError(
+            f"table {table!r} has state_layout='rowwise', which only AdaGrad supports; the "
+            f"store's optimizer is {type(opt).__name__}. Use AdaGrad, or "
+            "state_layout='elementwise'.", key=table)
+    if layout != "rowwise" and opt.multi_precision:
+        raise UnsupportedError(f"table {table!r}: multi_precision optimizers are not "
+                               "supported for tables (their rows are float32 or float64). "
+                               "Create the optimizer without multi_precision.", key=table)
+    if rows is None:
+        raise UnsupportedError(
+            f"table {table!r} cannot be updated by {type(opt).__name__}: tables support "
+            f"{', '.join(c.__name__ for c in ELEMENTWISE)}. Set one of those with "
+            "kv.set_optimizer.", key=table)
+    if rows.refuses_wd and opt._get_wd(table if key is None else key) != 0.0:
+        raise refuse_wd(table)
+    return RowOptimizer(rows.kind, rows.widths(opt, dim), rows.per_row_step)

@@ -331,9 +331,10 @@ class DynamicTable:
             self._t = bigger(self._t)
 
     # ---- pushes ------------------------------------------------------------------------
-    def _bind(self, opt: Any) -> RowOptimizer:
-        """The row optimizer for ``opt``; (re)creates zero states when the layout changes."""
-        rowopt = row_optimizer(opt, self.spec.state_layout, self.spec.dim, self.name)
+    def _bind(self, opt: Any, key: Any = None) -> RowOptimizer:
+        """The row optimizer for ``opt`` (its wd read under ``key``); (re)creates zero
+        states when the layout changes."""
+        rowopt = row_optimizer(opt, self.spec.state_layout, self.spec.dim, self.name, key)
         if self._rowopt is None or self._rowopt.signature != rowopt.signature:
             cap = self.capacity_rows
             self._states = [np.zeros((cap, w), self.spec.dtype) for w in rowopt.widths]
@@ -379,13 +380,8 @@ class DynamicTable:
         if self.spec.optimizer is not None:     # the table's own row optimizer wins (R12)
             optimizer = self.spec.optimizer
         rowopt = None
-        if optimizer is not None:
-            rowopt = row_optimizer(optimizer, self.spec.state_layout, self.spec.dim, self.name)
-            if rowopt.kind.startswith("adagrad") and optimizer._get_wd(key) != 0.0:
-                raise UnsupportedError(
-                    f"table {self.name!r}: sparse adagrad_update does not support wd (as in "
-                    "MXNet). Use wd=0 for table keys.", key=self.name)
-            rowopt = self._bind(optimizer)
+        if optimizer is not None:     # refused here (wd too) before anything changes
+            rowopt = self._bind(optimizer, key)
         uniq, summed, slots = self._combine(arr, g, self._known_slots(arr))
         if slots is None:
             slots = self._index.find(uniq)

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import optimizer as opt_mod
 from ..errors import ConfigError, KVStoreError, TableSpecError
-from ._rowopt import row_optimizer
+from ._rowopt import ELEMENTWISE, ROWWISE, row_optimizer
 
 __all__ = ["Always", "Capacity", "Constant", "CountAdmission", "Normal",
            "ProbabilityAdmission", "ReadOnly", "RowMeta", "TTL", "TableSpec", "Uniform",
@@ -398,13 +398,15 @@ def _row_optimizer(spec: TableSpec) -> Any:
                    "use the store's")
     name = type(opt).__name__
     why: str | None
-    if type(opt) not in (opt_mod.SGD, opt_mod.AdaGrad, opt_mod.Ftrl, opt_mod.Adam):
-        why = "tables run SGD, AdaGrad, Ftrl or Adam"
-    elif spec.state_layout == "rowwise" and type(opt) is not opt_mod.AdaGrad:
-        why = "state_layout='rowwise' takes AdaGrad only"
+    rows = (ROWWISE if spec.state_layout == "rowwise" else ELEMENTWISE).get(type(opt))
+    if type(opt) not in ELEMENTWISE:         # the row optimizers' registry decides
+        names = [c.__name__ for c in ELEMENTWISE]
+        why = f"tables run {', '.join(names[:-1])} or {names[-1]}"
+    elif rows is None:
+        why = f"state_layout='rowwise' takes {' or '.join(c.__name__ for c in ROWWISE)} only"
     elif opt.multi_precision:
         why = "a table's rows are float32 or float64: no multi_precision"
-    elif type(opt) is opt_mod.AdaGrad and opt.wd != 0.0:
+    elif rows.refuses_wd and opt.wd != 0.0:
         why = "sparse AdaGrad does not support wd (as in MXNet): use wd=0"
     else:
         why = _trial(opt, spec)
