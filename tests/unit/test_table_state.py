@@ -316,3 +316,39 @@ def test_r16_a_local_store_checkpoints_its_tables_but_no_states_file(tmp_path: A
                     again.lookup(KEY, ids(1, 5, 9), train=False)):
         np.testing.assert_array_equal(a, b)
     assert again.table_stats(KEY)["rows"] == 2
+
+
+def test_apply_changes_is_the_inverse_of_changes() -> None:
+    """Issue #30: what a step changed (``changes``: rows whole, evicted IDs, step,
+    counters, the row optimizer) applied to a copy (``apply_changes``) makes the copy hold
+    the same rows, states included; a record of the wrong width changes nothing."""
+    import pskv as mx
+    from pskv.errors import ShapeMismatchError
+    from pskv.table import DynamicTable, TableSpec
+
+    spec = TableSpec(dim=4, seed=3)
+    a, b = DynamicTable(spec, name="t"), DynamicTable(spec, name="t")
+    opt = mx.optimizer.AdaGrad(learning_rate=0.1)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        ids = rng.integers(0, 50, 20)
+        a.lookup(ids)
+        a.push(ids, rng.standard_normal((20, 4)).astype(np.float32), optimizer=opt)
+        b.apply_changes(*a.changes(ids, np.empty(0, np.int64)))
+    every = np.arange(50)
+    va, fa = a.lookup(every, train=False)
+    vb, fb = b.lookup(every, train=False)
+    np.testing.assert_array_equal(fa, fb)
+    np.testing.assert_array_equal(va, vb)
+    assert a.step == b.step and a.meta()["rowopt"] == b.meta()["rowopt"]
+    arrays, meta = a.state()
+    brr, bmeta = b.state()
+    oa, ob = np.argsort(arrays["ids"]), np.argsort(brr["ids"])
+    np.testing.assert_array_equal(arrays["ids"][oa], brr["ids"][ob])
+    np.testing.assert_array_equal(arrays["state0"][oa], brr["state0"][ob])   # AdaGrad's
+    before = b.state()[0]["values"].copy()
+    bad, m = a.changes(np.arange(5), np.empty(0, np.int64))
+    bad["values"] = bad["values"][:, :3]
+    with pytest.raises(ShapeMismatchError, match="does not fit dim 4"):
+        b.apply_changes(bad, m)
+    np.testing.assert_array_equal(b.state()[0]["values"], before)

@@ -508,6 +508,84 @@ class DynamicTable:
         return out
 
     # ---- state (R16) -------------------------------------------------------------------
+    # ---- changes: what a step changed, and its inverse (a backup's copy) ----------------
+    def meta(self) -> dict[str, Any]:
+        """The table's step, counters and row optimizer, as a changes record carries them."""
+        ro = self._rowopt
+        return {"step": self.step, "counters": dict(self.counters),
+                "rowopt": None if ro is None else {"kind": ro.kind, "widths": list(ro.widths),
+                                                   "per_row_step": ro.per_row_step}}
+
+    def changes(self, ids: np.ndarray, evicted: np.ndarray) -> tuple[dict[str, np.ndarray],
+                                                                      dict[str, Any]]:
+        """The changes record of a step that touched ``ids`` and evicted ``evicted``: each
+        held row of ``ids`` whole (value, count, last step, age, optimizer states) and
+        :meth:`meta`; :meth:`apply_changes` of it on a copy makes the copy hold the same
+        rows."""
+        changed = np.unique(ids)
+        slots = self._index.find(changed)
+        changed, slots = changed[slots >= 0], slots[slots >= 0]
+        arrays = {"ids": changed, "values": self._values[slots],
+                  "count": self._count[slots], "last_step": self._last_step[slots],
+                  "age_seconds": self._clock() - self._last_seconds[slots],
+                  "evicted": evicted}
+        for i, s in enumerate(self._states):
+            arrays[f"state{i}"] = s[slots]
+        if self._t is not None:
+            arrays["adam_t"] = self._t[slots]
+        return arrays, self.meta()
+
+    def apply_changes(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        """Apply a changes record (:meth:`changes`, or IDs a training lookup gave birth to,
+        ``born``): rows set whole, evicted IDs gone, born rows at their initial values,
+        then the step, the counters and the row optimizer's state layout."""
+        ids = np.asarray(arrays.get("ids", np.empty(0, np.int64)), np.int64)
+        n, dim = ids.size, self.spec.dim
+        if n and np.asarray(arrays["values"]).shape != (n, dim):
+            raise ShapeMismatchError(f"a replicated round of table {self.name!r} does not "
+                                     f"fit dim {dim}", key=self.name)
+        ro = meta.get("rowopt")
+        if ro is not None:
+            rowopt = RowOptimizer(str(ro["kind"]), tuple(int(w) for w in ro["widths"]),
+                                  bool(ro["per_row_step"]))
+            if self._rowopt is None or self._rowopt.signature != rowopt.signature:
+                cap = self.capacity_rows
+                self._states = [np.zeros((cap, w), self.spec.dtype) for w in rowopt.widths]
+                self._t = np.zeros(cap, np.int64) if rowopt.per_row_step else None
+                self._rowopt = rowopt
+        born = np.asarray(arrays.get("born", np.empty(0, np.int64)), np.int64)
+        if born.size:               # rows a training lookup inserted: their initial values
+            self.restore_rows(born)
+        evicted = np.asarray(arrays.get("evicted", np.empty(0, np.int64)), np.int64)
+        if evicted.size:
+            slots = self._index.find(evicted)
+            self._evict(slots[slots >= 0])
+        if n:
+            slots = self._index.find(ids)
+            absent = slots < 0
+            if absent.any():
+                slots[absent] = self._insert(ids[absent])
+            self._values[slots] = arrays["values"]
+            self._count[slots] = arrays["count"]
+            self._last_step[slots] = arrays["last_step"]
+            self._last_seconds[slots] = self._clock() - np.asarray(arrays["age_seconds"])
+            for i, s in enumerate(self._states):
+                s[slots] = arrays[f"state{i}"]
+            if self._t is not None and "adam_t" in arrays:
+                self._t[slots] = arrays["adam_t"]
+        self.step = int(meta.get("step", self.step))
+        for k, v in (meta.get("counters") or {}).items():
+            if k in self.counters:
+                self.counters[k] = int(v)
+
+    def restore_rows(self, ids: np.ndarray) -> None:
+        """Re-create the rows of ``ids`` this table lacks, at their initial values (a
+        function of seed and ID, R2): rows a worker's pushes sent again need (D9)."""
+        wanted = np.unique(np.asarray(ids, np.int64))
+        lost = wanted[self._index.find(wanted) < 0]
+        if lost.size:
+            self._insert(lost)
+
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The whole table as plain NumPy arrays and JSON-able metadata (a copy)."""
         from ._state import snapshot

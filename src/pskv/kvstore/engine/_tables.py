@@ -156,9 +156,7 @@ def lookup_arrays(table: ServedTable, ids: np.ndarray, train: bool,
         table.recording = False
     born = None
     if table.born:
-        born = TableRound({"born": np.concatenate(table.born)},
-                          {"step": table.step, "counters": dict(table.counters),
-                           "rowopt": _rowopt_meta(table)})
+        born = TableRound({"born": np.concatenate(table.born)}, table.meta())
         table.born = []
     return [values, found], born
 
@@ -173,10 +171,7 @@ def apply_round(table: ServedTable, parts: list[tuple[np.ndarray, np.ndarray]],
     rows among them it lacks are re-created first, from their initial values (D9)."""
     table.recording, table.evicted, table.born = record, [], []
     if again:
-        wanted = np.unique(np.concatenate(again))
-        lost = wanted[table._index.find(wanted) < 0]
-        if lost.size:
-            table._insert(lost)
+        table.restore_rows(np.concatenate(again))
     table.recording = False
     if len(parts) == 1:
         ids, grads = parts[0]
@@ -193,71 +188,14 @@ def apply_round(table: ServedTable, parts: list[tuple[np.ndarray, np.ndarray]],
     table.born = []
     if not record:
         return None
-    changed = np.unique(ids)
-    slots = table._index.find(changed)
-    changed, slots = changed[slots >= 0], slots[slots >= 0]
     evicted = np.concatenate(table.evicted) if table.evicted else np.empty(0, np.int64)
     table.evicted = []
-    arrays = {"ids": changed, "values": table._values[slots],
-              "count": table._count[slots], "last_step": table._last_step[slots],
-              "age_seconds": table._clock() - table._last_seconds[slots], "evicted": evicted}
-    for i, s in enumerate(table._states):
-        arrays[f"state{i}"] = s[slots]
-    if table._t is not None:
-        arrays["adam_t"] = table._t[slots]
-    return TableRound(arrays, {"step": table.step, "counters": dict(table.counters),
-                               "rowopt": _rowopt_meta(table)})
-
-
-def _rowopt_meta(table: DynamicTable) -> Any:
-    ro = table._rowopt
-    return None if ro is None else {"kind": ro.kind, "widths": list(ro.widths),
-                                    "per_row_step": ro.per_row_step}
+    return TableRound(*table.changes(ids, evicted))
 
 
 def put_rows(table: ServedTable, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
-    """A backup's copy: apply a :class:`TableRound` (rows set whole, evicted IDs gone)."""
-    from ...table._rowopt import RowOptimizer
-    ids = np.asarray(arrays.get("ids", np.empty(0, np.int64)), np.int64)
-    n, dim = ids.size, table.spec.dim
-    if n and np.asarray(arrays["values"]).shape != (n, dim):
-        raise ShapeMismatchError(f"a replicated round of table {table.name!r} does not fit "
-                                 f"dim {dim}", key=table.name)
-    ro = meta.get("rowopt")
-    if ro is not None:
-        rowopt = RowOptimizer(str(ro["kind"]), tuple(int(w) for w in ro["widths"]),
-                              bool(ro["per_row_step"]))
-        if table._rowopt is None or table._rowopt.signature != rowopt.signature:
-            cap = table.capacity_rows
-            table._states = [np.zeros((cap, w), table.spec.dtype) for w in rowopt.widths]
-            table._t = np.zeros(cap, np.int64) if rowopt.per_row_step else None
-            table._rowopt = rowopt
-    born = np.asarray(arrays.get("born", np.empty(0, np.int64)), np.int64)
-    if born.size:                   # rows a training lookup inserted: their initial values
-        born = born[table._index.find(born) < 0]
-        if born.size:
-            table._insert(born)
-    evicted = np.asarray(arrays.get("evicted", np.empty(0, np.int64)), np.int64)
-    if evicted.size:
-        slots = table._index.find(evicted)
-        table._evict(slots[slots >= 0])
-    if n:
-        slots = table._index.find(ids)
-        absent = slots < 0
-        if absent.any():
-            slots[absent] = table._insert(ids[absent])
-        table._values[slots] = arrays["values"]
-        table._count[slots] = arrays["count"]
-        table._last_step[slots] = arrays["last_step"]
-        table._last_seconds[slots] = table._clock() - np.asarray(arrays["age_seconds"])
-        for i, s in enumerate(table._states):
-            s[slots] = arrays[f"state{i}"]
-        if table._t is not None and "adam_t" in arrays:
-            table._t[slots] = arrays["adam_t"]
-    table.step = int(meta.get("step", table.step))
-    for k, v in (meta.get("counters") or {}).items():
-        if k in table.counters:
-            table.counters[k] = int(v)
+    """A backup's copy: apply a :class:`TableRound` (``DynamicTable.apply_changes``)."""
+    table.apply_changes(arrays, meta)
 
 
 def restore_table(like: ServedTable,
