@@ -143,15 +143,15 @@ def test_a_replicated_init_with_bad_placements_is_refused_as_a_workers(
     """A backup checks a replicated INIT's placements with the check a server gives a
     worker's INIT (``bounds.check_init``): a bad one from a primary's link (a bug, or a
     holder of the servers' key) gets the same error, and the copy holds nothing of it."""
-    from pskv.kvstore.durable import _replica
+    from pskv.kvstore.durable import _backups
     backups: dict[int, Any] = {}
-    real_start = _replica.Backups.start
+    real_start = _backups.Backups.start
 
     def start(self: Any, po: Any) -> None:
         backups[po.rank] = self
         real_start(self, po)
 
-    monkeypatch.setattr(_replica.Backups, "start", start)
+    monkeypatch.setattr(_backups.Backups, "start", start)
     cluster = thread_cluster(2, 2, replicas=1, bigarray_bound=4)
     fake = 1 << 20                  # an ikey no worker uses
     seen: dict[tuple[int, str], Any] = {}
@@ -168,7 +168,7 @@ def test_a_replicated_init_with_bad_placements_is_refused_as_a_workers(
                     challenge = next_reply(conn)
                     conn.send(Command.HELLO, 2, body={
                         "role": "server", "rank": other,
-                        **prove(po.server_key, _replica.PURPOSE, challenge.body, "server",
+                        **prove(po.server_key, _backups.PURPOSE, challenge.body, "server",
                                 other)})
                     assert next_reply(conn).cmd == Command.ACK
                     for ts, (label, place) in enumerate(BAD_PLACES, 3):

@@ -18,7 +18,8 @@ from pskv._ps.config import ClusterConfig, Role
 from pskv._ps.replay import PushLog, backup_of
 from pskv.errors import CheckpointError, ConfigError, NodeFailedError, ProtocolError
 from pskv.kvstore.engine._core import Engine, EngineEvents, Ticket
-from pskv.kvstore.durable._replica import encode_copy, install_copy
+from pskv.kvstore.durable._backups import install_copy
+from pskv.kvstore.durable._replica import encode_copy
 from pskv.kvstore.base import check_optimizer
 from pskv.kvstore._snapshot import (MANIFEST, Reader, latest, prune, round_dir, shard_name,
                                     write_manifest, write_shard)

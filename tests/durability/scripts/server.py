@@ -31,15 +31,15 @@ from pskv.server import main
 
 def _count_copies() -> None:
     """On a restarted server: mark each whole shard copy installed (DIE_MARK-copy-I)."""
-    from pskv.kvstore.durable import _replica
-    real = _replica.install_copy
+    from pskv.kvstore.durable import _backups
+    real = _backups.install_copy
     made = [0]
 
     def install_copy(*args: Any, **kwargs: Any) -> None:
         real(*args, **kwargs)
         made[0] += 1
         Path(f"{os.environ['DIE_MARK']}-copy-{made[0]}").touch()
-    _replica.install_copy = install_copy
+    _backups.install_copy = install_copy
 
 
 def _wait_copies(n: int, limit: float = 60.0) -> None:

@@ -31,7 +31,8 @@ from ..._types import Key
 from ...nd.ndarray import NDArray
 from ._snapshots import PeriodicCopies, Snapshots
 from ..engine._core import Engine
-from ._replica import Backups, Replicator
+from ._backups import Backups
+from ._replica import Replicator
 
 __all__ = ["TakeoverPending", "Shard", "Shards"]
 

@@ -46,7 +46,7 @@ from ..engine._core import Engine, EngineEvents, Ticket
 from ..durable._snapshots import Snapshots, load_shard
 from .._snapshot import checkpoint_path
 from ._observed import server_state
-from ..durable._replica import Backups
+from ..durable._backups import Backups
 from ._staleness import cmd_clock, park_read
 from ..engine._entries import init_entries
 from ._tables import cmd_lookup, cmd_table_stats, stats_reply
