@@ -139,10 +139,18 @@ class KVServer:
             #: copies of other servers' shards (PSKV_REPLICAS=1), updated on their own thread
             self.backups = Backups(cfg, self._new_engine, self._zctx) if cfg.replicas else None
             if self.backups is not None:
-                self._closing.callback(self.backups.close)
                 endpoints.update(self.backups.endpoints)
-            self.po = Postoffice(cfg, self._zctx, endpoints=endpoints)
+            try:
+                self.po = Postoffice(cfg, self._zctx, endpoints=endpoints)
+            except BaseException:
+                if self.backups is not None:
+                    self.backups.close()
+                raise
+            # closed in the order of old: the backups, the serving loop, then the scheduler
+            # link (registered the other way round)
             self._closing.callback(self.po.close)
+            if self.backups is not None:
+                self._closing.callback(self.backups.close)
             self._endpoints = endpoints
         except BaseException:
             self._closing.close()
@@ -158,6 +166,7 @@ class KVServer:
                               max_unadmitted=cfg.max_unadmitted,
                               max_message_bytes=cfg.max_message_bytes)
         self._io = self.loop
+        self._closing.callback(self.loop.close)
         self._open: dict[Any, int] = {}           # per worker: pushes not yet applied
         #: the membership's ``left`` last told to the engines (_workers_left)
         self._left: Any = None
@@ -165,7 +174,6 @@ class KVServer:
         self._join_epoch = 0
         self._flushes: dict[Any, list[int]] = {}  # per worker: FLUSH requests waiting
         self.snapshots = Snapshots(cfg, self._send, self._error)
-        self._closing.callback(self.snapshots.close)
         #: names rounds that wait and workers that are often last (PSKV_STRAGGLER_SECONDS)
         self.stragglers = StragglerWatch(cfg.straggler_seconds)
         self.po.beat_extra = self._beat_extra
@@ -175,6 +183,7 @@ class KVServer:
         self.shards = Shards(cfg, self._zctx, self.po, self.snapshots, self.backups,
                              self._new_engine())
         self._closing.callback(self.shards.close)
+        self._closing.callback(self.snapshots.close)      # closed first: its writers end
         #: requests waiting for the scheduler to report their shard's server dead, and the
         #: membership news; a broken link is reported within moments (the scheduler's
         #: grace, then its word), so a request waits that long at most
@@ -487,8 +496,11 @@ class KVServer:
         check_reply(stored, rows, self.cfg.max_reply_bytes, self._where())
         ticket = Ticket(conn, ts, Command.PULL, keys, rows)
         engine = shard.engine
-        engine.request(ticket, lambda: [engine.pull(k, worker, ticket)   # after this
-                                        for k in keys])                 # worker's push
+
+        def pulls() -> None:
+            for k in keys:
+                engine.pull(k, worker, ticket)   # after this worker's push of it
+        engine.request(ticket, pulls)
 
     def _on_rsp_pull(self, shard: Shard, conn: Connection,
                      worker: int, ts: int, keys: tuple[int, ...], body: Any,
@@ -675,10 +687,8 @@ class KVServer:
                     rank, len(self.shards.own), rnd)
 
     def _close_io(self) -> None:
-        """Close the serving loop's connections and listeners (before the loop is made:
-        the listeners bound so far)."""
-        if self._io is not None:
-            self._io.close()
-        else:
+        """Close the listeners bound so far if the serving loop was never made (the loop
+        closes them, and its connections, itself)."""
+        if self._io is None:
             for lis in self._listeners:
                 lis.close()
