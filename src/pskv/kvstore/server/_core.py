@@ -146,11 +146,7 @@ class KVServer:
                 if self.backups is not None:
                     self.backups.close()
                 raise
-            # closed in the order of old: the backups, the serving loop, then the scheduler
-            # link (registered the other way round)
             self._closing.callback(self.po.close)
-            if self.backups is not None:
-                self._closing.callback(self.backups.close)
             self._endpoints = endpoints
         except BaseException:
             self._closing.close()
@@ -166,7 +162,10 @@ class KVServer:
                               max_unadmitted=cfg.max_unadmitted,
                               max_message_bytes=cfg.max_message_bytes)
         self._io = self.loop
+        # closed before the scheduler link: the backups, then the serving loop
         self._closing.callback(self.loop.close)
+        if self.backups is not None:
+            self._closing.callback(self.backups.close)
         self._open: dict[Any, int] = {}           # per worker: pushes not yet applied
         #: the membership's ``left`` last told to the engines (_workers_left)
         self._left: Any = None
