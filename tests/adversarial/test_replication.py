@@ -8,6 +8,7 @@ rank's key) by pretending to be its restart.
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -57,9 +58,9 @@ def test_a_worker_cannot_write_into_a_backup(thread_cluster: Any) -> None:
                             "key": pk, "round": 1, "kind": "d", "applied": []}]},
                         [np.full(4, 1e6, np.float32)])
                     seen[f"{srv} rounds"] = next_reply(conn)
-                    # a ring to map (this process's stdin), and rounds said to lie in one
+                    # a ring to map, and rounds said to lie in one
                     conn.send(Command.COMMAND, 5, (), {
-                        "op": "r_ring", "shard": other, "fd": 0, "bytes": 64})
+                        "op": "r_ring", "shard": other, "bytes": 64})
                     seen[f"{srv} ring"] = next_reply(conn)
                     conn.send(Command.COMMAND, 6, (), {
                         "op": "r_rounds", "shard": other, "arrays": [1], "rounds": [{
@@ -89,8 +90,8 @@ def test_a_worker_cannot_write_into_a_backup(thread_cluster: Any) -> None:
 def test_rounds_reach_a_same_host_backup_through_its_ring_or_else_the_socket(
         thread_cluster: Any, monkeypatch: pytest.MonkeyPatch, mapped: bool) -> None:
     """Each primary offers its backup (here: same process, Unix sockets) a ring; with it
-    mapped the rounds travel there, and a backup that cannot map it (a container hiding
-    the primary's /proc: refused) still gets every round over the socket; the job goes on
+    mapped the rounds travel there, and a backup that cannot map it (refused) still gets
+    every round over the socket; the job goes on
     unharmed either way (that a backup's copy is right after a takeover, ring or not, is
     tests/durability/test_restart.py's: its replicas jobs run on one host)."""
     from pskv._ps import ring
@@ -101,6 +102,7 @@ def test_rounds_reach_a_same_host_backup_through_its_ring_or_else_the_socket(
         offered.append(args)
         if mapped:
             return real_open(*args)
+        os.close(args[0])                   # the descriptor that was passed
         raise ProtocolError("this backup cannot open rings")
 
     def place(self: Any, arrays: Any) -> Any:

@@ -332,6 +332,21 @@ def test_only_the_in_process_cluster_sets_the_inproc_transport() -> None:
     assert setters == ["pskv._cluster"], setters
 
 
+def test_shared_memory_reaches_another_process_only_by_descriptor_passing() -> None:
+    """docs/architecture.md: a process's memory reaches another one way: a descriptor passed
+    along a plain Unix-socket link (``StreamConn.keep_fds``, ``send(..., fds=)``); no module
+    opens ``/proc/<pid>/fd`` (which needs the peer's pid, the same user and a visible /proc)
+    and only the transport's stream and the collective's writer call ``sendmsg`` with
+    descriptors (``shm.fd_message``)."""
+    opens = sorted(m for m, path in MODULES.items()
+                   if re.search(r"/proc/[{\w]", path.read_text().replace("/proc/self/", "")
+                                .replace("/proc/sys/", "")))
+    assert opens == [], opens
+    passing = sorted(m for m, path in MODULES.items() if "fd_message(" in path.read_text()
+                     and m != "pskv._ps.shm")
+    assert passing == ["pskv._ps.collective.core", "pskv._ps.stream"], passing
+
+
 def test_no_module_is_over_500_lines_without_a_reason_at_its_top() -> None:
     """Issue #30: a module over 500 lines says why at its top ("Over 500 lines because
     ..." in its docstring, or in a comment of its first 40 lines)."""

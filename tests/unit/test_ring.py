@@ -1,7 +1,8 @@
 """The shared-memory ring beside a primary's link to a backup on the same host
 (``_ps/ring.py``): its rules R1-R3, and what a reader refuses, each as the attack or the
-misuse it stops. One process plays both sides (the reader opens the writer's descriptor
-through ``/proc/<own pid>/fd``, as a backup does through the primary's)."""
+misuse it stops. One process plays both sides (the reader maps a copy of the writer's
+descriptor; tests/dist/test_fd_passing.py passes it over a Unix socket, as a primary does
+to its backup)."""
 from __future__ import annotations
 
 import os
@@ -23,7 +24,7 @@ def _none(i: int, dtype: Any, shape: Any) -> None:
 
 def _pair(size: int = 1024) -> tuple[RingWriter, RingReader]:
     w = RingWriter(size)
-    return w, RingReader.open(os.getpid(), w.fd, size, "server 0")
+    return w, RingReader.open(os.dup(w.fd), size, "server 0")
 
 
 def test_arrays_placed_come_out_equal_and_the_reader_frees_their_room() -> None:
@@ -102,21 +103,23 @@ def test_a_writer_stops_trusting_a_reader_that_says_it_read_more_than_was_writte
 def test_only_a_sealed_memfd_of_the_announced_size_is_mapped(tmp_path: Any) -> None:
     w = RingWriter(1024)
     with pytest.raises(ProtocolError, match="of 1088 bytes, not 2112"):
-        RingReader.open(os.getpid(), w.fd, 2048, "server 0")
+        RingReader.open(os.dup(w.fd), 2048, "server 0")
     with pytest.raises(ProtocolError, match="positive multiple"):
-        RingReader.open(os.getpid(), w.fd, 1000, "server 0")
+        RingReader.open(os.dup(w.fd), 1000, "server 0")
     plain = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
     os.ftruncate(plain, HEADER + 1024)
     with pytest.raises(ProtocolError, match="not a memfd"):
-        RingReader.open(os.getpid(), plain, 1024, "server 0")
-    os.close(plain)
+        RingReader.open(plain, 1024, "server 0")
     unsealed = os.memfd_create("x", os.MFD_ALLOW_SEALING)
     os.ftruncate(unsealed, HEADER + 1024)
     with pytest.raises(ProtocolError, match="not sealed"):
-        RingReader.open(os.getpid(), unsealed, 1024, "server 0")
-    os.close(unsealed)
-    with pytest.raises(ProtocolError, match="cannot be opened here"):
-        RingReader.open(os.getpid(), 100000, 1024, "server 0")
+        RingReader.open(unsealed, 1024, "server 0")
+    with pytest.raises(ProtocolError, match="passed no descriptor"):
+        RingReader.open(None, 1024, "server 0")
+    for fd in (plain, unsealed):            # open closed them, refused or not
+        with pytest.raises(OSError):
+            os.fstat(fd)
     w.close()
     w.close()                                           # idempotent
     assert w.place([np.zeros(1)]) is None
+

@@ -30,7 +30,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from ..errors import KVStoreError, NodeFailedError
+from ..errors import NodeFailedError
 from .membership import Event, ServerLost
 from .message import Command, Meta
 from .ops import Op, command, parse

@@ -9,14 +9,13 @@ out into its own buffers and says how far it has read. Two memory copies instead
 socket copies.
 
 A :class:`RingWriter` is an anonymous ``memfd`` (nothing in the file system: a killed
-process leaves nothing behind), sealed at its size, mapped by the primary. The backup maps
-the same memory by opening ``/proc/<primary pid>/fd/<fd>``: the pid is the Unix socket's
-peer credentials (``SO_PEERCRED``, checked to be the backup's own user), the descriptor
-number comes in the authenticated link's ``r_ring`` message, and :meth:`RingReader.open`
-refuses anything but a memfd of exactly the announced size sealed against any change of
-size (a peer could otherwise shrink it under the mapping, and a read past its end would
-kill the process). Where any of that fails (another host, TLS or sealed links, a
-container that hides the primary's ``/proc``), the link carries the arrays as before.
+process leaves nothing behind), sealed at its size, mapped by the primary. Its descriptor
+travels with the authenticated link's ``r_ring`` message (SCM_RIGHTS, the one way shared
+memory reaches another process: :meth:`.stream.StreamConn.keep_fds`, as the collective's
+segments), and :meth:`RingReader.open` maps it only if it is a memfd of exactly the
+announced size sealed against any change of size (a peer could otherwise shrink it under
+the mapping, and a read past its end would kill the process). Where any of that fails
+(another host, TLS or sealed links, ZeroMQ), the link carries the arrays as before.
 
 Layout: :data:`HEADER` bytes, of which the first 8 are ``consumed`` (a little-endian
 uint64 the backup writes), then ``size`` bytes of data. Positions are byte counters that
@@ -134,24 +133,23 @@ class RingReader:
         self.consumed = int(self._consumed[0])
 
     @classmethod
-    def open(cls, pid: int, fd: int, size: int, who: str) -> RingReader:
-        """Map the ring descriptor ``fd`` of process ``pid`` after checking it is a memfd
-        of ``HEADER + size`` bytes sealed against any change of size; ProtocolError
-        (naming ``who``) otherwise."""
-        if not supported():
-            raise ProtocolError("this platform has no sealed memfds: send the arrays")
-        if size <= 0 or size % ALIGN:
-            raise ProtocolError(f"{who} announced a ring of {size} bytes, not a positive "
-                                f"multiple of {ALIGN}")
+    def open(cls, fd: int | None, size: int, who: str) -> RingReader:
+        """Map the ring descriptor ``fd`` that ``who`` passed (closed here either way)
+        after checking it is a memfd of ``HEADER + size`` bytes sealed against any change
+        of size; ProtocolError (naming ``who``) otherwise, and for no descriptor."""
         try:
-            own = os.open(f"/proc/{int(pid)}/fd/{int(fd)}", os.O_RDWR | os.O_CLOEXEC)
-        except OSError as err:
-            raise ProtocolError(f"{who}'s ring cannot be opened here ({err.strerror}): "
-                                "send the arrays") from None
-        try:
-            mm = map_sealed(own, HEADER + size, f"{who}'s ring", writable=True)
+            if fd is None:
+                raise ProtocolError(f"{who} announced a ring but passed no descriptor "
+                                    "(only a plain Unix-socket link carries one)")
+            if not supported():
+                raise ProtocolError("this platform has no sealed memfds: send the arrays")
+            if size <= 0 or size % ALIGN:
+                raise ProtocolError(f"{who} announced a ring of {size} bytes, not a "
+                                    f"positive multiple of {ALIGN}")
+            mm = map_sealed(fd, HEADER + size, f"{who}'s ring", writable=True)
         finally:
-            os.close(own)
+            if fd is not None:
+                os.close(fd)
         return cls(mm, size)
 
     def read(self, entries: Sequence[Any], land: Land, limit: int) -> list[np.ndarray]:

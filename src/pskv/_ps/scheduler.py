@@ -14,7 +14,6 @@ import errno
 import ipaddress
 import logging
 import os
-import socket
 import stat
 import tempfile
 import threading

@@ -110,8 +110,12 @@ class ServeLoop:
                  listeners: list[StreamListener] | None = None,
                  refusal: Callable[[str], KVStoreError] = ProtocolError,
                  handshake_timeout: float = 10.0, max_unadmitted: int = 64,
-                 max_message_bytes: int = 4 << 30, max_frames: int = 1 << 18) -> None:
+                 max_message_bytes: int = 4 << 30, max_frames: int = 1 << 18,
+                 keep_fds: bool = False) -> None:
         self.name = name
+        #: accepted Unix-socket links keep the descriptors passed to them (a backup's
+        #: ring: :meth:`.stream.StreamConn.keep_fds`); at most ``shm.MAX_PENDING`` each
+        self._keep_fds = keep_fds
         self.handler = handler
         #: where a message's arrays land (a handler's ``alloc_for(meta)``; else reused buffers)
         self._alloc_for = getattr(handler, "alloc_for", None)
@@ -353,6 +357,8 @@ class ServeLoop:
             conn.max_bytes = ADMISSION_BYTES     # until it proves it holds the secret
             conn.queued = True                   # its sends never wait (see _queued)
             conn.on_queued = lambda conn=conn: self._queued(conn)
+            if self._keep_fds:
+                conn.keep_fds()
             self._conns[conn.fileno()] = conn
             self._unadmitted[conn] = time.monotonic()
             self._poller.register(conn.fileno(), zmq.POLLIN)

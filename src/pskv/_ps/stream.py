@@ -56,6 +56,7 @@ import numpy as np
 
 from ..errors import ClusterTimeoutError, NodeFailedError, ProtocolError
 from .message import MAX_HEADER, Command, Meta, encode, parse_header
+from .shm import FdInbox, fd_message, supported as shm_supported
 
 __all__ = ["Alloc", "SEND_MIN_RATE", "SEND_PATIENCE", "StreamConn", "StreamListener",
            "drop_sent", "ipc_path"]
@@ -184,9 +185,12 @@ class StreamConn:
         self._out_since = 0.0                  # when the queue last moved
         #: bytes received so far (a stranger's budget is counted in them)
         self.received = 0
-        #: how bytes are read: ``reader(view, nbytes) -> count`` (the socket's ``recv_into``;
-        #: a collective link within a host also takes descriptors: :class:`.shm.FdInbox`)
+        #: how bytes are read: ``reader(view, nbytes) -> count`` (the socket's ``recv_into``,
+        #: or :attr:`fds`' once :meth:`keep_fds` was called)
         self.reader: Callable[[memoryview, int], int] = sock.recv_into
+        #: the descriptors the peer passed with its messages (SCM_RIGHTS), oldest first;
+        #: None until :meth:`keep_fds` (the kernel then closes any a peer passes)
+        self.fds: FdInbox | None = None
         self._bufs: dict[int, np.ndarray] = {}
         # bytes received but not parsed yet: _rbuf[_rstart:_rend]
         self._rbuf = bytearray(READ_BUFFER)
@@ -253,10 +257,25 @@ class StreamConn:
         """What a zmq.Poller polls for incoming bytes: the file descriptor."""
         return self.sock.fileno()
 
+    def keep_fds(self) -> FdInbox | None:
+        """Keep the descriptors the peer passes along its messages (:attr:`fds`, taken by
+        whatever message announces them): the one way shared memory reaches another process
+        (a collective segment, a backup's ring; :mod:`.shm`). Only a plain Unix-socket
+        link carries descriptors: None for TCP and TLS links, and where the platform has
+        no sealed memfds. Call it before the first byte the peer may send with one."""
+        if self.fds is None and self.sock.family == socket.AF_UNIX and not self.tls and \
+                shm_supported():
+            self.fds = FdInbox(self.sock)
+            self.reader = self.fds.recv_into
+        return self.fds
+
     def close(self) -> None:
-        """Close the socket (what waits in the output queue is dropped); idempotent."""
+        """Close the socket (what waits in the output queue is dropped) and any descriptor
+        received and not taken; idempotent."""
         self._out.clear()
         self._out_bytes = 0
+        if self.fds is not None:
+            self.fds.close()
         try:
             self.sock.close()
         except OSError:  # pragma: no cover
@@ -264,13 +283,25 @@ class StreamConn:
 
     # ---- writing ----------------------------------------------------------------------------
     def send(self, cmd: Command, ts: int = 0, keys: Sequence[int] = (), body: Any = None,
-             arrays: Sequence[np.ndarray] = ()) -> None:
-        """Write one whole message; wait for room at most ``timeout`` at a time."""
+             arrays: Sequence[np.ndarray] = (), fds: Sequence[int] = ()) -> None:
+        """Write one whole message; wait for room at most ``timeout`` at a time.
+
+        ``fds``: descriptors passed along (SCM_RIGHTS) with the message's first bytes, for
+        the peer's :meth:`keep_fds`; only on a plain Unix-socket link that is not in
+        queued mode (ValueError otherwise). The peer gets its own descriptors of the same
+        files; the caller keeps and closes its own."""
         frames = encode(cmd, ts, keys, body, arrays)
         header = frames[0]
         prefix = _PREFIX.pack(_MAGIC, len(header))
         bufs: list[memoryview]
-        if len(frames) <= _JOIN_ARRAYS and sum(a.nbytes for a in frames[1:]) <= _JOIN_BYTES:
+        ancillary: list[tuple[int, int, bytes]] = []
+        if fds:
+            if self.sock.family != socket.AF_UNIX or self.tls or self.queued:
+                raise ValueError(f"descriptors go only over a plain Unix-socket link that "
+                                 f"is not queued, not to {self.peer}")
+            ancillary = fd_message(fds)
+        if not fds and len(frames) <= _JOIN_ARRAYS and \
+                sum(a.nbytes for a in frames[1:]) <= _JOIN_BYTES:
             # a small message: one copy into one buffer, one send (the usual case: whole)
             data = b"".join([prefix, header, *frames[1:]])
             if self._out:                    # queued mode, output waiting: after it
@@ -297,7 +328,8 @@ class StreamConn:
                 try:
                     # TLS sockets have no sendmsg: one buffer (at most 1 MiB) at a time
                     sent = self.sock.send(bufs[first][:1 << 20]) if self.tls else \
-                        self.sock.sendmsg(bufs[first:first + _IOV_MAX])
+                        self.sock.sendmsg(bufs[first:first + _IOV_MAX], ancillary)
+                    ancillary = []      # passed with the first bytes that went
                 except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                     if not self._wait_writable(self.timeout):
                         raise ClusterTimeoutError(

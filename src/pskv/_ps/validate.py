@@ -264,8 +264,7 @@ def _r_rounds(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> Non
 
 
 def _r_ring(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
-    """A primary's ring: its descriptor number and data bytes (``_ps/ring.py``)."""
-    _int(meta, body, "fd", 0, 1 << 31)
+    """A primary's ring: its data bytes (the descriptor goes along: ``_ps/ring.py``)."""
     _int(meta, body, "bytes", 1, 1 << 40)
     if arrays:
         raise ProtocolError(f"r_ring carries no arrays, got {len(arrays)}")

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import socket
 import threading
 import time
 from typing import Any, Callable, Mapping, Sequence

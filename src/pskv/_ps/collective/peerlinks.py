@@ -5,9 +5,9 @@ only this user's processes in: SO_PEERCRED), TCP (TLS with ``PSKV_TLS_*``) betwe
 Each worker draws a random key; the keys and listeners travel through the scheduler in the
 init barrier that puts the first key on the path (:meth:`PeerLinks.listen`), and each side
 proves its rank with an HMAC over the other's nonce (:mod:`.auth`), so a process that knows
-the addresses cannot join or speak as a worker. A Unix-socket link is read through an
-:class:`.shm.FdInbox` when this worker shares memory (``PSKV_COLLECTIVE_SHM``), so that the
-descriptors a peer passes with its messages are kept from the first byte on; a pair shares
+the addresses cannot join or speak as a worker. A Unix-socket link keeps the descriptors a
+peer passes with its messages from the first byte on (:meth:`.stream.StreamConn.keep_fds`)
+when this worker shares memory (``PSKV_COLLECTIVE_SHM``); a pair shares
 memory when both ends said so in the barrier (:attr:`Links.shm`).
 
 Invariants: every wait is bounded by ``PSKV_CONNECT_TIMEOUT`` (a handshake by
@@ -71,7 +71,6 @@ class PeerLinks:
         self._job = job
         self._key = new_key().encode()
         self._listeners: list[StreamListener] = []
-        self._linking: dict[int, FdInbox] = {}   # inboxes of connections being made
 
     def listen(self) -> dict[str, str]:
         """Open this worker's listeners; what the peers need to connect (sent through the
@@ -114,26 +113,20 @@ class PeerLinks:
                 self._close_link(conn)
             raise
         for p, conn in links.conns.items():
-            inbox = self._linking.pop(id(conn), None)
-            if inbox is not None:
-                links.inboxes[p] = inbox
+            if conn.fds is not None:
+                links.inboxes[p] = conn.fds
                 if peers[p].get("shm") == "1":    # both ends on one host, both willing
                     links.shm.add(p)
         return links
 
     def _unix(self, conn: StreamConn) -> StreamConn:
-        """Read a Unix-socket link through an FdInbox (descriptors it passes are kept)."""
-        if self._shm_on() and conn.sock.family == socket.AF_UNIX and not conn.tls:
-            inbox = FdInbox(conn.sock)
-            conn.reader = inbox.recv_into
-            self._linking[id(conn)] = inbox
+        """Keep the descriptors a Unix-socket link passes, when this worker shares memory."""
+        if self._shm_on():
+            conn.keep_fds()
         return conn
 
     def _close_link(self, conn: StreamConn) -> None:
-        conn.close()
-        inbox = self._linking.pop(id(conn), None)
-        if inbox is not None:
-            inbox.close()
+        conn.close()        # with the descriptors it kept
 
     def _open(self, where: str, p: int) -> StreamConn:
         """A connection to worker ``p`` at ``where`` (TLS on TCP with ``PSKV_TLS_*``)."""
@@ -240,9 +233,6 @@ class PeerLinks:
         for ls in self._listeners:
             ls.close()
         self._listeners.clear()
-        for inbox in self._linking.values():
-            inbox.close()
-        self._linking.clear()
 
 
 def _read_one(conn: StreamConn, deadline: float, what: str) -> Meta:

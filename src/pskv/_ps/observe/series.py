@@ -14,7 +14,6 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from ..message import Command
 from .metrics import LABELS, LATENCY_BUCKETS, NodeMetrics
 
 __all__ = ["SchedulerMetrics", "ServerMetrics", "WorkerMetrics"]

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import socket
-import struct
 import time
 from typing import Any, Callable
 
@@ -27,6 +24,7 @@ from ..._ps.ops import BACKUP_ENDPOINT, ReplOp, parse
 from ..._ps.postoffice import Postoffice
 from ..._ps.ring import RingReader
 from ..._ps.sealed import SealedConn
+from ..._ps.stream import StreamConn
 from ..._ps.tls import server_context
 from ..._ps.transport import Connection
 from ..._ps.zeromq import ZmqContext
@@ -35,7 +33,7 @@ from ..engine._core import Engine
 from ..engine._tables import TableRound, restore_table, served_table
 from ..engine._entries import init_entries
 from .._snapshot import Reader
-from ._replica import PURPOSE, _unix_socket
+from ._replica import PURPOSE
 
 
 __all__ = ["Backups", "apply_change", "install_copy"]
@@ -120,7 +118,7 @@ class Backups:
         self.loop = ServeLoop("backups", self, self._verifier, cfg.request_timeout, None,
                               self._listeners, handshake_timeout=cfg.handshake_timeout,
                               max_unadmitted=cfg.max_unadmitted,
-                              max_message_bytes=cfg.max_message_bytes)
+                              max_message_bytes=cfg.max_message_bytes, keep_fds=True)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pskv-backups", daemon=True)
 
@@ -273,21 +271,15 @@ class Backups:
             self.logs[shard].round(body, arrays)
 
     def _map_ring(self, conn: Connection, peer: Any, body: dict[str, Any]) -> None:
-        """Map the ring primary ``peer`` offers on its Unix-socket link: the process is
-        the socket's peer, of this server's own user (``_ps/ring.py``)."""
-        sock = _unix_socket(conn)
-        who = f"server {peer}"
-        if sock is None:
-            raise ProtocolError(f"{who} offered a ring on a link that is not a plain Unix "
-                                "socket (sealed, TLS or TCP links carry the arrays)")
-        pid, uid, _gid = struct.unpack("3i", sock.getsockopt(
-            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-        if uid != os.getuid():
-            raise ProtocolError(f"{who} runs as another user: no ring")
+        """Map the ring primary ``peer`` passed with ``r_ring`` on its Unix-socket link
+        (``_ps/ring.py``)."""
+        fds = conn.fds if isinstance(conn, StreamConn) else None
+        ring = RingReader.open(fds.take() if fds is not None else None, body["bytes"],
+                               f"server {peer}")
         old = self._rings.pop(conn, None)
         if old is not None:
             old.close()
-        self._rings[conn] = RingReader.open(pid, body["fd"], body["bytes"], who)
+        self._rings[conn] = ring
 
     def tick(self) -> None:
         """Nothing on a timer."""

@@ -142,7 +142,7 @@ class Replicator:
             return
         try:
             self._call(Command.COMMAND, change(ReplOp.RING, self.shard,
-                                               {"fd": ring.fd, "bytes": ring.size}), ())
+                                               {"bytes": ring.size}), (), fds=[ring.fd])
         except NodeFailedError:
             ring.close()
             raise
@@ -233,13 +233,19 @@ class Replicator:
         self.close()
         self.endpoints = None
 
-    def _call(self, cmd: Command, body: Any, arrays: Any) -> Meta:
-        """Send one message and wait for its answer (and every earlier one's)."""
+    def _call(self, cmd: Command, body: Any, arrays: Any, fds: list[int] | None = None) \
+            -> Meta:
+        """Send one message (``fds`` passed along it: a StreamConn's) and wait for its
+        answer (and every earlier one's)."""
         conn = self._conn
         assert conn is not None
         self._ts += 1
         self._outstanding.add(self._ts)
-        conn.send(cmd, self._ts, (), body, arrays)
+        if fds:
+            assert isinstance(conn, StreamConn)
+            conn.send(cmd, self._ts, (), body, arrays, fds=fds)
+        else:
+            conn.send(cmd, self._ts, (), body, arrays)
         last = self._wait()
         assert last is not None
         return last
