@@ -50,8 +50,9 @@ def test_a_worker_cannot_write_into_a_backup(thread_cluster: Any) -> None:
                         seen[f"{srv} {label}"] = next_reply(conn)
                     # a round for the shard, never admitted
                     conn.send(Command.COMMAND, 3, (), {
-                        "op": "r_round", "shard": other, "key": pk, "round": 1,
-                        "kind": "d", "applied": []}, [np.full(4, 1e6, np.float32)])
+                        "op": "r_rounds", "shard": other, "arrays": [1], "rounds": [{
+                            "key": pk, "round": 1, "kind": "d", "applied": []}]},
+                        [np.full(4, 1e6, np.float32)])
                     seen[f"{srv} round"] = next_reply(conn)
                     conn.send(Command.COMMAND, 4, (), {
                         "op": "r_rounds", "shard": other, "arrays": [1], "rounds": [{
@@ -225,8 +226,7 @@ def test_a_worker_cannot_route_requests_to_copies_or_send_replication_ops(
             pk = kv._store[5].pskey
             attempts = {
                 "replication op": (Command.COMMAND, (), {
-                    "op": "r_round", "shard": 0, "key": pk, "round": 7, "kind": "d",
-                    "applied": []}, [np.full(6, 9.0, np.float32)]),
+                    "op": "r_noop", "shard": 0}, []),
                 "copy taken": (Command.COMMAND, (), {"op": "r_state", "shard": 1,
                                                      "entries": []}, []),
                 "batch of rounds": (Command.COMMAND, (), {

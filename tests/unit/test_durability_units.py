@@ -413,9 +413,10 @@ def test_the_rounds_of_one_request_reach_the_backup_as_one_message() -> None:
         if one["kind"] != "f":              # a logged round: the merged push
             np.testing.assert_array_equal(arrays[pos], np.full(4, k + 1.0, np.float32))
         pos += n
-    engine.push(0, 0, [np.ones(4, np.float32)], "d")    # one round alone: as r_round
+    engine.push(0, 0, [np.ones(4, np.float32)], "d")    # one round alone: a batch of one
     shard.replicator.drain()
-    assert parse(link.sent[-1][0]) is ReplOp.ROUND and shard.replicator.pending == 0
+    assert parse(link.sent[-1][0]) is ReplOp.ROUNDS and shard.replicator.pending == 0
+    assert len(link.sent[-1][0]["rounds"]) == 1
 
 
 def test_with_a_ring_the_rounds_arrays_go_through_shared_memory_and_come_out_equal() -> None:
@@ -471,7 +472,7 @@ def test_a_round_is_sent_before_a_deferred_push_reuses_its_buffer() -> None:
     engine.push(7, 1, [np.full(3, 2.0, np.float32)], "d")      # closes round 1
     engine.observer.replicator.flush()  # type: ignore[union-attr]
     sent = [(b, a) for b, a in link.sent]
-    assert len(sent) == 1 and sent[0][0]["round"] == 1
+    assert len(sent) == 1 and [r["round"] for r in sent[0][0]["rounds"]] == [1]
     np.testing.assert_array_equal(sent[0][1][0], np.full(3, 3.0, np.float32))
 
 
@@ -488,8 +489,9 @@ def test_a_batch_never_carries_more_than_its_cap(monkeypatch: Any) -> None:
     for k in range(5):
         engine.push(k, 0, [np.full(4, float(k), np.float32)], "d")
     shard.replicator.drain()
-    assert [[r["key"] for r in body["rounds"]] if parse(body) is ReplOp.ROUNDS
-            else [body["key"]] for body, _ in link.sent] == [[0, 1], [2, 3], [4]]
+    assert all(parse(body) is ReplOp.ROUNDS for body, _ in link.sent)
+    assert [[r["key"] for r in body["rounds"]] for body, _ in link.sent] == \
+        [[0, 1], [2, 3], [4]]
     assert all(sum(a.nbytes for a in arrays) <= 40 for _, arrays in link.sent)
 
 

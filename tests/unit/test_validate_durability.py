@@ -14,16 +14,16 @@ from pskv.errors import ProtocolError
 F32 = np.zeros(3, np.float32)
 
 
-def _round(**changes: Any) -> dict[str, Any]:
-    body = {"op": "r_round", "shard": 0, "key": 12, "round": 3, "kind": "d",
-            "applied": [[0, 2], [1, 2]]}
-    body.update(changes)
-    return body
+def _round(n: int = 1, shard: Any = 0, **changes: Any) -> dict[str, Any]:
+    """An ``r_rounds`` message of one round (with ``changes``) said to carry ``n`` arrays."""
+    one = {"key": 12, "round": 3, "kind": "d", "applied": [[0, 2], [1, 2]]}
+    one.update(changes)
+    return {"op": "r_rounds", "shard": shard, "arrays": [n], "rounds": [one]}
 
 
 def test_a_well_formed_replicated_round_passes() -> None:
     validate.request(Meta(Command.COMMAND, 1, (), _round()), [F32])
-    validate.request(Meta(Command.COMMAND, 1, (), _round(kind="r")),
+    validate.request(Meta(Command.COMMAND, 1, (), _round(2, kind="r")),
                      [np.arange(2), np.zeros((2, 3), np.float32)])
 
 
@@ -35,7 +35,7 @@ def test_a_well_formed_replicated_round_passes() -> None:
     (_round(kind="x"), [F32], "kind"),
     (_round(applied=[[0, "2"]]), [F32], "applied"),
     (_round(applied={"0": 2}), [F32], "applied"),
-    (_round(), [], "arrays"),
+    (_round(0), [], "arrays"),
     (_round(kind="r"), [F32], "arrays"),
     ({"op": "r_init", "shard": 0, "keys": [1, 2], "entries": [{}]}, [F32], "keys"),
     ({"op": "r_state", "shard": 0, "entries": "all"}, [], "entries"),

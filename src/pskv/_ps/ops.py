@@ -46,8 +46,7 @@ class ReplOp(str, enum.Enum):
     """A change of a shard, sent by the server serving it to its backup."""
 
     STATE = "r_state"              # the whole shard: entries, optimizer, states, compression
-    ROUND = "r_round"              # one applied round's merged value and its counters
-    ROUNDS = "r_rounds"            # several rounds as one message: rounds, arrays (counts)
+    ROUNDS = "r_rounds"            # applied rounds, one message: rounds, arrays (counts)
     INIT = "r_init"                # keys initialized
     OPTIMIZER = "r_optimizer"      # as Op.OPTIMIZER
     COMPRESSION = "r_compression"  # as Op.COMPRESSION
@@ -60,7 +59,7 @@ class ReplOp(str, enum.Enum):
     def applied_first(self) -> bool:
         """Whether the primary applies this change before replicating it (a whole copy
         taken at that moment has it, so it is not sent again after that copy)."""
-        return self in (ReplOp.NOOP, ReplOp.INIT, ReplOp.ROUND, ReplOp.ROUNDS)
+        return self in (ReplOp.NOOP, ReplOp.INIT, ReplOp.ROUNDS)
 
 
 _REPLICATED = {Op.OPTIMIZER: ReplOp.OPTIMIZER, Op.COMPRESSION: ReplOp.COMPRESSION,

@@ -214,7 +214,9 @@ def _nothing(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None
     """No field beyond the op."""
 
 
-def _r_round(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+def _one_round(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """One round of an ``r_rounds`` message: key, round, kind, the workers' applied counts,
+    the optimizer's counts, and its arrays."""
     _int(meta, body, "key", -(1 << 63), 1 << 63)
     _int(meta, body, "round", 0, 1 << 62)
     _str(meta, body, "kind", ("d", "r", "t", "l", "f"))
@@ -243,7 +245,7 @@ def _r_round(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None
 
 
 def _r_rounds(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
-    """Rounds sent as one message: ``rounds`` (each as ``r_round``'s fields) and ``arrays``,
+    """Applied rounds, as one message: ``rounds`` (each :func:`_one_round`) and ``arrays``,
     how many of the message's arrays each carries, in order, all of them. With ``ring``
     (``_ps/ring.py``) the arrays are in the link's shared memory, one entry each, and the
     message carries none (the entries themselves are checked as they are read)."""
@@ -259,7 +261,7 @@ def _r_rounds(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> Non
                             "message, or one ring entry each and none in the message)")
     pos = 0
     for one, n in zip(rounds, counts):
-        _r_round(meta, one, carried[pos:pos + n])
+        _one_round(meta, one, carried[pos:pos + n])
         pos += n
 
 
@@ -306,7 +308,7 @@ _OPS: dict[Op | ReplOp, Callable[[Meta, dict[str, Any], list[np.ndarray]], None]
     Op.SAVE: _dump, Op.LOAD: _state_bytes, Op.CHECKPOINT: _path, Op.RESTORE: _path,
     Op.APPLIED: _nothing, Op.INITIAL: _nothing, Op.LOOKUP: _lookup, Op.TABLE_STATS: _table_key,
     Op.CLOCK: _clock, Op.JOINED: _joined,
-    ReplOp.STATE: _r_entries, ReplOp.ROUND: _r_round, ReplOp.ROUNDS: _r_rounds,
+    ReplOp.STATE: _r_entries, ReplOp.ROUNDS: _r_rounds,
     ReplOp.INIT: _r_init,
     ReplOp.OPTIMIZER: _spec("spec", nullable=True), ReplOp.COMPRESSION: _spec("params", True),
     ReplOp.LOAD: _state_bytes, ReplOp.RESTORE: _path, ReplOp.NOOP: _nothing,

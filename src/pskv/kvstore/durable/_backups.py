@@ -171,8 +171,6 @@ class Backups:
         if meta.cmd != Command.COMMAND or not isinstance(body, dict):
             return None
         op = parse(body)
-        if op is ReplOp.ROUND and body.get("kind") in ("l", "f"):
-            return self._land
         if op is ReplOp.ROUNDS:
             # the arrays of logged rounds and whole states; the others' are applied at once
             rounds, counts = body.get("rounds"), body.get("arrays")
@@ -233,14 +231,11 @@ class Backups:
             arrays = ring.read(body["ring"], land or (lambda i, dtype, shape: None),
                                self.cfg.max_message_bytes)
         with self.lock:
-            if op in (ReplOp.ROUND, ReplOp.ROUNDS) and shard in self.engines:
+            if op is ReplOp.ROUNDS and shard in self.engines:
                 # the rounds are safe once they are here: acknowledge, then log or apply
                 # them (still under the lock, so a takeover sees them) while the primary
                 # answers
                 self.loop.send(conn, Command.ACK, meta.ts)
-                if op is ReplOp.ROUND:
-                    self._round(shard, body, arrays)
-                    return
                 pos = 0
                 for one, n in zip(body["rounds"], body["arrays"]):
                     self._round(shard, one, arrays[pos:pos + n])
@@ -321,7 +316,7 @@ def _restore(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> 
 #: how a backup applies each change to its copy (``ReplOp.STATE`` makes the copy,
 #: ``ReplOp.INIT`` is checked as a worker's INIT: :func:`apply_change`)
 _CHANGES: dict[ReplOp, Callable[[Engine, dict[str, Any], list[np.ndarray]], None]] = {
-    ReplOp.ROUND: _round, ReplOp.RESTORE: _restore,
+    ReplOp.RESTORE: _restore,
     ReplOp.OPTIMIZER: lambda engine, body, arrays: engine.set_optimizer_spec(body.get("spec")),
     ReplOp.COMPRESSION: lambda engine, body, arrays: engine.set_compression(body.get("params")),
     ReplOp.LOAD: lambda engine, body, arrays: engine.states_updater("load").set_states(

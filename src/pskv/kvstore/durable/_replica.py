@@ -170,7 +170,7 @@ class Replicator:
              wait: bool = True) -> None:
         """One change of the shard. ``wait``: return once the backup has applied it and
         every change before it (or is found dead); else :meth:`drain` waits for it."""
-        if op not in (ReplOp.ROUND, ReplOp.ROUNDS):
+        if op is not ReplOp.ROUNDS:
             self.flush()            # the rounds before this change go first
         if (self._conn is None and self.endpoints is None) or \
                 (op is ReplOp.NOOP and self._conn is not None):
@@ -192,8 +192,9 @@ class Replicator:
             self._lost(err)
 
     def flush(self) -> None:
-        """Send the rounds queued by :meth:`round`: one as ``r_round``, several as one
-        ``r_rounds`` message (one header, one acknowledgment), without waiting."""
+        """Send the rounds queued by :meth:`round` as one ``r_rounds`` message (one
+        header, one acknowledgment; the arrays in the ring or in the message), without
+        waiting."""
         if not self._batch:
             return
         batch, self._batch, self._batch_bytes = self._batch, [], 0
@@ -203,9 +204,6 @@ class Replicator:
             self.send(ReplOp.ROUNDS, {"rounds": [body for body, _ in batch],
                                       "arrays": [len(arrays) for _, arrays in batch],
                                       "ring": entries}, (), wait=False)
-            return
-        if len(batch) == 1:
-            self.send(ReplOp.ROUND, batch[0][0], batch[0][1], wait=False)
             return
         self.send(ReplOp.ROUNDS, {"rounds": [body for body, _ in batch],
                                   "arrays": [len(arrays) for _, arrays in batch]},
