@@ -225,7 +225,7 @@ def test_values_security_context_merges(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("values, match", [
     ({"securityContext": {"runAsUsr": 1000}}, r"securityContext\.runAsUsr is not a field of "
-                                              r"PodSecurityContext"),
+                                              r"the Kubernetes PodSecurityContext"),
     ({"worker": {"containerSecurityContext": {"capabilities": {"dropp": ["ALL"]}}}},
      r"worker\.containerSecurityContext\.capabilities\.dropp is not a field"),
     ({"pods": {"securityContext": "root"}}, r"pods\.securityContext must be a mapping"),
@@ -258,5 +258,5 @@ def test_docs_security_values_are_read() -> None:
     values = [d for d in _doc_yaml() if isinstance(d, dict) and "containerSecurityContext" in d]
     assert len(values) == 1
     opts = PodOptions.from_values(values[0])
-    assert json.loads(opts.for_role("worker").pod_security) == {
+    assert opts.for_role("worker").pod["securityContext"] == {
         "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000, "supplementalGroups": [44]}
