@@ -233,10 +233,10 @@ class PodOptions:
         secrets = body.get("imagePullSecrets") or []
         if isinstance(secrets, list):   # names, or {name: NAME} as the API writes them
             secrets = [{"name": s} if isinstance(s, str) else s for s in secrets]
-        pod = {"serviceAccountName": body.get("serviceAccountName"),
-               "imagePullSecrets": secrets}
+        pod = {k: v for k, v in (("serviceAccountName", body.get("serviceAccountName")),
+                                  ("imagePullSecrets", secrets)) if v}
         check(pod, "V1PodSpec", where, read={"containers": [], **pod})
-        kw["service_account"] = pod["serviceAccountName"]
+        kw["service_account"] = pod.get("serviceAccountName")
         kw["image_pull_secrets"] = tuple(s["name"] for s in secrets if s.get("name"))
         kw["labels"], kw["annotations"] = _labels(body, where)
         if body.get("checkpointClaim") is not None:

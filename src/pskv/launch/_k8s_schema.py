@@ -98,6 +98,8 @@ def check(value: Any, kind: str, where: str, *, extra: Sequence[str] = (),
     """Check `value` against the API's `kind` (``V1PodSpec``, ``V1Toleration``, ...);
     ConfigError naming `where` and the field. `read`: what the client's reader is given
     instead (a patch completed with the fields the launcher fills in)."""
+    if not value:
+        return   # nothing given, nothing to check (and no client needed)
     models = client()
     _walk(value, kind, where, models, extra)
     try:
