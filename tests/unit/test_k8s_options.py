@@ -6,7 +6,10 @@ the field of the pod it lands in.
 """
 from __future__ import annotations
 
+import io
 import json
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +19,14 @@ from pskv._ps.config import ENV_CHECKPOINT_DIR
 from pskv.errors import ConfigError
 from pskv.launch import LaunchSpec, launch, parse_args
 from pskv.launch._k8s_options import CHECKPOINT_MOUNT, PodOptions, pod_options
-from pskv.launch._kubernetes import job_manifests
+from pskv.launch._kubernetes import job_manifests, run_kubernetes
 
 try:
     # imported with the module, not in a test: urllib3 probes for IPv6 with a socket on import
-    import kubernetes.client  # noqa: F401
-    HAVE_CLIENT = True
+    from kubernetes import client as k8s_client
 except ImportError:
-    HAVE_CLIENT = False
+    k8s_client = None
+HAVE_CLIENT = k8s_client is not None
 #: pod settings are checked by the client's models (docs/kubernetes.md)
 needs_client = pytest.mark.skipif(not HAVE_CLIENT, reason="pod settings are checked by the "
                                   "Kubernetes client's models: pip install 'pskv[kubernetes]'")
@@ -280,6 +283,12 @@ def test_without_the_client_pod_settings_say_how_to_get_it(
     ms = manifests()
     assert container(ms, "j-worker-0")["resources"]["requests"] == {"cpu": "1",
                                                                     "memory": "1Gi"}
+    yaml = pytest.importorskip("yaml", reason="--dry-run prints YAML: PyYAML")
+    out = io.StringIO()
+    spec = parse_args([*BASE, "--dry-run", "python", "train.py"], environ={})
+    assert run_kubernetes(spec, stdout=out, environ={"PSKV_SECRET": "s"}).returncode == 0
+    printed = list(yaml.safe_load_all(out.getvalue()))
+    assert [m["kind"] for m in printed] == ["Secret", "Service"] + ["Job"] * 4
 
 
 def test_empty_values_file_is_no_settings(tmp_path: Path) -> None:
@@ -406,3 +415,44 @@ def test_pod_settings_need_the_kubernetes_launcher() -> None:
         parse_args(["-n", "1", "--requests", "cpu=1", "x"], environ={})
     with pytest.raises(ConfigError, match="only apply to --launcher kubernetes"):
         LaunchSpec(("x",), 1, pods=PodOptions(service_account="a"))
+
+
+# -- docs/kubernetes.md's examples are what the launcher does ----------------------------
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
+
+
+def _doc_block(first_line: str) -> str:
+    blocks = re.findall(r"```(?:yaml|bash)\n(.*?)```", DOCS.read_text(encoding="utf-8"), re.S)
+    found = [b for b in blocks if first_line in b]
+    assert len(found) == 1, first_line
+    return str(found[0])
+
+
+@needs_client
+def test_docs_pod_settings_examples_are_true(tmp_path: Path) -> None:
+    pytest.importorskip("yaml", reason="PyYAML: pip install 'pskv[kubernetes]'")
+    values = tmp_path / "pods.yaml"
+    values.write_text(_doc_block("# pods.yaml: the same fields, by role"))
+    command = shlex.split(_doc_block("--values pods.yaml").replace("\\\n", " "))
+    assert command[0] == "pskv-launch"
+    spec = parse_args([str(values) if a == "pods.yaml" else a for a in command[1:]],
+                      environ={})
+    ms = {m["metadata"]["name"]: m for m in job_manifests(spec, name="j", namespace="ns",
+                                                          secret="s")}
+    worker, server = (ms[n]["spec"]["template"]["spec"] for n in ("j-worker-0", "j-server-0"))
+    assert worker["containers"][0]["resources"] == {
+        "requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"nvidia.com/gpu": "1"}}
+    assert worker["nodeSelector"] == {"pool": "train"} and worker["restartPolicy"] == "OnFailure"
+    assert worker["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "ml",
+                                      "effect": "NoSchedule"}]
+    assert [v["name"] for v in worker["volumes"]] == ["scratch", "data", "pskv-run"]
+    assert {"name": "data", "mountPath": "/data", "readOnly": True} in \
+        worker["containers"][0]["volumeMounts"]
+    assert [v["name"] for v in server["volumes"]] == ["scratch", "pskv-checkpoints", "pskv-run"]
+    assert ms["j-worker-0"]["metadata"]["annotations"] == {"owner": "alice"}
+    more = tmp_path / "more.yaml"
+    more.write_text(_doc_block("# more.yaml"))
+    ms = manifests("--values", str(more))
+    assert pod(ms, "j-worker-0")["affinity"]["nodeAffinity"]
+    assert "affinity" not in pod(ms, "j-server-0")
+    assert {pod(ms, n)["priorityClassName"] for n in PODS} == {"batch"}

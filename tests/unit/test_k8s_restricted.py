@@ -25,10 +25,10 @@ from pskv.launch._kubernetes import job_manifests
 try:
     # imported with the module, not in a test: urllib3 probes for IPv6 with a socket on import
     # (pod settings are checked by the client's models)
-    import kubernetes.client  # noqa: F401
-    HAVE_CLIENT = True
+    from kubernetes import client as k8s_client
 except ImportError:
-    HAVE_CLIENT = False
+    k8s_client = None
+HAVE_CLIENT = k8s_client is not None
 #: pod settings (flags, --values) are checked by the client's models (docs/kubernetes.md)
 needs_client = pytest.mark.skipif(not HAVE_CLIENT, reason="pod settings are checked by the "
                                   "Kubernetes client's models: pip install 'pskv[kubernetes]'")
