@@ -252,16 +252,19 @@ def test_a_section_is_a_pod_spec_patch(tmp_path: Path) -> None:
     path.write_text(json.dumps({
         "pods": {"priorityClassName": "batch", "terminationGracePeriodSeconds": 60},
         "worker": {"affinity": affinity, "nodeSelector": {"pool": "gpu"},
+                   "serviceAccountName": "from-file",
                    "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"},
                                 "mountPath": "/dev/shm"},
                                {"name": "nfs", "nfs": {"server": "fs", "path": "/x"},
                                 "mountPath": "/nfs", "readOnly": True}]}}))
-    ms = manifests("--values", str(path), "--node-selector", "worker:disk=ssd")
+    ms = manifests("--values", str(path), "--node-selector", "worker:disk=ssd",
+                   "--service-account", "from-flag")
     worker, server = pod(ms, "j-worker-0"), pod(ms, "j-server-0")
     assert worker["affinity"] == affinity and "affinity" not in server
     assert worker["priorityClassName"] == server["priorityClassName"] == "batch"
     assert worker["terminationGracePeriodSeconds"] == 60
     assert worker["nodeSelector"] == {"pool": "gpu", "disk": "ssd"}   # a flag merges in
+    assert worker["serviceAccountName"] == "from-flag"                 # and wins
     assert worker["volumes"] == [{"name": "shm", "emptyDir": {"medium": "Memory"}},
                                  {"name": "nfs", "nfs": {"server": "fs", "path": "/x"}}]
     assert container(ms, "j-worker-0")["volumeMounts"] == [

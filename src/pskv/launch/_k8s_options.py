@@ -1,7 +1,7 @@
 """What the kubernetes launcher puts into its pods beyond pskv's own: `PodOptions`.
 
-Pod settings come from a values file (YAML or JSON) and from flags; `pod_options` reads
-both into patches of the pods: each flag is a small one (``--requests worker:cpu=4`` is
+Pod settings come from a values file (YAML or JSON) and from flags (both read by
+_k8s_input.py); `pod_options` turns them into patches of the pods: each flag is a small one (``--requests worker:cpu=4`` is
 ``{resources: {requests: {cpu: '4'}}}`` for the workers), and a section of the file
 (``pods:`` or a role's) is a patch of the PodSpec itself, any field of it, with pskv's
 shorthands for the container (`SHORTHANDS`: resources, volumes with their mounts,
@@ -22,13 +22,12 @@ from __future__ import annotations
 import copy
 import difflib
 import json
-import re
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import ConfigError
-from ._k8s_schema import at, check, client
+from ._k8s_input import flag_section, load_values
+from ._k8s_schema import INSTALL, at, check, client
 
 __all__ = ["CHECKPOINT_MOUNT", "PodOptions", "RESTART_POLICIES", "ROLES", "RolePods",
            "SHORTHANDS", "TOP_KEYS", "load_values", "patched", "pod_options"]
@@ -88,7 +87,7 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
     return value
 
 
-def _texts(value: object) -> object:
+def _texts(value: object) -> Any:
     """A map's numbers as the strings the API wants (``cpu: 2``, ``version: 1``); anything
     else as it is, for the schema to accept or refuse."""
     if not isinstance(value, Mapping):
@@ -276,77 +275,9 @@ def _restart_policy(value: object, where: str) -> str:
     return str(value)
 
 
-def load_values(path: str) -> dict[str, Any]:
-    """Read a values file: JSON when it ends in ``.json``, else YAML (needs PyYAML)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"--values {path}: cannot read it ({err.strerror or err}). Pass a "
-                          "YAML or JSON file.") from None
-    try:
-        if path.endswith(".json"):
-            data = json.loads(text)
-        else:
-            try:
-                import yaml  # type: ignore[import-untyped,unused-ignore]
-            except ImportError:
-                raise ConfigError(f"--values {path} is YAML and needs PyYAML. Install it "
-                                  "with pip install 'pskv[kubernetes]', or write the file "
-                                  "as JSON (NAME.json).") from None
-            data = yaml.safe_load(text)
-    except ConfigError:
-        raise
-    except Exception as err:  # json.JSONDecodeError, yaml.YAMLError: both say where
-        raise ConfigError(f"--values {path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
-                          f"{err}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"--values {path} must hold a mapping of settings, not "
-                          f"{type(data).__name__}. {_DOCS}")
-    return data
-
-
 def _split_role(text: str) -> tuple[str | None, str]:
     head, sep, rest = text.partition(":")
     return (head, rest) if sep and head in ROLES else (None, text)
-
-
-def _key_values(text: str, flag: str, example: str, many: bool = True) -> dict[str, str]:
-    """``KEY=VALUE[,KEY=VALUE...]`` (one pair unless `many`: a value may hold commas)."""
-    out = {}
-    for part in text.split(",") if many else [text]:
-        key, eq, value = part.partition("=")
-        if not eq or not key.strip():
-            raise ConfigError(f"{flag} {text!r}: write [ROLE:]KEY=VALUE, e.g. {flag} {example}.")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def _toleration(text: str, where: str) -> dict[str, str]:
-    """``KEY[=VALUE][:EFFECT]``: with a value operator Equal, without it Exists."""
-    rest, _, effect = text.partition(":")
-    key, eq, value = rest.partition("=")
-    if not key:
-        raise ConfigError(f"{where} has no key. Write KEY=VALUE:EFFECT, KEY:EFFECT or KEY "
-                          "(any value), e.g. gpu=true:NoSchedule.")
-    out = {"key": key, "operator": "Equal" if eq else "Exists"}
-    out.update({"value": value} if eq else {})
-    out.update({"effect": effect} if effect else {})
-    return out
-
-
-def _claim(text: str, where: str, index: int) -> dict[str, Any]:
-    """``CLAIM:MOUNTPATH[:ro]``: mount an existing PersistentVolumeClaim."""
-    claim, _, rest = text.partition(":")
-    path, _, mode = rest.partition(":")
-    if not claim or not path or mode not in ("", "ro", "rw"):
-        raise ConfigError(f"{where}: write CLAIM:MOUNTPATH or CLAIM:MOUNTPATH:ro, e.g. "
-                          "data-pvc:/data:ro.")
-    # the volume is named after the claim when the claim's name is a volume name
-    name = claim if re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", claim) \
-        else f"claim-{index}"
-    return {"name": name, "claim": claim, "mountPath": path, "readOnly": mode == "ro"}
 
 
 def pod_options(values_file: str | None = None, *, values: Mapping[str, Any] | None = None,
@@ -375,37 +306,28 @@ def pod_options(values_file: str | None = None, *, values: Mapping[str, Any] | N
         try:
             base = PodOptions.from_values(load_values(values_file), "")
         except ConfigError as err:
-            if str(err).startswith(("--values", "Pod settings")):
+            if str(err).startswith(("--values", INSTALL)):
                 raise
             raise ConfigError(f"--values {values_file}: {err}") from None
     if values is not None:
         base = base.over(PodOptions.from_values(values, ""))
     layers: list[tuple[str | None, RolePods]] = []
     top: dict[str, Pairs] = {"labels": (), "annotations": ()}
-    sections: list[tuple[str, Iterable[str], Any]] = [
-        ("--label", labels, lambda rest, w, i: {"labels": _key_values(rest, "--label",
-                                                                      "team=ml", False)}),
-        ("--annotation", annotations, lambda rest, w, i: {
-            "annotations": _key_values(rest, "--annotation", "owner=alice", False)}),
-        ("--requests", requests, lambda rest, w, i: {"resources": {"requests": _key_values(
-            rest, "--requests", "worker:cpu=4,memory=16Gi")}}),
-        ("--limits", limits, lambda rest, w, i: {"resources": {"limits": _key_values(
-            rest, "--limits", "worker:cpu=4,memory=16Gi")}}),
-        ("--node-selector", node_selectors, lambda rest, w, i: {"nodeSelector": _key_values(
-            rest, "--node-selector", "worker:nvidia.com/gpu.present=true", False)}),
-        ("--toleration", tolerations, lambda rest, w, i: {"tolerations": [
-            _toleration(rest, w)]}),
-        ("--claim", claims, lambda rest, w, i: {"volumes": [_claim(rest, w, i)]})]
-    for flag, items, section in sections:
+    for flag, items in (("--label", labels), ("--annotation", annotations),
+                        ("--requests", requests), ("--limits", limits),
+                        ("--node-selector", node_selectors), ("--toleration", tolerations),
+                        ("--claim", claims)):
         for i, text in enumerate(items):
             role, rest = _split_role(text)
             where = f"{flag} {text!r}"
-            layer = RolePods.from_api(section(rest, where, i), where)
+            layer = RolePods.from_api(flag_section(flag, rest, where, i), where)
             if role is None and flag in ("--label", "--annotation"):   # every object's
                 top["labels"] += layer.labels
                 top["annotations"] += layer.annotations
             else:
                 layers.append((role, layer))
+    if service_account is not None:   # over a section's serviceAccountName too
+        layers.insert(0, (None, RolePods(pod={"serviceAccountName": service_account})))
     flags = PodOptions(
         restart_policy=None if restart_policy is None
         else _restart_policy(restart_policy, "--restart-policy"),

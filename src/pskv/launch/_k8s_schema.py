@@ -19,7 +19,7 @@ from ..errors import ConfigError
 
 __all__ = ["INSTALL", "at", "check", "client"]
 
-INSTALL = ("pod settings (--values, --requests, --claim, ...) are checked against the "
+INSTALL = ("Pod settings (--values, --requests, --claim, ...) are checked against the "
            "Kubernetes API's schema with the official client: pip install 'pskv[kubernetes]'.")
 _DOCS = "See docs/kubernetes.md."
 _LIST = re.compile(r"list\[(.*)\]\Z", re.I)
@@ -34,7 +34,7 @@ def client() -> Any:
     try:
         from kubernetes import client as models
     except ImportError:
-        raise ConfigError(INSTALL[0].upper() + INSTALL[1:]) from None
+        raise ConfigError(INSTALL) from None
     return models
 
 
