@@ -1,11 +1,11 @@
 """What the kubernetes launcher puts into its pods beyond pskv's own: `PodOptions`.
 
 Pod settings come from a values file (YAML or JSON) and from flags (both read by
-_k8s_input.py); `pod_options` turns them into patches of the pods: each flag is a small one (``--requests worker:cpu=4`` is
-``{resources: {requests: {cpu: '4'}}}`` for the workers), and a section of the file
-(``pods:`` or a role's) is a patch of the PodSpec itself, any field of it, with pskv's
-shorthands for the container (`SHORTHANDS`: resources, volumes with their mounts,
-labels, annotations, containerSecurityContext). The fields are checked against the API's
+_k8s_input.py); `pod_options` turns them into patches of the pods: each flag is a small
+one (``--requests worker:cpu=4`` is ``{resources: {requests: {cpu: '4'}}}`` for the
+workers), and a section of the file (``pods:`` or a role's) is a patch of the PodSpec
+itself, any field of it, with pskv's shorthands for the container (`SHORTHANDS`:
+resources, volumes with their mounts, labels, annotations, containerSecurityContext). The fields are checked against the API's
 schema by the official client's models (_k8s_schema.py); pskv checks only what the schema
 cannot say and the launcher relies on: its own keys, its reserved labels, the restart
 policies it supports, and (when the manifests are made) the ``restricted`` level.
