@@ -24,10 +24,14 @@ from pskv.launch._kubernetes import job_manifests
 
 try:
     # imported with the module, not in a test: urllib3 probes for IPv6 with a socket on import
-    # (--values' securityContext is read by the client's models)
-    import kubernetes.client  # noqa: F401
+    # (pod settings are checked by the client's models)
+    from kubernetes import client as k8s_client
 except ImportError:
-    pass
+    k8s_client = None
+HAVE_CLIENT = k8s_client is not None
+#: pod settings (flags, --values) are checked by the client's models (docs/kubernetes.md)
+needs_client = pytest.mark.skipif(not HAVE_CLIENT, reason="pod settings are checked by the "
+                                  "Kubernetes client's models: pip install 'pskv[kubernetes]'")
 
 BASE = ["--launcher", "kubernetes", "--image", "img", "--job-name", "j", "-n", "2", "-s", "2"]
 #: baseline: the capabilities a container may add (restricted: NET_BIND_SERVICE alone)
@@ -126,7 +130,8 @@ EVERYTHING = ["--requests", "worker:cpu=4", "--limits", "worker:nvidia.com/gpu=1
 
 
 # -- the checker, and what it says of the launcher's pods -------------------------------
-@pytest.mark.parametrize("flags", [[], EVERYTHING], ids=["plain", "every-setting"])
+@pytest.mark.parametrize("flags", [[], pytest.param(EVERYTHING, marks=needs_client)],
+                         ids=["plain", "every-setting"])
 def test_every_pod_passes_the_restricted_level(flags: list[str]) -> None:
     made = jobs(*flags)
     assert sorted(made) == sorted(NODES)
@@ -178,6 +183,7 @@ def test_with_max_restarts_the_kubelet_restarts_and_the_job_counts() -> None:
 
 
 # -- resources and probes ---------------------------------------------------------------
+@needs_client
 def test_resources_by_default_and_given_ones_win() -> None:
     made = jobs("--requests", "worker:memory=32Gi")
     res = template(made["j-server-0"])["containers"][0]["resources"]
@@ -204,6 +210,7 @@ def test_probes_check_ports_the_container_declares() -> None:
 
 
 # -- --values: a securityContext merged over the defaults -------------------------------
+@needs_client
 def test_values_security_context_merges(tmp_path: Path) -> None:
     path = tmp_path / "v.json"
     path.write_text(json.dumps({
@@ -225,13 +232,13 @@ def test_values_security_context_merges(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("values, match", [
     ({"securityContext": {"runAsUsr": 1000}}, r"securityContext\.runAsUsr is not a field of "
-                                              r"PodSecurityContext"),
+                                              r"the Kubernetes PodSecurityContext"),
     ({"worker": {"containerSecurityContext": {"capabilities": {"dropp": ["ALL"]}}}},
      r"worker\.containerSecurityContext\.capabilities\.dropp is not a field"),
     ({"pods": {"securityContext": "root"}}, r"pods\.securityContext must be a mapping"),
 ])
+@needs_client
 def test_bad_security_context(values: dict[str, Any], match: str) -> None:
-    pytest.importorskip("kubernetes.client", reason="pip install 'pskv[kubernetes]'")
     with pytest.raises(ConfigError, match=match):
         PodOptions.from_values(values)
 
@@ -254,9 +261,10 @@ def test_docs_job_is_the_launchers() -> None:
     assert violations(template(shown[0])) == []
 
 
+@needs_client
 def test_docs_security_values_are_read() -> None:
     values = [d for d in _doc_yaml() if isinstance(d, dict) and "containerSecurityContext" in d]
     assert len(values) == 1
     opts = PodOptions.from_values(values[0])
-    assert json.loads(opts.for_role("worker").pod_security) == {
+    assert opts.for_role("worker").pod["securityContext"] == {
         "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000, "supplementalGroups": [44]}

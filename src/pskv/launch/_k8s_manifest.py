@@ -18,9 +18,10 @@ from typing import Any, Mapping
 from .._ps.config import (ENV_CHECKPOINT_DIR, ENV_CONNECT_TIMEOUT, ENV_MAX_RESTARTS,
                           ENV_METRICS_PORT, ENV_NODE_HOST, ENV_SECRET, Role)
 from ..errors import ConfigError
-from ._k8s_options import CHECKPOINT_MOUNT, PodOptions, RolePods, Volume
+from ._k8s_options import CHECKPOINT_MOUNT, PodOptions, RolePods, patched
+from ._k8s_schema import check
 from ._k8s_security import (CONTAINER_SECURITY, DEFAULT_LIMITS, DEFAULT_REQUESTS,
-                            POD_SECURITY, merged, probes)
+                            POD_SECURITY, probes, restricted_problem)
 from ._env import cluster_env
 from ._spec import DEFAULT_SERVER_COMMAND, LaunchSpec
 
@@ -73,11 +74,10 @@ def _resources(pods: RolePods) -> dict[str, dict[str, str]]:
     """The container's requests and limits: the defaults under the given ones. A default
     is left out for a resource given in either part (a default limit under a larger given
     request, or a default request over a smaller given limit, would be refused)."""
-    given = dict(pods.requests).keys() | dict(pods.limits).keys()
-    out = {"requests": {k: v for k, v in DEFAULT_REQUESTS if k not in given},
-           "limits": {k: v for k, v in DEFAULT_LIMITS if k not in given}}
-    out["requests"].update(pods.requests)
-    out["limits"].update(pods.limits)
+    given = pods.container.get("resources") or {}
+    named = set(given.get("requests") or {}) | set(given.get("limits") or {})
+    out = patched({"requests": {k: v for k, v in DEFAULT_REQUESTS if k not in named},
+                   "limits": {k: v for k, v in DEFAULT_LIMITS if k not in named}}, given)
     return {part: amounts for part, amounts in out.items() if amounts}
 
 
@@ -114,12 +114,12 @@ def _job(name: str, role: Role, rank: int | None, spec: LaunchSpec,
         # announce the pod's own IP; the scheduler binds 0.0.0.0 (DMLC_USE_KUBERNETES)
         env_list.append({"name": ENV_NODE_HOST, "valueFrom": {
             "fieldRef": {"fieldPath": "status.podIP"}}})
-    volumes = [v.to_api() for v in pods.volumes]
     policy = "Never" if role is Role.SCHEDULER else restart_policy(spec)
+    own = []   # the launcher's own volumes: (V1Volume, V1VolumeMount)
     if policy == "OnFailure":
         command = (*POD_ENTRY, RESTART_COUNT_FILE, str(spec.max_restarts), "--", *command)
-        volumes.append(({"name": "pskv-run", "emptyDir": {}},
-                        {"name": "pskv-run", "mountPath": RESTART_DIR}))
+        own.append(({"name": "pskv-run", "emptyDir": {}},
+                    {"name": "pskv-run", "mountPath": RESTART_DIR}))
     container: dict[str, Any] = {"name": CONTAINER, "image": spec.image,
                                  "command": list(command), "env": env_list}
     ports = []
@@ -133,16 +133,15 @@ def _job(name: str, role: Role, rank: int | None, spec: LaunchSpec,
         container["ports"] = ports
     container["resources"] = _resources(pods)
     container.update(probes(role.value, metrics_port))
-    container["securityContext"] = merged(CONTAINER_SECURITY, json.loads(
-        pods.container_security or "{}"))
-    mounts = [m for _, m in volumes]
-    paths = [m["mountPath"] for m in mounts]
+    container["securityContext"] = CONTAINER_SECURITY
+    container = patched(container, {k: v for k, v in pods.container.items()
+                                    if k != "resources"})
+    container = patched(container, {"volumeMounts": [m for _, m in own]} if own else {})
+    paths = [m.get("mountPath") for m in container.get("volumeMounts", [])]
     twice = sorted({p for p in paths if paths.count(p) > 1})
     if twice:
         raise ConfigError(f"the {role.value} pods would mount two volumes at "
                           f"{', '.join(twice)}. Give each volume its own mountPath.")
-    if mounts:
-        container["volumeMounts"] = mounts
     metadata: dict[str, Any] = {"labels": labels}
     annotations = {**meta.get("annotations", {}), **dict(pods.annotations)}
     if annotations:
@@ -153,20 +152,32 @@ def _job(name: str, role: Role, rank: int | None, spec: LaunchSpec,
         pod_spec["serviceAccountName"] = options.service_account
     if options.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
-    if pods.node_selector:
-        pod_spec["nodeSelector"] = dict(pods.node_selector)
-    if pods.tolerations:
-        pod_spec["tolerations"] = [t.to_api() for t in pods.tolerations]
-    pod_spec["securityContext"] = merged(POD_SECURITY, json.loads(pods.pod_security or "{}"))
+    pod_spec["securityContext"] = POD_SECURITY
     pod_spec["containers"] = [container]
-    if volumes:
-        pod_spec["volumes"] = [v for v, _ in volumes]
+    pod_spec = patched(pod_spec, pods.pod)
+    if own:
+        pod_spec = patched(pod_spec, {"volumes": [v for v, _ in own]})
+    _check_pod(pod_spec, role, options)
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "namespace": meta["namespace"], **metadata},
             "spec": {**_job_spec(spec, policy),
                      # a copy: shared dicts would print as YAML anchors (&id001)
                      "template": {"metadata": json.loads(json.dumps(metadata)),
                                   "spec": pod_spec}}}
+
+
+def _check_pod(pod: Manifest, role: Role, options: PodOptions) -> None:
+    """With pod settings, the pod spec they made, against the API's schema (the client's
+    models) and the ``restricted`` level; ConfigError naming the role."""
+    if options.is_empty():
+        return   # the launcher's own fields: tests/unit/test_k8s_schema.py checks them
+    where = f"the {role.value} pods' spec"
+    problem = restricted_problem(pod)
+    if problem:
+        raise ConfigError(f"{where}: {problem}: a namespace at the restricted Pod Security "
+                          "level refuses the pod. Drop that setting from --values (docs/"
+                          "kubernetes.md, 'What the pods are allowed').")
+    check(pod, "V1PodSpec", where)
 
 
 def _checkpoint_volume(options: PodOptions, spec: LaunchSpec) -> RolePods | None:
@@ -179,8 +190,9 @@ def _checkpoint_volume(options: PodOptions, spec: LaunchSpec) -> RolePods | None
         raise ConfigError(f"{ENV_CHECKPOINT_DIR}={path!r}: with --checkpoint-claim it is "
                           "where the claim is mounted, an absolute path. Pass --env "
                           f"{ENV_CHECKPOINT_DIR}:/ckpt, or leave it out ({CHECKPOINT_MOUNT}).")
-    return RolePods(volumes=(Volume("pskv-checkpoints", "claim", options.checkpoint_claim,
-                                    path),))
+    return RolePods(pod={"volumes": [{"name": "pskv-checkpoints", "persistentVolumeClaim": {
+        "claimName": options.checkpoint_claim}}]},
+        container={"volumeMounts": [{"name": "pskv-checkpoints", "mountPath": path}]})
 
 
 def job_manifests(spec: LaunchSpec, *, name: str, namespace: str, secret: str,
@@ -257,7 +269,8 @@ def job_manifests(spec: LaunchSpec, *, name: str, namespace: str, secret: str,
         env.pop(ENV_SECRET, None)  # from --env PSKV_SECRET:...: pods read it from the Secret
         env[ENV_USE_KUBERNETES] = "1"
         if checkpoints is not None:
-            env.setdefault(ENV_CHECKPOINT_DIR, checkpoints.volumes[0].mount_path)
+            env.setdefault(ENV_CHECKPOINT_DIR,
+                           checkpoints.container["volumeMounts"][0]["mountPath"])
         if spec.max_restarts:
             # the scheduler waits for a dead node's restart (as pskv-launch's supervisor)
             env[ENV_MAX_RESTARTS] = str(spec.max_restarts)

@@ -4,21 +4,18 @@ The Pod Security Standards' ``restricted`` profile (kubernetes.io/docs/concepts/
 pod-security-standards) refuses a pod unless it runs as a non-root user, with no privilege
 escalation, every capability dropped and the runtime's default seccomp profile. The
 defaults here satisfy it; a values file's ``securityContext`` (the pod's) and
-``containerSecurityContext`` (the container's) merge over them key by key, and are read
-into the official client's models when it is installed, so a misspelt field is refused
-before anything is created. Also here: the default resources and the probes.
+``containerSecurityContext`` (the container's) merge over them key by key (their fields
+are checked by the client's models, _k8s_schema.py), and `restricted_problem` refuses a
+pod they would take out of the level. Also here: the default resources and the probes.
 
 Invariant: every function is pure; nothing here knows the job or talks to a cluster.
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping
 
-from ..errors import ConfigError
-
 __all__ = ["CONTAINER_SECURITY", "DEFAULT_LIMITS", "DEFAULT_REQUESTS", "POD_SECURITY",
-           "RUN_AS_USER", "check_security", "merged", "probes"]
+           "RUN_AS_USER", "probes", "restricted_problem"]
 
 #: the uid and gid the pods run as unless a values file says otherwise (restricted needs
 #: a non-root user; 65532 is the distroless images' "nonroot")
@@ -37,67 +34,44 @@ DEFAULT_LIMITS: tuple[tuple[str, str], ...] = (("memory", "8Gi"),)
 #: the probes' timing: the scheduler gets two minutes to listen, then three missed checks
 _TIMING = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}
 _STARTUP = {"periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 24}
-_MODELS = {"securityContext": "V1PodSecurityContext",
-           "containerSecurityContext": "V1SecurityContext"}
 
 
-def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """`over` on `base`: mappings merge key by key (recursively), anything else replaces."""
-    out = dict(base)
-    for key, value in over.items():
-        old = out.get(key)
-        out[key] = merged(old, value) if isinstance(old, Mapping) and \
-            isinstance(value, Mapping) else value
-    return out
+def restricted_problem(pod: Mapping[str, Any]) -> str | None:
+    """The first setting of a pod spec that the ``restricted`` level refuses, or None.
 
-
-def check_security(value: object, where: str, field: str) -> str:
-    """A values file's `field` (``securityContext`` or ``containerSecurityContext``) as
-    canonical JSON; raises ConfigError when it is no mapping or a field is unknown to the
-    API's schema (read with the official client's model, when it is installed)."""
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{where} must be a mapping of {_MODELS[field][2:]} fields (e.g. "
-                          "runAsUser: 1000), not "f"{type(value).__name__}. See "
-                          "docs/kubernetes.md.")
-    body = json.loads(json.dumps(value))
-    try:
-        from kubernetes import client
-    except ImportError:  # the launcher needs the client to create anything anyway
-        return json.dumps(body, sort_keys=True)
-    api: Any = client.ApiClient()
-    try:
-        model = api._ApiClient__deserialize(body, _MODELS[field])
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"{where} is not a valid {_MODELS[field][2:]}: {err}. See "
-                          "docs/kubernetes.md.") from None
-    back = api.sanitize_for_serialization(model)
-    lost = _lost(body, back, where)
-    if lost:
-        raise ConfigError(f"{lost} is not a field of {_MODELS[field][2:]} (Kubernetes API): "
-                          "check its spelling and nesting (e.g. capabilities: {drop: "
-                          "[ALL]}). See docs/kubernetes.md.")
-    return json.dumps(body, sort_keys=True)
-
-
-def _lost(body: Any, back: Any, where: str) -> str | None:
-    """The first field of `body` that the model's round trip dropped or changed."""
-    if isinstance(body, Mapping):
-        for key, value in body.items():
-            if not isinstance(back, Mapping) or key not in back:
-                return f"{where}.{key}"
-            inner = _lost(value, back[key], f"{where}.{key}")
-            if inner:
-                return inner
-        return None
-    if isinstance(body, list):
-        if not isinstance(back, list) or len(back) != len(body):
-            return where
-        for i, (a, b) in enumerate(zip(body, back)):
-            inner = _lost(a, b, f"{where}[{i}]")
-            if inner:
-                return inner
-        return None
-    return None if body == back else where
+    The pod's and each container's securityContext (with the defaults above under the
+    values file's) and the host namespaces: what a values file can change. Volumes are the
+    user's to choose (a ``hostPath`` one is refused by a restricted namespace itself)."""
+    psc = pod.get("securityContext") or {}
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(field):
+            return f"{field}: true (the pod would share the node's namespaces)"
+    if psc.get("runAsNonRoot") is False or psc.get("runAsUser") == 0:
+        return "securityContext runAsNonRoot: false or runAsUser: 0 (root)"
+    pod_seccomp = (psc.get("seccompProfile") or {}).get("type", "RuntimeDefault")
+    if pod_seccomp not in ("RuntimeDefault", "Localhost"):
+        return f"securityContext seccompProfile type {pod_seccomp} (use RuntimeDefault)"
+    for c in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
+        sc = c.get("securityContext") or {}
+        caps = sc.get("capabilities") or {}
+        added = sorted(set(caps.get("add") or []) - {"NET_BIND_SERVICE"})
+        seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+        for bad, what in (
+                (sc.get("privileged"), "containerSecurityContext privileged: true"),
+                (sc.get("allowPrivilegeEscalation") is not False,
+                 "containerSecurityContext allowPrivilegeEscalation is not false"),
+                ("ALL" not in (caps.get("drop") or []),
+                 "containerSecurityContext capabilities.drop has no ALL"),
+                (added, f"containerSecurityContext capabilities.add {added} (only "
+                        "NET_BIND_SERVICE is allowed)"),
+                (sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is not True,
+                 "runAsNonRoot is not true"),
+                (sc.get("runAsUser") == 0, "runAsUser: 0 (root)"),
+                (seccomp not in ("RuntimeDefault", "Localhost"),
+                 f"seccompProfile type {seccomp} (use RuntimeDefault or Localhost)")):
+            if bad:
+                return what if c.get("name") == "pskv" else f"container {c.get('name')}: {what}"
+    return None
 
 
 def probes(role: str, metrics_port: int | None) -> dict[str, Any]:
