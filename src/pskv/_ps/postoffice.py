@@ -61,11 +61,15 @@ class Postoffice:
         Called by the control thread about every half heartbeat interval (a worker's
         store sends a push it held too long); it must not block, and may run before
         ``start`` returns.
+    beat_extra : callable, optional
+        What else each heartbeat carries (a dict; a server: which workers closed its sync
+        rounds, for the scheduler's straggler view); called on the heartbeat thread.
     """
 
     def __init__(self, cfg: ClusterConfig, zctx: ZmqContext,
                  endpoints: dict[str, str] | None = None, mode: str | None = None,
-                 idle_hook: Callable[[], None] | None = None) -> None:
+                 idle_hook: Callable[[], None] | None = None,
+                 beat_extra: Callable[[], dict[str, Any]] | None = None) -> None:
         self.cfg = cfg
         self.role = cfg.role.value
         self._zctx = zctx
@@ -109,7 +113,7 @@ class Postoffice:
         self.metrics_host = ""
         #: what else a heartbeat carries (a server: which workers closed its sync rounds,
         #: for the scheduler's job-wide straggler view); called on the heartbeat thread
-        self.beat_extra: Callable[[], dict[str, Any]] | None = None
+        self.beat_extra = beat_extra
 
     # ---- the membership, read-only ---------------------------------------------------------
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from typing import Any, Callable
 
@@ -24,7 +25,8 @@ from ..._ps.ops import BACKUP_ENDPOINT, ReplOp, parse
 from ..._ps.postoffice import Postoffice
 from ..._ps.ring import RingReader
 from ..._ps.sealed import SealedConn
-from ..._ps.stream import StreamConn
+from ..._ps.serve import ServeLoop
+from ..._ps.stream import StreamConn, StreamListener, ipc_path
 from ..._ps.tls import server_context
 from ..._ps.transport import Connection
 from ..._ps.zeromq import ZmqContext
@@ -81,10 +83,6 @@ class Backups:
     which reads counters and takes a copy over (:meth:`take`)."""
 
     def __init__(self, cfg: ClusterConfig, make_engine: Any, zctx: ZmqContext) -> None:
-        import threading
-
-        from ..._ps.serve import ServeLoop
-        from ..._ps.stream import StreamListener, ipc_path
         self.cfg = cfg
         self._make = make_engine
         self.lock = threading.Lock()
@@ -111,14 +109,11 @@ class Backups:
         #: where primaries reach this server's backups (announced with its endpoints)
         self.endpoints = {BACKUP_ENDPOINT + ("tcp" if lis.endpoint.startswith("tcp:") else "uds"):
                           lis.endpoint for lis in self._listeners}
-        self._verifier = Verifier(PURPOSE, "", self._key_for)
         if cfg.encrypt:        # every link sealed under the servers' key (sealed.py)
             for lis in self._listeners:
                 lis.make_conn = functools.partial(SealedConn, key_for=self._key_for)
-        self.loop = ServeLoop("backups", self, self._verifier, cfg.request_timeout, None,
-                              self._listeners, handshake_timeout=cfg.handshake_timeout,
-                              max_unadmitted=cfg.max_unadmitted,
-                              max_message_bytes=cfg.max_message_bytes, keep_fds=True)
+        #: the primaries' serving loop, made by :meth:`start` from the admission
+        self.loop: ServeLoop | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pskv-backups", daemon=True)
 
@@ -132,15 +127,25 @@ class Backups:
         return po.server_key
 
     def start(self, po: Postoffice) -> None:
-        """Serve the primaries of the cluster ``po`` joined, on a thread."""
+        """Serve the primaries of the cluster ``po`` joined (its job, its servers'
+        key), on a thread."""
+        cfg = self.cfg
         self._po = po
-        self._verifier.job = po.job
-        self.loop.name = f"backups of server {po.rank}"
+        self.loop = ServeLoop(f"backups of server {po.rank}", self,
+                              Verifier(PURPOSE, po.job, self._key_for), cfg.request_timeout,
+                              None, self._listeners, handshake_timeout=cfg.handshake_timeout,
+                              max_unadmitted=cfg.max_unadmitted,
+                              max_message_bytes=cfg.max_message_bytes, keep_fds=True)
         self._thread.start()
+
+    def _loop(self) -> ServeLoop:
+        """The serving loop (messages come only once :meth:`start` made it)."""
+        assert self.loop is not None, "Backups.start makes the loop"
+        return self.loop
 
     def _run(self) -> None:
         try:
-            self.loop.run(self._stop.is_set, 50, 1.0)
+            self._loop().run(self._stop.is_set, 50, 1.0)
         except Exception:  # pragma: no cover - logged: the shard is then without a backup
             log.exception("backups: the replication thread failed")
 
@@ -149,7 +154,11 @@ class Backups:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5.0)
-        self.loop.close()
+        if self.loop is not None:
+            self.loop.close()           # with its listeners
+        else:
+            for lis in self._listeners:
+                lis.close()
         for ring in self._rings.values():
             ring.close()
         self._rings.clear()
@@ -205,7 +214,7 @@ class Backups:
     # ---- the Handler of the ServeLoop ----------------------------------------------------
     def admit(self, conn: Connection, meta: Meta) -> int:
         """A primary's HELLO whose proof checked."""
-        self.loop.send(conn, Command.ACK, meta.ts)
+        self._loop().send(conn, Command.ACK, meta.ts)
         return int(meta.body["rank"])
 
     def handle(self, conn: Connection, peer: Any, meta: Meta, arrays: list[np.ndarray]) -> None:
@@ -217,11 +226,11 @@ class Backups:
             raise ProtocolError(f"backups take replication commands, not {meta.cmd.name} "
                                 f"{short(body.get('op'))}")
         if op is ReplOp.NOOP:
-            self.loop.send(conn, Command.ACK, meta.ts)
+            self._loop().send(conn, Command.ACK, meta.ts)
             return
         if op is ReplOp.RING:
             self._map_ring(conn, peer, body)
-            self.loop.send(conn, Command.ACK, meta.ts)
+            self._loop().send(conn, Command.ACK, meta.ts)
             return
         if op is ReplOp.ROUNDS and "ring" in body:
             ring = self._rings.get(conn)
@@ -235,7 +244,7 @@ class Backups:
                 # the rounds are safe once they are here: acknowledge, then log or apply
                 # them (still under the lock, so a takeover sees them) while the primary
                 # answers
-                self.loop.send(conn, Command.ACK, meta.ts)
+                self._loop().send(conn, Command.ACK, meta.ts)
                 pos = 0
                 for one, n in zip(body["rounds"], body["arrays"]):
                     self._round(shard, one, arrays[pos:pos + n])
@@ -254,7 +263,7 @@ class Backups:
                 self.logs[shard].flush()            # every logged round before the change
                 apply_change(engine, op, body, arrays, self.cfg.max_key_bytes,
                              f"server {self._po.rank if self._po else '?'}")
-        self.loop.send(conn, Command.ACK, meta.ts)
+        self._loop().send(conn, Command.ACK, meta.ts)
 
     def _round(self, shard: int, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
         """One round of a shard held here: logged, or applied at once (under the lock)."""

@@ -48,15 +48,18 @@ class Snapshots:
         ``checkpoint_dir``, ``checkpoint_every``, ``checkpoint_keep``.
     send, error : callable
         The server's ``send(conn, cmd, ts)`` and ``error(conn, ts, err)``.
+    written : callable, optional
+        ``written(seconds)`` after each shard written, on a writer thread (metrics).
     """
 
     def __init__(self, cfg: ClusterConfig, send: Callable[..., None],
-                 error: Callable[[Any, int, BaseException], None]) -> None:
+                 error: Callable[[Any, int, BaseException], None],
+                 written: Callable[[float], object] | None = None) -> None:
         self.cfg = cfg
         self._send, self._error = send, error
         self._jobs: list[_Job] = []
         #: ``written(seconds)`` after each shard written (a writer thread calls it: metrics)
-        self.written: Callable[[float], object] | None = None
+        self.written = written
         self.index, self.num_shards = 0, 1
 
     def start(self, engine: Engine, index: int, num_shards: int) -> PeriodicCopies | None:

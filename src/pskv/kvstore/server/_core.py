@@ -141,23 +141,49 @@ class KVServer:
             if self.backups is not None:
                 endpoints.update(self.backups.endpoints)
             try:
-                self.po = Postoffice(cfg, self._zctx, endpoints=endpoints)
+                self.po = Postoffice(cfg, self._zctx, endpoints=endpoints,
+                                     beat_extra=self._beat_extra)
             except BaseException:
                 if self.backups is not None:
                     self.backups.close()
                 raise
             self._closing.callback(self.po.close)
+            if self.backups is not None:    # (again before the loop, once there is one)
+                self._closing.callback(self.backups.close)
             self._endpoints = endpoints
         except BaseException:
             self._closing.close()
             raise
-        self._verifier = Verifier("server", "", self._key_for)
         if cfg.encrypt:        # every worker link sealed under its pair key (sealed.py)
             for lis in self._listeners:
                 lis.make_conn = functools.partial(SealedConn, key_for=self._key_for)
         self._rank_of: dict[Connection, int] = {}
         self._connected = 0                       # worker admissions so far (log lines)
-        self.loop = ServeLoop("server", self, self._verifier, cfg.request_timeout, router,
+        self._open: dict[Any, int] = {}           # per worker: pushes not yet applied
+        #: the membership's ``left`` last told to the engines (_workers_left)
+        self._left: Any = None
+        #: the join epoch the workers said began (Op.JOINED): every worker joined before
+        self._join_epoch = 0
+        self._flushes: dict[Any, list[int]] = {}  # per worker: FLUSH requests waiting
+        self._router = router
+        # the serving objects (the loop, the shards, the staleness gate, the stragglers'
+        # watch, the checkpoints, the takeovers) are made by _build_serving, from the
+        # admission
+
+    def _build_serving(self) -> None:
+        """Admitted: make what serves the workers, from what the admission said (rank,
+        job, workers, mode), each registered for closing as it is made."""
+        po, cfg = self.po, self.cfg
+        name = f"server {po.rank}"
+        #: names rounds that wait and workers that are often last (PSKV_STRAGGLER_SECONDS)
+        self.stragglers = StragglerWatch(cfg.straggler_seconds, name)
+        #: the global staleness bound: workers' clocks and the reads they hold back
+        self.gate = ClockGate(po.num_workers, name)
+        self.metrics = start_metrics(cfg, lambda: ServerMetrics(
+            po.rank, po.job, lambda: server_state(self.shards), cfg.metrics_top_keys,
+            cfg.metrics_keys), po)
+        self._verifier = Verifier("server", po.job, self._key_for)
+        self.loop = ServeLoop(name, self, self._verifier, cfg.request_timeout, self._router,
                               self._listeners, handshake_timeout=cfg.handshake_timeout,
                               max_unadmitted=cfg.max_unadmitted,
                               max_message_bytes=cfg.max_message_bytes)
@@ -166,39 +192,33 @@ class KVServer:
         self._closing.callback(self.loop.close)
         if self.backups is not None:
             self._closing.callback(self.backups.close)
-        self._open: dict[Any, int] = {}           # per worker: pushes not yet applied
-        #: the membership's ``left`` last told to the engines (_workers_left)
-        self._left: Any = None
-        #: the join epoch the workers said began (Op.JOINED): every worker joined before
-        self._join_epoch = 0
-        self._flushes: dict[Any, list[int]] = {}  # per worker: FLUSH requests waiting
-        self.snapshots = Snapshots(cfg, self._send, self._error)
-        #: names rounds that wait and workers that are often last (PSKV_STRAGGLER_SECONDS)
-        self.stragglers = StragglerWatch(cfg.straggler_seconds)
-        self.po.beat_extra = self._beat_extra
-        #: the global staleness bound: workers' clocks and the reads they hold back
-        self.gate = ClockGate(cfg.num_workers)
+        self.snapshots = Snapshots(cfg, self._send, self._error, written=None
+                                   if self.metrics is None else self.metrics.checkpoint.observe)
         #: the shards this server serves (its own; one whose primary died, as its backup)
-        self.shards = Shards(cfg, self._zctx, self.po, self.snapshots, self.backups,
+        self.shards = Shards(cfg, self._zctx, po, self.snapshots, self.backups,
                              self._new_engine())
         self._closing.callback(self.shards.close)
         self._closing.callback(self.snapshots.close)      # closed first: its writers end
         #: requests waiting for the scheduler to report their shard's server dead, and the
         #: membership news; a broken link is reported within moments (the scheduler's
         #: grace, then its word), so a request waits that long at most
-        self.takeovers = Takeovers(self.shards, self.po.next_event,
+        self.takeovers = Takeovers(self.shards, po.next_event,
                                    min(2.0 + 3 * cfg.heartbeat_interval,
                                        cfg.request_timeout / 2), self._rerun)
+        if self.metrics is not None:
+            self._closing.callback(self.metrics.close)        # closed first
 
     def _new_engine(self) -> Engine:
-        """An engine whose answers go to this server's peers."""
-        nw = self.po.num_workers if hasattr(self, "po") else self.cfg.num_workers
-        return self._engine_class(nw, True, self._events)
+        """An engine whose answers go to this server's peers, for the workers and the mode
+        admitted (a backup's copy, made once this server is admitted, too)."""
+        return self._engine_class(self.po.num_workers, self.po.mode != "async",
+                                  self._events)
 
     def _beat_extra(self) -> dict[str, Any]:
         """For the scheduler's straggler view: who closed this server's sync rounds since
-        the last heartbeat (the heartbeat thread calls this)."""
-        last = self.stragglers.take_beat()
+        the last heartbeat (the heartbeat thread calls this; nothing before admission)."""
+        watch = getattr(self, "stragglers", None)
+        last = None if watch is None else watch.take_beat()
         return {} if last is None else {"last": last}
 
     def _round_closed(self, key: Any, worker: int, waited: float, num_workers: int) -> None:
@@ -609,23 +629,14 @@ class KVServer:
     def run(self) -> int:
         """Join the cluster and serve until the scheduler says SHUTDOWN; return 0."""
         try:
-            if self.cfg.restart and self.cfg.rank is not None and not self.cfg.replicas:
-                self._reload(self.cfg.rank)
             self.po.start()
+            self._build_serving()
             own = self.shards.own
-            own.num_workers = self.po.num_workers    # as admitted
-            own.sync = self.po.mode != "async"      # as every worker agreed
-            self._verifier.job = self.po.job
-            self.loop.name = self.stragglers.name = self.gate.where = f"server {self.po.rank}"
-            self.gate.num_workers = self.po.num_workers
+            if self.cfg.restart and self.cfg.rank is not None and not self.cfg.replicas:
+                # before any worker is read: they send what the checkpoint lacks
+                self._reload(self.po.rank)
             if self.backups is not None:
                 self.backups.start(self.po)
-            self.metrics = start_metrics(self.cfg, lambda: ServerMetrics(
-                self.po.rank, self.po.job, lambda: server_state(self.shards),
-                self.cfg.metrics_top_keys, self.cfg.metrics_keys), self.po)
-            if self.metrics is not None:
-                self._closing.callback(self.metrics.close)
-                self.snapshots.written = self.metrics.checkpoint.observe
             log.info("server %d: serving dist_%s for %d workers at %s", self.po.rank,
                      self.po.mode or "sync", self.po.num_workers,
                      ", ".join(sorted(self._endpoints.values())))
