@@ -63,7 +63,7 @@ def test_a_same_user_writer_cannot_rewrite_the_segments(run_threads: Any) -> Non
         again = np.array(kv.pull("w"))           # the sums read from the sum slots again
         kv.push("w", np.ones(1000, np.float32))
         after = np.array(kv.pull("w"))           # and a round after
-        coll = kv._coll
+        coll = kv._peers.path
         return attempts, first, again, after, sorted(coll._shm) if coll is not None else []
 
     res = run_threads(fn, num_workers=2, collective_bytes=8)

@@ -252,9 +252,9 @@ def test_a_message_out_of_order_fails_both_sides_not_the_thread(run_threads: Any
         kv.init("w", np.zeros(64, np.float32))
         pskey = kv._store["w"].pskey
         if kv.rank == 1:            # a push of round 5 before round 1: against the rules
-            with kv._coll._cond:
-                kv._coll._queue(0, Command.PUSH, 5, pskey, np.ones(32, np.float32))
-            kv._coll._wake()
+            with kv._peers.path._cond:
+                kv._peers.path._queue(0, Command.PUSH, 5, pskey, np.ones(32, np.float32))
+            kv._peers.path._wake()
         with pytest.raises(ClusterError) as info:
             for _ in range(100):    # the refusal reaches worker 1 within a round or two
                 kv.push("w", np.ones(64, np.float32))
@@ -275,7 +275,7 @@ def test_a_worker_whose_links_break_is_named_at_once(thread_cluster: Any) -> Non
         if kv.rank == 2:        # one good round, then it dies: its links close, no goodbye
             kv.push("w", np.ones(300, np.float32))
             kv.pull("w")
-            for conn in kv._coll._conns.values():
+            for conn in kv._peers.path._conns.values():
                 conn.sock.shutdown(socket.SHUT_RDWR)
             return "dead"
         with pytest.raises(NodeFailedError, match="worker 2 is gone") as info:

@@ -63,7 +63,7 @@ def rounds(kv: Any) -> dict[str, Any]:
                     out=out)
         got[f"pushpull{step}"] = out
         got[f"new{step}"] = kv.pull(["d", "small"])
-    coll = kv._coll
+    coll = kv._peers.path
     got["shm"] = sorted(coll._shm) if coll is not None else []
     got["segments"] = sorted(str(k.name) for k in coll._keys.values()
                              if k.seg is not None) if coll is not None else []
@@ -188,7 +188,7 @@ def test_a_segment_or_round_that_breaks_the_rules_fails_both_sides_not_the_threa
         run_threads: Any, kind: str, tmp_path: Path) -> None:
     def fn(kv: Any) -> Any:
         kv.init("w", np.zeros(300, np.float32))
-        coll = kv._coll
+        coll = kv._peers.path
         k = coll._keys[kv._store["w"].pskey]
         fds = []
         if kv.rank == 1:        # instead of its first push (which sends the real one)
@@ -238,7 +238,7 @@ def test_a_segment_or_round_that_breaks_the_rules_fails_both_sides_not_the_threa
 def test_a_segment_on_a_socket_link_is_refused(run_threads: Any) -> None:
     def fn(kv: Any) -> Any:
         kv.init("w", np.zeros(300, np.float32))
-        coll = kv._coll
+        coll = kv._peers.path
         pskey = kv._store["w"].pskey
         if kv.rank == 1:
             fd = _sealed(64)
@@ -335,14 +335,14 @@ def test_a_worker_whose_links_break_mid_round_is_named_at_once(thread_cluster: A
         kv.init("w", np.zeros(100_000, np.float32))
         kv.push("w", np.ones(100_000, np.float32))
         kv.pull("w")
-        assert len(kv._coll._shm) == 2
+        assert len(kv._peers.path._shm) == 2
         if kv.rank == 2:        # it pushed its round, then dies before the sums go out
-            with kv._coll._cond:
-                kv._coll._keys[kv._store["w"].pskey].sending = 99     # its sum never goes
+            with kv._peers.path._cond:
+                kv._peers.path._keys[kv._store["w"].pskey].sending = 99     # its sum never goes
             kv.push("w", np.ones(100_000, np.float32))
             time.sleep(0.2)
             import socket
-            for conn in kv._coll._conns.values():
+            for conn in kv._peers.path._conns.values():
                 conn.sock.shutdown(socket.SHUT_RDWR)
             return "dead"
         with pytest.raises(NodeFailedError, match="worker 2 is gone") as info:

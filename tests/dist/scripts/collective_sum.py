@@ -32,7 +32,7 @@ def main() -> int:
             digest.update(o.tobytes())
     print(json.dumps({"rank": kv.rank, "digest": digest.hexdigest(),
                       "collective": sorted(k for k, r in kv._store.items() if r.collective),
-                      "shm": sorted(kv._coll._shm) if kv._coll is not None else []}),
+                      "shm": sorted(kv._peers.path._shm) if kv._peers.path is not None else []}),
           flush=True)
     kv.close()
     return 0

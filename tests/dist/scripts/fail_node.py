@@ -27,7 +27,7 @@ def say(**fields: object) -> None:
 
 def shm_peers(kv: Any) -> list[int]:
     """The workers this one shares memory with on the collective path."""
-    coll = getattr(kv, "_coll", None)
+    coll = kv._peers.path
     return sorted(coll._shm) if coll is not None else []
 
 

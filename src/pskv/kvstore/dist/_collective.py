@@ -14,7 +14,6 @@ size. Everything else stays on the servers: small keys, row_sparse keys, tables,
 from __future__ import annotations
 
 import contextlib
-import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -25,12 +24,12 @@ from ...nd.sparse import RowSparseNDArray
 from ..._ps.collective.core import Collective
 from ..._ps.config import ClusterConfig
 from ..._ps.postoffice import Postoffice
-from ..._types import Key, KeyArg
+from ..._types import Key
 from .._args import as_numpy
 from .._keys import KeyRecord
 from ._placement import target
 
-__all__ = ["Choice", "CollectiveMethods", "key_list"]
+__all__ = ["Choice", "PeerSums", "key_list"]
 
 
 def key_list(key: Any) -> list[Key]:
@@ -114,49 +113,52 @@ class Choice:
         return why is None and self.threshold > 0 and nbytes >= self.threshold
 
 
-class CollectiveMethods:
-    """A dist store's collective path: choosing keys at init, linking the workers, and the
-    pushes and pulls of those keys (``DistKVStore`` mixes it in; it owns the attributes
-    declared here)."""
+class PeerSums:
+    """A dist store's collective path, as one of its parts: the keys chosen at init (by
+    :class:`Choice`, here as :attr:`choice`), the worker links (:attr:`path`, made at the
+    first init that puts a key on it), and the pulls that read it. The store calls in with
+    its lock held; what this part needs of the store is given at construction."""
 
-    _type: str
-    _cfg: ClusterConfig
-    _po: Postoffice
-    _lock: threading.Lock
-    _store: dict[Key, KeyRecord]
-    _choice: Choice
-    _coll: Collective | None
-    _tables: Any
-    _unlocked: Callable[[], contextlib.AbstractContextManager[None]]
-    _begin: Callable[..., None]
+    def __init__(self, store_type: str, cfg: ClusterConfig, po: Postoffice,
+                 records: dict[Key, KeyRecord], owns_table: Callable[[Key], bool],
+                 unlocked: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
+        self._type, self._cfg, self._po = store_type, cfg, po
+        self._store, self._owns_table, self._unlocked = records, owns_table, unlocked
+        #: which keys take the path (the same rule on every worker)
+        self.choice = Choice(store_type, cfg, po.num_workers)
+        #: the workers' links and sums; None until a key takes the path
+        self.path: Collective | None = None
 
-    def _collective_keys(self, keys: list[Key], groups: list[list[Any]],
-                         specs: list[Any]) -> list[int]:
+    def keys_of(self, keys: list[Key], groups: list[list[Any]],
+                specs: list[Any]) -> list[int]:
         """The ps_keys of this init that take the collective path (sorted)."""
         out = []
         for k, vals, spec in zip(keys, groups, specs):
             v = vals[0] if isinstance(vals[0], NDArray) else as_numpy(vals[0])
             sparse = isinstance(v, RowSparseNDArray)
             nbytes = int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
-            if self._choice.decide(k, sparse, nbytes):
+            if self.choice.decide(k, sparse, nbytes):
                 out.append(int(spec[0]))
         return sorted(out)
 
-    def _collective_path(self) -> Collective:
-        if self._coll is None:
+    def endpoint(self) -> dict[str, str] | None:
+        """What the other workers need to link to this one (the init barrier carries it),
+        or None when the links are made already."""
+        if self.path is not None and self.path.connected:
+            return None
+        if self.path is None:
             po = self._po
-            self._coll = Collective(self._cfg, po.rank, po.num_workers, po.job, po.check,
-                                    lambda rank: po.report_lost("worker", rank))
-        return self._coll
+            self.path = Collective(self._cfg, po.rank, po.num_workers, po.job, po.check,
+                                   lambda rank: po.report_lost("worker", rank))
+        return self.path.listen()
 
-    def _check_collective_agreement(self, payloads: dict[str, dict[str, Any]],
-                                    mine: list[int]) -> None:
+    def check_agreement(self, payloads: dict[str, dict[str, Any]], mine: list[int]) -> None:
         """Raise on every worker unless all put the same keys of this init on the path."""
         for r, p in sorted(payloads.items(), key=lambda rp: int(rp[0])):
             theirs = sorted((p or {}).get("collective") or [])
             if theirs != mine:
                 diff = sorted(set(theirs) ^ set(mine))
-                name = self._key_of_pskey(diff[0], payloads)
+                name = _key_of_pskey(diff[0], payloads)
                 raise ClusterError(
                     f"workers disagree on the collective path: key {name!r} takes it on "
                     f"worker {self._po.rank if diff[0] in mine else r} and not on worker "
@@ -165,18 +167,11 @@ class CollectiveMethods:
                     "set_gradient_compression calls before init.", key=name,
                     store_type=self._type)
 
-    @staticmethod
-    def _key_of_pskey(pskey: int, payloads: dict[str, dict[str, Any]]) -> Any:
-        for p in payloads.values():
-            for spec in (p or {}).get("specs") or []:
-                if spec[0] == pskey:
-                    return spec[1]
-        return pskey
-
-    def _link_collective(self, payloads: dict[str, dict[str, Any]],
-                         recs: dict[Key, KeyRecord], coll: set[int]) -> None:
+    def link(self, payloads: dict[str, dict[str, Any]], recs: dict[Key, KeyRecord],
+             coll: set[int]) -> None:
         """Link to the other workers (the first time) and take this init's keys."""
-        path = self._collective_path()
+        path = self.path
+        assert path is not None         # endpoint() made it for this init's barrier
         for k, rec in recs.items():
             if rec.pskey in coll:
                 path.add_key(k, rec.pskey, rec.size, rec.dtype)
@@ -192,18 +187,16 @@ class CollectiveMethods:
         for rec in recs.values():
             rec.collective = rec.pskey in coll
 
-    def _from_peers(self, key: Key) -> bool:
+    def pushed(self, key: Key) -> bool:
         """Whether a pull of ``key`` reads the collective path (it was pushed there; until
         then the servers hold its initial value)."""
         rec = self._store[key]
-        return rec.collective and self._coll is not None and \
-            self._coll.pushed(rec.pskey) > 0
+        return rec.collective and self.path is not None and self.path.pushed(rec.pskey) > 0
 
-    def _fetch_collective(self, keys: list[Key], groups: list[list[Any]]) \
-            -> dict[Key, list[np.ndarray]]:
+    def fetch(self, keys: list[Key], groups: list[list[Any]]) -> dict[Key, list[np.ndarray]]:
         """Each key's last round from the collective path, as ``DataPath.fetch`` gives
         the servers' (read straight into an out where one fits)."""
-        assert self._coll is not None
+        assert self.path is not None
         out: dict[Key, list[np.ndarray]] = {}
         for k, outs in zip(keys, groups):
             rec = self._store[k]
@@ -212,58 +205,46 @@ class CollectiveMethods:
                 t = np.empty(rec.shape, rec.dtype)
             flat = t.reshape(-1)
             with self._unlocked():
-                self._coll.pull(rec.pskey, flat)
+                self.path.pull(rec.pskey, flat)
             out[k] = [t] if len(rec.segments) == 1 else \
                 [flat[seg.start:seg.stop] for seg in rec.segments]
         return out
 
-    def set_collective(self, key: KeyArg, enabled: bool = True) -> None:
-        """Choose the collective path for ``key`` (True) or the servers (False), whatever
-        its size; call it on every worker, before ``init`` of the key.
+    def prefer(self, keys: list[Key], enabled: bool) -> None:
+        """``kv.set_collective``: refused for a table key or one initialized already."""
+        for k in keys:
+            rec = self._store.get(k)
+            if self._owns_table(k):
+                raise UnsupportedError(
+                    f"set_collective({k!r}): {k!r} is a table key, which stays on the "
+                    "servers (the collective path sums dense keys).", key=k,
+                    store_type=self._type)
+            if rec is not None:
+                where = "on the collective path" if rec.collective else "on the servers"
+                raise UnsupportedError(
+                    f"set_collective({k!r}): key {k!r} is initialized already"
+                    + (" and row_sparse, which stays on the servers (the collective "
+                       "path sums dense keys)." if rec.sparse else
+                       f" ({where}). Call set_collective before kv.init of the key, on "
+                       "every worker."),
+                    key=k, store_type=self._type)
+        self.choice.prefer(keys, enabled)
 
-        On the collective path a ``dist_sync`` key's pushes are summed among the workers
-        themselves, chunk by chunk, each chunk by one worker in worker-rank order, so the
-        round's value is the same bits as the servers' (docs/collective.md). Without a call,
-        dense keys of at least ``PSKV_COLLECTIVE_BYTES`` bytes take it (0, the default: none).
+    def prefer_softly(self, keys: list[Key]) -> None:
+        """Let ``keys`` (not initialized yet) take the path where this store allows it,
+        and stay on the servers quietly where it does not; a key given to
+        ``set_collective`` keeps that choice."""
+        self.choice.soft.update(k for k in keys if k not in self.choice.prefs)
 
-        Parameters
-        ----------
-        key : int, str, or list of them
-        enabled : bool
+    def close(self) -> None:
+        """Close the links (bounded by the request timeout, at most 10 s)."""
+        if self.path is not None:
+            self.path.close(min(self._cfg.request_timeout, 10.0))
 
-        Raises
-        ------
-        UnsupportedError
-            ``enabled`` for a ``dist_async`` store or a single worker, or for a key already
-            initialized (a row_sparse or table key stays on the servers; a dense one must be
-            chosen before its init).
-        """
-        keys = key_list(key)
-        with self._lock:
-            self._begin()
-            for k in keys:
-                rec = self._store.get(k)
-                if self._tables.owns(k):
-                    raise UnsupportedError(
-                        f"set_collective({k!r}): {k!r} is a table key, which stays on the "
-                        "servers (the collective path sums dense keys).", key=k,
-                        store_type=self._type)
-                if rec is not None:
-                    where = "on the collective path" if rec.collective else "on the servers"
-                    raise UnsupportedError(
-                        f"set_collective({k!r}): key {k!r} is initialized already"
-                        + (" and row_sparse, which stays on the servers (the collective "
-                           "path sums dense keys)." if rec.sparse else
-                           f" ({where}). Call set_collective before kv.init of the key, on "
-                           "every worker."),
-                        key=k, store_type=self._type)
-            self._choice.prefer(keys, enabled)
 
-    def _prefer_collective(self, keys: list[Key]) -> None:
-        """Let ``keys`` (not initialized yet) take the collective path where this store
-        allows it, and stay on the servers quietly where it does not; a key given to
-        ``set_collective`` keeps that choice. For keys whose value nobody reads from the
-        servers (pskv.torch's gradient buckets); the same on every worker."""
-        with self._lock:
-            self._choice.soft.update(k for k in keys if k not in self._choice.prefs)
-
+def _key_of_pskey(pskey: int, payloads: dict[str, dict[str, Any]]) -> Any:
+    for p in payloads.values():
+        for spec in (p or {}).get("specs") or []:
+            if spec[0] == pskey:
+                return spec[1]
+    return pskey

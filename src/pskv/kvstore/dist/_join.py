@@ -41,7 +41,7 @@ class JoinMethods:
     _po: Any
     _kv: Any
     _cfg: Any
-    _coll: Any
+    _peers: Any
     _sync: bool
     _type: str
     _join_sent: bool
@@ -91,8 +91,9 @@ class JoinMethods:
                 # from here on the servers may count it as zeros: no push until every
                 # worker has joined, even if the wait below times out (join again)
                 self._join_sent = True
-                pushed = self._coll.pushed_all() if self._coll is not None else {}
-                poll = self._coll.add_zeros if self._coll is not None else None
+                path = self._peers.path
+                pushed = path.pushed_all() if path is not None else {}
+                poll = path.add_zeros if path is not None else None
                 try:
                     payloads = self._po.barrier(
                         "join", {"pushed": {str(k): v for k, v in pushed.items()}},
@@ -108,13 +109,13 @@ class JoinMethods:
                         "kv.join() on every worker once it runs out of data, or raise "
                         "PSKV_JOIN_TIMEOUT / kv.join(timeout=...).",
                         store_type=self._type) from err
-                if self._coll is not None:
+                if path is not None:
                     # the last rounds any worker began: every joined worker adds zeros
                     upto: dict[int, int] = {}
                     for p in payloads.values():
                         for k, n in _pushed_of(p).items():
                             upto[k] = max(upto.get(k, 0), n)
-                    self._coll.add_zeros(upto)
+                    path.add_zeros(upto)
                 if self._po.rank == 0:
                     # the next rounds count every worker again: every server knows it
                     # before any worker leaves the barrier below

@@ -41,7 +41,7 @@ from ..._ps.worker import KVWorker
 from ..._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
 from ...table import TableSpec
 from .._args import as_numpy, normalize, row_ids_by_key
-from ._collective import Choice, CollectiveMethods
+from ._collective import PeerSums, key_list
 from ._checkpoints import CheckpointMethods
 from ._join import JoinMethods
 from ._tables import DistTables, init_table
@@ -65,7 +65,7 @@ __all__ = ["DistKVStore"]
 log = logging.getLogger(__name__)
 
 
-class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods,
+class DistKVStore(StalenessMethods, JoinMethods, TableMethods,
                   CheckpointMethods, KVStoreBase):
     """A worker's handle on a parameter-server cluster (``dist_*`` store types).
 
@@ -125,8 +125,8 @@ class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods
         #: in kv.join(): the servers may count this worker as zeros, it pushes no more
         self._join_sent = False
         #: which keys are summed among the workers (docs/collective.md), and the links
-        self._choice = Choice(name, cfg, self._po.num_workers)
-        self._coll = None
+        self._peers = PeerSums(name, cfg, self._po, self._store, self._tables.owns,
+                               self._unlocked)
         self._lock.release()
         # a strong reference: a store dropped without close() must still say goodbye at
         # exit, or the scheduler takes the silent worker for dead and exits 1
@@ -213,7 +213,7 @@ class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods
         """
         if isinstance(value, TableSpec):
             for k in (key if isinstance(key, (list, tuple)) else [key]):
-                if type(k) in (int, str) and self._choice.prefs.get(k):  # type: ignore[arg-type]
+                if type(k) in (int, str) and self._peers.choice.prefs.get(k):  # type: ignore[arg-type]
                     raise UnsupportedError(
                         f"key {k!r} was set to take the collective path (set_collective), "
                         "but a table key stays on the servers. Call "
@@ -242,7 +242,7 @@ class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods
                 self._keys.validate_init(keys, groups)
                 self._check_bounds(keys, groups, "init")
                 specs = [init_spec(k, vals[0], self._by_pskey) for k, vals in zip(keys, groups)]
-                coll = self._collective_keys(keys, groups, specs)
+                coll = self._peers.keys_of(keys, groups, specs)
             except KVStoreError as err:
                 error = err
                 coll = []
@@ -259,8 +259,9 @@ class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods
             extra: dict[str, Any] = {}
             if coll:
                 extra = {"collective": coll}
-                if self._coll is None or not self._coll.connected:
-                    extra["peer"] = self._collective_path().listen()
+                peer = self._peers.endpoint()
+                if peer is not None:
+                    extra["peer"] = peer
             payloads = self._collective("init", {
                 "specs": specs, "error": None if error is None else
                 f"{type(error).__name__}: {error}", **extra})
@@ -268,17 +269,51 @@ class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods
                 raise error
             assert specs is not None
             check_agreement(payloads, specs, self.rank)
-            self._check_collective_agreement(payloads, coll)
+            self._peers.check_agreement(payloads, coll)
             order = sorted(range(len(keys)), key=lambda i: specs[i][0])
             recs = {keys[i]: self._place(keys[i], groups[i][0], given[i][0]) for i in order}
             if self.rank == 0:
                 self._send_init(keys, groups, recs)
             if coll:
                 # before the second barrier: no worker pushes a key another has not taken
-                self._link_collective(payloads, recs, set(coll))
+                self._peers.link(payloads, recs, set(coll))
             self._collective("init (values sent)")
             for k in keys:
                 self._by_pskey[self._keys.add(recs[k]).pskey] = k
+
+    def set_collective(self, key: KeyArg, enabled: bool = True) -> None:
+        """Choose the collective path for ``key`` (True) or the servers (False), whatever
+        its size; call it on every worker, before ``init`` of the key.
+
+        On the collective path a ``dist_sync`` key's pushes are summed among the workers
+        themselves, chunk by chunk, each chunk by one worker in worker-rank order, so the
+        round's value is the same bits as the servers' (docs/collective.md). Without a call,
+        dense keys of at least ``PSKV_COLLECTIVE_BYTES`` bytes take it (0, the default: none).
+
+        Parameters
+        ----------
+        key : int, str, or list of them
+        enabled : bool
+
+        Raises
+        ------
+        UnsupportedError
+            ``enabled`` for a ``dist_async`` store or a single worker, or for a key already
+            initialized (a row_sparse or table key stays on the servers; a dense one must be
+            chosen before its init).
+        """
+        keys = key_list(key)
+        with self._lock:
+            self._begin()
+            self._peers.prefer(keys, enabled)
+
+    def _prefer_collective(self, keys: list[Key]) -> None:
+        """Let ``keys`` (not initialized yet) take the collective path where this store
+        allows it, and stay on the servers quietly where it does not; a key given to
+        ``set_collective`` keeps that choice. For keys whose value nobody reads from the
+        servers (pskv.torch's gradient buckets); the same on every worker."""
+        with self._lock:
+            self._peers.prefer_softly(keys)
 
     def _check_bounds(self, keys: list[Key], groups: list[list[Any]], what: str) -> None:
         """Refuse here what the servers would refuse (sizes: ``_ps/bounds.py``; an init's
@@ -388,7 +423,7 @@ class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods
 
     def _push_validated(self, keys: list[Key], groups: list[list[Any]]) -> None:
         self._first_push()      # _begin() has sent a held push already
-        if self._coll is not None:
+        if self._peers.path is not None:
             peers = [i for i, k in enumerate(keys) if self._store[k].collective]
             if peers:
                 rest = [i for i in range(len(keys)) if i not in set(peers)]
@@ -398,7 +433,7 @@ class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods
                     rec = self._store[keys[i]]
                     flat = self._path.merged(keys[i], groups[i]).reshape(-1)
                     with self._unlocked():
-                        self._coll.push(rec.pskey, flat)
+                        self._peers.path.push(rec.pskey, flat)
                 return
         items = self._path.items(keys, groups)
         if not self._held.hold(keys, items):
@@ -408,15 +443,15 @@ class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods
     def _pull_validated(self, keys: list[Key], groups: list[list[Any]],
                         ignore_sparse: bool, fetched: dict[Key, list[np.ndarray]]
                         | None = None) -> None:
-        if fetched is None and self._coll is not None:
-            peers = [i for i, k in enumerate(keys) if self._from_peers(k)]
+        if fetched is None and self._peers.path is not None:
+            peers = [i for i, k in enumerate(keys) if self._peers.pushed(k)]
             if peers:
                 rest = [i for i in range(len(keys)) if i not in set(peers)]
                 if rest:
                     self._pull_validated([keys[i] for i in rest], [groups[i] for i in rest],
                                          ignore_sparse)
                 keys, groups = [keys[i] for i in peers], [groups[i] for i in peers]
-                fetched = self._fetch_collective(keys, groups)
+                fetched = self._peers.fetch(keys, groups)
         wanted = [k for k, outs in zip(keys, groups)
                   if any(not (ignore_sparse and isinstance(o, RowSparseNDArray)) for o in outs)]
         if fetched is None and self._held:
@@ -446,11 +481,11 @@ class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods
         self._send_held()
         many, records = self._keys.pull_new_keys(key)
         uniq = list(dict.fromkeys(r.key for r in records))
-        peers = [k for k in uniq if self._coll is not None and self._from_peers(k)]
+        peers = [k for k in uniq if self._peers.path is not None and self._peers.pushed(k)]
         parts = self._path.fetch([k for k in uniq if k not in peers]) \
             if len(peers) < len(uniq) else {}
         if peers:
-            parts.update(self._fetch_collective(peers, [[] for _ in peers]))
+            parts.update(self._peers.fetch(peers, [[] for _ in peers]))
         result = []
         for rec in records:
             data = np.empty(rec.shape, rec.dtype)
@@ -522,7 +557,7 @@ class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods
         self._keys.validate_pull(okeys, ogroups)
         self._check_bounds(keys, groups, "pushpull")
         self._first_push()
-        if self._coll is not None and any(self._store[k].collective for k in keys):
+        if self._peers.path is not None and any(self._store[k].collective for k in keys):
             # the collective keys' pushes are written when this returns: then the pull
             # may land in the values (out=None)
             self._push_validated(keys, groups)
@@ -579,8 +614,8 @@ class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods
             self._begin()
             self._gradient_keys.refuse_optimizer("set_optimizer")
             coll = [rec for rec in self._store.values() if rec.collective]
-            pushed = [rec.key for rec in coll if self._coll is not None and
-                      self._coll.pushed(rec.pskey)]
+            pushed = [rec.key for rec in coll if self._peers.path is not None and
+                      self._peers.path.pushed(rec.pskey)]
             if pushed:
                 raise UnsupportedError(
                     f"set_optimizer after pushes of key {pushed[0]!r} on the collective "
@@ -593,11 +628,11 @@ class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods
             self._tables.optimizer = optimizer
             # the keys that were to be summed among the workers go back to the servers,
             # which hold their initial values (MXNet's Module inits, then sets the optimizer)
-            self._choice.optimizer = True
+            self._peers.choice.optimizer = True
             for rec in coll:
                 rec.collective = False
-                assert self._coll is not None
-                self._coll.drop_key(rec.pskey)
+                assert self._peers.path is not None
+                self._peers.path.drop_key(rec.pskey)
 
     def _store_optimizer(self) -> Any:
         return self._tables.optimizer
@@ -623,7 +658,7 @@ class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods
             params = None if compressor is None else compressor.params
             self._to_all(Command.COMMAND, command(Op.COMPRESSION, params=params))
             self._path.compressor = compressor
-            self._choice.compression = compressor is not None
+            self._peers.choice.compression = compressor is not None
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Gather every server's optimizer states into ``fname`` (NumPy arrays + JSON)."""
@@ -688,8 +723,7 @@ class DistKVStore(CollectiveMethods, StalenessMethods, JoinMethods, TableMethods
             except KVStoreError as err:
                 log.warning("worker %d: closing with unacknowledged pushes: %s", self.rank, err)
             finally:
-                if self._coll is not None:
-                    self._coll.close(min(self._cfg.request_timeout, 10.0))
+                self._peers.close()
                 self._po.goodbye()
                 self._po.close()
                 self._kv.close()
