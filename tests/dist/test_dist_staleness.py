@@ -48,7 +48,7 @@ def test_k0_reads_its_own_writes_in_async(servers: int, run_threads: Any) -> Non
             kv.push(mine, mx.nd.ones((5,)) * step)
             rows.append(float(kv.lookup("emb", ids, train=False)[0].min()))
             dense.append(float(kv.pull(mine).asnumpy().min()))
-        return rows, dense, kv._stale.flushes
+        return rows, dense, kv._reads.stale.flushes
 
     for rows, dense, flushes in ok(run_threads(fn, num_servers=servers,
                                                store_type="dist_async")).values():
@@ -66,8 +66,8 @@ def test_a_larger_k_flushes_once_every_k_plus_one_pushes(run_threads: Any) -> No
         for _ in range(9):
             kv.push("emb", (ids, np.ones((1, 2), np.float32)))
             kv.lookup("emb", ids)
-            assert kv._stale.unacked <= 2    # no read ran with more behind it
-        return kv._stale.flushes, kv._stale.unacked
+            assert kv._reads.stale.unacked <= 2    # no read ran with more behind it
+        return kv._reads.stale.flushes, kv._reads.stale.unacked
 
     for flushes, unacked in ok(run_threads(fn, store_type="dist_async")).values():
         assert (flushes, unacked) == (3, 0)
@@ -113,7 +113,7 @@ def test_dist_sync_records_any_bound_and_changes_nothing(run_threads: Any) -> No
         kv.set_staleness(0, global_bound=3)
         kv.init("w", mx.nd.zeros((2,)))
         kv.push("w", mx.nd.ones((2,)))
-        return kv._bounds, kv._stale, kv.pull("w").asnumpy().tolist()
+        return kv._reads.bounds, kv._reads.stale, kv.pull("w").asnumpy().tolist()
 
     for bounds, stale, got in ok(run_threads(fn)).values():
         assert (bounds, stale, got) == ((0, 3), None, [2.0, 2.0])
@@ -131,7 +131,7 @@ def test_a_worker_that_closes_leaves_the_bound(run_threads: Any) -> None:
         for _ in range(6):
             kv.push("emb", (ids, np.ones((2, 2), np.float32)))
             kv.lookup("emb", ids)
-        return kv._stale.clock
+        return kv._reads.stale.clock
 
     # with round_timeout 2 s, a worker 1 still counted would fail worker 0's lookups
     assert ok(run_threads(fn, store_type="dist_async", round_timeout=2.0)) == {0: 6, 1: 1}
@@ -206,7 +206,7 @@ def test_bad_bounds_raise_on_every_worker_and_change_nothing(run_threads: Any) -
             except StalenessError as err:
                 got.append(str(err))
         kv.push("w", mx.nd.ones((2,)))
-        got.append((kv._bounds, kv._stale.bound, kv._stale.global_bound,
+        got.append((kv._reads.bounds, kv._reads.stale.bound, kv._reads.stale.global_bound,
                     kv.pull("w").asnumpy().tolist()))
         return got
 
@@ -232,7 +232,7 @@ def test_a_worker_in_a_barrier_holds_no_one_back(run_threads: Any) -> None:
                 kv.push("emb", (ids, np.ones((1, 2), np.float32)))
                 kv.lookup("emb", ids)
             kv.barrier()
-            clocks.append(kv._stale.clock)
+            clocks.append(kv._reads.stale.clock)
         return clocks
 
     # a worker 0 still counted in its barrier would stop worker 1 at clock 5 until the

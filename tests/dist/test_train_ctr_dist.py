@@ -23,7 +23,7 @@ def test_async_reaches_the_ceiling_with_a_bounded_table(
 
     def run(kv: Any) -> dict[str, Any]:
         res = tc.train(args, kv)
-        res["bounds"] = kv._bounds                   # what set_staleness recorded
+        res["bounds"] = kv._reads.bounds                  # what set_staleness recorded
         return res
 
     results = run_threads(run, num_workers=2, num_servers=2, store_type="dist_async")

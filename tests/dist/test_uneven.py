@@ -193,7 +193,7 @@ def test_a_worker_in_join_cannot_push_from_another_thread(run_threads: Any) -> N
         joining = threading.Thread(target=lambda: joined.append(kv.join()))
         joining.start()
         for _ in range(2000):
-            if kv._join_sent:
+            if kv._joining.sent:
                 break
             joining.join(0.01)
         try:

@@ -19,96 +19,67 @@ and the workers meet at a barrier, so the next rounds (the next epoch's, a final
 broadcast) count every worker again; a late WORKER_LEFT of the ended epoch is ignored. In
 ``dist_async`` no round waits on anyone: ``join`` is a barrier that waits for every
 worker's pushes to be applied. A worker that closes without joining is not waited for:
-rounds and joins that need it fail with a WorkerClosedError naming it. Mixed into
-:class:`.dist.DistKVStore`, whose locks it takes.
+rounds and joins that need it fail with a WorkerClosedError naming it. A part of
+:class:`.dist.DistKVStore` (:class:`Joining`), given its :class:`._core.WorkerCore` and
+its collective path.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from ...errors import ClusterError, ClusterTimeoutError, ConfigError, UnsupportedError
 from ..._ps.message import Command
 from ..._ps.ops import Op, command
+from ._collective import PeerSums
+from ._core import WorkerCore
 
-__all__ = ["JoinMethods"]
+__all__ = ["Joining"]
 
 
-class JoinMethods:
-    """``join`` of a DistKVStore, and the check that a joined worker pushes no more."""
+class Joining:
+    """``kv.join()`` of a DistKVStore (the store's docstring), and the check that a joined
+    worker pushes no more."""
 
-    _lock: Any
-    _collective_lock: Any
-    _po: Any
-    _kv: Any
-    _cfg: Any
-    _peers: Any
-    _sync: bool
-    _type: str
-    _join_sent: bool
-    _begin: Callable[..., None]
-    _collective: Callable[..., dict[str, dict[str, Any]]]
-    _unlocked: Callable[[], Any]
+    def __init__(self, core: WorkerCore, peers: PeerSums) -> None:
+        self._core, self._peers = core, peers
+        #: in kv.join(): the servers may count this worker as zeros, it pushes no more
+        self.sent = False
 
-    def join(self, timeout: float | None = None) -> int:
-        """Leave the job's rounds: this worker has no more data (uneven data).
-
-        Every worker calls it once it has made its last push. Until every worker has
-        joined, the others' ``dist_sync`` rounds complete without this worker, which
-        counts as having pushed zeros: a round's sum is the sum of the other workers'
-        pushes, and the divisor (``rescale_grad``) is unchanged (DDP's default under
-        ``Join``). This worker may pull meanwhile, not push. Once every worker has joined
-        the rounds count every worker again (the next epoch of data may follow).
-
-        Parameters
-        ----------
-        timeout : float, optional
-            Seconds to wait for the other workers to join (default
-            ``PSKV_JOIN_TIMEOUT``, 3600).
-
-        Returns
-        -------
-        int
-            The rank of the last worker to join (as ``hvd.join()``).
-
-        Raises
-        ------
-        ClusterTimeoutError
-            Some worker did not join within ``timeout`` (the message names it).
-        WorkerClosedError
-            A worker closed its store without joining: it never will.
-        """
-        limit = self._cfg.join_timeout if timeout is None else timeout
+    def join(self, timeout: float | None) -> int:
+        """The store's ``join``."""
+        core = self._core
+        limit = core.cfg.join_timeout if timeout is None else timeout
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
             raise ConfigError(f"kv.join(timeout={timeout!r}): the timeout must be a positive "
                               "number of seconds (or None for PSKV_JOIN_TIMEOUT).",
-                              store_type=self._type)
-        with self._collective_lock, self._lock:
-            self._begin()       # the held push goes first
-            with self._unlocked():
+                              store_type=core.store_type)
+        with core.collective_lock, core.lock:
+            core.begin()       # the held push goes first
+            with core.unlocked():
                 # every push of this worker applied: no round can be waiting on it when
                 # the servers hear it joined (a later push of it would be one too many)
-                self._kv.flush()
+                core.kv.flush()
                 # from here on the servers may count it as zeros: no push until every
                 # worker has joined, even if the wait below times out (join again)
-                self._join_sent = True
+                self.sent = True
                 path = self._peers.path
                 pushed = path.pushed_all() if path is not None else {}
                 poll = path.add_zeros if path is not None else None
                 try:
-                    payloads = self._po.barrier(
+                    payloads = core.po.barrier(
                         "join", {"pushed": {str(k): v for k, v in pushed.items()}},
                         timeout=float(limit), poll=poll)
                 except ClusterTimeoutError as err:
-                    joined = self._po.membership.joined
-                    missing = [r for r in range(self._po.num_workers)
-                               if r not in joined and r != self._po.rank]
+                    joined = core.po.membership.joined
+                    missing = [r for r in range(core.po.num_workers)
+                               if r not in joined and r != core.po.rank]
                     raise ClusterTimeoutError(
-                        f"worker {self._po.rank} waited {float(limit):g} s in kv.join() for "
+                        f"worker {core.po.rank} waited {float(limit):g} s in kv.join() for "
                         f"worker{'s' if len(missing) > 1 else ''} "
                         f"{', '.join(map(str, missing)) or '(none known)'} to join. Call "
                         "kv.join() on every worker once it runs out of data, or raise "
                         "PSKV_JOIN_TIMEOUT / kv.join(timeout=...).",
-                        store_type=self._type) from err
+                        store_type=core.store_type) from err
                 if path is not None:
                     # the last rounds any worker began: every joined worker adds zeros
                     upto: dict[int, int] = {}
@@ -116,26 +87,26 @@ class JoinMethods:
                         for k, n in _pushed_of(p).items():
                             upto[k] = max(upto.get(k, 0), n)
                     path.add_zeros(upto)
-                if self._po.rank == 0:
+                if core.po.rank == 0:
                     # the next rounds count every worker again: every server knows it
                     # before any worker leaves the barrier below
                     epoch = _field(payloads, "epoch")
                     body = command(Op.JOINED, epoch=epoch)
-                    self._kv.wait_all([self._kv.request(s, Command.COMMAND, body=body)
-                                       for s in range(self._po.num_servers)],
+                    core.kv.wait_all([core.kv.request(s, Command.COMMAND, body=body)
+                                       for s in range(core.po.num_servers)],
                                       "the servers to end the join")
-            self._collective("join")
-            self._join_sent = False
+            core.collective("join")
+            self.sent = False
             return int(max(payloads, key=lambda r: _field({r: payloads[r]}, "order")))
 
-    def _check_not_joined(self, what: str = "push") -> None:
+    def check_not_joined(self, what: str = "push") -> None:
         """A joined worker pushes no more (its rounds closed without it)."""
-        if self._join_sent:
+        if self.sent:
             raise UnsupportedError(
-                f"worker {self._po.rank} is in kv.join() and cannot {what} until every "
+                f"worker {self._core.po.rank} is in kv.join() and cannot {what} until every "
                 "worker has joined: the other workers' rounds close without it. Call "
                 "kv.join() after this worker's last push; pulls still work.",
-                store_type=self._type)
+                store_type=self._core.store_type)
 
 
 def _field(payloads: dict[str, Any], name: str) -> int:

@@ -10,9 +10,14 @@ workers at a barrier, rank 0 sends the values, a second barrier publishes them);
 worker computes the same placement because init calls are collective and keys are placed in
 ps_key order; a failed call on one worker fails on every worker instead of hanging.
 
-Over 500 lines because DistKVStore implements the whole typed API (docs/api.md) with its
-locks and collectives; its data path, collective path, join, staleness, tables and
-checkpoints are components in their own modules.
+The store is a small core (:class:`._core.WorkerCore`: its links, locks, call checks and
+barriers) and parts given that core at construction, each in its own module: the data
+path (``_datapath``), the collective path (``PeerSums``), the staleness bounds
+(``Bounds``), uneven data (``Joining``), checkpoints (``Checkpoints``) and tables
+(``DistTables``; the table calls shared with LocalKVStore are ``_tables.TableMethods``).
+
+Over 500 lines because DistKVStore implements the whole typed API (docs/api.md), each
+public method with its docstring, over those parts.
 """
 from __future__ import annotations
 
@@ -42,16 +47,16 @@ from ..._types import Array, Key, KeyArg, KeyList, OutArg, Updater, ValueArg
 from ...table import TableSpec
 from .._args import as_numpy, normalize, row_ids_by_key
 from ._collective import PeerSums, key_list
-from ._checkpoints import CheckpointMethods
-from ._join import JoinMethods
+from ._checkpoints import Checkpoints
+from ._join import Joining
 from ._tables import DistTables, init_table
 from ._datapath import DataPath
 from .._device_io import DeviceIO, Staged, has_device
 from ._held import HeldPush
 from .._keys import KeyRecord, KeyTable
 from .._reduce import Reducer
-from ._staleness import StalenessMethods
-from .._staleness import Staleness
+from ._staleness import Bounds
+from ._core import WorkerCore
 from ..._ps.config import staleness_bounds
 from ._agree import check_agreement, init_spec
 from ._placement import assemble, parts
@@ -65,8 +70,7 @@ __all__ = ["DistKVStore"]
 log = logging.getLogger(__name__)
 
 
-class DistKVStore(StalenessMethods, JoinMethods, TableMethods,
-                  CheckpointMethods, KVStoreBase):
+class DistKVStore(TableMethods, KVStoreBase):
     """A worker's handle on a parameter-server cluster (``dist_*`` store types).
 
     Create it with ``pskv.kv.create('dist_sync')`` in a process started by ``pskv-launch``
@@ -89,10 +93,6 @@ class DistKVStore(StalenessMethods, JoinMethods, TableMethods,
         self._cfg = cfg
         self._sync = "async" not in name
         env_default = staleness_bounds(os.environ, name)      # refused before joining the job
-        #: the bounds set (kv.set_staleness), and what enforces them: None in dist_sync
-        #: and without a bound (the hot path checks this one attribute)
-        self._bounds: tuple[int | None, int | None] = (None, None)
-        self._stale: Staleness | None = None
         self._zctx = ZmqContext(zmq_context)
         po: Postoffice | None = None
         # held until the store is built: the control thread's idle hook (_send_overdue)
@@ -122,11 +122,21 @@ class DistKVStore(StalenessMethods, JoinMethods, TableMethods,
         self._by_pskey: dict[int, Key] = {}
         self._held = HeldPush(cfg.coalesce_bytes if self._sync else 0)
         self._initial_sent = False
-        #: in kv.join(): the servers may count this worker as zeros, it pushes no more
-        self._join_sent = False
         #: which keys are summed among the workers (docs/collective.md), and the links
+        #: what the parts share (docs/architecture.md, "the dist store")
+        self._core = WorkerCore(name, cfg, self._po, self._kv, self._lock,
+                                self._collective_lock, self._sync, self._begin, self._unlocked,
+                                self._collective, self._wait_all)
+        #: the collective path: its keys, the workers' links
         self._peers = PeerSums(name, cfg, self._po, self._store, self._tables.owns,
                                self._unlocked)
+        #: the staleness bounds (kv.set_staleness) and what enforces them
+        self._reads = Bounds(self._core)
+        #: uneven data (kv.join)
+        self._joining = Joining(self._core, self._peers)
+        #: save_checkpoint, load_checkpoint (worker 0 carries them out)
+        self._checkpoints = Checkpoints(self._core, self._store,
+                                        lambda: list(self._tables.tables))
         self._lock.release()
         # a strong reference: a store dropped without close() must still say goodbye at
         # exit, or the scheduler takes the silent worker for dead and exits 1
@@ -281,6 +291,89 @@ class DistKVStore(StalenessMethods, JoinMethods, TableMethods,
             for k in keys:
                 self._by_pskey[self._keys.add(recs[k]).pskey] = k
 
+    def join(self, timeout: float | None = None) -> int:
+        """Leave the job's rounds: this worker has no more data (uneven data).
+
+        Every worker calls it once it has made its last push. Until every worker has
+        joined, the others' ``dist_sync`` rounds complete without this worker, which
+        counts as having pushed zeros: a round's sum is the sum of the other workers'
+        pushes, and the divisor (``rescale_grad``) is unchanged (DDP's default under
+        ``Join``). This worker may pull meanwhile, not push. Once every worker has joined
+        the rounds count every worker again (the next epoch of data may follow).
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds to wait for the other workers to join (default
+            ``PSKV_JOIN_TIMEOUT``, 3600).
+
+        Returns
+        -------
+        int
+            The rank of the last worker to join (as ``hvd.join()``).
+
+        Raises
+        ------
+        ClusterTimeoutError
+            Some worker did not join within ``timeout`` (the message names it).
+        WorkerClosedError
+            A worker closed its store without joining: it never will.
+        """
+        return self._joining.join(timeout)
+
+    def save_checkpoint(self, path: str) -> None:
+        """Every server writes its shard to the directory ``path``; rank 0 the manifest.
+
+        Collective: every worker calls it at the same point. Each worker's pushes made
+        before it are applied first, so the checkpoint holds whole rounds. Each server
+        pauses for one in-memory copy of its shard and writes it on a thread, all servers in
+        parallel; the call returns once every shard is on disk. ``path`` must be a
+        directory every server can write (a shared file system across hosts).
+        """
+        self._checkpoints.save(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Set every key from the checkpoint in ``path``, written by any number of servers
+        (or by a local store): values, optimizer states (and optimizer), rounds.
+
+        Collective. The workers must have initialized exactly the checkpoint's keys with
+        the same shapes and dtypes; call ``set_optimizer`` before loading, not after (a
+        saved optimizer replaces it). Raises CheckpointError on every worker otherwise.
+        """
+        self._checkpoints.load(path)
+
+    def set_staleness(self, bound: int | None, *, global_bound: int | None = None) -> None:
+        """Bound how stale the values this worker reads may be (collective: every worker
+        calls it, as it calls ``init``).
+
+        In ``dist_async``: a pull, row_sparse_pull or lookup starts only when at most
+        ``bound`` of this worker's earlier push calls are unacknowledged (0: it reads its
+        own writes), and, with ``global_bound``, a pull, row_sparse_pull or training lookup
+        of a worker more than ``global_bound`` push calls ahead of the slowest live worker
+        waits on the servers (SSP); a worker that closes its store leaves the bound, and a
+        wait for a stuck or lost worker fails naming it. ``dist_sync`` already keeps every
+        worker in one round, so any bound holds there: it is checked and recorded only.
+        Setting it again (or to None: no bound) mid-job is safe: the clocks restart at 0.
+
+        Parameters
+        ----------
+        bound : int or None
+            Unacknowledged push calls a read may run ahead of; None: no per-worker bound.
+        global_bound : int or None, keyword-only
+            Push calls the fastest live worker may be ahead of the slowest; None: none.
+
+        Raises
+        ------
+        StalenessError
+            On every worker, when any worker's bound is not a whole number of at least 0
+            or the workers' ``global_bound`` differ; nothing is changed.
+        """
+        self._reads.set(bound, global_bound)
+
+    def _before_lookup(self) -> None:
+        """A lookup is a bounded read (``TableMethods.lookup``)."""
+        self._reads.before_read()
+
     def set_collective(self, key: KeyArg, enabled: bool = True) -> None:
         """Choose the collective path for ``key`` (True) or the servers (False), whatever
         its size; call it on every worker, before ``init`` of the key.
@@ -403,8 +496,9 @@ class DistKVStore(StalenessMethods, JoinMethods, TableMethods,
                                      self._path.compressor is not None)
                 else:
                     self._push_checked(keys, groups)
-            if self._stale is not None:
-                self._stale.pushed()
+            stale = self._reads.stale
+            if stale is not None:
+                stale.pushed()
 
     def _push_checked(self, keys: list[Key], groups: list[list[Any]]) -> None:
         self._check_bounds(keys, groups, "push")
@@ -415,7 +509,7 @@ class DistKVStore(StalenessMethods, JoinMethods, TableMethods,
         """Before worker 0's first push, with periodic checkpoints: the initial values as
         the checkpoint of round 0 (docs/durability.md); no round can close before it,
         since every round needs this worker's push."""
-        self._check_not_joined()
+        self._joining.check_not_joined()
         if not self._initial_sent:
             self._initial_sent = True
             if self.rank == 0 and self._cfg.checkpoint_every:
@@ -516,8 +610,7 @@ class DistKVStore(StalenessMethods, JoinMethods, TableMethods,
             self._begin(pulling=True)
             if self._tables.owns(key):
                 self._tables.refuse(key, "pull")
-            if self._stale is not None:
-                self._stale.before_read()
+            self._reads.before_read()
             if out is None:
                 return self._pull_new(key)
             keys, groups = normalize(key, out, "out")
@@ -563,12 +656,13 @@ class DistKVStore(StalenessMethods, JoinMethods, TableMethods,
             self._push_validated(keys, groups)
             self._pull_validated(okeys, ogroups, True)
             return
-        if self._stale is not None:
+        stale = self._reads.stale
+        if stale is not None:
             # a push call, then a bounded read: apart, so that the servers see the
             # clock before the read (the global bound) and the read may flush (K)
             self._path.send(self._path.items(keys, groups), lend=True)
-            self._stale.pushed()
-            self._stale.before_read()
+            stale.pushed()
+            stale.before_read()
             return self._pull_validated(okeys, ogroups, True)
         items = self._path.items(keys, groups)
         # with out=None the reply overwrites the values: after they were sent
@@ -586,8 +680,7 @@ class DistKVStore(StalenessMethods, JoinMethods, TableMethods,
         """Pull rows ``row_ids`` of row_sparse keys from the servers holding them."""
         with self._lock:
             self._begin()
-            if self._stale is not None:
-                self._stale.before_read()
+            self._reads.before_read()
             if self._tables.owns(key):
                 return self._tables.row_sparse_pull(key, out, row_ids)
             self._keys.need_rows(key, out, row_ids)
@@ -689,20 +782,21 @@ class DistKVStore(StalenessMethods, JoinMethods, TableMethods,
         with self._collective_lock, self._lock:
             self._begin()
             if not self._sync:
-                if self._stale is not None:
-                    self._stale.flush()
+                stale = self._reads.stale
+                if stale is not None:
+                    stale.flush()
                 else:
                     with self._unlocked():
                         self._kv.flush()
-            bounded = self._stale is not None and self._stale.global_bound is not None
+            bounded = self._reads.global_bound
             if bounded:
-                self._leave_bound()   # workers with more steps before it may finish them
+                self._reads.leave()   # workers with more steps before it may finish them
             try:
                 self._collective("barrier")
             finally:
                 if bounded:
-                    assert self._stale is not None
-                    self._tick(self._stale.clock)    # counted again, at its own clock
+                    assert self._reads.stale is not None
+                    self._reads.tick(self._reads.stale.clock)    # counted again, at its clock
 
     _barrier = barrier
 
@@ -715,8 +809,8 @@ class DistKVStore(StalenessMethods, JoinMethods, TableMethods,
             atexit.unregister(self._atexit)
             try:
                 if self._po.failure is None:
-                    if self._stale is not None and self._stale.global_bound is not None:
-                        self._leave_bound()
+                    if self._reads.global_bound:
+                        self._reads.leave()
                     self._send_held()
                     with self._unlocked():
                         self._kv.flush(timeout=min(self._cfg.request_timeout, 10.0))
