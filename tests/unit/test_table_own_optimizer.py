@@ -100,7 +100,7 @@ def test_a_server_skips_the_store_optimizer_check_for_a_table_with_its_own() -> 
     """set_optimizer(RMSProp) is refused by a table that would run it, not by one that has
     an optimizer of its own (the servers' check, R12)."""
     own = served_table(TableSpec(dim=2, optimizer=mx.optimizer.SGD()), "own", (0, 1))
-    check_optimizer(own, mx.optimizer.RMSProp())
+    check_optimizer(own.spec, own.name, mx.optimizer.RMSProp())
     shared = served_table(TableSpec(dim=2), "shared", (0, 1))
     with pytest.raises(mx.base.MXNetError, match="RMSProp"):
-        check_optimizer(shared, mx.optimizer.RMSProp())
+        check_optimizer(shared.spec, shared.name, mx.optimizer.RMSProp())

@@ -67,13 +67,15 @@ def merge_states(parts: list[tuple[int, dict[str, np.ndarray], dict[str, Any]]],
     return arrays, meta
 
 
-def check_optimizer(table: DynamicTable, opt: Any) -> None:
-    """UnsupportedError if ``opt`` cannot update this table's rows (R12); a table with
-    its own optimizer (``TableSpec.optimizer``) never runs the store's."""
+def check_optimizer(spec: TableSpec, name: Any, opt: Any) -> None:
+    """UnsupportedError (naming table ``name``) if the store's optimizer ``opt`` cannot
+    update the rows of a table of ``spec`` (R12); a spec with its own optimizer
+    (``TableSpec.optimizer``) never runs the store's. Reads the spec only: a dist worker,
+    which holds no row, runs it as a server's engine does."""
     from ..table._rowopt import row_optimizer
-    if table.spec.optimizer is not None:
+    if spec.optimizer is not None:
         return
-    row_optimizer(opt, table.spec.state_layout, table.spec.dim, table.name)  # wd too
+    row_optimizer(opt, spec.state_layout, spec.dim, name)  # wd too
 
 
 def check_restorable(table: DynamicTable | None, name: Any, meta: dict[str, Any],

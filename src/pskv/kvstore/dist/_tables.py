@@ -185,7 +185,7 @@ def init_table(store: Any, key: Any, spec: TableSpec) -> None:
             store._tables.init(k, spec, store._keys)   # checks; then holds a checker
             added = True
             if store._tables.optimizer is not None:   # one it cannot run: refused now
-                check_optimizer(store._tables.tables[k], store._tables.optimizer)
+                check_optimizer(spec, k, store._tables.optimizer)
         except KVStoreError as err:
             error = err
         why = None if error is None else f"{type(error).__name__}: {error}"

@@ -295,7 +295,7 @@ class Engine(UnevenRounds):
             check_optimizer_spec(opt, spec)     # a spec that cannot update is refused now
             for e in self._entries.values():    # and one a table key cannot run
                 if e.table is not None:
-                    check_table_optimizer(e.table, opt)
+                    check_table_optimizer(e.table.spec, e.table.name, opt)
             self.updater = optimizer.get_updater(opt)
             self._opt_spec = spec
         if sent is not None:

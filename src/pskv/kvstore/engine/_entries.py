@@ -50,7 +50,7 @@ def init_entries(engine: Engine, keys: tuple[int, ...], specs: list[dict[str, An
     opt = getattr(engine.updater, "optimizer", None)
     for made in tables.values():
         if opt is not None:
-            check_optimizer(made, opt)     # the row optimizer it would run (R12)
+            check_optimizer(made.spec, made.name, opt)  # the row optimizer it runs (R12)
     for k, spec, arr, place in zip(keys, specs, arrays, places):
         if k in tables:
             engine.init_table(k, tables[k])
