@@ -399,6 +399,7 @@ def test_the_scheduler_lists_every_node_and_pskv_top_reads_the_listing(
     assert server["pskv_key_pushed_bytes_total{key=w}"] == 12 * 4000
     assert "pskv_key_pushes_total{key=emb}" in server               # named in metrics_keys
     assert server["pskv_table_rows{key=emb}"] == 4                  # IDs 1, 2, 3, 4
+    assert server["pskv_table_bytes{key=emb}"] >= 4 * 4 * 4         # at least the 4 rows of dim 4
     assert server["pskv_table_inserts_total{key=emb}"] == 4
     text = "\n".join(view(before, after))
     assert "hottest keys (MB/s pushed): w " in text

@@ -169,13 +169,17 @@ class ServerMetrics(NodeMetrics):
         by_table = [*LABELS, "key"]
         rows = GaugeMetricFamily("pskv_table_rows", "Rows a table key holds here",
                                  labels=by_table)
+        nbytes = GaugeMetricFamily("pskv_table_bytes", "Bytes of the arrays a table key "
+                                   "uses here: rows, optimizer states, IDs, metadata, its "
+                                   "ID index", labels=by_table)
         counters = {c: CounterMetricFamily(f"pskv_table_{c}", doc, labels=by_table)
                     for c, doc in _TABLE_COUNTERS.items()}
         for key, stats in sorted(state["tables"].items()):
             rows.add_metric([*me, key], stats.get("rows", 0))
+            nbytes.add_metric([*me, key], stats.get("bytes", 0))
             for c, family in counters.items():
                 family.add_metric([*me, key], stats.get(c, 0))
-        yield rows
+        yield from (rows, nbytes)
         yield from counters.values()
         by_shard = [*LABELS, "shard", "backup"]
         up = GaugeMetricFamily("pskv_replication_backup_up", "1 while the backup of a shard "

@@ -16,7 +16,7 @@ __all__ = ["server_state"]
 def server_state(shards: Shards) -> dict[str, Any]:
     """``keys`` held (key parts), ``waiting`` requests held for rounds, ``per_key``
     ``str(key) -> (pushes applied, bytes of the part held)``, ``tables`` ``str(key) ->
-    stats`` and ``backups`` ``(shard, backup, up, changes not acknowledged)``, over every
+    stats`` (``DynamicTable.stats`` and ``bytes``, the arrays in use) and ``backups`` ``(shard, backup, up, changes not acknowledged)``, over every
     shard this server serves (not the shards it only backs up: their pushes are counted by
     their primary)."""
     keys = waiting = 0
@@ -30,7 +30,8 @@ def server_state(shards: Shards) -> dict[str, Any]:
             waiting += held
             label = str(name)
             if table is not None:
-                stats = table.stats()
+                # bytes of the arrays in use (rows, states, IDs, metadata, index)
+                stats = {**table.stats(), "bytes": sum(table.nbytes().values())}
                 prev = tables.get(label)
                 tables[label] = stats if prev is None else {
                     c: prev.get(c, 0) + v for c, v in stats.items()}
