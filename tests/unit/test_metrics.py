@@ -218,13 +218,15 @@ def test_table_and_replication_series() -> None:
                         "(prometheus_client) to test metrics")
     from pskv._ps.observe.series import ServerMetrics
     stats = {"rows": 5, "lookups": 9, "misses": 6, "inserts": 5, "refusals": 1,
-             "evictions": 2, "bytes": 1234}
+             "evictions": 2, "evicted_ttl": 1, "evicted_capacity": 1, "bytes": 1234}
     m = ServerMetrics(0, "job", lambda: _state(tables={"emb": stats},
                                                backups=[(0, 1, True, 3)]))
     got = _samples(m.registry)
     base = _base("server", 0)
     assert got[("pskv_table_rows", _with(base, key="emb"))] == 5
     assert got[("pskv_table_bytes", _with(base, key="emb"))] == 1234
+    for reason in ("ttl", "capacity"):
+        assert got[("pskv_table_evicted_total", _with(base, key="emb", reason=reason))] == 1
     for counter in ("lookups", "misses", "inserts", "refusals", "evictions"):
         assert got[(f"pskv_table_{counter}_total", _with(base, key="emb"))] == stats[counter]
     assert got[("pskv_replication_backup_up", _with(base, shard="0", backup="1"))] == 1

@@ -174,13 +174,20 @@ class ServerMetrics(NodeMetrics):
                                    "ID index", labels=by_table)
         counters = {c: CounterMetricFamily(f"pskv_table_{c}", doc, labels=by_table)
                     for c, doc in _TABLE_COUNTERS.items()}
+        by_reason = CounterMetricFamily("pskv_table_evicted", "Rows evicted, by reason: "
+                                        "ttl (unused longer than TTL allows), capacity "
+                                        "(lowest score past Capacity.max_rows)",
+                                        labels=[*by_table, "reason"])
         for key, stats in sorted(state["tables"].items()):
             rows.add_metric([*me, key], stats.get("rows", 0))
             nbytes.add_metric([*me, key], stats.get("bytes", 0))
+            for reason in ("ttl", "capacity"):
+                by_reason.add_metric([*me, key, reason], stats.get(f"evicted_{reason}", 0))
             for c, family in counters.items():
                 family.add_metric([*me, key], stats.get(c, 0))
         yield from (rows, nbytes)
         yield from counters.values()
+        yield by_reason
         by_shard = [*LABELS, "shard", "backup"]
         up = GaugeMetricFamily("pskv_replication_backup_up", "1 while the backup of a shard "
                                "served here is connected, else 0", labels=by_shard)
