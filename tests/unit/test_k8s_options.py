@@ -21,15 +21,7 @@ from pskv.launch import LaunchSpec, launch, parse_args
 from pskv.launch._k8s_options import CHECKPOINT_MOUNT, PodOptions, pod_options
 from pskv.launch._kubernetes import job_manifests, run_kubernetes
 
-try:
-    # imported with the module, not in a test: urllib3 probes for IPv6 with a socket on import
-    from kubernetes import client as k8s_client
-except ImportError:
-    k8s_client = None
-HAVE_CLIENT = k8s_client is not None
-#: pod settings are checked by the client's models (docs/kubernetes.md)
-needs_client = pytest.mark.skipif(not HAVE_CLIENT, reason="pod settings are checked by the "
-                                  "Kubernetes client's models: pip install 'pskv[kubernetes]'")
+from _k8s_client import needs_client
 
 BASE = ["--launcher", "kubernetes", "--image", "img", "--job-name", "j", "-n", "2", "-s", "1"]
 

@@ -22,16 +22,7 @@ from pskv.launch import parse_args
 from pskv.launch._k8s_options import PodOptions
 from pskv.launch._kubernetes import job_manifests
 
-try:
-    # imported with the module, not in a test: urllib3 probes for IPv6 with a socket on import
-    # (pod settings are checked by the client's models)
-    from kubernetes import client as k8s_client
-except ImportError:
-    k8s_client = None
-HAVE_CLIENT = k8s_client is not None
-#: pod settings (flags, --values) are checked by the client's models (docs/kubernetes.md)
-needs_client = pytest.mark.skipif(not HAVE_CLIENT, reason="pod settings are checked by the "
-                                  "Kubernetes client's models: pip install 'pskv[kubernetes]'")
+from _k8s_client import needs_client
 
 BASE = ["--launcher", "kubernetes", "--image", "img", "--job-name", "j", "-n", "2", "-s", "2"]
 #: baseline: the capabilities a container may add (restricted: NET_BIND_SERVICE alone)

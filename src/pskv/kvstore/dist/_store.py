@@ -165,10 +165,6 @@ class DistKVStore(TableMethods, KVStoreBase):
         return self._po.num_workers
 
     # ---- plumbing ------------------------------------------------------------------------
-    def _to_all(self, cmd: Command, body: Any) -> list[Any]:
-        tss = [self._kv.request(s, cmd, body=body) for s in range(self._po.num_servers)]
-        return self._wait_all(tss, f"the servers to take {body.get('op', cmd.name)}")
-
     @contextlib.contextmanager
     def _unlocked(self) -> Iterator[None]:
         """Release the store lock for a network wait (the caller holds it)."""
@@ -223,7 +219,8 @@ class DistKVStore(TableMethods, KVStoreBase):
         """
         if isinstance(value, TableSpec):
             for k in (key if isinstance(key, (list, tuple)) else [key]):
-                if type(k) in (int, str) and self._peers.choice.prefs.get(k):  # type: ignore[arg-type]
+                prefs = self._peers.choice.prefs
+                if type(k) in (int, str) and prefs.get(k):  # type: ignore[arg-type]
                     raise UnsupportedError(
                         f"key {k!r} was set to take the collective path (set_collective), "
                         "but a table key stays on the servers. Call "
@@ -513,7 +510,7 @@ class DistKVStore(TableMethods, KVStoreBase):
         if not self._initial_sent:
             self._initial_sent = True
             if self.rank == 0 and self._cfg.checkpoint_every:
-                self._to_all(Command.COMMAND, command(Op.INITIAL))
+                self._core.to_servers(command(Op.INITIAL), wait=True)
 
     def _push_validated(self, keys: list[Key], groups: list[list[Any]]) -> None:
         self._first_push()      # _begin() has sent a held push already
@@ -717,7 +714,7 @@ class DistKVStore(TableMethods, KVStoreBase):
                     "on the servers), or keep the key on the servers with "
                     f"set_collective({pushed[0]!r}, False) before its init.", key=pushed[0],
                     store_type=self._type)
-            self._to_all(Command.COMMAND, command(Op.OPTIMIZER, spec=spec))
+            self._core.to_servers(command(Op.OPTIMIZER, spec=spec), wait=True)
             self._tables.optimizer = optimizer
             # the keys that were to be summed among the workers go back to the servers,
             # which hold their initial values (MXNet's Module inits, then sets the optimizer)
@@ -749,7 +746,7 @@ class DistKVStore(TableMethods, KVStoreBase):
                     store_type=self._type)
             compressor = compression.create(compression_params)
             params = None if compressor is None else compressor.params
-            self._to_all(Command.COMMAND, command(Op.COMPRESSION, params=params))
+            self._core.to_servers(command(Op.COMPRESSION, params=params), wait=True)
             self._path.compressor = compressor
             self._peers.choice.compression = compressor is not None
 
@@ -757,7 +754,7 @@ class DistKVStore(TableMethods, KVStoreBase):
         """Gather every server's optimizer states into ``fname`` (NumPy arrays + JSON)."""
         with self._lock:
             self._begin()
-            replies = self._to_all(Command.COMMAND, command(Op.SAVE, dump=dump_optimizer))
+            replies = self._core.to_servers(command(Op.SAVE, dump=dump_optimizer), wait=True)
             write_states(fname, [arrays[0] for _, arrays in replies])
 
     def load_optimizer_states(self, fname: str) -> None:
