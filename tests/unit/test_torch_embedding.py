@@ -349,3 +349,38 @@ def test_bad_sparse_params() -> None:
         torch.nn.functional.mse_loss(m(torch.tensor([[1, 2, 3]])), torch.ones(1, 1)).backward()
         with pytest.raises(ConfigError, match="'2.weight' is in sparse_params but got a"):
             opt.step()
+
+
+def test_a_join_waits_for_the_tables_pushes_in_flight(monkeypatch: Any) -> None:
+    """A CTR model's tables push on their own thread after backward; a worker that runs out
+    of batches joins right after its last step: ``DistributedOptimizer.join`` must wait for
+    those pushes first (a push after the join is refused: the rounds closed without it)."""
+    kv = mx.kv.create("local")      # tables with their own optimizer, none on the store
+    emb = pt.Embedding(kv, "emb", spec(optimizer=mx.optimizer.AdaGrad(learning_rate=0.1)))
+    lin = torch.nn.Linear(spec().dim, 1)
+    opt = pt.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1),
+                                  lin.named_parameters(), kv)
+    release, order = threading.Event(), []
+    real_push, real_join = kv.push, kv.join
+
+    def slow_push(key: Any, value: Any, priority: int = 0) -> None:
+        if key == "emb":
+            release.wait(5.0)           # still in flight when the step returns
+            order.append("push")
+        real_push(key, value, priority)
+
+    def join(timeout: Any = None) -> int:
+        order.append("join")
+        return real_join(timeout)
+
+    monkeypatch.setattr(kv, "push", slow_push)
+    monkeypatch.setattr(kv, "join", join)
+    opt.zero_grad()
+    lin(emb(torch.tensor([1, 2, 3]))).sum().backward()
+    opt.step()
+    threading.Timer(0.2, release.set).start()
+    opt.join()
+    assert order == ["push", "join"], order
+    emb.close()
+    opt.close()
+    kv.close()

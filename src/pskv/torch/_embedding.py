@@ -14,6 +14,7 @@ IDs it was made for, and rows pushed after it began are read again.
 from __future__ import annotations
 
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -56,6 +57,19 @@ class _Prefetch:
         self.ids, self.train = ids, train
         self.unique, self.inverse, self.future = unique, inverse, future
         self.pushed: list[np.ndarray] = []      # unique IDs pushed since it began
+
+
+#: every table module's client alive (weakly): a join waits for their pushes
+_CLIENTS: "weakref.WeakSet[_Client]" = weakref.WeakSet()
+
+
+def synchronize_tables(kv: Any) -> None:
+    """Wait for every push the table modules on ``kv`` have made so far (their threads);
+    raise the first error one of them met. ``DistributedOptimizer.join`` calls it: a push
+    still in flight when the worker joins would be refused (docs/torch.md, "Uneven data")."""
+    for client in list(_CLIENTS):
+        if client.kv is kv:
+            client.synchronize()
 
 
 class _Client:
@@ -103,6 +117,7 @@ class _Client:
         self.executor: ThreadPoolExecutor | None = None
         self.pending: list[Future[Any]] = []
         self.prefetched: _Prefetch | None = None
+        _CLIENTS.add(self)
 
     # ---- the thread ----------------------------------------------------------------------
     def _submit(self, fn: Any, *args: Any) -> Future[Any]:

@@ -155,6 +155,10 @@ class _DistributedMixin:
                     bucket.future.result()
         finally:
             sync.reset()
+        # the table modules' pushes of the last backward, still on their threads: a push
+        # after the join would be refused (torch is here: this wraps a torch optimizer)
+        from ._embedding import synchronize_tables
+        synchronize_tables(sync.kv)
         last: int = sync.kv.join(timeout)
         th = import_torch()
         if sync.update_on_kvstore:     # the store holds every worker's weights
