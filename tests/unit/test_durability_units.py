@@ -104,6 +104,31 @@ def test_no_restart_once_the_scheduler_has_exited(tmp_path: Path) -> None:
     assert (tmp_path / "runs").read_text().split() == ["run"]
 
 
+def test_a_server_killed_as_the_job_ends_leaves_its_status_0(tmp_path: Path,
+                                                             caplog: Any) -> None:
+    """A server killed (the chaos soak's SIGKILL) while its restart waits out its back-off,
+    and meanwhile every worker exits 0 and the scheduler ends the job: the job succeeded,
+    its status is 0 (it was 137 when the supervisor saw the server before the workers)."""
+    dead = tmp_path / "server-dead"
+    wait = f"import os, time\nwhile not os.path.exists({str(dead)!r}): time.sleep(0.01)\n"
+    scheduler = ProcessSpec(Role.SCHEDULER, None, (sys.executable, "-c", wait))
+    server = ProcessSpec(Role.SERVER, 0, (sys.executable, "-c", (
+        f"import os, signal\nopen({str(dead)!r}, 'w').close()\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n")), (("DMLC_SERVER_ID", "0"),))
+    worker = ProcessSpec(Role.WORKER, 0, (sys.executable, "-c", wait),
+                         (("DMLC_WORKER_ID", "0"),))
+    out = io.StringIO()
+    caplog.set_level("WARNING", logger="pskv.launch._supervise")
+    result = run_processes([scheduler, server, worker], max_restarts=3, stdout=out,
+                           stderr=out, timeout=60)
+    assert result.returncode == 0, out.getvalue()
+    assert result.failed is None
+    # whichever the supervisor saw first, the workers' exits or the server's death
+    assert "server 0 (pid" in caplog.text and (
+        "after every worker had finished; the job's status stays 0" in caplog.text or
+        "after the scheduler ended the job; the workers' statuses decide" in caplog.text)
+
+
 def test_backup_placement_rule() -> None:
     assert [backup_of(s, s, 3) for s in range(3)] == [1, 2, 0]
     assert backup_of(0, 1, 3) == 0        # taken over by server 1: its restart backs it up

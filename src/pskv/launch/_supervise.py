@@ -300,6 +300,12 @@ class _Supervisor:
         # restart would only wait out its connect timeout for a scheduler that is gone
         return any(c.spec.role is Role.SCHEDULER and not c.running for c in self.children)
 
+    def _workers_succeeded(self) -> bool:
+        """Whether every worker has exited 0 (none running, none waiting for a restart)."""
+        workers = [c for c in self.children if c.spec.role is Role.WORKER]
+        return bool(workers) and all(c.popen.poll() == 0 and not self._waiting(c)
+                                     for c in workers)
+
     def _waiting(self, child: _Child) -> bool:
         """Whether ``child`` is dead and waiting out its back-off before a restart."""
         return self.backoff.waiting(child.spec.label)
@@ -453,13 +459,23 @@ class _Supervisor:
                 if self._taken_over(c, rc, survived):
                     survived.add(c)
                     continue
-                if shutdown_deadline is not None:
+                if shutdown_deadline is not None or self._workers_succeeded():
                     # every worker exited 0, so the job succeeded: the workers' status is
                     # the job's, whatever a scheduler or server does while it winds down
+                    # (also when this pass sees the dead one before the workers' exits)
                     after_workers.add(c)
                     logger.warning("%s (pid %d) exited with status %d after every worker "
                                    "had finished; the job's status stays 0", c.spec.label,
                                    c.popen.pid, exit_status(rc))
+                    continue
+                if c.spec.role is Role.SERVER and self._scheduler_gone() and any(
+                        w.running for w in self.children if w.spec.role is Role.WORKER):
+                    # the scheduler has ended the job (every worker said goodbye, or it
+                    # failed): the workers, still exiting, say how it went
+                    survived.add(c)
+                    logger.warning("%s (pid %d) exited with status %d after the scheduler "
+                                   "ended the job; the workers' statuses decide the job's",
+                                   c.spec.label, c.popen.pid, exit_status(rc))
                     continue
                 # role, rank and host: which process of the job failed, and where
                 logger.error("%s (pid %d) exited with status %d; stopping the others",
