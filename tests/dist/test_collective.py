@@ -125,7 +125,7 @@ def test_a_pull_before_any_push_returns_rank_0s_init(run_threads: Any) -> None:
         assert on_path and np.array_equal(value, np.full(50, 7.0, np.float32))
 
 
-def test_set_optimizer_before_a_push_keeps_the_servers_weights(run_threads: Any) -> None:
+def test_set_optimizer_moves_the_keys_back_to_the_servers(run_threads: Any) -> None:
     # MXNet's Module inits, then sets the optimizer: the keys go back to the servers
     def fn(kv: Any, late: bool) -> Any:
         kv.init("w", np.ones(64, np.float32))
@@ -143,15 +143,49 @@ def test_set_optimizer_before_a_push_keeps_the_servers_weights(run_threads: Any)
 
     def after_push(kv: Any) -> Any:
         kv.init("w", np.ones(64, np.float32))
-        kv.push("w", np.ones(64, np.float32))
-        kv.pull("w")
-        with pytest.raises(UnsupportedError, match="set_optimizer after pushes of key 'w'"):
-            kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
-        kv.push("w", np.ones(64, np.float32))    # the failed call changed nothing
-        return kv.pull("w")
+        kv.push("w", np.full(64, kv.rank + 0.5, np.float32))
+        kv.pull("w")           # the round is over on either path (docs/collective.md)
+        kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))    # the last round moves
+        moved = kv._store["w"].collective
+        first = kv.pull("w")
+        kv.push("w", np.full(64, kv.rank + 1.0, np.float32))
+        return first, kv.pull("w"), moved
 
-    for value in ok(run_threads(after_push, collective_bytes=8)).values():
-        np.testing.assert_array_equal(value, np.full(64, 2.0, np.float32))
+    on = ok(run_threads(after_push, collective_bytes=8))
+    off = ok(run_threads(after_push, collective_bytes=0))
+    for rank in (0, 1):
+        assert on[rank][2] is False
+        same(list(on[rank][:2]), list(off[rank][:2]))
+        np.testing.assert_array_equal(on[rank][0], np.full(64, 2.0, np.float32))
+        # 2 - 0.5 * (1 + 2)
+        np.testing.assert_array_equal(on[rank][1], np.full(64, 0.5, np.float32))
+
+
+def test_a_server_refuses_values_for_a_key_it_was_pushed(thread_cluster: Any) -> None:
+    """Op.ADOPT replaces only a key no push reached on the server, with a value that fits;
+    else ProtocolError, the value unchanged, the server going on."""
+    from pskv._ps.message import Command
+    from pskv._ps.ops import Op, command
+    from pskv._ps.partition import ps_key
+    cluster = thread_cluster(1)
+
+    def fn(kv: Any) -> list[str]:
+        kv.init("w", np.zeros(10, np.float32))
+        kv.push("w", np.ones(10, np.float32))
+        kv.pull("w")
+        errors = []
+        for arrays in ([np.full(10, 5.0, np.float32)], [np.full(9, 5.0, np.float32)]):
+            ts = kv._kv.request(0, Command.COMMAND, arrays=arrays,
+                                body=command(Op.ADOPT, values=[ps_key("w")]))
+            with pytest.raises(KVStoreError) as info:
+                kv._kv.wait_all([ts], "adopt")
+            errors.append(str(info.value))
+        errors.append(str(kv.pull("w")[0]))
+        return errors
+
+    got = ok(cluster.run(fn, "dist_sync", 30.0))[0]
+    assert "was pushed to this server" in got[0] and "does not fit" in got[1], got
+    assert got[2] == "1.0"
 
 
 def test_keys_chosen_after_set_optimizer_or_compression_stay_on_the_servers(
@@ -210,16 +244,80 @@ def test_bad_input_raises_kvstore_errors(run_threads: Any) -> None:
     mx.kv.create("local").set_collective("w", True)      # a local store keeps its keys
 
 
-def test_a_checkpoint_of_a_store_with_collective_keys_is_refused(run_threads: Any,
-                                                                  tmp_path: Any) -> None:
-    def fn(kv: Any) -> str:
-        kv.init("w", np.zeros(64, np.float32))
-        with pytest.raises(UnsupportedError, match="save_checkpoint: key 'w' is summed") \
-                as info:
-            kv.save_checkpoint(str(tmp_path / "ck"))
-        return str(info.value)
+def _checkpointed(kv: Any, where: str) -> dict[str, Any]:
+    """Two rounds of a big key ("w", 3 segments with 2 servers) and a small one, a
+    checkpoint, a third round; then the checkpoint loaded back: what each read gives."""
+    kv.init(["w", "s"], [np.zeros((40, 5), np.float32), np.zeros(3, np.float32)])
+    for step in range(2):
+        kv.push(["w", "s"], [np.full((40, 5), kv.rank + step + 0.25, np.float32),
+                             np.full(3, kv.rank + 1.0, np.float32)])
+    got: dict[str, Any] = {"pulled": kv.pull("w")}
+    kv.save_checkpoint(where)
+    kv.push("w", np.full((40, 5), 100.0, np.float32))
+    got["after"] = kv.pull("w")
+    kv.load_checkpoint(where)
+    got["loaded"] = kv.pull(["w", "s"])      # the checkpoint's, not the last round's
+    kv.push("w", np.full((40, 5), 7.0, np.float32))
+    got["next"] = kv.pull("w")                 # a round after the load: the sum again
+    got["on_path"] = bool(kv._store["w"].collective)
+    return got
 
-    ok(run_threads(fn, collective_bytes=8))
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_a_checkpoint_holds_the_collective_keys_values(run_threads: Any, tmp_path: Any,
+                                                      servers: int) -> None:
+    """save_checkpoint writes a collective key's last round (worker 0's, sent to each
+    server with its part), and load_checkpoint reads it back until the next push: the
+    same as a run on the servers, loaded by any server count."""
+    on = ok(run_threads(lambda kv: _checkpointed(kv, str(tmp_path / "on")),
+                        num_servers=servers, collective_bytes=64))
+    off = ok(run_threads(lambda kv: _checkpointed(kv, str(tmp_path / "off")),
+                         num_servers=servers, collective_bytes=0))
+    assert on[0]["on_path"] and not off[0]["on_path"]
+    for rank in (0, 1):
+        same(on[rank], off[rank])
+    want = np.full((40, 5), 1.25 + 2.25, np.float32)    # round 2: ranks 0 and 1
+    assert np.array_equal(on[0]["pulled"], want)
+    assert np.array_equal(on[0]["loaded"][0], want)
+    assert float(on[0]["after"][0, 0]) == 200.0 and float(on[0]["next"][0, 0]) == 14.0
+
+    def fresh(kv: Any) -> Any:           # another job, another server count
+        kv.init(["w", "s"], [np.zeros((40, 5), np.float32), np.zeros(3, np.float32)])
+        kv.load_checkpoint(str(tmp_path / "on"))
+        return kv.pull("w")
+
+    for got in ok(run_threads(fresh, num_servers=3 - servers, collective_bytes=64)).values():
+        assert np.array_equal(got, want)
+
+
+def test_a_server_refuses_a_checkpoint_value_that_does_not_fit(thread_cluster: Any,
+                                                               tmp_path: Any) -> None:
+    """A worker's CHECKPOINT with a value of the wrong size, an unknown key or keys that
+    do not match the arrays is refused with a ProtocolError; the server goes on."""
+    from pskv._ps.message import Command
+    from pskv._ps.ops import Op, command
+    from pskv._ps.partition import ps_key
+    cluster = thread_cluster(1)
+
+    def fn(kv: Any) -> list[str]:
+        kv.init("w", np.zeros(10, np.float32))
+        errors = []
+        for keys, arrays in (([ps_key("w")], [np.zeros(9, np.float32)]),
+                             ([ps_key("nope")], [np.zeros(10, np.float32)]),
+                             ([ps_key("w")], []), (["w"], [np.zeros(10, np.float32)])):
+            ts = kv._kv.request(0, Command.COMMAND, arrays=arrays, body=command(
+                Op.CHECKPOINT, path=str(tmp_path / "bad"), values=keys))
+            with pytest.raises(KVStoreError) as info:
+                kv._kv.wait_all([ts], "checkpoint")
+            errors.append(type(info.value).__name__ + ": " + str(info.value))
+        kv.push("w", np.ones(10, np.float32))
+        errors.append(str(kv.pull("w")[0]))
+        return errors
+
+    got = ok(cluster.run(fn, "dist_sync", 30.0))[0]
+    assert all("ProtocolError" in e or "values" in e for e in got[:4]), got
+    assert "does not fit" in got[0] and "does not fit" in got[1]
+    assert got[4] == "1.0"
 
 
 def test_sealed_links_keep_every_key_on_the_servers(run_threads: Any) -> None:
@@ -299,16 +397,17 @@ def test_a_worker_whose_links_break_is_named_at_once(thread_cluster: Any) -> Non
 def test_processes_print_the_same_digest_with_and_without_the_path(local_cluster: Any,
                                                                    workers: int) -> None:
     digests = {}
-    for env in ({}, {"PSKV_COLLECTIVE_BYTES": "4096"}):
+    # 0: every key on the servers; the default (64 KiB): the big key; 4096: the mid one too
+    for setting, want in (("0", ()), (None, ("big",)), ("4096", ("big", "mid"))):
+        env = {} if setting is None else {"PSKV_COLLECTIVE_BYTES": setting}
         cluster = local_cluster(workers, 1, env=env).start("collective_sum.py")
         codes = cluster.wait(60)
         assert set(codes.values()) == {0}, cluster.dump()
         reports = [r for p in cluster.workers for r in p.reports()]
         assert sorted(r["rank"] for r in reports) == list(range(workers)), cluster.dump()
-        assert {tuple(r["collective"]) for r in reports} == \
-            {("big", "mid") if env else ()}, reports
-        digests[bool(env)] = {r["digest"] for r in reports}
-    assert len(digests[False]) == 1 and digests[True] == digests[False]
+        assert {tuple(r["collective"]) for r in reports} == {want}, reports
+        digests[setting] = {r["digest"] for r in reports}
+    assert len(digests["0"]) == 1 and digests["0"] == digests[None] == digests["4096"]
 
 
 def test_a_worker_killed_mid_collective_is_named_on_the_others(local_cluster: Any) -> None:

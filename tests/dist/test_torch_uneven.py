@@ -56,7 +56,8 @@ def test_join_averages_over_every_worker(run_threads: Any, collective: bool) -> 
     for step in range(max(batches)):
         total = sum(grad(r, step) / np.float32(3) for r, n in enumerate(batches) if step < n)
         want = want - np.float32(LR) * total
-    res = ok(run_threads(fn, num_workers=3, timeout=60.0))
+    res = ok(run_threads(fn, num_workers=3, timeout=60.0,
+                         **({} if collective else {"collective_bytes": 0})))
     for last, w, on_path in res.values():
         assert last == 0
         assert bool(on_path) is collective, on_path

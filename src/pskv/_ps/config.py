@@ -69,6 +69,10 @@ ENV_BACKUP_RING_BYTES = "PSKV_BACKUP_RING_BYTES"
 #: dense dist_sync keys of at least this many bytes are summed among the workers
 #: (docs/collective.md); 0: none
 ENV_COLLECTIVE_BYTES = "PSKV_COLLECTIVE_BYTES"
+#: its default: from this size up the collective path costs less CPU and time per round
+#: than the servers on this kind of host (benchmarks/bench_route.py, its results
+#: benchmarks/results/bench_route.md)
+DEFAULT_COLLECTIVE_BYTES = 65536
 #: 0: the collective path's workers on one host exchange their chunks over the Unix socket
 #: instead of shared memory (_ps/shm.py; default 1)
 ENV_COLLECTIVE_SHM = "PSKV_COLLECTIVE_SHM"
@@ -318,8 +322,8 @@ class ClusterConfig:
         rounds it streams there into a shared-memory ring of this many bytes instead of the
         Unix socket (PSKV_BACKUP_RING_BYTES, docs/durability.md); 0: the socket always
     collective_bytes : dense ``dist_sync`` keys of at least this many bytes are summed among
-        the workers instead of on the servers (PSKV_COLLECTIVE_BYTES, docs/collective.md);
-        0: no key
+        the workers instead of on the servers (PSKV_COLLECTIVE_BYTES, docs/collective.md;
+        default :data:`DEFAULT_COLLECTIVE_BYTES`); 0: no key
     collective_shm : on the collective path, workers on one host move a round's data through
         shared memory, and only small messages through their Unix socket (PSKV_COLLECTIVE_SHM,
         docs/collective.md); False: through the socket
@@ -383,7 +387,7 @@ class ClusterConfig:
     transport: str = "auto"
     coalesce_bytes: int = 65536
     backup_ring_bytes: int = 128 << 20
-    collective_bytes: int = 0
+    collective_bytes: int = DEFAULT_COLLECTIVE_BYTES
     collective_shm: bool = True
     rank: int | None = None
     handshake_timeout: float = 10.0
@@ -514,7 +518,8 @@ class ClusterConfig:
                                 "Set it to a number of bytes (0 sends every push at once)."),
             backup_ring_bytes=-(-_int(env, ENV_BACKUP_RING_BYTES, 128 << 20,
                                       "Set it to a number of bytes (0: no ring).") // 64) * 64,
-            collective_bytes=_int(env, ENV_COLLECTIVE_BYTES, 0, "Set it to a number of bytes "
+            collective_bytes=_int(env, ENV_COLLECTIVE_BYTES, DEFAULT_COLLECTIVE_BYTES,
+                                  "Set it to a number of bytes "
                                   "(e.g. 4194304: keys of 4 MiB and more are summed among "
                                   "the workers), or 0 to keep every key on the servers."),
             collective_shm=_switch(env, ENV_COLLECTIVE_SHM, True),

@@ -35,6 +35,7 @@ class Op(str, enum.Enum):
     TABLE_STATS = "table_stats"  # key: reply a table shard's counters
     CLOCK = "clock"              # clock, bound, leave: this worker's clock (staleness.py)
     JOINED = "joined"            # epoch: every worker joined (kv.join); rounds count all again
+    ADOPT = "adopt"              # values: keys summed among the workers, one array each: store
 
     @property
     def replicated(self) -> ReplOp | None:

@@ -180,6 +180,24 @@ def _path(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     _str(meta, body, "path")
 
 
+def _checkpoint(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """A checkpoint's path, and the keys whose value the workers send (the collective
+    path)."""
+    _path(meta, body, arrays)
+    _held(meta, body, arrays)
+
+
+def _held(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """The keys whose value the workers send (the collective path): distinct ps_keys, one
+    array each."""
+    held = body.get("values", [])
+    ok = isinstance(held, list) and len(held) == len(arrays) and \
+        all(type(k) is int and -(1 << 63) <= k < 1 << 64 for k in held)
+    if not ok or len(set(held)) != len(held):
+        raise _fail(meta, "values", f"a list of distinct int keys, one per array sent "
+                    f"({len(arrays)})", held)
+
+
 def _dump(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     if not isinstance(body.get("dump", False), bool):
         raise _fail(meta, "dump", "a bool", body.get("dump"))
@@ -305,9 +323,9 @@ def _joined(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
 #: what each op's body must carry, beyond its name (and, for replication, its shard)
 _OPS: dict[Op | ReplOp, Callable[[Meta, dict[str, Any], list[np.ndarray]], None]] = {
     Op.OPTIMIZER: _spec("spec", nullable=False), Op.COMPRESSION: _spec("params", True),
-    Op.SAVE: _dump, Op.LOAD: _state_bytes, Op.CHECKPOINT: _path, Op.RESTORE: _path,
+    Op.SAVE: _dump, Op.LOAD: _state_bytes, Op.CHECKPOINT: _checkpoint, Op.RESTORE: _path,
     Op.APPLIED: _nothing, Op.INITIAL: _nothing, Op.LOOKUP: _lookup, Op.TABLE_STATS: _table_key,
-    Op.CLOCK: _clock, Op.JOINED: _joined,
+    Op.CLOCK: _clock, Op.JOINED: _joined, Op.ADOPT: _held,
     ReplOp.STATE: _r_entries, ReplOp.ROUNDS: _r_rounds,
     ReplOp.INIT: _r_init,
     ReplOp.OPTIMIZER: _spec("spec", nullable=True), ReplOp.COMPRESSION: _spec("params", True),

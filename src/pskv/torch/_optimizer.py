@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from .._ps import config
 from ..errors import ConfigError, KeyTypeError, UnsupportedError, ValueTypeError
 from ._broadcast import (broadcast_parameters, check_one_device, import_torch, init_keys,
                          named_tensors)
@@ -26,9 +27,8 @@ __all__ = ["DistributedOptimizer"]
 _OPS = ("average", "sum")
 
 #: buckets of at least this many bytes take the collective path where the store allows it:
-#: measured cheaper in CPU per round than the servers from 64 KiB up on one host (2
-#: workers, bench_torch's average at 64 KiB, 256 KiB, 1 MiB and 100 MiB)
-DEFAULT_COLLECTIVE_BYTES = 65536
+#: the store's own default (benchmarks/results/bench_route.md)
+DEFAULT_COLLECTIVE_BYTES = config.DEFAULT_COLLECTIVE_BYTES
 
 
 class _Buffers:
@@ -314,8 +314,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
         among the workers (the collective path, docs/collective.md; the same bits as on the
         servers) where the store allows it (``dist_sync``, two workers or more, no
         encryption, replicas or periodic checkpoints), and stay on the servers elsewhere.
-        None or 0: only ``PSKV_COLLECTIVE_BYTES`` and ``kv.set_collective`` choose. A
-        store with a bucket on that path cannot ``save_checkpoint``.
+        None or 0: only ``PSKV_COLLECTIVE_BYTES`` (the same 65536 by default) and
+        ``kv.set_collective`` choose.
     gradient_as_bucket_view : bool, default False
         DDP's option of the same name, with ``update_on_kvstore=False``: at ``step()`` each
         ``.grad`` becomes a view of its bucket instead of receiving a copy (the same

@@ -2,18 +2,21 @@
 worker 0 carries out on a directory every server can reach.
 
 A part of :class:`.dist.DistKVStore` (:class:`Checkpoints`), given its
-:class:`._core.WorkerCore`, its keys' records and its tables; the servers write and read
-their own shards (``Op.CHECKPOINT`` / ``Op.RESTORE``), table keys included (rows stored by
-ID).
+:class:`._core.WorkerCore`, its keys' records, its tables and its collective path; the
+servers write and read their own shards (``Op.CHECKPOINT`` / ``Op.RESTORE``), table keys
+included (rows stored by ID), and keys summed among the workers with the value worker 0
+sends them with the command.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from ...errors import CheckpointError, KVStoreError, UnsupportedError
+from ...errors import CheckpointError, KVStoreError
+from ..._ps.message import Command
 from ..._ps.ops import Op, command
 from .._keys import KeyRecord
 from .._snapshot import Reader, checkpoint_path, check_keys, write_manifest
+from ._collective import PeerSums
 from ._core import WorkerCore
 
 __all__ = ["Checkpoints"]
@@ -24,23 +27,23 @@ class Checkpoints:
     docstrings)."""
 
     def __init__(self, core: WorkerCore, records: dict[Any, KeyRecord],
-                 table_keys: Callable[[], list[Any]]) -> None:
+                 table_keys: Callable[[], list[Any]], peers: PeerSums) -> None:
         self._core, self._store, self._table_keys = core, records, table_keys
+        self._peers = peers
 
     def save(self, path: str) -> None:
-        """Every server writes its shard to ``path``; rank 0 the manifest."""
+        """Every server writes its shard to ``path``; rank 0 the manifest. A key summed
+        among the workers (docs/collective.md) is written with worker 0's value of its
+        last round, sent with each server's command (the servers hold its initial value)."""
         core = self._core
-        summed = [k for k, rec in self._store.items() if rec.collective]
-        if summed:       # alike on every worker: the choice is the same on all (init)
-            raise UnsupportedError(
-                f"save_checkpoint: key {summed[0]!r} is summed among the workers (the "
-                "collective path, docs/collective.md), so the servers do not hold its value. "
-                f"Keep it on the servers to checkpoint it: set_collective({summed[0]!r}, "
-                "False) before its init, or PSKV_COLLECTIVE_BYTES=0.", key=summed[0],
-                store_type=core.store_type)
 
         def write(where: str) -> None:
-            core.to_servers(command(Op.CHECKPOINT, path=where), wait=True)
+            held = self._peers.held_parts()
+            tss = [core.kv.request(s, Command.COMMAND, arrays=held.get(s, ([], []))[1],
+                                   body=command(Op.CHECKPOINT, path=where,
+                                                values=held.get(s, ([], []))[0]))
+                   for s in range(core.po.num_servers)]
+            core.wait_all(tss, "the servers to take checkpoint")
             write_manifest(where, core.po.num_servers, None, core.store_type)
         self._by_rank0("save_checkpoint", "written", path, write)
 
@@ -56,6 +59,7 @@ class Checkpoints:
                 reader.close()
             core.to_servers(command(Op.RESTORE, path=where), wait=True)
         self._by_rank0("load_checkpoint", "loaded", path, restore)
+        self._peers.loaded()
 
     def _by_rank0(self, call: str, done: str, path: str, action: Callable[[str], None]) -> None:
         """A collective call that worker 0 carries out on the checkpoint directory ``path``

@@ -128,6 +128,9 @@ class PeerSums:
         self.choice = Choice(store_type, cfg, po.num_workers)
         #: the workers' links and sums; None until a key takes the path
         self.path: Collective | None = None
+        #: rounds of a key pushed on the path when a checkpoint was loaded: until it is
+        #: pushed again its value is the servers' (the loaded one)
+        self._loaded_at: dict[int, int] = {}
 
     def keys_of(self, keys: list[Key], groups: list[list[Any]],
                 specs: list[Any]) -> list[int]:
@@ -191,7 +194,31 @@ class PeerSums:
         """Whether a pull of ``key`` reads the collective path (it was pushed there; until
         then the servers hold its initial value)."""
         rec = self._store[key]
-        return rec.collective and self.path is not None and self.path.pushed(rec.pskey) > 0
+        return rec.collective and self.path is not None and \
+            self.path.pushed(rec.pskey) > self._loaded_at.get(rec.pskey, 0)
+
+    def loaded(self) -> None:
+        """A checkpoint was loaded onto the servers: every key reads it there until its
+        next push (``load_checkpoint``)."""
+        if self.path is not None:
+            for rec in self._store.values():
+                if rec.collective:
+                    self._loaded_at[rec.pskey] = self.path.pushed(rec.pskey)
+
+    def held_parts(self) -> dict[int, tuple[list[int], list[np.ndarray]]]:
+        """The value of every key pushed on the path, cut as the servers hold its parts:
+        ``{server: (ps_keys, parts)}`` (what ``save_checkpoint`` writes in their place)."""
+        keys = [k for k in self._store if self.pushed(k)]
+        out: dict[int, tuple[list[int], list[np.ndarray]]] = {}
+        if not keys:
+            return out
+        for k, parts in self.fetch(keys, [[] for _ in keys]).items():
+            rec = self._store[k]
+            for seg, part in zip(rec.segments, parts):
+                mine = out.setdefault(seg.server, ([], []))
+                mine[0].append(rec.pskey)
+                mine[1].append(np.ascontiguousarray(part).reshape(-1))
+        return out
 
     def fetch(self, keys: list[Key], groups: list[list[Any]]) -> dict[Key, list[np.ndarray]]:
         """Each key's last round from the collective path, as ``DataPath.fetch`` gives

@@ -136,7 +136,7 @@ class DistKVStore(TableMethods, KVStoreBase):
         self._joining = Joining(self._core, self._peers)
         #: save_checkpoint, load_checkpoint (worker 0 carries them out)
         self._checkpoints = Checkpoints(self._core, self._store,
-                                        lambda: list(self._tables.tables))
+                                        lambda: list(self._tables.tables), self._peers)
         self._lock.release()
         # a strong reference: a store dropped without close() must still say goodbye at
         # exit, or the scheduler takes the silent worker for dead and exits 1
@@ -700,29 +700,44 @@ class DistKVStore(TableMethods, KVStoreBase):
         keep it.
         """
         spec = check_optimizer(optimizer, need_spec=True)   # refused here, alike on every worker
-        with self._lock:
+        with self._collective_lock, self._lock:
             self._begin()
             self._gradient_keys.refuse_optimizer("set_optimizer")
             coll = [rec for rec in self._store.values() if rec.collective]
-            pushed = [rec.key for rec in coll if self._peers.path is not None and
-                      self._peers.path.pushed(rec.pskey)]
-            if pushed:
-                raise UnsupportedError(
-                    f"set_optimizer after pushes of key {pushed[0]!r} on the collective "
-                    "path: the servers never saw them, so they cannot update its weights. "
-                    "Call set_optimizer before the first push (before init keeps every key "
-                    "on the servers), or keep the key on the servers with "
-                    f"set_collective({pushed[0]!r}, False) before its init.", key=pushed[0],
-                    store_type=self._type)
+            if any(self._peers.pushed(rec.key) for rec in coll):
+                self._hand_back()
             self._core.to_servers(command(Op.OPTIMIZER, spec=spec), wait=True)
             self._tables.optimizer = optimizer
-            # the keys that were to be summed among the workers go back to the servers,
-            # which hold their initial values (MXNet's Module inits, then sets the optimizer)
+            # the keys that were summed among the workers go back to the servers, which
+            # hold their initial values (MXNet's Module inits, then sets the optimizer)
+            # or, after pushes, their last round's (_hand_back)
             self._peers.choice.optimizer = True
             for rec in coll:
                 rec.collective = False
                 assert self._peers.path is not None
                 self._peers.path.drop_key(rec.pskey)
+
+    def _hand_back(self) -> None:
+        """``set_optimizer`` after pushes on the collective path: collective (every
+        worker calls it, as MXNet scripts do). Worker 0 sends each server its parts of
+        every such key's last round, which the servers store (``Op.ADOPT``); an error
+        there is raised on every worker and no key moves."""
+        self._collective("set_optimizer (keys summed among the workers)")
+        error = None
+        if self._po.rank == 0:
+            try:
+                tss = [self._kv.request(s, Command.COMMAND, arrays=parts,
+                                        body=command(Op.ADOPT, values=keys))
+                       for s, (keys, parts) in self._peers.held_parts().items()]
+                self._wait_all(tss, "the servers to take the workers' values")
+            except KVStoreError as err:
+                error = f"{type(err).__name__}: {err}"
+        payloads = self._collective("set_optimizer (values on the servers)", {"error": error})
+        msg = (payloads.get("0") or {}).get("error")
+        if msg:
+            raise UnsupportedError(f"set_optimizer could not move the keys summed among "
+                                   f"the workers to the servers: {msg} (worker 0 reported "
+                                   "it)", store_type=self._type)
 
     def _store_optimizer(self) -> Any:
         return self._tables.optimizer

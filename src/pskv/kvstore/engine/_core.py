@@ -37,7 +37,7 @@ import numpy as np
 from ... import compression, optimizer
 from ...errors import (ClusterError, ClusterTimeoutError,
                       KeyAlreadyInitializedError, KeyNotInitializedError, KVStoreError,
-                      ShapeMismatchError, UnsupportedError)
+                      ProtocolError, ShapeMismatchError, UnsupportedError)
 from ...nd.ndarray import NDArray
 from ...nd.sparse import RowSparseNDArray
 from ..._types import Key, Updater
@@ -607,10 +607,47 @@ class Engine(UnevenRounds):
         compression settings."""
         return _engine_state.shard_copy(self, copies)
 
-    def snapshot(self) -> ShardCopy:
+    def snapshot(self, values: dict[Key, np.ndarray] | None = None) -> ShardCopy:
         """A copy of the whole shard (values, optimizer states, rounds, placement): the
-        only pause a checkpoint causes; write it with ``_snapshot.write_shard``."""
-        return self.shard_copy([self.copy_entry(k) for k in self._entries])
+        only pause a checkpoint causes; write it with ``_snapshot.write_shard``.
+
+        ``values``: the parts of dense keys whose value the workers hold (the collective
+        path, docs/collective.md), written in place of the stored ones (which stay as they
+        are); checked as :meth:`adopt` checks them, and nothing is copied if one fails."""
+        values = values or {}
+        self._check_held(values, "checkpoint")
+        copies = []
+        for k in self._entries:
+            meta, arr, state = self.copy_entry(k)
+            if k in values:
+                arr = np.array(values[k], copy=True).reshape(arr.shape)
+            copies.append((meta, arr, state))
+        return self.shard_copy(copies)
+
+    def adopt(self, values: dict[Key, np.ndarray]) -> None:
+        """Take the workers' values of keys that were summed among them (the collective
+        path) as the stored ones: ``set_optimizer`` after such pushes moves the keys back
+        here. Each must be a dense key of this shard that no push reached here (round 0),
+        with the stored part's number of elements and dtype; else ProtocolError and nothing
+        changes."""
+        self._check_held(values, "set_optimizer", fresh=True)
+        for k, v in values.items():
+            data = self._entries[k].stored._data
+            data[...] = v.reshape(data.shape)
+
+    def _check_held(self, values: dict[Key, np.ndarray], what: str,
+                    fresh: bool = False) -> None:
+        for k, v in values.items():
+            e = self._entries.get(k)
+            data = None if e is None or e.table is not None or e.sparse else e.stored._data
+            if data is None or v.dtype != data.dtype or v.size != data.size:
+                raise ProtocolError(
+                    f"{what}: the workers' value of key {k} does not fit this shard "
+                    f"(got {v.dtype} x {v.size}, holding "
+                    f"{'no dense part' if data is None else f'{data.dtype} x {data.size}'})")
+            if fresh and (e.round or e.pushers or e.deferred):
+                raise ProtocolError(f"{what}: key {e.name!r} was pushed to this server, so "
+                                    "its value is not the workers' to replace")
 
     @property
     def untouched(self) -> bool:

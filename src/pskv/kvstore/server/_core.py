@@ -24,8 +24,8 @@ from typing import Any, Callable
 import numpy as np
 import zmq
 
-from ...errors import CheckpointError, ClusterError, KVStoreError, NodeFailedError, ProtocolError, \
-    ShapeMismatchError
+from ...errors import (CheckpointError, ClusterError, KVStoreError, NodeFailedError,
+                       ProtocolError, ShapeMismatchError, UnsupportedError)
 from ..._ps.auth import Verifier, server_proof
 from ..._ps.bounds import check_key_count, check_reply, check_rows
 from ..._ps.config import ClusterConfig, advertised_host
@@ -600,10 +600,21 @@ class KVServer:
     def _cmd_checkpoint(self, shard: Shard, conn: Connection,
                         worker: int, ts: int, body: dict[str, Any],
                         arrays: list[np.ndarray]) -> list[np.ndarray] | None:
-        # the pause: one copy of the shard; a thread writes it, then answers
-        self.snapshots.write(shard.engine.snapshot(), str(body.get("path")),
+        # the pause: one copy of the shard; a thread writes it, then answers. "values":
+        # the keys whose value the workers hold (the collective path), one array each
+        values = dict(zip(body.get("values") or [], arrays))   # checked (validate.py)
+        self.snapshots.write(shard.engine.snapshot(values), str(body.get("path")),
                              reply=(conn, ts), index=shard.index)
         return None
+
+    def _cmd_adopt(self, shard: Shard, conn: Connection,
+                   worker: int, ts: int, body: dict[str, Any],
+                   arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+        if self.backups is not None:     # a backup would not get the values
+            raise UnsupportedError("set_optimizer: keys summed among the workers cannot "
+                                   "move to servers with replicas (PSKV_REPLICAS)")
+        shard.engine.adopt(dict(zip(body.get("values") or [], arrays)))   # checked there
+        return []
 
     def _cmd_restore(self, shard: Shard, conn: Connection,
                      worker: int, ts: int, body: dict[str, Any],
@@ -616,7 +627,7 @@ class KVServer:
         Op.COMPRESSION: _cmd_compression, Op.SAVE: _cmd_save, Op.LOAD: _cmd_load,
         Op.CHECKPOINT: _cmd_checkpoint, Op.RESTORE: _cmd_restore,
         Op.LOOKUP: cmd_lookup, Op.TABLE_STATS: cmd_table_stats, Op.CLOCK: cmd_clock,
-        Op.JOINED: _cmd_joined,
+        Op.JOINED: _cmd_joined, Op.ADOPT: _cmd_adopt,
     }
 
     _handlers: dict[Command, Callable[..., None]] = {
