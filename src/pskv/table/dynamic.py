@@ -2,7 +2,7 @@
 
 Its owner (a local store, later a server's engine) calls :meth:`DynamicTable.lookup`,
 :meth:`~DynamicTable.push`, :meth:`~DynamicTable.assign` and a bounded
-:meth:`~DynamicTable.sweep`; docs/embeddings.md is the specification (rules R1-R16).
+:meth:`~DynamicTable.sweep`; docs/embeddings.md is the specification (rules R1-R17).
 Invariants: a live row has exactly one slot and one index entry; ``_live[slot]`` marks
 them; slots ``>= _top`` were never used, freed slots wait in ``_free``; every method
 checks all of its input before it changes anything.

@@ -435,7 +435,8 @@ def _row_optimizer(spec: TableSpec) -> Any:
     elif rows is None:
         why = f"state_layout='rowwise' takes {' or '.join(c.__name__ for c in ROWWISE)} only"
     elif opt.multi_precision:
-        why = "a table's rows are float32 or float64: no multi_precision"
+        why = ("a table computes in float32 or float64 (a half table in its state_dtype, "
+               "R17): no multi_precision")
     elif rows.refuses_wd and opt.wd != 0.0:
         why = "sparse AdaGrad does not support wd (as in MXNet): use wd=0"
     else:
