@@ -506,6 +506,42 @@ def test_half_table_checkpoints_keep_their_bits(dtype: str, run_threads: Any,
                                   ref.lookup("emb", ALL_IDS, train=False)[0])
 
 
+def test_a_float16_table_shows_half_the_value_bytes_on_the_server(run_threads: Any) -> None:
+    """R17: ``pskv_table_bytes`` counts what a server stores: a float16 table holding the
+    same rows as a float32 one uses 2 bytes less per value (everything else alike)."""
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to test the metrics endpoints")
+    import time
+
+    from pskv.launch._net import free_port
+    from pskv.top import read_job
+    first = free_port()
+    ids = np.arange(500, dtype=np.int64) * 7919
+
+    def fn(kv: Any) -> Any:
+        for key, dtype in (("e32", "float32"), ("e16", "float16")):
+            kv.init(key, spec(dtype=dtype))
+            kv.lookup(key, ids)
+        kv._barrier()
+        got = None
+        if kv.rank == 0:
+            end = time.monotonic() + 20          # until each node's heartbeat told its port
+            while time.monotonic() < end and got is None:
+                snap = read_job("127.0.0.1", first)
+                server = snap.nodes.get(("server", 0)) or {}
+                if "pskv_table_bytes{key=e16}" in server:
+                    got = (server["pskv_table_bytes{key=e32}"],
+                           server["pskv_table_bytes{key=e16}"])
+                time.sleep(0.2)
+        kv._barrier()
+        return got
+
+    res = ok(run_threads(fn, num_servers=1, metrics_port=first, heartbeat_interval=0.2))
+    assert res[0] is not None, "the server's metrics were never read"
+    b32, b16 = res[0]
+    assert b32 - b16 == 500 * DIM * 2
+
+
 def test_table_stats_after_push_include_its_round(run_threads: Any) -> None:
     """dist_sync: table_stats after this worker's push waits for that push's round."""
     def fn(kv: Any) -> Any:
