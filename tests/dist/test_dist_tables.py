@@ -453,6 +453,95 @@ def test_checkpoints_between_local_and_dist_stores(run_threads: Any, tmp_path: A
                                   ref.lookup("emb", ALL_IDS, train=False)[0])
 
 
+@pytest.mark.parametrize(("dtype", "servers"), [("float16", 1), ("bfloat16", 2)])
+def test_half_tables_equal_the_local_store_bit_for_bit(dtype: str, servers: int,
+                                                       run_threads: Any) -> None:
+    """R17 on the servers: a float16 or bfloat16 table trained by dist_sync rounds (AdaGrad)
+    holds the same bits as the local store, rows travel to the workers as float32, and
+    the rows stay 2 bytes a value on the servers."""
+    opt = lambda: mx.optimizer.AdaGrad(learning_rate=0.1)  # noqa: E731
+    res = ok(run_threads(lambda kv: drive(kv, opt(), dtype=dtype), num_servers=servers))
+    ref = local_reference(True, opt(), dtype=dtype)
+    want, _ = ref.lookup("emb", ALL_IDS, train=False)
+    assert want.dtype == np.float32
+    for values, stats in res.values():
+        assert values.dtype == np.float32
+        np.testing.assert_array_equal(values.view(np.uint32), want.view(np.uint32))
+        assert stats["rows"] == ref.table_stats("emb")["rows"] and stats["step"] == 4
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_table_checkpoints_keep_their_bits(dtype: str, run_threads: Any,
+                                                tmp_path: Any) -> None:
+    """A half table's checkpoint holds its rows in the storage dtype: a local store's loads
+    onto 2 servers, theirs back into a local store, every stored bit (values and AdaGrad
+    state) the same, and the next step the same."""
+    opt = lambda: mx.optimizer.AdaGrad(learning_rate=0.1)  # noqa: E731
+    ref = local_reference(True, opt(), dtype=dtype)
+    ref.save_checkpoint(str(tmp_path / "local"))
+    want, _ = ref.lookup("emb", ALL_IDS, train=False)
+
+    def load(kv: Any) -> Any:
+        kv.init("emb", spec(dtype=dtype))
+        kv.set_optimizer(opt())
+        kv.load_checkpoint(str(tmp_path / "local"))
+        got = kv.lookup("emb", ALL_IDS, train=False)[0]
+        kv.save_checkpoint(str(tmp_path / "dist"))
+        return got
+
+    for got in ok(run_threads(load, num_servers=2)).values():
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    back = mx.kv.create("local")
+    back.init("emb", spec(dtype=dtype))
+    back.set_optimizer(opt())
+    back.load_checkpoint(str(tmp_path / "dist"))
+    a, b = ref._tables.tables["emb"].state()[0], back._tables.tables["emb"].state()[0]
+    assert a["values"].dtype == np.dtype("float16" if dtype == "float16" else "uint16")
+    for name in ("ids", "values", "state0"):
+        assert a[name].dtype == b[name].dtype
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    for kv in (ref, back):
+        kv.push("emb", (np.array([7, -3]), np.ones((2, DIM), np.float32)))
+    np.testing.assert_array_equal(back.lookup("emb", ALL_IDS, train=False)[0],
+                                  ref.lookup("emb", ALL_IDS, train=False)[0])
+
+
+def test_a_float16_table_shows_half_the_value_bytes_on_the_server(run_threads: Any) -> None:
+    """R17: ``pskv_table_bytes`` counts what a server stores: a float16 table holding the
+    same rows as a float32 one uses 2 bytes less per value (everything else alike)."""
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to test the metrics endpoints")
+    import time
+
+    from pskv.launch._net import free_port
+    from pskv.top import read_job
+    first = free_port()
+    ids = np.arange(500, dtype=np.int64) * 7919
+
+    def fn(kv: Any) -> Any:
+        for key, dtype in (("e32", "float32"), ("e16", "float16")):
+            kv.init(key, spec(dtype=dtype))
+            kv.lookup(key, ids)
+        kv._barrier()
+        got = None
+        if kv.rank == 0:
+            end = time.monotonic() + 20          # until each node's heartbeat told its port
+            while time.monotonic() < end and got is None:
+                snap = read_job("127.0.0.1", first)
+                server = snap.nodes.get(("server", 0)) or {}
+                if "pskv_table_bytes{key=e16}" in server:
+                    got = (server["pskv_table_bytes{key=e32}"],
+                           server["pskv_table_bytes{key=e16}"])
+                time.sleep(0.2)
+        kv._barrier()
+        return got
+
+    res = ok(run_threads(fn, num_servers=1, metrics_port=first, heartbeat_interval=0.2))
+    assert res[0] is not None, "the server's metrics were never read"
+    b32, b16 = res[0]
+    assert b32 - b16 == 500 * DIM * 2
+
+
 def test_table_stats_after_push_include_its_round(run_threads: Any) -> None:
     """dist_sync: table_stats after this worker's push waits for that push's round."""
     def fn(kv: Any) -> Any:

@@ -68,15 +68,22 @@ def test_checkpoint_of_two_servers_continues_on_three(tmp_path: Path) -> None:
         assert second_stats[k] == whole_stats[k], k
 
 
-@pytest.mark.parametrize("die", [(1, 1.2), (0, 0.9)])
-def test_server_killed_with_replicas_loses_no_row(tmp_path: Path,
-                                                  die: tuple[int, float]) -> None:
-    assert _job(tmp_path / "calm", 200, 2, {"PSKV_REPLICAS": "1"}) == 0
-    assert _job(tmp_path / "killed", 200, 2, {"PSKV_REPLICAS": "1"}, die=die) == 0
+@pytest.mark.parametrize(("die", "dtype"), [((1, 1.2), "float32"), ((0, 0.9), "float32"),
+                                           ((1, 1.2), "float16")])
+def test_server_killed_with_replicas_loses_no_row(tmp_path: Path, die: tuple[int, float],
+                                                  dtype: str) -> None:
+    """The backup holds the same bits as its primary: a float16 table (R17) too."""
+    env = {"PSKV_REPLICAS": "1", "DTYPE": dtype}
+    assert _job(tmp_path / "calm", 200, 2, env) == 0
+    assert _job(tmp_path / "killed", 200, 2, env, die=die) == 0
     calm, calm_stats = _table(tmp_path / "calm")
     killed, killed_stats = _table(tmp_path / "killed")
     np.testing.assert_array_equal(killed["found"], calm["found"])
-    np.testing.assert_array_equal(killed["values"], calm["values"])
+    np.testing.assert_array_equal(killed["values"].view(np.uint32),
+                                  calm["values"].view(np.uint32))
+    if dtype == "float16":              # the rows read were float16 rows, widened
+        np.testing.assert_array_equal(calm["values"].astype(np.float16).astype(np.float32),
+                                      calm["values"])
     assert killed_stats["rows"] == calm_stats["rows"]
     assert killed_stats["step"] == calm_stats["step"] == 200
 

@@ -71,6 +71,32 @@ def test_forward_backward_and_sgd_step_equal_torch_embedding(kv: Any) -> None:
     emb.close()
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_a_half_table_gives_its_compute_dtype_and_trains(kv: Any, dtype: str) -> None:
+    """R17: the module's tensors are the table's compute dtype (float32 for a half table,
+    float64 for a float64 one), and a step stores the torch step's rows rounded."""
+    from pskv.table._halves import narrow, widen
+    emb = pt.Embedding(kv, "emb", spec(dtype=dtype))
+    if dtype == "float64":          # as before R17: the table's own dtype
+        assert emb(IDS).dtype == torch.float64
+        emb.close()
+        return
+    ref, unique = reference(kv, "emb", IDS)
+    before = kv.lookup("emb", unique.numpy(), train=False)[0]
+    out, want = emb(IDS), ref(local(IDS, unique))
+    assert out.dtype == torch.float32 and torch.equal(out, want)
+    out.sum().backward()
+    want.sum().backward()
+    with torch.no_grad():
+        ref.weight -= LR * ref.weight.grad
+    emb.synchronize()
+    got = kv.lookup("emb", unique.numpy(), train=False)[0]
+    rounded = widen(narrow(ref.weight.detach().numpy(), dtype), dtype, np.float32)
+    np.testing.assert_array_equal(got, rounded)
+    assert (got != before).all()            # trained
+    emb.close()
+
+
 @pytest.mark.parametrize(("mode", "weighted"), [("sum", False), ("mean", False),
                                                 ("sum", True)])   # torch: weights for sum
 def test_embedding_bag_equals_torch_embedding_bag(kv: Any, mode: str, weighted: bool) -> None:

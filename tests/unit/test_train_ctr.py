@@ -165,6 +165,7 @@ def test_plot_writes_an_image(tmp_path: Any, capsys: pytest.CaptureFixture[str])
     (["--staleness", "-1"], "--staleness: '-1' must be at least 0"),
     (["--staleness", "1.5"], "--staleness: '1.5' is not a whole number or 'none'"),
     (["--global-staleness", "-2"], "--global-staleness: '-2' must be at least 0"),
+    (["--table-dtype", "int8"], "--table-dtype: invalid choice: 'int8'"),
 ])
 def test_bad_flags_exit_2_with_a_message(flags: list[str], words: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -243,6 +244,21 @@ def test_flags_are_the_shared_ones() -> None:
         assert mine[f].help.split("(")[0] == theirs[f].help.split("(")[0], f
     assert mine["--kv-store"].choices == theirs["--kv-store"].choices
     assert "--update-on-kvstore" not in mine            # the servers run the optimizer
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_half_table_stores_half_the_bytes_and_keeps_the_auc(
+        dtype: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--table-dtype (R17): the rows stored in 2 bytes, the AUC within 0.002 of float32."""
+    assert tc.table_spec(_args()).dtype == "float32"
+    assert tc.table_spec(_args("--table-dtype", dtype)).dtype == dtype
+    base = tc.train(_args(), mx.kv.create("local"))["history"][-1]
+    kv: Any = mx.kv.create("local")
+    half = tc.train(_args("--table-dtype", dtype), kv)["history"][-1]
+    assert abs(half["test_auc"] - base["test_auc"]) < 0.002, (half, base)
+    assert kv._tables.tables[tc.TABLE]._values.itemsize == 2
+    assert tc.main(SMALL + ["--epochs", "1", "--max-steps", "3", "--table-dtype", dtype]) == 0
+    assert f"table: dim 8 {dtype}, CountAdmission" in capsys.readouterr().out
 
 
 def test_max_steps_stops_early() -> None:

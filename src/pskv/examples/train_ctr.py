@@ -138,7 +138,7 @@ def table_spec(args: argparse.Namespace) -> TableSpec:
     """The embedding table the flags describe: one row per admitted ID."""
     return TableSpec(dim=1 + args.dim, init=Normal(0.0, 0.1), seed=args.seed,
                      admission=CountAdmission(args.min_count),
-                     eviction=Capacity(args.capacity, args.eviction))
+                     eviction=Capacity(args.capacity, args.eviction), dtype=args.table_dtype)
 
 
 # ---- training -----------------------------------------------------------------------------------
@@ -279,6 +279,11 @@ def _epoch_text(h: dict[str, float], args: argparse.Namespace) -> str:
 
 
 # ---- command line -------------------------------------------------------------------------------
+def _dtype_text(args: argparse.Namespace) -> str:
+    """`` float16`` after the table's dim where the rows are not float32."""
+    return "" if args.table_dtype == "float32" else f" {args.table_dtype}"
+
+
 def _bound(text: str) -> int | None:
     """An argparse type: a staleness bound, a whole number of at least 0, or ``none``."""
     if text.strip().lower() == "none":
@@ -327,6 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="adagrad", choices=["adagrad", "adam", "sgd"],
                    help="the servers' optimizer, for the table and the MLP "
                         "(default: adagrad)")
+    p.add_argument("--table-dtype", default="float32",
+                   choices=["float32", "float16", "bfloat16"],
+                   help="the dtype the table stores its rows in; a half one halves their "
+                        "memory, computed in float32 and rounded to nearest even "
+                        "(default: float32)")
     return p
 
 
@@ -361,8 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{plural(args.epochs, 'day')} of {args.samples_per_day:,} samples "
                   f"({seen:,} distinct IDs), batch {args.batch_size} per worker, "
                   f"{args.optimizer} lr {args.lr:g}, {_bounds_text(args)}; table: dim "
-                  f"{args.dim}, CountAdmission({args.min_count}), Capacity("
-                  f"{args.capacity:,}, {args.eviction!r}) (log made in "
+                  f"{args.dim}{_dtype_text(args)}, CountAdmission({args.min_count}), "
+                  f"Capacity({args.capacity:,}, {args.eviction!r}) (log made in "
                   f"{time.perf_counter() - t0:.2f} s)",
                   flush=True)
         result = train(args, kv, log, verbose=True)

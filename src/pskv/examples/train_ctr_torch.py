@@ -36,8 +36,8 @@ from . import _cli
 from ._clicklog import FIELDS, ClickLog
 from ._report import Progress, plural, run_title, summary_line
 from .sparse_logreg import auc
-from .train_ctr import (TABLE, _PAIRS, _bounds_text, _epoch_text, _make_log, plot_curves,
-                        table_spec)
+from .train_ctr import (TABLE, _PAIRS, _bounds_text, _dtype_text, _epoch_text, _make_log,
+                        plot_curves, table_spec)
 from .train_ctr import build_parser as _ctr_parser
 
 __all__ = ["build_parser", "main", "parse_args", "train"]
@@ -206,9 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{plural(nw, 'worker')}, {plural(args.epochs, 'day')} of "
                   f"{args.samples_per_day:,} samples, batch {args.batch_size} per worker, "
                   f"{args.optimizer} lr {args.lr:g} (the table's on the store, torch's on "
-                  f"the MLP), {_bounds_text(args)}; table: dim {args.dim}, "
-                  f"CountAdmission({args.min_count}), Capacity({args.capacity:,}, "
-                  f"{args.eviction!r})", flush=True)
+                  f"the MLP), {_bounds_text(args)}; table: dim {args.dim}"
+                  f"{_dtype_text(args)}, CountAdmission({args.min_count}), "
+                  f"Capacity({args.capacity:,}, {args.eviction!r})", flush=True)
         result = train(args, kv, log, verbose=True)
         if rank == 0 and args.plot and result["history"]:
             plot_curves(args.plot, result["history"], run_title(

@@ -31,8 +31,10 @@ _MIN_ROWS = 64
 
 
 def row_bytes(spec: TableSpec, state_width: int = 0) -> int:
-    """Bytes one row of ``spec`` costs with ``state_width`` optimizer state values."""
-    return (int(spec.dim) + state_width) * np.dtype(spec.dtype).itemsize + ROW_OVERHEAD
+    """Bytes one row of ``spec`` costs with ``state_width`` optimizer state values: its
+    values in the storage dtype, its states in ``state_dtype`` (R17)."""
+    return int(spec.dim) * spec.storage.itemsize + \
+        state_width * np.dtype(spec.state_dtype).itemsize + ROW_OVERHEAD
 
 
 def _counters_bytes(spec: TableSpec) -> int:

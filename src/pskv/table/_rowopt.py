@@ -222,7 +222,8 @@ def row_optimizer(opt: Optimizer, layout: str, dim: int, table: Any,
             "state_layout='elementwise'.", key=table)
     if layout != "rowwise" and opt.multi_precision:
         raise UnsupportedError(f"table {table!r}: multi_precision optimizers are not "
-                               "supported for tables (their rows are float32 or float64). "
+                               "supported for tables (they compute in float32 or float64; a "
+                               "float16 or bfloat16 table widens its rows to its state_dtype). "
                                "Create the optimizer without multi_precision.", key=table)
     if rows is None:
         raise UnsupportedError(

@@ -83,6 +83,9 @@ def restore(cls: Any, spec: TableSpec, arrays: dict[str, np.ndarray],
             raise _bad(name, f"array {key!r} is missing or not of shape {shape}")
     if ids.dtype.kind not in "iu" or np.unique(ids).size != n:
         raise _bad(name, "its IDs are not unique integers")
+    vdt = np.asarray(arrays["values"]).dtype
+    if vdt != spec.storage and vdt.kind != "f":     # R17: the storage dtype's bits, or floats
+        raise _bad(name, f"its values are {vdt}, not {spec.dtype} rows")
     keep = np.arange(n) if shard is None else np.flatnonzero(shard_of(ids, shard[1]) == shard[0])
     table = cls(spec, name=name, clock=clock)
     table.step = int(meta.get("step", 0))
@@ -94,14 +97,15 @@ def restore(cls: Any, spec: TableSpec, arrays: dict[str, np.ndarray],
                               bool(ro["per_row_step"]))
         table._rowopt = rowopt
         cap = table.capacity_rows
-        table._states = [np.zeros((cap, w), spec.dtype) for w in rowopt.widths]
+        table._states = [np.zeros((cap, w), spec.state_dtype) for w in rowopt.widths]
         table._t = np.zeros(cap, np.int64) if rowopt.per_row_step else None
         for i, w in enumerate(rowopt.widths):
             if np.asarray(arrays.get(f"state{i}", np.empty(0))).shape != (n, w):
                 raise _bad(name, f"optimizer state {i} is missing or not of shape {(n, w)}")
     k = keep.size
     if k:
-        slots = table._insert(ids[keep].astype(np.int64), np.asarray(arrays["values"])[keep])
+        slots = table._insert(ids[keep].astype(np.int64),
+                              stored=table._from_saved(np.asarray(arrays["values"])[keep]))
         table.counters["inserts"] = int(meta.get("counters", {}).get("inserts", 0))
         table._count[slots] = np.asarray(arrays["count"])[keep]
         table._last_step[slots] = np.asarray(arrays["last_step"])[keep]

@@ -2,7 +2,7 @@
 
 Its owner (a local store, later a server's engine) calls :meth:`DynamicTable.lookup`,
 :meth:`~DynamicTable.push`, :meth:`~DynamicTable.assign` and a bounded
-:meth:`~DynamicTable.sweep`; docs/embeddings.md is the specification (rules R1-R16).
+:meth:`~DynamicTable.sweep`; docs/embeddings.md is the specification (rules R1-R17).
 Invariants: a live row has exactly one slot and one index entry; ``_live[slot]`` marks
 them; slots ``>= _top`` were never used, freed slots wait in ``_free``; every method
 checks all of its input before it changes anything.
@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import ShapeMismatchError, UnsupportedError
+from ._halves import HALVES, narrow, widen
 from ._hash import SALT_ADMIT, SALT_COUNT, SALT_INIT, salted, uniform01
 from ._index import IdIndex
 from ._rowopt import RowOptimizer, row_optimizer
@@ -33,13 +34,27 @@ COUNTERS = ("lookups", "misses", "inserts", "refusals", "evicted_ttl", "evicted_
 
 
 def initial_values(spec: TableSpec, ids: np.ndarray) -> np.ndarray:
-    """The initial rows of ``ids`` (R2): a function of (seed, ID, column) only."""
+    """The initial rows of ``ids`` (R2): a function of (seed, ID, column) only, in the
+    table's compute dtype (``spec.state_dtype``): a half table's rounded to its storage
+    dtype, then widened (R17), as a lookup reads them."""
+    out = initial_stored(spec, ids)
+    return widen(out, spec.dtype, spec.state_dtype) if spec.dtype in HALVES else out
+
+
+def initial_stored(spec: TableSpec, ids: np.ndarray) -> np.ndarray:
+    """The initial rows of ``ids`` as stored: computed in the compute dtype, then rounded
+    to the storage dtype (nearest even) for a half table."""
+    out = _initial(spec, ids)
+    return narrow(out, spec.dtype) if spec.dtype in HALVES else out
+
+
+def _initial(spec: TableSpec, ids: np.ndarray) -> np.ndarray:
     n, d = ids.shape[0], spec.dim
     init = spec.init
     if isinstance(init, Constant):
-        return np.full((n, d), init.value, spec.dtype)
+        return np.full((n, d), init.value, spec.state_dtype)
     if not isinstance(init, (Uniform, Normal)):
-        return np.zeros((n, d), spec.dtype)
+        return np.zeros((n, d), spec.state_dtype)
     cols = 2 * d if isinstance(init, Normal) else d
     base = salted(ids, spec.seed, SALT_INIT)
     with np.errstate(over="ignore"):
@@ -50,7 +65,7 @@ def initial_values(spec: TableSpec, ids: np.ndarray) -> np.ndarray:
     else:   # Box-Muller on two uniforms per element
         r = np.sqrt(-2.0 * np.log1p(-u[:, :d]))
         out = init.mean + init.std * r * np.cos(2.0 * np.pi * u[:, d:])
-    return out.astype(spec.dtype)
+    return out.astype(spec.state_dtype)
 
 
 #: lookups a table remembers (IDs and slots) for the push of the same IDs, and at most
@@ -135,7 +150,10 @@ class DynamicTable:
         self.counters = dict.fromkeys(COUNTERS, 0)
         cap = max(int(spec.reserve_rows), 64)
         self._index = IdIndex(spec.reserve_rows)
-        self._values = np.empty((cap, spec.dim), spec.dtype)
+        #: the rows in the storage dtype (R17: uint16 bit patterns for bfloat16)
+        self._values = np.empty((cap, spec.dim), spec.storage)
+        #: rows are stored narrower than computed (a float16 or bfloat16 table)
+        self._half = spec.dtype in HALVES
         self._ids = np.empty(cap, np.int64)
         self._count = np.empty(cap, np.int64)
         self._last_step = np.empty(cap, np.int64)
@@ -175,6 +193,21 @@ class DynamicTable:
                 + per(self._live), "index": self._index.nbytes,
                 "admission": 0 if self._sightings is None else int(self._sightings.nbytes)}
 
+    # ---- storage dtype (R17) -----------------------------------------------------------
+    def _read(self, stored: np.ndarray) -> np.ndarray:
+        """Stored rows in the compute dtype (exact)."""
+        return widen(stored, self.spec.dtype, self.spec.state_dtype) if self._half else stored
+
+    def _store(self, values: np.ndarray) -> np.ndarray:
+        """Rows in the compute dtype as stored: rounded to nearest even for a half table."""
+        return narrow(values, self.spec.dtype) if self._half else values
+
+    def _from_saved(self, values: Any) -> np.ndarray:
+        """Rows a state or a changes record holds, as stored: their bits as they are when
+        they come in the storage dtype, else rounded to it."""
+        v = np.asarray(values)
+        return v if v.dtype == self.spec.storage else self._store(v)
+
     def ids(self) -> np.ndarray:
         """The IDs that have a row, sorted."""
         return np.sort(self._ids[np.flatnonzero(self._live[:self._top])])
@@ -211,11 +244,11 @@ class DynamicTable:
                 found = slots >= 0
                 nfound = int(np.count_nonzero(found))
         if nfound == flat.size:
-            out = np.take(self._values, slots, axis=0)
+            out = self._read(np.take(self._values, slots, axis=0))
         else:
-            out = np.empty((flat.size, self.spec.dim), self.spec.dtype)
+            out = np.empty((flat.size, self.spec.dim), self.spec.state_dtype)
             hit = np.flatnonzero(found)
-            out[hit] = self._values[slots[hit]]
+            out[hit] = self._read(self._values[slots[hit]])
             lost = np.flatnonzero(~found)
             out[lost] = self._unknown(flat[lost])
         if train and nfound:
@@ -258,7 +291,7 @@ class DynamicTable:
 
     def _unknown(self, ids: np.ndarray) -> np.ndarray:
         if self.spec.unknown == "zeros":
-            return np.zeros((ids.size, self.spec.dim), self.spec.dtype)
+            return np.zeros((ids.size, self.spec.dim), self.spec.state_dtype)
         return initial_values(self.spec, ids)
 
     def _touch(self, slots: np.ndarray) -> None:
@@ -287,12 +320,15 @@ class DynamicTable:
         self.counters["refusals"] += int(ids.size - np.count_nonzero(ok))
         return ids[ok]
 
-    def _insert(self, ids: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
-        """Give each unique, absent ID a slot and its initial value (or ``values``)."""
+    def _insert(self, ids: np.ndarray, values: np.ndarray | None = None,
+                stored: np.ndarray | None = None) -> np.ndarray:
+        """Give each unique, absent ID a slot and its initial value (or ``values``, in the
+        compute dtype, or ``stored``, in the storage dtype: taken bit for bit)."""
         n = ids.size
         slots = self._alloc(n)
         self._ids[slots] = ids
-        self._values[slots] = initial_values(self.spec, ids) if values is None else values
+        self._values[slots] = stored if stored is not None else \
+            initial_stored(self.spec, ids) if values is None else self._store(values)
         self._count[slots] = 0
         self._last_step[slots] = self.step
         self._last_seconds[slots] = self._clock()
@@ -337,7 +373,7 @@ class DynamicTable:
         rowopt = row_optimizer(opt, self.spec.state_layout, self.spec.dim, self.name, key)
         if self._rowopt is None or self._rowopt.signature != rowopt.signature:
             cap = self.capacity_rows
-            self._states = [np.zeros((cap, w), self.spec.dtype) for w in rowopt.widths]
+            self._states = [np.zeros((cap, w), self.spec.state_dtype) for w in rowopt.widths]
             self._t = np.zeros(cap, np.int64) if rowopt.per_row_step else None
             self._rowopt = rowopt
         return rowopt
@@ -350,12 +386,12 @@ class DynamicTable:
         s = ids[order]
         ks = None if known is None else known[order]
         if s.size < 2 or bool(np.all(s[1:] != s[:-1])):
-            return s, np.asarray(g[order], dtype=self.spec.dtype), ks
+            return s, np.asarray(g[order], dtype=self.spec.state_dtype), ks
         starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
-        summed = _sum_runs(g, order, starts, self.spec.dtype)
+        summed = _sum_runs(g, order, starts, self.spec.state_dtype)
         if self.spec.duplicates == "mean":
             counts = np.diff(np.append(starts, s.size))
-            summed /= counts[:, None].astype(self.spec.dtype)
+            summed /= counts[:, None].astype(self.spec.state_dtype)
         return s[starts], summed, None if ks is None else ks[starts]
 
     def push(self, ids: Any, grads: Any, optimizer: Any = None, key: Any = None) -> None:
@@ -396,7 +432,7 @@ class DynamicTable:
                 self._touch(slots)
                 self.counters["pushed_rows"] += uniq.size
                 self.step += 1
-                self._values[slots] = summed
+                self._values[slots] = self._store(summed)
                 return
             if self.spec.birth == "push":
                 born = self._admit(uniq[absent])
@@ -410,15 +446,15 @@ class DynamicTable:
         self.counters["pushed_rows"] += slots.size
         if slots.size:
             if rowopt is None:
-                self._values[slots] = summed
-            else:
-                w = self._values[slots]
+                self._values[slots] = self._store(summed)
+            else:   # a half table's rows widened, updated, rounded back (R17)
+                w = self._read(self._values[slots])
                 states = [s[slots] for s in self._states]
                 t = None
                 if self._t is not None:
                     t = self._t[slots] + 1
                 rowopt.update(optimizer, key, w, states, summed, t)
-                self._values[slots] = w
+                self._values[slots] = self._store(w)
                 for s, st in zip(self._states, states):
                     s[slots] = st
                 if t is not None:
@@ -432,11 +468,11 @@ class DynamicTable:
         arr = self._check_ids(ids, "assign").ravel()
         v = self._check_grads(arr, values, "assign")
         uniq, first = np.unique(arr[::-1], return_index=True)    # the last value of an ID
-        rows = np.asarray(v[::-1][first], dtype=self.spec.dtype)
+        rows = self._store(np.asarray(v[::-1][first], dtype=self.spec.state_dtype))
         slots = self._index.find(uniq)
         absent = slots < 0
         if absent.any():
-            slots[absent] = self._insert(uniq[absent], rows[absent])
+            slots[absent] = self._insert(uniq[absent], stored=rows[absent])
         self._values[slots] = rows
 
     # ---- eviction ----------------------------------------------------------------------
@@ -550,7 +586,7 @@ class DynamicTable:
                                   bool(ro["per_row_step"]))
             if self._rowopt is None or self._rowopt.signature != rowopt.signature:
                 cap = self.capacity_rows
-                self._states = [np.zeros((cap, w), self.spec.dtype) for w in rowopt.widths]
+                self._states = [np.zeros((cap, w), self.spec.state_dtype) for w in rowopt.widths]
                 self._t = np.zeros(cap, np.int64) if rowopt.per_row_step else None
                 self._rowopt = rowopt
         born = np.asarray(arrays.get("born", np.empty(0, np.int64)), np.int64)
@@ -565,7 +601,7 @@ class DynamicTable:
             absent = slots < 0
             if absent.any():
                 slots[absent] = self._insert(ids[absent])
-            self._values[slots] = arrays["values"]
+            self._values[slots] = self._from_saved(arrays["values"])   # the same bits
             self._count[slots] = arrays["count"]
             self._last_step[slots] = arrays["last_step"]
             self._last_seconds[slots] = self._clock() - np.asarray(arrays["age_seconds"])

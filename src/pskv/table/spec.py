@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import optimizer as opt_mod
 from ..errors import ConfigError, KVStoreError, TableSpecError
+from ._halves import HALVES, STORAGE
 from ._rowopt import ELEMENTWISE, ROWWISE, row_optimizer
 
 __all__ = ["Always", "Capacity", "Constant", "CountAdmission", "Normal",
@@ -259,8 +260,11 @@ class TableSpec:
     ----------
     dim : int
         Values per row.
-    dtype : {'float32', 'float64'}
-        The rows' dtype.
+    dtype : {'float32', 'float64', 'float16', 'bfloat16'}
+        The dtype the rows are stored in (R17). A half dtype (float16, or bfloat16 kept
+        as uint16 bit patterns) halves a row's memory: a push widens the rows to
+        ``state_dtype``, runs the row optimizer there and rounds them back to nearest even;
+        lookups return them widened.
     init : Zeros, Constant, Uniform or Normal
         A row's initial value, a function of (``seed``, ID, column) (R2).
     seed : int
@@ -287,6 +291,10 @@ class TableSpec:
         store without an optimizer (the dense part trained by a torch optimizer through
         ``pskv.torch.DistributedOptimizer``) trains the table. None: the store's optimizer.
         It travels as its spec (``to_json``), and is left out of ``==``.
+    state_dtype : {'float32', 'float64'} or None
+        The dtype of the row optimizer's state and of the arithmetic (R17), which lookups
+        return. None: float32 for a half ``dtype``, else ``dtype`` (a float32 or float64
+        table computes in its own dtype).
 
     Examples
     --------
@@ -309,16 +317,22 @@ class TableSpec:
     sweep_rows: int = 4096
     reserve_rows: int = 0
     optimizer: Any = field(default=None, compare=False)
+    state_dtype: str | None = None
 
     def __post_init__(self) -> None:
         _num("TableSpec.dim", self.dim, low=1, integer=True)
-        try:
-            dt = np.dtype(self.dtype).name
-        except TypeError:
-            dt = repr(self.dtype)
-        if dt not in ("float32", "float64"):
-            raise _bad("TableSpec.dtype", self.dtype, "tables hold 'float32' or 'float64'")
+        dt = _dtype_name(self.dtype)
+        if dt not in STORAGE:
+            raise _bad("TableSpec.dtype", self.dtype, "tables store 'float32', 'float64', "
+                       "'float16' or 'bfloat16'")
         object.__setattr__(self, "dtype", dt)
+        st = ("float32" if dt in HALVES else dt) if self.state_dtype is None \
+            else _dtype_name(self.state_dtype)
+        if st not in ("float32", "float64") or (dt not in HALVES and st != dt):
+            raise _bad("TableSpec.state_dtype", self.state_dtype,
+                       "a float16 or bfloat16 table computes in 'float32' or 'float64'; a "
+                       "float32 or float64 table in its own dtype. Give one of those, or None")
+        object.__setattr__(self, "state_dtype", st)
         if not isinstance(self.init, tuple(_INITS.values())):
             raise _bad("TableSpec.init", self.init, "use Zeros(), Constant(v), Uniform(low, "
                        "high) or Normal(mean, std) from pskv.table")
@@ -346,6 +360,11 @@ class TableSpec:
             object.__setattr__(self, "optimizer", _row_optimizer(self))
 
     @property
+    def storage(self) -> np.dtype[Any]:
+        """The NumPy dtype of the array holding the rows (uint16 for bfloat16, R17)."""
+        return STORAGE[self.dtype]
+
+    @property
     def capacity(self) -> Capacity | None:
         """The Capacity policy, if any."""
         return next((e for e in self.eviction if isinstance(e, Capacity)), None)
@@ -363,7 +382,8 @@ class TableSpec:
                 "state_layout": self.state_layout, "duplicates": self.duplicates,
                 "birth": self.birth, "unknown": self.unknown,
                 "sweep_rows": int(self.sweep_rows), "reserve_rows": int(self.reserve_rows),
-                "optimizer": None if self.optimizer is None else _optimizer_json(self.optimizer)}
+                "optimizer": None if self.optimizer is None else _optimizer_json(self.optimizer),
+                "state_dtype": self.state_dtype}
 
     @classmethod
     def from_json(cls, data: Any) -> TableSpec:
@@ -380,6 +400,16 @@ class TableSpec:
             return cls(**args)
         except TypeError as err:
             raise TableSpecError(f"bad table spec {data!r} ({err}).") from err
+
+
+def _dtype_name(dtype: Any) -> str:
+    """The name of ``dtype`` ('bfloat16' as given: NumPy has no such dtype), or its repr."""
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return dtype
+    try:
+        return np.dtype(dtype).name
+    except (TypeError, ValueError):
+        return repr(dtype)
 
 
 def _row_optimizer(spec: TableSpec) -> Any:
@@ -405,7 +435,8 @@ def _row_optimizer(spec: TableSpec) -> Any:
     elif rows is None:
         why = f"state_layout='rowwise' takes {' or '.join(c.__name__ for c in ROWWISE)} only"
     elif opt.multi_precision:
-        why = "a table's rows are float32 or float64: no multi_precision"
+        why = ("a table computes in float32 or float64 (a half table in its state_dtype, "
+               "R17): no multi_precision")
     elif rows.refuses_wd and opt.wd != 0.0:
         why = "sparse AdaGrad does not support wd (as in MXNet): use wd=0"
     else:
@@ -420,12 +451,12 @@ def _trial(opt: Any, spec: TableSpec) -> str | None:
     """Why one row update by a copy of ``opt`` fails (a hyperparameter of the wrong type
     or not finite), or None: the spec is refused when made, not at a server's first push."""
     trial = copy.deepcopy(opt)
-    w = np.ones((1, spec.dim), spec.dtype)
+    w = np.ones((1, spec.dim), spec.state_dtype)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             rowopt = row_optimizer(trial, spec.state_layout, spec.dim, "trial")
-            states = [np.zeros((1, width), spec.dtype) for width in rowopt.widths]
+            states = [np.zeros((1, width), spec.state_dtype) for width in rowopt.widths]
             t = np.ones(1, np.int64) if rowopt.per_row_step else None
             rowopt.update(trial, "trial", w, states, np.ones_like(w), t)
     except Exception as err:  # whatever its first push would meet

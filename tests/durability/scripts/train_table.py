@@ -8,6 +8,7 @@ used, and the table's counters, to OUT/table.npz. With SAVE_TO set, the job ends
 init and trains STEPS more steps (numbered after the saved ones: START_STEP). With COUNT=1
 the table starts at zeros and every push adds ones (SGD with learning rate -1), so each row
 ends as the number of times its ID was pushed: a count of the pushes the servers applied.
+DTYPE sets the table's storage dtype (default float32; float16 or bfloat16: R17).
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def main() -> None:
     start = int(os.environ.get("START_STEP", "0"))
     kv = mx.kv.create(store_type)
     count = os.environ.get("COUNT") == "1"
-    kv.init("emb", TableSpec(dim=DIM, init=Zeros() if count else Normal(0.0, 0.1), seed=5))
+    kv.init("emb", TableSpec(dim=DIM, init=Zeros() if count else Normal(0.0, 0.1), seed=5,
+                             dtype=os.environ.get("DTYPE", "float32")))
     kv.set_optimizer(mx.optimizer.SGD(learning_rate=-1.0) if count else
                      mx.optimizer.AdaGrad(learning_rate=0.05))
     if os.environ.get("LOAD_FROM"):

@@ -73,7 +73,7 @@ class DistTables(Tables):
         dim = spec.dim
         tss = [self._kv.request(s, Command.INIT, [pk], {"entries": [{
             "key": key, "shape": [0, dim], "stype": "table", "table": spec.to_json(),
-            "shard": [s, self._n]}]}, [np.zeros((0, dim), spec.dtype)])
+            "shard": [s, self._n]}]}, [np.zeros((0, dim), spec.state_dtype)])
             for s in range(self._n)]
         self._wait_all(tss, "the servers to take init")
 
@@ -105,7 +105,7 @@ class DistTables(Tables):
         ids, grads = _pairs(key, value)
         flat = check_ids(key, ids, "push").ravel()
         g = check_grads(table.spec, key, flat, grads, "push")
-        g = np.ascontiguousarray(g, dtype=table.spec.dtype)
+        g = np.ascontiguousarray(g, dtype=table.spec.state_dtype)    # the compute dtype
         pk = self.pskeys[key]
         for s, where in enumerate(self._split(flat)):
             part = (flat, g) if self._n == 1 else (flat[where], g[where])
@@ -116,7 +116,7 @@ class DistTables(Tables):
         table = self.get(key, "lookup")
         arr = check_ids(key, ids, "lookup")
         flat = np.ascontiguousarray(arr.ravel())
-        dim, dtype = table.spec.dim, table.spec.dtype
+        dim, dtype = table.spec.dim, table.spec.state_dtype   # rows travel widened (R17)
         values = np.empty((flat.size, dim), dtype)
         found = np.zeros(flat.size, bool)
         body = command(Op.LOOKUP, key=self.pskeys[key], train=bool(train))

@@ -246,7 +246,7 @@ class Engine(UnevenRounds):
             raise KeyAlreadyInitializedError(
                 f"key {table.name!r} is initialized twice. Each key takes one init.",
                 key=table.name)
-        stored = NDArray(np.zeros((0, table.spec.dim), table.spec.dtype))
+        stored = NDArray(np.zeros((0, table.spec.dim), table.spec.state_dtype))
         self._entries[key] = _Entry(table.name, stored, False, table=table)
         self.stored[key] = stored
 

@@ -55,10 +55,11 @@ class ServedTable(DynamicTable):
             self.evicted.append(self._ids[slots].copy())
         super()._evict(slots)
 
-    def _insert(self, ids: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
+    def _insert(self, ids: np.ndarray, values: np.ndarray | None = None,
+                stored: np.ndarray | None = None) -> np.ndarray:
         if self.recording:
             self.born.append(ids.copy())
-        return super()._insert(ids, values)
+        return super()._insert(ids, values, stored)
 
 
 def served_table(spec: TableSpec, name: Any, shard: tuple[int, int],
@@ -178,7 +179,7 @@ def apply_round(table: ServedTable, parts: list[tuple[np.ndarray, np.ndarray]],
     else:
         ids = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.int64)
         grads = np.concatenate([p[1] for p in parts]) if parts else \
-            np.empty((0, table.spec.dim), table.spec.dtype)
+            np.empty((0, table.spec.dim), table.spec.state_dtype)
     table.recording = record
     try:
         table.push(ids, grads, optimizer=optimizer, key=key)

@@ -31,7 +31,7 @@ def cmd_lookup(server: Any, shard: Any, conn: Any, worker: int, ts: int,
     engine: Engine = shard.engine
     table = engine.table(key, "lookup", server._where())
     check_lookup_reply(table.name, int(arrays[0].size),
-                       int(table.spec.dim) * np.dtype(table.spec.dtype).itemsize,
+                       int(table.spec.dim) * np.dtype(table.spec.state_dtype).itemsize,
                        server.cfg.max_reply_bytes, server._where())
     ids = check_lookup(table, arrays[0], bool(body["train"]))
     ticket = Ticket(conn, ts, Command.COMMAND, (key,), rows=[ids], train=bool(body["train"]))
