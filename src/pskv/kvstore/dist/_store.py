@@ -115,7 +115,8 @@ class DistKVStore(TableMethods, KVStoreBase):
         self._device = DeviceIO(name)
         self._path = DataPath(self._store, self._kv, self._reducer, self._wait_all)
         #: table keys (docs/embeddings.md): rows on the servers, by a hash of the ID
-        self._tables = DistTables(name, self._kv, self._po.num_servers, self._wait_all)
+        self._tables = DistTables(name, self._kv, self._po.num_servers, self._wait_all,
+                                  lambda: self._reads.bounds[0])
         #: DistributedOptimizers' gradient keys, which no optimizer may touch
         self._gradient_keys = GradientKeys(name, lambda: None if self._tables.optimizer is None
                                            else "optimizer (kv.set_optimizer)")
@@ -338,6 +339,8 @@ class DistKVStore(TableMethods, KVStoreBase):
         saved optimizer replaces it). Raises CheckpointError on every worker otherwise.
         """
         self._checkpoints.load(path)
+        with self._lock:
+            self._tables.clear_caches()     # the rows changed under the caches (C7)
 
     def set_staleness(self, bound: int | None, *, global_bound: int | None = None) -> None:
         """Bound how stale the values this worker reads may be (collective: every worker

@@ -29,6 +29,7 @@ from ..._ps.worker import KVWorker
 from ..._types import Key
 from ..._ps.partition import ps_key
 from .._args import as_numpy, check_key
+from .._rowcache import RowCache
 from .._table_rules import TableKey, check_optimizer
 from .._tables import Tables, _pairs, rsp_outs
 from ._agree import check_agreement, init_spec
@@ -46,12 +47,19 @@ class DistTables(Tables):
     num_servers : int
     wait_all : callable
         ``wait_all(tss, what)``: the replies, waited for without the store's lock.
+    staleness : callable
+        ``staleness()``: the per-worker staleness bound set (None: none), which caps a
+        row cache's ``max_pushes`` (C4).
     """
 
     def __init__(self, store_type: str, kv: KVWorker, num_servers: int,
-                 wait_all: Callable[[list[int], str], list[Any]]) -> None:
+                 wait_all: Callable[[list[int], str], list[Any]],
+                 staleness: Callable[[], int | None] = lambda: None) -> None:
         super().__init__(store_type)
         self._kv, self._n, self._wait_all = kv, num_servers, wait_all
+        self._staleness = staleness
+        #: key -> its hot-row cache (kv.set_table_cache; docs/embeddings.md C1-C7)
+        self.caches: dict[Key, RowCache] = {}
         #: key -> its ps_key (the same on every server)
         self.pskeys: dict[Key, int] = {}
         #: the optimizer this worker gave ``set_optimizer`` (a table init checks it)
@@ -110,12 +118,64 @@ class DistTables(Tables):
         for s, where in enumerate(self._split(flat)):
             part = (flat, g) if self._n == 1 else (flat[where], g[where])
             self._kv.push(s, Command.PUSH, [pk], {"kinds": "t"}, list(part))
+        cache = self.caches.get(key)
+        if cache is not None:       # every held row is one push call older (C3)
+            cache.pushed()
+
+    def set_cache(self, key: Any, rows: Any, max_pushes: Any, max_seconds: Any,
+                  dense: Any) -> tuple[int, int | None, float | None]:
+        """``kv.set_table_cache``: checked (C1), then a new, empty cache (or none)."""
+        n, k, t = super().set_cache(key, rows, max_pushes, max_seconds, dense)
+        self.caches.pop(key, None)
+        if n:
+            spec = self.tables[key].spec
+            self.caches[key] = RowCache(n, spec.dim, spec.dtype, k, t)
+        return n, k, t
+
+    def cache_stats(self, key: Any) -> dict[str, int]:
+        """The counters of this worker's cache of table ``key`` (all 0: none)."""
+        base = super().cache_stats(key)
+        cache = self.caches.get(key)
+        return base if cache is None else cache.stats()
+
+    def clear_caches(self) -> None:
+        """Drop every cached row (a checkpoint was loaded, C7)."""
+        for cache in self.caches.values():
+            cache.clear()
 
     def lookup(self, key: Any, ids: Any, train: bool) -> tuple[np.ndarray, np.ndarray]:
-        """``(values, found)`` of ``ids`` (any shape) from the servers that own them."""
+        """``(values, found)`` of ``ids`` (any shape): rows the hot-row cache may serve
+        (C2), the others from the servers that own them."""
         table = self.get(key, "lookup")
         arr = check_ids(key, ids, "lookup")
         flat = np.ascontiguousarray(arr.ravel())
+        cache = self.caches.get(key)
+        if cache is None:
+            values, found = self._fetch(key, table, flat, train)
+        else:
+            hit, slots = cache.get(flat, self._staleness())
+            miss = np.flatnonzero(~hit)
+            if miss.size == flat.size:
+                stamp = cache.stamp()
+                values, found = self._fetch(key, table, flat, train)
+                cache.offer(flat, values, found, stamp)
+            else:
+                values = np.empty((flat.size, table.spec.dim), table.spec.dtype)
+                found = np.ones(flat.size, bool)
+                if miss.size:
+                    stamp = cache.stamp()
+                    asked = flat[miss]
+                    got, got_found = self._fetch(key, table, asked, train)
+                    values[miss] = got
+                    found[miss] = got_found
+                    cache.offer(asked, got, got_found, stamp)
+                cache.fill(values, hit, slots)
+        dim = table.spec.dim
+        return values.reshape(arr.shape + (dim,)), found.reshape(arr.shape)
+
+    def _fetch(self, key: Any, table: TableKey, flat: np.ndarray,
+               train: bool) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, found)`` of the 1-d IDs ``flat`` from the servers that own them."""
         dim, dtype = table.spec.dim, table.spec.dtype
         values = np.empty((flat.size, dim), dtype)
         found = np.zeros(flat.size, bool)
@@ -140,7 +200,7 @@ class DistTables(Tables):
                 continue
             values[where] = got[0]
             found[where] = got[1]
-        return values.reshape(arr.shape + (dim,)), found.reshape(arr.shape)
+        return values, found
 
     def stats(self, key: Any) -> dict[str, int]:
         """The counters of table ``key``, summed over the servers (``step``: the largest)."""
