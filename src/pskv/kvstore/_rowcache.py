@@ -146,6 +146,8 @@ class RowCache:
         self.born = np.zeros(rows, np.int64)        # push count when fetched
         self.born_at = np.zeros(rows, np.float64)   # clock when fetched
         self.freq = np.zeros(rows, np.int64)        # sketch count when last seen
+        #: the owner's table step when fetched (C3's bound 0 across workers), or -1
+        self.version = np.full(rows, -1, np.int64)
         self.sketch = _Sketch(rows)
         self.counters = {"hits": 0, "misses": 0, "expired": 0, "admitted": 0,
                          "evicted": 0, "invalidated": 0}
@@ -203,20 +205,38 @@ class RowCache:
         """``(pushes, clock)`` now: taken before a lookup is sent, given to :meth:`offer`."""
         return self.pushes, self.clock()
 
+    def current(self, ids: np.ndarray, slots: np.ndarray, hit: np.ndarray,
+                versions: np.ndarray) -> np.ndarray:
+        """Take out of ``hit`` the rows whose version is not ``versions`` (their owners'
+        steps now, one per ID): a push reached the owner since (C3); they count as expired.
+        Returns their positions."""
+        h = np.flatnonzero(hit)
+        stale: np.ndarray = h[self.version[slots[h]] != versions[h]]
+        hit[stale] = False
+        self.counters["hits"] -= stale.size
+        self.counters["misses"] += stale.size
+        self.counters["expired"] += stale.size
+        return stale
+
     def offer(self, ids: np.ndarray, values: np.ndarray, found: np.ndarray,
-              stamp: tuple[int, float]) -> None:
-        """Rows a lookup sent at ``stamp`` read from the servers: held rows are refreshed,
-        others taken in by popularity (C6); rows not found are never held (C5)."""
+              stamp: tuple[int, float], versions: np.ndarray | None = None) -> None:
+        """Rows a lookup sent at ``stamp`` read from the servers (with their owners' steps
+        before it, ``versions``, where bound 0 holds across workers): held rows are
+        refreshed, others taken in by popularity (C6); rows not found are never held
+        (C5)."""
         keep = np.flatnonzero(found)
         if keep.size == 0:
             return
         ids, first = np.unique(ids[keep], return_index=True)
         values = values[keep[first]]
+        version = np.full(ids.size, -1, np.int64) if versions is None else \
+            versions[keep[first]]
         slots = self.index.find(ids)
         old = slots >= 0
         if old.any():
             s = slots[old]
             self.values[s] = values[old]
+            self.version[s] = version[old]
             self.born[s], self.born_at[s] = stamp
         new = np.flatnonzero(~old)
         if new.size == 0:
@@ -248,6 +268,7 @@ class RowCache:
             return
         self.ids[s] = ids[new]
         self.values[s] = values[new]
+        self.version[s] = version[new]
         self.born[s], self.born_at[s] = stamp
         self.freq[s] = count
         self.used[s] = True

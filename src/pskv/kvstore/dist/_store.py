@@ -116,7 +116,7 @@ class DistKVStore(TableMethods, KVStoreBase):
         self._path = DataPath(self._store, self._kv, self._reducer, self._wait_all)
         #: table keys (docs/embeddings.md): rows on the servers, by a hash of the ID
         self._tables = DistTables(name, self._kv, self._po.num_servers, self._wait_all,
-                                  lambda: self._reads.bounds[0])
+                                  lambda: self._reads.bounds[0], self._po.num_workers)
         #: DistributedOptimizers' gradient keys, which no optimizer may touch
         self._gradient_keys = GradientKeys(name, lambda: None if self._tables.optimizer is None
                                            else "optimizer (kv.set_optimizer)")
@@ -317,7 +317,14 @@ class DistKVStore(TableMethods, KVStoreBase):
         WorkerClosedError
             A worker closed its store without joining: it never will.
         """
-        return self._joining.join(timeout)
+        # rounds close without this worker's pushes meanwhile: no cached row is served
+        self._tables.joining = True
+        try:
+            return self._joining.join(timeout)
+        finally:
+            with self._lock:
+                self._tables.joining = False
+                self._tables.clear_caches()
 
     def save_checkpoint(self, path: str) -> None:
         """Every server writes its shard to the directory ``path``; rank 0 the manifest.
