@@ -9,6 +9,7 @@ worker that made it (the call is not collective) and changes nothing.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -216,3 +217,26 @@ def test_c1_misuse_raises_on_its_worker_and_changes_nothing(run_threads: Any) ->
     errors, st = res[1]
     assert st["capacity"] == 4 and st["hits"] == 2
     assert all("'emb'" in e or "'w'" in e or "'other'" in e for e in errors)
+
+
+def test_c1_a_workers_cache_is_in_its_metrics(run_threads: Any) -> None:
+    """With PSKV_METRICS_PORT, each worker exports its caches' hits, misses and rows."""
+    pytest.importorskip("prometheus_client", reason="pip install 'pskv[metrics]' "
+                        "(prometheus_client) to test metrics")
+    from prometheus_client import generate_latest
+    from pskv.launch._net import free_port
+
+    def fn(kv: Any) -> Any:
+        kv.init("emb", spec())
+        kv.set_table_cache("emb", 8, max_pushes=1)
+        kv.lookup("emb", np.array([1, 2, 3]))
+        kv.lookup("emb", np.array([1, 2]))
+        text = generate_latest(kv._kv.metrics.registry).decode()
+        kv.barrier()
+        return text
+
+    for text in ok(run_threads(fn, metrics_port=free_port())).values():
+        assert re.search(r'^pskv_worker_table_cache_hits_total\{.*key="emb".*\} 2\.0$', text,
+                         re.M), text
+        assert re.search(r'^pskv_worker_table_cache_misses_total\{.*\} 3\.0$', text, re.M)
+        assert re.search(r'^pskv_worker_table_cache_rows\{.*\} 3\.0$', text, re.M)

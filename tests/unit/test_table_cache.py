@@ -44,12 +44,12 @@ def serve(cache: RowCache, ids: np.ndarray, fetch: Any, staleness: int | None = 
     miss = np.flatnonzero(~hit)
     values = np.empty((ids.size, DIM), np.float32)
     found = np.ones(ids.size, bool)
+    cache.fill(values, hit, slots)
     if miss.size:
         stamp = cache.stamp()
         got, got_found = fetch(ids[miss])
         values[miss], found[miss] = got, got_found
         cache.offer(ids[miss], got, got_found, stamp)
-    cache.fill(values, hit, slots)
     return values, found, hit
 
 
@@ -61,18 +61,19 @@ def serve_exact(cache: RowCache, ids: np.ndarray, table: DynamicTable, train: bo
     step = table.step                               # asked before the lookup
     values = np.empty((ids.size, DIM), np.float32)
     found = np.ones(ids.size, bool)
+    cache.fill(values, hit, slots)
+    held = cache.versions_of(slots, hit)
     stamp = cache.stamp()
     miss = np.flatnonzero(~hit)
     versions = np.full(ids.size, step, np.int64)
     if miss.size:
         values[miss], found[miss] = table.lookup(ids[miss], train=train)
-    again = cache.current(ids, slots, hit, versions)
+    again = cache.current(hit, held, versions)
     if again.size:
         values[again], found[again] = table.lookup(ids[again], train=train)
         cache.offer(ids[again], values[again], found[again], stamp, versions[again])
     if miss.size:
         cache.offer(ids[miss], values[miss], found[miss], stamp, versions[miss])
-    cache.fill(values, hit, slots)
     return values, found, hit
 
 
@@ -91,6 +92,21 @@ def test_c2_a_second_lookup_is_served_from_the_cache() -> None:
     np.testing.assert_array_equal(v1, v2)
     st = cache.stats()
     assert (st["hits"], st["misses"], st["rows"], st["capacity"]) == (4, 4, 3, 8)
+
+
+def test_c2_a_slot_is_reused_so_rows_are_read_at_once() -> None:
+    """A dist lookup lets the store lock go while the servers answer; another thread's
+    lookup may take a slot over meanwhile: the held rows are read right after ``get``."""
+    cache = RowCache(1, DIM, np.float32, 5, None)
+    a, b = np.array([1]), np.array([2])
+    serve(cache, a, found_all)
+    hit, slots = cache.get(a)
+    values = np.empty((1, DIM), np.float32)
+    cache.fill(values, hit, slots)
+    for _ in range(3):                      # "another thread": 2 becomes more popular
+        serve(cache, b, found_all)
+    assert cache.index.find(a)[0] < 0 and cache.index.find(b)[0] == slots[0]
+    np.testing.assert_array_equal(values, rows_of(a))
 
 
 def test_c3_k_counts_push_calls_of_the_key() -> None:
@@ -185,7 +201,7 @@ def test_c3_a_row_whose_owner_moved_on_is_not_served() -> None:
     ids = np.array([1, 2, 3])
     cache.offer(ids, rows_of(ids), np.ones(3, bool), cache.stamp(), np.array([5, 5, 6]))
     hit, slots = cache.get(ids)
-    again = cache.current(ids, slots, hit, np.array([5, 6, 6]))
+    again = cache.current(hit, cache.versions_of(slots, hit), np.array([5, 6, 6]))
     assert hit.tolist() == [True, False, True] and again.tolist() == [1]
     st = cache.stats()
     assert (st["hits"], st["misses"], st["expired"]) == (2, 1, 1)

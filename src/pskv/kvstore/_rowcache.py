@@ -205,13 +205,19 @@ class RowCache:
         """``(pushes, clock)`` now: taken before a lookup is sent, given to :meth:`offer`."""
         return self.pushes, self.clock()
 
-    def current(self, ids: np.ndarray, slots: np.ndarray, hit: np.ndarray,
-                versions: np.ndarray) -> np.ndarray:
-        """Take out of ``hit`` the rows whose version is not ``versions`` (their owners'
-        steps now, one per ID): a push reached the owner since (C3); they count as expired.
-        Returns their positions."""
+    def versions_of(self, slots: np.ndarray, hit: np.ndarray) -> np.ndarray:
+        """The version of each hit's row (-1 elsewhere), read with the rows (:meth:`fill`)
+        before the store lock is let go: another thread's lookup may reuse a slot."""
+        out = np.full(slots.size, -1, np.int64)
+        out[hit] = self.version[slots[hit]]
+        return out
+
+    def current(self, hit: np.ndarray, held: np.ndarray, versions: np.ndarray) -> np.ndarray:
+        """Take out of ``hit`` the rows whose version ``held`` (:meth:`versions_of`) is
+        not ``versions`` (their owners' steps now, one per ID): a push reached the owner
+        since (C3); they count as expired. Returns their positions."""
         h = np.flatnonzero(hit)
-        stale: np.ndarray = h[self.version[slots[h]] != versions[h]]
+        stale: np.ndarray = h[held[h] != versions[h]]
         hit[stale] = False
         self.counters["hits"] -= stale.size
         self.counters["misses"] += stale.size
@@ -283,7 +289,8 @@ class RowCache:
         return np.minimum(sk.a[ca], sk.b[cb])
 
     def fill(self, out: np.ndarray, hit: np.ndarray, slots: np.ndarray) -> None:
-        """Write the held rows of ``hit`` into ``out`` (rows in the lookup's order)."""
+        """Write the held rows of ``hit`` into ``out`` (rows in the lookup's order); right
+        after :meth:`get`, under the same lock hold (a later offer may reuse a slot)."""
         out[hit] = self.values[slots[hit]]
 
     def clear(self) -> None:

@@ -117,6 +117,10 @@ class DistKVStore(TableMethods, KVStoreBase):
         #: table keys (docs/embeddings.md): rows on the servers, by a hash of the ID
         self._tables = DistTables(name, self._kv, self._po.num_servers, self._wait_all,
                                   lambda: self._reads.bounds[0], self._po.num_workers)
+        metrics = self._kv.metrics
+        if metrics is not None:     # PSKV_METRICS_PORT: the caches' series (C1)
+            caches = self._tables.caches
+            metrics.table_caches = lambda: {k: c.stats() for k, c in list(caches.items())}
         #: DistributedOptimizers' gradient keys, which no optimizer may touch
         self._gradient_keys = GradientKeys(name, lambda: None if self._tables.optimizer is None
                                            else "optimizer (kv.set_optimizer)")

@@ -177,6 +177,10 @@ class DistTables(Tables):
         hit, slots = cache.get(flat, self._staleness())
         values = np.empty((flat.size, spec.dim), spec.dtype)
         found = np.ones(flat.size, bool)
+        # read what is held now: the store lock is let go while the servers answer, and
+        # another thread's lookup may reuse a slot meanwhile
+        cache.fill(values, hit, slots)
+        held = cache.versions_of(slots, hit) if exact else None
         steps_ts = self._ask_steps(key) if exact else []
         stamp = cache.stamp()
         miss = np.flatnonzero(~hit)
@@ -184,11 +188,11 @@ class DistTables(Tables):
             asked = flat[miss]
             got, got_found = self._fetch(key, spec, asked, train)
             values[miss], found[miss] = got, got_found
-        if exact:
+        if held is not None:
             steps = self._steps(key, steps_ts)
             owner_steps = steps[shard_of(flat, self._n)] if self._n > 1 else \
                 np.full(flat.size, steps[0])
-            again = cache.current(flat, slots, hit, owner_steps)
+            again = cache.current(hit, held, owner_steps)
             if again.size:      # pushed since they were fetched: asked again
                 got2, found2 = self._fetch(key, spec, flat[again], train)
                 values[again], found[again] = got2, found2
@@ -197,7 +201,6 @@ class DistTables(Tables):
                 cache.offer(asked, got, got_found, stamp, owner_steps[miss])
         elif miss.size:
             cache.offer(asked, got, got_found, stamp)
-        cache.fill(values, hit, slots)
         return values, found
 
     def _ask_steps(self, key: Any) -> list[int]:
