@@ -50,6 +50,21 @@ def test_async_reaches_the_ceiling_with_a_bounded_table(
     assert results[0]["samples"] + results[1]["samples"] == 3 * 25000 * 4 // 5
 
 
+def test_async_with_a_hot_row_cache_reaches_the_ceiling(
+        run_threads: Callable[..., dict[int, Any]]) -> None:
+    """--cache-rows: each worker serves its hottest rows from its cache (docs/embeddings.md
+    C1-C7), and the AUC stays as near the ceiling as without."""
+    args = tc.parse_args(SMALL + ["--kv-store", "dist_async", "--cache-rows", "300"])
+    results = run_threads(lambda kv: tc.train(args, kv), num_workers=2, num_servers=2,
+                          store_type="dist_async")
+    for rank, r in results.items():
+        if isinstance(r, BaseException):
+            raise r
+        last = r["history"][-1]
+        assert last["ceiling_auc"] - last["test_auc"] < 0.03, (rank, last)
+        assert last["cache_hits"] > 0.05 * (last["cache_hits"] + last["cache_misses"]), last
+
+
 def _launch(*flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pskv.launch", "-n", "2", "-s", "2", "--timeout", "100",

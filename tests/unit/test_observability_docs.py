@@ -32,6 +32,7 @@ def _exported() -> dict[str, str]:
     worker = WorkerMetrics(0, "job", lambda: (0, 0))
     worker.sent(1, Command.PULL, [])
     worker.received(1, [np.zeros(4)])
+    worker.table_caches = lambda: {"emb": {"hits": 3, "misses": 1, "rows": 1}}
     sched = SchedulerMetrics("job", lambda role: 1, lambda: [("worker", 0, "alive", "", 0)])
     out = {}
     for node in (server, worker, sched):

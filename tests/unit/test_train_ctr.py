@@ -1,6 +1,7 @@
 """The CTR example on a local store (the launcher runs: tests/dist/test_train_ctr_dist.py)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from typing import Any
@@ -166,6 +167,8 @@ def test_plot_writes_an_image(tmp_path: Any, capsys: pytest.CaptureFixture[str])
     (["--staleness", "1.5"], "--staleness: '1.5' is not a whole number or 'none'"),
     (["--global-staleness", "-2"], "--global-staleness: '-2' must be at least 0"),
     (["--table-dtype", "int8"], "--table-dtype: invalid choice: 'int8'"),
+    (["--cache-rows", "-1"], "--cache-rows: '-1' must be at least 0"),
+    (["--cache-pushes", "x"], "--cache-pushes: 'x' is not a whole number"),
 ])
 def test_bad_flags_exit_2_with_a_message(flags: list[str], words: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -202,6 +205,35 @@ def test_staleness_flags_set_the_bounds(flags: list[str], want: tuple[Any, Any],
                     *flags]) == 0
     assert calls == [want]                                  # once, before any push
     assert words in capsys.readouterr().out.splitlines()[0]
+
+
+def test_cache_flags_set_the_table_cache(monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """--cache-rows N calls kv.set_table_cache once (a local store records it: the AUC
+    is the uncached one); --cache-rows 0 (the default) does not call it."""
+    calls: list[tuple[Any, ...]] = []
+    real = mx.kv.create
+
+    def create(name: str) -> Any:
+        kv: Any = real(name)
+        set_cache = kv.set_table_cache
+
+        def spy(key: Any, rows: Any, *, max_pushes: Any = 1) -> None:
+            calls.append((key, rows, max_pushes))
+            set_cache(key, rows, max_pushes=max_pushes)
+        kv.set_table_cache = spy
+        return kv
+
+    monkeypatch.setattr(mx.kv, "create", create)
+    small = ["--samples-per-day", "2000", "--epochs", "1", "--capacity", "100", "--quiet"]
+    assert tc.main(small + ["--cache-rows", "20", "--cache-pushes", "0"]) == 0
+    assert calls == [(tc.TABLE, 20, 0)]
+    with_cache = capsys.readouterr().out
+    assert tc.main(small) == 0
+    assert len(calls) == 1
+    without = capsys.readouterr().out
+    auc = re.compile(r"test auc (0\.\d+)")
+    assert auc.findall(with_cache) == auc.findall(without)
 
 
 def test_numpy_alone_is_enough(monkeypatch: pytest.MonkeyPatch,

@@ -192,6 +192,10 @@ def train(args: argparse.Namespace, kv: Any, log: ClickLog | None = None,
     # acknowledged pushes, and (SSP) at most --global-staleness ahead of the slowest worker;
     # collective, like init. A local or dist_sync store holds any bound already.
     kv.set_staleness(args.staleness, global_bound=args.global_staleness)
+    # a dist store serves the hottest rows from this worker's cache while at most
+    # --cache-pushes of its pushes of the table old (a local store records the call)
+    if args.cache_rows:
+        kv.set_table_cache(TABLE, args.cache_rows, max_pushes=args.cache_pushes)
     outs = [mx.nd.zeros(init[n].shape) for n in names]
     history: list[dict[str, float]] = []
     steps = samples = global_samples = 0
@@ -245,6 +249,7 @@ def train(args: argparse.Namespace, kv: Any, log: ClickLog | None = None,
         ev_ids, ev_y, ev_p = log.day(epoch, "eval")
         test_loss, test_auc = _evaluate(kv, dense, ev_ids, ev_y)
         stats = kv.table_stats(TABLE)
+        cached = kv.table_cache_stats(TABLE)
         kv.barrier()                              # nobody pushes before everyone evaluated
         history.append({"epoch": epoch + 1, "train_loss": loss_sum / max(n_seen, 1),
                         "test_loss": test_loss, "test_auc": test_auc,
@@ -252,7 +257,8 @@ def train(args: argparse.Namespace, kv: Any, log: ClickLog | None = None,
                         "samples_per_s": n_global / max(seconds, 1e-9),
                         "comm_share": comm / max(seconds, 1e-9),
                         **{k: stats[k] for k in ("rows", "inserts", "refusals", "evictions",
-                                                 "dropped_pushes")}})
+                                                 "dropped_pushes")},
+                        "cache_hits": cached["hits"], "cache_misses": cached["misses"]})
         if show:
             print(_epoch_text(history[-1], args), flush=True)
     rate = 1.0 / max(train_s, 1e-9)
@@ -298,6 +304,17 @@ def _bound(text: str) -> int | None:
     return value
 
 
+def _whole(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m pskv.examples.train_ctr`` (the shared flags, then
     its own; no ``--update-on-kvstore``: the servers always run the optimizer)."""
@@ -329,6 +346,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="global (SSP) bound, kv.set_staleness(..., global_bound=K): a worker "
                         "reads only while at most K push calls ahead of the slowest one "
                         "(default: none)")
+    p.add_argument("--cache-rows", type=_whole, default=0, metavar="N",
+                   help="keep the N most looked-up rows on each worker, "
+                        "kv.set_table_cache(N): a dist store serves them without asking "
+                        "the servers; 0: no cache (default: 0)")
+    p.add_argument("--cache-pushes", type=_whole, default=1, metavar="K",
+                   help="a cached row is served while at most K of this worker's pushes "
+                        "of the table old; 0: until its next push (default: 1)")
     p.add_argument("--optimizer", default="adagrad", choices=["adagrad", "adam", "sgd"],
                    help="the servers' optimizer, for the table and the MLP "
                         "(default: adagrad)")
@@ -386,6 +410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     last = hist[-1] if hist else {}
     extra = [f"ceiling {last.get('ceiling_auc', float('nan')):.4f}",
              f"table {int(last.get('rows', 0)):,} rows"]
+    asked = last.get("cache_hits", 0) + last.get("cache_misses", 0)
+    if args.cache_rows and asked:
+        extra.append(f"{last['cache_hits'] / asked:.0%} of looked-up rows from the cache")
     if rank == 0 and args.plot:
         extra.append(f"curves in {args.plot}")
     print(summary_line(rank, nw, "auc", last.get("test_auc", float("nan")),

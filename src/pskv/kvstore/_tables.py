@@ -21,6 +21,7 @@ from .._types import Key
 from ._args import as_numpy, check_key
 from ._table_rules import restore_local, table_copy
 from ._keys import KeyTable
+from ._rowcache import check_cache
 from ._snapshot import Reader, ShardCopy
 from ._table_budget import check_table_init
 from .._ps.config import max_key_bytes
@@ -34,6 +35,8 @@ class Tables:
     def __init__(self, store_type: str) -> None:
         self.store_type = store_type
         self.tables: dict[Key, DynamicTable] = {}
+        #: key -> (rows, max_pushes, max_seconds) given to ``set_table_cache`` (C1)
+        self.cache_limits: dict[Key, tuple[int, int | None, float | None]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.tables)
@@ -124,6 +127,35 @@ class Tables:
     def stats(self, key: Any) -> dict[str, int]:
         """The counters of table ``key`` (R14)."""
         return self.get(key, "read the stats of").stats()
+
+    def set_cache(self, key: Any, rows: Any, max_pushes: Any, max_seconds: Any,
+                  dense: Any) -> tuple[int, int | None, float | None]:
+        """Check and record ``kv.set_table_cache`` (C1); a local store holds its rows
+        already, so nothing else changes. Returns the checked limits."""
+        try:
+            is_dense = not isinstance(key, (list, tuple)) and key in dense
+        except TypeError:
+            is_dense = False
+        if is_dense:
+            raise UnsupportedError(
+                f"cannot cache rows of key {key!r}: it holds an array, not a table. A row "
+                "cache is for table keys (kv.init(key, TableSpec(...))).", key=key,
+                store_type=self.store_type)
+        self.get(key, "cache rows of")
+        checked = check_cache(key, rows, max_pushes, max_seconds, self.store_type)
+        if checked[0]:
+            self.cache_limits[key] = checked
+        else:
+            self.cache_limits.pop(key, None)
+        return checked
+
+    def cache_stats(self, key: Any) -> dict[str, int]:
+        """The row cache's counters of table ``key``: all 0 on a store that holds its rows
+        (``capacity``: the rows asked for)."""
+        self.get(key, "read the cache stats of")
+        rows = self.cache_limits.get(key, (0, None, None))[0]
+        return {"capacity": rows, "rows": 0, "hits": 0, "misses": 0, "expired": 0,
+                "admitted": 0, "evicted": 0, "invalidated": 0}
 
     def refuse(self, key: Any, action: str) -> None:
         """Raise for an array call (pull, pushpull, broadcast) on a table key."""
@@ -244,6 +276,76 @@ class TableMethods:
             self._table_begin()
             self._before_lookup()
             return self._tables.lookup(key, ids, train)
+
+    def set_table_cache(self, key: Key, rows: int, *, max_pushes: int | None = 1,
+                        max_seconds: float | None = None) -> None:
+        """Keep up to ``rows`` hot rows of table key ``key`` on this worker, each served
+        by a lookup while it is at most ``max_pushes`` of this worker's push calls of the
+        key and ``max_seconds`` seconds old (docs/embeddings.md, "The hot-row cache",
+        C1-C7).
+
+        A worker's own choice, not collective: workers may cache differently. A dist
+        store serves held rows without asking the servers; ``max_pushes=0`` serves a row
+        only until this worker's next push of the key (in ``dist_sync``, results equal
+        the uncached ones); the bound in force is the smaller of ``max_pushes`` and the
+        ``set_staleness`` bound. A ``local`` store holds every row already: it checks and
+        records the call, and nothing else changes (a script moves to ``dist_async``
+        unchanged). Calling it again replaces the cache (emptied); ``rows=0`` turns it
+        off.
+
+        Parameters
+        ----------
+        key : int or str
+            A table key (``kv.init(key, TableSpec(...))`` first).
+        rows : int
+            Rows held at most; 0: no cache.
+        max_pushes : int or None, default 1, keyword-only
+            ``K``: push calls of ``key`` by this worker since a row's lookup was sent,
+            at most; None: no push bound (then ``max_seconds`` is needed).
+        max_seconds : float or None, keyword-only
+            ``T``: seconds since a row's lookup was sent, at most; None: no time bound.
+
+        Raises
+        ------
+        ConfigError
+            A bad ``rows``, ``max_pushes`` or ``max_seconds``, or no bound at all.
+        KeyNotInitializedError
+            ``key`` is not a table key of this store (not initialized yet).
+        UnsupportedError
+            ``key`` holds an array, or is a list of keys.
+
+        Examples
+        --------
+        >>> import numpy as np, pskv as mx
+        >>> from pskv.table import TableSpec
+        >>> kv = mx.kv.create('local')
+        >>> kv.init('emb', TableSpec(dim=2))
+        >>> kv.set_table_cache('emb', 100, max_pushes=2)
+        >>> kv.table_cache_stats('emb')['capacity']
+        100
+        """
+        with self._lock:
+            self._table_begin()
+            self._tables.set_cache(key, rows, max_pushes, max_seconds, self._keys.records)
+
+    def table_cache_stats(self, key: Key) -> dict[str, int]:
+        """The hot-row cache counters of table key ``key`` on this worker: capacity, rows
+        (held), hits and misses (looked-up IDs served by the cache, or asked of the
+        servers), expired (held but too old: asked again), admitted, evicted,
+        invalidated. All 0 but ``capacity`` on a ``local`` store.
+
+        Examples
+        --------
+        >>> import pskv as mx
+        >>> from pskv.table import TableSpec
+        >>> kv = mx.kv.create('local')
+        >>> kv.init(0, TableSpec(dim=2))
+        >>> kv.table_cache_stats(0)['hits']
+        0
+        """
+        with self._lock:
+            self._table_begin()
+            return self._tables.cache_stats(key)
 
     def table_stats(self, key: Key) -> dict[str, int]:
         """The counters of table key ``key``: rows, step, lookups, misses, inserts,

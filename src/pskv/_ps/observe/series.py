@@ -236,6 +236,8 @@ class WorkerMetrics(NodeMetrics):
         self._replies: collections.deque[tuple[int, int, float]] = collections.deque()
         self._lock = threading.Lock()
         self._resent = resent
+        #: set by a dist store: ``{key: RowCache.stats()}`` of its hot-row caches
+        self.table_caches: Callable[[], dict[Any, dict[str, int]]] | None = None
         self._collectors.append(self._collect)
 
     def sent(self, ts: int, cmd: Any, arrays: Sequence[Any]) -> None:
@@ -315,6 +317,25 @@ class WorkerMetrics(NodeMetrics):
         resent.add_metric([*me, "push"], pushes)
         resent.add_metric([*me, "request"], requests_again)
         yield resent
+        if self.table_caches is not None:
+            yield from _cache_series(me, self.table_caches())
+
+
+def _cache_series(me: list[str], caches: dict[Any, dict[str, int]]) -> Any:
+    """A worker's hot-row caches (docs/embeddings.md C1-C7), by table key."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    by = [*LABELS, "key"]
+    hits = CounterMetricFamily("pskv_worker_table_cache_hits", "IDs a lookup took from "
+                               "this worker's hot-row cache of a table key", labels=by)
+    misses = CounterMetricFamily("pskv_worker_table_cache_misses", "IDs a lookup through "
+                                 "the hot-row cache asked of the servers", labels=by)
+    rows = GaugeMetricFamily("pskv_worker_table_cache_rows", "Rows this worker's hot-row "
+                             "cache of a table key holds", labels=by)
+    for key, stats in sorted(caches.items(), key=lambda ks: str(ks[0])):
+        hits.add_metric([*me, str(key)], stats.get("hits", 0))
+        misses.add_metric([*me, str(key)], stats.get("misses", 0))
+        rows.add_metric([*me, str(key)], stats.get("rows", 0))
+    yield from (hits, misses, rows)
 
 
 class SchedulerMetrics(NodeMetrics):

@@ -115,7 +115,12 @@ class DistKVStore(TableMethods, KVStoreBase):
         self._device = DeviceIO(name)
         self._path = DataPath(self._store, self._kv, self._reducer, self._wait_all)
         #: table keys (docs/embeddings.md): rows on the servers, by a hash of the ID
-        self._tables = DistTables(name, self._kv, self._po.num_servers, self._wait_all)
+        self._tables = DistTables(name, self._kv, self._po.num_servers, self._wait_all,
+                                  lambda: self._reads.bounds[0], self._po.num_workers)
+        metrics = self._kv.metrics
+        if metrics is not None:     # PSKV_METRICS_PORT: the caches' series (C1)
+            caches = self._tables.caches
+            metrics.table_caches = lambda: {k: c.stats() for k, c in list(caches.items())}
         #: DistributedOptimizers' gradient keys, which no optimizer may touch
         self._gradient_keys = GradientKeys(name, lambda: None if self._tables.optimizer is None
                                            else "optimizer (kv.set_optimizer)")
@@ -316,7 +321,14 @@ class DistKVStore(TableMethods, KVStoreBase):
         WorkerClosedError
             A worker closed its store without joining: it never will.
         """
-        return self._joining.join(timeout)
+        # rounds close without this worker's pushes meanwhile: no cached row is served
+        self._tables.joining = True
+        try:
+            return self._joining.join(timeout)
+        finally:
+            with self._lock:
+                self._tables.joining = False
+                self._tables.clear_caches()
 
     def save_checkpoint(self, path: str) -> None:
         """Every server writes its shard to the directory ``path``; rank 0 the manifest.
@@ -338,6 +350,8 @@ class DistKVStore(TableMethods, KVStoreBase):
         saved optimizer replaces it). Raises CheckpointError on every worker otherwise.
         """
         self._checkpoints.load(path)
+        with self._lock:
+            self._tables.clear_caches()     # the rows changed under the caches (C7)
 
     def set_staleness(self, bound: int | None, *, global_bound: int | None = None) -> None:
         """Bound how stale the values this worker reads may be (collective: every worker

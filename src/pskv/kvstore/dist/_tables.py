@@ -29,6 +29,7 @@ from ..._ps.worker import KVWorker
 from ..._types import Key
 from ..._ps.partition import ps_key
 from .._args import as_numpy, check_key
+from .._rowcache import RowCache
 from .._table_rules import TableKey, check_optimizer
 from .._tables import Tables, _pairs, rsp_outs
 from ._agree import check_agreement, init_spec
@@ -46,12 +47,27 @@ class DistTables(Tables):
     num_servers : int
     wait_all : callable
         ``wait_all(tss, what)``: the replies, waited for without the store's lock.
+    staleness : callable
+        ``staleness()``: the per-worker staleness bound set (None: none), which caps a
+        row cache's ``max_pushes`` (C4).
+    num_workers : int
+        Workers in the job (bound 0 in dist_async asks the servers' steps when > 1).
     """
 
     def __init__(self, store_type: str, kv: KVWorker, num_servers: int,
-                 wait_all: Callable[[list[int], str], list[Any]]) -> None:
+                 wait_all: Callable[[list[int], str], list[Any]],
+                 staleness: Callable[[], int | None] = lambda: None,
+                 num_workers: int = 1) -> None:
         super().__init__(store_type)
         self._kv, self._n, self._wait_all = kv, num_servers, wait_all
+        self._staleness = staleness
+        self._sync = "async" not in store_type
+        self._workers = num_workers
+        #: True while this worker is in ``kv.join``: its caches are not used (in
+        #: dist_sync the others' rounds close without its pushes meanwhile)
+        self.joining = False
+        #: key -> its hot-row cache (kv.set_table_cache; docs/embeddings.md C1-C7)
+        self.caches: dict[Key, RowCache] = {}
         #: key -> its ps_key (the same on every server)
         self.pskeys: dict[Key, int] = {}
         #: the optimizer this worker gave ``set_optimizer`` (a table init checks it)
@@ -110,13 +126,104 @@ class DistTables(Tables):
         for s, where in enumerate(self._split(flat)):
             part = (flat, g) if self._n == 1 else (flat[where], g[where])
             self._kv.push(s, Command.PUSH, [pk], {"kinds": "t"}, list(part))
+        cache = self.caches.get(key)
+        if cache is not None:       # every held row is one push call older (C3)
+            cache.pushed()
+
+    def set_cache(self, key: Any, rows: Any, max_pushes: Any, max_seconds: Any,
+                  dense: Any) -> tuple[int, int | None, float | None]:
+        """``kv.set_table_cache``: checked (C1), then a new, empty cache (or none)."""
+        n, k, t = super().set_cache(key, rows, max_pushes, max_seconds, dense)
+        self.caches.pop(key, None)
+        if n:
+            spec = self.tables[key].spec
+            self.caches[key] = RowCache(n, spec.dim, spec.state_dtype, k, t)   # widened rows
+        return n, k, t
+
+    def cache_stats(self, key: Any) -> dict[str, int]:
+        """The counters of this worker's cache of table ``key`` (all 0: none)."""
+        base = super().cache_stats(key)
+        cache = self.caches.get(key)
+        return base if cache is None else cache.stats()
+
+    def clear_caches(self) -> None:
+        """Drop every cached row (a checkpoint was loaded, C7)."""
+        for cache in self.caches.values():
+            cache.clear()
 
     def lookup(self, key: Any, ids: Any, train: bool) -> tuple[np.ndarray, np.ndarray]:
-        """``(values, found)`` of ``ids`` (any shape) from the servers that own them."""
+        """``(values, found)`` of ``ids`` (any shape): rows the hot-row cache may serve
+        (C2), the others from the servers that own them."""
         table = self.get(key, "lookup")
         arr = check_ids(key, ids, "lookup")
         flat = np.ascontiguousarray(arr.ravel())
-        dim, dtype = table.spec.dim, table.spec.state_dtype   # rows travel widened (R17)
+        cache = self.caches.get(key)
+        if cache is None or self.joining:
+            values, found = self._fetch(key, table.spec, flat, train)
+        else:
+            values, found = self._cached(key, table.spec, cache, flat, train)
+        dim = table.spec.dim
+        return values.reshape(arr.shape + (dim,)), found.reshape(arr.shape)
+
+    def _cached(self, key: Any, spec: TableSpec, cache: RowCache, flat: np.ndarray,
+                train: bool) -> tuple[np.ndarray, np.ndarray]:
+        """A lookup through ``cache``: the rows it may serve (C2, C3), the others asked
+        of the servers and offered to it (C6). Bound 0 in ``dist_async`` with several
+        workers: every server's table step is asked before the rows on each link, and a
+        held row is served only if its owner's step is the one it was fetched at (else
+        asked again)."""
+        k = cache.bound(self._staleness())
+        exact = k == 0 and not self._sync and self._workers > 1
+        hit, slots = cache.get(flat, self._staleness())
+        values = np.empty((flat.size, spec.dim), spec.state_dtype)
+        found = np.ones(flat.size, bool)
+        # read what is held now: the store lock is let go while the servers answer, and
+        # another thread's lookup may reuse a slot meanwhile
+        cache.fill(values, hit, slots)
+        held = cache.versions_of(slots, hit) if exact else None
+        steps_ts = self._ask_steps(key) if exact else []
+        stamp = cache.stamp()
+        miss = np.flatnonzero(~hit)
+        if miss.size:
+            asked = flat[miss]
+            got, got_found = self._fetch(key, spec, asked, train)
+            values[miss], found[miss] = got, got_found
+        if held is not None:
+            steps = self._steps(key, steps_ts)
+            owner_steps = steps[shard_of(flat, self._n)] if self._n > 1 else \
+                np.full(flat.size, steps[0])
+            again = cache.current(hit, held, owner_steps)
+            if again.size:      # pushed since they were fetched: asked again
+                got2, found2 = self._fetch(key, spec, flat[again], train)
+                values[again], found[again] = got2, found2
+                cache.offer(flat[again], got2, found2, stamp, owner_steps[again])
+            if miss.size:
+                cache.offer(asked, got, got_found, stamp, owner_steps[miss])
+        elif miss.size:
+            cache.offer(asked, got, got_found, stamp)
+        return values, found
+
+    def _ask_steps(self, key: Any) -> list[int]:
+        """Ask every server its step of table ``key`` (sent before the lookup that
+        follows on the same link, so it is at most the step the lookup reads at)."""
+        body = command(Op.TABLE_STATS, key=self.pskeys[key])
+        return [self._kv.request(s, Command.COMMAND, body=body) for s in range(self._n)]
+
+    def _steps(self, key: Any, tss: list[int]) -> np.ndarray:
+        """The replies of :meth:`_ask_steps`: each server's step."""
+        out = np.empty(self._n, np.int64)
+        for s, (meta, _a) in enumerate(self._wait_all(tss, f"the steps of table {key!r}")):
+            got = meta.body.get("stats") if isinstance(meta.body, dict) else None
+            if not isinstance(got, dict) or not isinstance(got.get("step"), int):
+                raise ClusterError(f"server {s} sent no step of table {key!r} (reported by "
+                                   f"server {s})", key=key)
+            out[s] = got["step"]
+        return out
+
+    def _fetch(self, key: Any, spec: TableSpec, flat: np.ndarray,
+               train: bool) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, found)`` of the 1-d IDs ``flat`` from the servers that own them."""
+        dim, dtype = spec.dim, spec.state_dtype   # rows travel widened (R17)
         values = np.empty((flat.size, dim), dtype)
         found = np.zeros(flat.size, bool)
         body = command(Op.LOOKUP, key=self.pskeys[key], train=bool(train))
@@ -140,7 +247,7 @@ class DistTables(Tables):
                 continue
             values[where] = got[0]
             found[where] = got[1]
-        return values.reshape(arr.shape + (dim,)), found.reshape(arr.shape)
+        return values, found
 
     def stats(self, key: Any) -> dict[str, int]:
         """The counters of table ``key``, summed over the servers (``step``: the largest)."""
