@@ -74,7 +74,8 @@ def test_r17_a_half_table_is_a_float32_table_rounded_after_every_step(
         if name.startswith("state"):        # the optimizer state: float32 in both
             assert sa[name].dtype == np.float32
             np.testing.assert_array_equal(sa[name], sb[name], err_msg=name)
-    assert half.stats() == ref.stats()
+    hs, rs = half.stats(), ref.stats()
+    assert hs.pop("bytes") < rs.pop("bytes") and hs == rs    # the same counters, fewer bytes
 
 
 @pytest.mark.parametrize("dtype", HALF)

@@ -184,14 +184,16 @@ class DynamicTable:
         return int(self._values.shape[0])
 
     def nbytes(self) -> dict[str, int]:
-        """Bytes of the arrays in use: rows, optimizer states, IDs, metadata, index."""
+        """Bytes of the arrays in use: rows, optimizer states, IDs, metadata, index,
+        admission counters, and the recent lookups kept for the pushes that follow."""
         top = self._top
         per = lambda a: int(a[:top].nbytes)  # noqa: E731
         return {"values": per(self._values), "states": sum(per(s) for s in self._states)
                 + (per(self._t) if self._t is not None else 0), "ids": per(self._ids),
                 "meta": per(self._count) + per(self._last_step) + per(self._last_seconds)
                 + per(self._live), "index": self._index.nbytes,
-                "admission": 0 if self._sightings is None else int(self._sightings.nbytes)}
+                "admission": 0 if self._sightings is None else int(self._sightings.nbytes),
+                "recent": sum(int(i.nbytes + s.nbytes) for i, s in self._recent)}
 
     # ---- storage dtype (R17) -----------------------------------------------------------
     def _read(self, stored: np.ndarray) -> np.ndarray:
@@ -538,9 +540,11 @@ class DynamicTable:
     # ---- counters ----------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
         """The counters (R14): rows, step, lookups, misses, inserts, refusals, evictions
-        (``evicted_ttl`` + ``evicted_capacity``), dropped_pushes, pushed_rows."""
+        (``evicted_ttl`` + ``evicted_capacity``), dropped_pushes, pushed_rows, and
+        ``bytes``: the table's arrays in use (:meth:`nbytes`, all parts together)."""
         out = {"rows": len(self), "step": self.step, **self.counters}
         out["evictions"] = out["evicted_ttl"] + out["evicted_capacity"]
+        out["bytes"] = sum(self.nbytes().values())
         return out
 
     # ---- state (R16) -------------------------------------------------------------------
