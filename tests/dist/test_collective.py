@@ -397,7 +397,7 @@ def test_a_worker_whose_links_break_is_named_at_once(thread_cluster: Any) -> Non
 def test_processes_print_the_same_digest_with_and_without_the_path(local_cluster: Any,
                                                                    workers: int) -> None:
     digests = {}
-    # 0: every key on the servers; the default (64 KiB): the big key; 4096: the mid one too
+    # 0: every key on the servers; the default (256 KiB): the big key; 4096: the mid one too
     for setting, want in (("0", ()), (None, ("big",)), ("4096", ("big", "mid"))):
         env = {} if setting is None else {"PSKV_COLLECTIVE_BYTES": setting}
         cluster = local_cluster(workers, 1, env=env).start("collective_sum.py")

@@ -72,7 +72,7 @@ ENV_COLLECTIVE_BYTES = "PSKV_COLLECTIVE_BYTES"
 #: its default: from this size up the collective path costs less CPU and time per round
 #: than the servers on this kind of host (benchmarks/bench_route.py, its results
 #: benchmarks/results/bench_route.md)
-DEFAULT_COLLECTIVE_BYTES = 65536
+DEFAULT_COLLECTIVE_BYTES = 262144
 #: 0: the collective path's workers on one host exchange their chunks over the Unix socket
 #: instead of shared memory (_ps/shm.py; default 1)
 ENV_COLLECTIVE_SHM = "PSKV_COLLECTIVE_SHM"

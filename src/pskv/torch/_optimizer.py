@@ -309,12 +309,12 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for the same thing
         What a sparse gradient of a parameter not in ``sparse_params`` does: False raises
         ConfigError (it would travel as every row of the table); True sends it dense
         (Horovod's option of the same name).
-    collective_bytes : int or None, default 65536
+    collective_bytes : int or None, default 262144
         With ``update_on_kvstore=False``, buckets of at least this many bytes are summed
         among the workers (the collective path, docs/collective.md; the same bits as on the
         servers) where the store allows it (``dist_sync``, two workers or more, no
         encryption, replicas or periodic checkpoints), and stay on the servers elsewhere.
-        None or 0: only ``PSKV_COLLECTIVE_BYTES`` (the same 65536 by default) and
+        None or 0: only ``PSKV_COLLECTIVE_BYTES`` (the same 262144 by default) and
         ``kv.set_collective`` choose.
     gradient_as_bucket_view : bool, default False
         DDP's option of the same name, with ``update_on_kvstore=False``: at ``step()`` each

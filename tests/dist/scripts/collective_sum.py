@@ -14,7 +14,7 @@ import numpy as np
 
 import pskv as mx
 
-SHAPES = {"big": (513, 33), "mid": (4099,), "small": (7,)}
+SHAPES = {"big": (513, 133), "mid": (4099,), "small": (7,)}
 
 
 def main() -> int:
