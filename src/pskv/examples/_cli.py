@@ -13,7 +13,7 @@ import sys
 from typing import Any, Sequence
 
 __all__ = ["STORE_TYPES", "build_parser", "check_args", "create_store", "nonnegative_float",
-           "parse_checked", "positive_float", "positive_int"]
+           "nonnegative_int", "parse_checked", "positive_float", "positive_int"]
 
 #: the store types every example accepts; ``dist_*`` need pskv-launch
 STORE_TYPES = ("local", "device", "dist_sync", "dist_async", "dist_device_sync")
@@ -21,12 +21,21 @@ STORE_TYPES = ("local", "device", "dist_sync", "dist_async", "dist_device_sync")
 
 def positive_int(text: str) -> int:
     """An argparse type: an integer of at least 1."""
+    return _int_from(text, 1, "an integer")
+
+
+def nonnegative_int(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    return _int_from(text, 0, "a whole number")
+
+
+def _int_from(text: str, low: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least {low}")
     return value
 
 

@@ -304,17 +304,6 @@ def _bound(text: str) -> int | None:
     return value
 
 
-def _whole(text: str) -> int:
-    """An argparse type: a whole number of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m pskv.examples.train_ctr`` (the shared flags, then
     its own; no ``--update-on-kvstore``: the servers always run the optimizer)."""
@@ -346,11 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="global (SSP) bound, kv.set_staleness(..., global_bound=K): a worker "
                         "reads only while at most K push calls ahead of the slowest one "
                         "(default: none)")
-    p.add_argument("--cache-rows", type=_whole, default=0, metavar="N",
+    p.add_argument("--cache-rows", type=_cli.nonnegative_int, default=0, metavar="N",
                    help="keep the N most looked-up rows on each worker, "
                         "kv.set_table_cache(N): a dist store serves them without asking "
                         "the servers; 0: no cache (default: 0)")
-    p.add_argument("--cache-pushes", type=_whole, default=1, metavar="K",
+    p.add_argument("--cache-pushes", type=_cli.nonnegative_int, default=1, metavar="K",
                    help="a cached row is served while at most K of this worker's pushes "
                         "of the table old; 0: until its next push (default: 1)")
     p.add_argument("--optimizer", default="adagrad", choices=["adagrad", "adam", "sgd"],
