@@ -320,6 +320,25 @@ def test_a_server_refuses_a_checkpoint_value_that_does_not_fit(thread_cluster: A
     assert got[4] == "1.0"
 
 
+@pytest.mark.parametrize("feature", [{"replicas": 1}, {"max_restarts": 2}])
+def test_by_default_a_job_with_failover_keeps_big_keys_on_the_servers(
+        run_threads: Any, feature: dict[str, int]) -> None:
+    """The default route (no PSKV_COLLECTIVE_BYTES, no set_collective) never puts a key
+    where replicas or restarts cannot see it: a 1 MiB key stays on the servers, and its
+    rounds are the servers' (the same sum)."""
+    from pskv._ps.config import DEFAULT_COLLECTIVE_BYTES
+
+    def fn(kv: Any) -> Any:
+        kv.init("big", np.zeros(DEFAULT_COLLECTIVE_BYTES, np.float32))
+        kv.push("big", np.full(DEFAULT_COLLECTIVE_BYTES, kv.rank + 1.0, np.float32))
+        return kv._store["big"].collective, float(kv.pull("big")[-1])
+
+    for on_path, last in ok(run_threads(fn, num_servers=2, **feature)).values():
+        assert on_path is False and last == 3.0
+    for on_path, last in ok(run_threads(fn, num_servers=2)).values():
+        assert on_path is True and last == 3.0
+
+
 def test_sealed_links_keep_every_key_on_the_servers(run_threads: Any) -> None:
     def fn(kv: Any) -> bool:
         with pytest.raises(UnsupportedError, match="PSKV_ENCRYPT"):

@@ -79,3 +79,39 @@ def test_embedding_on_dist_sync_equals_one_process(run_threads: Any, prefetch: b
         sums = torch.stack([torch.from_numpy(want[:5]).sum(0),
                             torch.from_numpy(want[5:]).sum(0)])
         assert torch.allclose(got[1], sums, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_embedding_with_a_row_cache_and_half_rows_equals_without(run_threads: Any,
+                                                                 dtype: str) -> None:
+    """pskv.torch.Embedding reads through a worker's hot-row cache (kv.lookup): with
+    max_pushes=0 in dist_sync the rows and the module's outputs are the same bits as
+    without a cache, for float32 and bfloat16 tables (float32 tensors either way)."""
+    spec = TableSpec(dim=DIM, init=Uniform(-1.0, 1.0), seed=9, dtype=dtype)
+
+    def fn(kv: Any, cache: bool) -> Any:
+        kv.set_optimizer(mx.optimizer.AdaGrad(learning_rate=LR))
+        emb = pt.Embedding(kv, "emb", spec)
+        if cache:
+            kv.set_table_cache("emb", 16, max_pushes=0)
+        outs = []
+        for ids in batches(kv.rank, False) * 2:
+            out = emb(ids)
+            outs.append(out.detach().numpy().copy())
+            loss(out).backward()
+            emb.synchronize()
+            outs.append(emb.eval()(ids).detach().numpy().copy())   # a read the cache serves
+            emb.train()
+        stats = kv.table_cache_stats("emb") if cache else None
+        emb.close()
+        return outs, stats
+
+    plain = run_threads(lambda kv: fn(kv, False))
+    cached = run_threads(lambda kv: fn(kv, True))
+    for rank in plain:
+        for got in (plain[rank], cached[rank]):
+            assert not isinstance(got, BaseException), got
+        for a, b in zip(plain[rank][0], cached[rank][0]):
+            assert a.dtype == np.float32
+            np.testing.assert_array_equal(a, b)
+        assert cached[rank][1]["hits"] > 0, cached[rank][1]
