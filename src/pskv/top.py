@@ -277,10 +277,23 @@ def view(prev: Snapshot | None, cur: Snapshot, width: int = 100) -> list[str]:
             f"{k} {v / dt / 1e6:.2f}" for k, v in ranked_keys))
     rows = _delta_by(None, cur, "pskv_table_rows")
     if rows:
-        inserts = _delta_by(prev, cur, "pskv_table_inserts_total") if dt > 0 else {}
-        lines.append("tables (rows, inserts/s): " + ", ".join(
-            f"{k} {int(n)} {inserts.get(k, 0.0) / dt if dt > 0 else 0.0:.1f}"
+        mib = _delta_by(None, cur, "pskv_table_bytes")
+        per_s = {c: _delta_by(prev, cur, f"pskv_table_{c}_total") if dt > 0 else {}
+                 for c in ("inserts", "evictions", "refusals")}
+
+        def rates(k: str) -> str:
+            return " ".join(f"{per_s[c].get(k, 0.0) / dt if dt > 0 else 0.0:.1f}"
+                            for c in ("inserts", "evictions", "refusals"))
+        lines.append("tables (rows, MiB, inserts/s, evictions/s, refusals/s): " + ", ".join(
+            f"{k} {int(n)} {mib.get(k, 0.0) / 2**20:.1f} {rates(k)}"
             for k, n in sorted(rows.items())[:5]))
+    hits = _delta_by(prev, cur, "pskv_worker_table_cache_hits_total")
+    misses = _delta_by(prev, cur, "pskv_worker_table_cache_misses_total")
+    asked = {k: hits.get(k, 0.0) + misses.get(k, 0.0) for k in set(hits) | set(misses)}
+    if any(asked.values()):
+        lines.append("row caches (looked-up rows served on the workers): " + ", ".join(
+            f"{k} {100 * hits.get(k, 0.0) / n:.0f}%" for k, n in sorted(asked.items())[:5]
+            if n > 0))
     return [line[:width] for line in lines]
 
 

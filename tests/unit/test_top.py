@@ -96,9 +96,14 @@ def test_view_shows_hot_keys_slow_workers_and_silent_nodes() -> None:
             ("server", 0): {"pskv_key_pushed_bytes_total{key=emb}": 4e6 * k,
                             "pskv_key_pushed_bytes_total{key=w}": 1e6 * k,
                             "pskv_table_rows{key=emb}": 100 * k,
-                            "pskv_table_inserts_total{key=emb}": 100 * k},
+                            "pskv_table_bytes{key=emb}": 2**20 * k,
+                            "pskv_table_inserts_total{key=emb}": 100 * k,
+                            "pskv_table_evictions_total{key=emb}": 10 * k,
+                            "pskv_table_refusals_total{key=emb}": 6 * k},
             ("worker", 0): {"pskv_worker_request_seconds_count{command=pull}": 10 * k,
-                            "pskv_worker_request_seconds_sum{command=pull}": 0.01 * k},
+                            "pskv_worker_request_seconds_sum{command=pull}": 0.01 * k,
+                            "pskv_worker_table_cache_hits_total{key=emb}": 30 * k,
+                            "pskv_worker_table_cache_misses_total{key=emb}": 10 * k},
             ("worker", 1): {"pskv_worker_request_seconds_count{command=pull}": 10 * k,
                             "pskv_worker_request_seconds_sum{command=pull}": 0.5 * k}})
         out.states = {("server", 0): "alive", ("worker", 0): "alive", ("worker", 1): "alive",
@@ -107,6 +112,8 @@ def test_view_shows_hot_keys_slow_workers_and_silent_nodes() -> None:
     text = "\n".join(view(snap(10.0, 1), snap(12.0, 2)))
     assert "hottest keys (MB/s pushed): emb 2.00, w 0.50" in text
     assert "mean request wait: worker 1 50.00 ms, worker 0 1.00 ms (the last" in text
-    assert "tables (rows, inserts/s): emb 200 50.0" in text
+    assert "tables (rows, MiB, inserts/s, evictions/s, refusals/s): emb 200 2.0 50.0 5.0 " \
+        "3.0" in text
+    assert "row caches (looked-up rows served on the workers): emb 75%" in text
     silent = next(line for line in text.splitlines() if line.startswith("worker 2"))
     assert "dead" in silent and "no metrics read" in silent
