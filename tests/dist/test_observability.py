@@ -403,7 +403,7 @@ def test_the_scheduler_lists_every_node_and_pskv_top_reads_the_listing(
     assert server["pskv_table_inserts_total{key=emb}"] == 4
     text = "\n".join(view(before, after))
     assert "hottest keys (MB/s pushed): w " in text
-    assert "tables (rows, inserts/s): emb 4 " in text
+    assert "tables (rows, MiB, inserts/s, evictions/s, refusals/s): emb 4 " in text
     for node in ("server 0", "worker 0", "worker 1"):
         line = next(x for x in text.splitlines() if x.startswith(node))
         assert line.split()[2] == "alive" and line.split()[-1] != "-"   # state, RSS
