@@ -32,6 +32,7 @@ __all__ = [
     "ShapeMismatchError",
     "SparsePullIgnoredWarning",
     "StalenessError",
+    "StaleReadError",
     "StalenessTimeoutError",
     "StoreClosedError",
     "TableIdError",
@@ -280,6 +281,16 @@ class StalenessTimeoutError(ClusterTimeoutError):
     and the key (docs/embeddings.md, "Bounded staleness").
 
     .. versionadded:: 0.4
+    """
+
+
+class StaleReadError(ClusterTimeoutError):
+    """A read asked for a table's rows at a version its copy (a serving replica, a
+    stream's mirror) has not reached within the wait given; the message names the table,
+    the shard, the version held and the one asked for (docs/embeddings.md, "The change
+    stream").
+
+    .. versionadded:: 0.6
     """
 
 

@@ -6,6 +6,7 @@ from typing import Any
 from ..errors import SparsePullIgnoredWarning
 from . import _teststore  # noqa: F401  registers 'teststore', as MXNet 1.9.1's kvstore does
 from ._create import create
+from ._subscription import Subscription
 from .base import KVStoreBase
 from .local import LocalKVStore
 
@@ -13,7 +14,7 @@ from .local import LocalKVStore
 KVStore = LocalKVStore
 
 __all__ = ["DistKVStore", "KVStore", "KVStoreBase", "LocalKVStore",
-           "SparsePullIgnoredWarning", "create"]
+           "SparsePullIgnoredWarning", "Subscription", "create"]
 
 
 def __getattr__(name: str) -> Any:

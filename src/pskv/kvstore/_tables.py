@@ -12,16 +12,18 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (KeyAlreadyInitializedError, KeyNotInitializedError, ShapeMismatchError,
-                      TableIdError, UnsupportedError, ValueTypeError)
+from ..errors import (ConfigError, KeyAlreadyInitializedError, KeyNotInitializedError,
+                      ShapeMismatchError, TableIdError, UnsupportedError, ValueTypeError)
 from ..nd.sparse import RowSparseNDArray
 from ..table._checks import check_ids
+from ..table._stream import PAGE_ROWS, read_changes
 from ..table import DynamicTable, TableSpec
 from .._types import Key
 from ._args import as_numpy, check_key
 from ._table_rules import restore_local, table_copy
 from ._keys import KeyTable
 from ._rowcache import check_cache
+from ._subscription import Subscription
 from ._snapshot import Reader, ShardCopy
 from ._table_budget import check_table_init
 from .._ps.config import max_key_bytes
@@ -127,6 +129,23 @@ class Tables:
     def stats(self, key: Any) -> dict[str, int]:
         """The counters of table ``key`` (R14)."""
         return self.get(key, "read the stats of").stats()
+
+    def num_shards(self, key: Any) -> int:
+        """How many shards table ``key`` is cut into (1: a local store)."""
+        self.get(key, "subscribe to")
+        return 1
+
+    def versions(self, key: Any) -> list[int]:
+        """Each shard's version of table ``key`` (S1)."""
+        return [self.get(key, "read the versions of").version]
+
+    def fetch(self, key: Any, raw: bool, max_rows: int) -> Any:
+        """``fetch(shard, since, lineage, cursor, upto)``: a page of table ``key``'s
+        change stream (``Subscription``); a local store reads its table, under ``lock``."""
+        self.get(key, "subscribe to")
+        return lambda shard, since, lineage, cursor, upto: read_changes(
+            self.get(key, "subscribe to"), since, lineage, cursor=cursor, upto=upto,
+            max_rows=max_rows, raw=raw, key=key)
 
     def set_cache(self, key: Any, rows: Any, max_pushes: Any, max_seconds: Any,
                   dense: Any) -> tuple[int, int | None, float | None]:
@@ -346,6 +365,81 @@ class TableMethods:
         with self._lock:
             self._table_begin()
             return self._tables.cache_stats(key)
+
+    def subscribe(self, key: Key, since: Any = None, *, raw: bool = False,
+                  max_rows: int = PAGE_ROWS) -> Subscription:
+        """A reader of table key ``key``'s change stream (docs/embeddings.md, S1-S9).
+
+        Parameters
+        ----------
+        key : int or str
+            A table key.
+        since : mapping or str, optional
+            Where to resume: a :attr:`Subscription.position` (or its JSON), read by this
+            or another process. None: from the start (the first poll gives each shard
+            whole, marked ``reset``).
+        raw : bool
+            Rows in the table's storage dtype (float16, or bfloat16 bit patterns as
+            uint16) instead of float32.
+        max_rows : int
+            The most rows one batch carries (a read of more comes in pages).
+
+        Returns
+        -------
+        Subscription
+            ``poll()`` gives the :class:`~pskv.table.ChangeBatch` es since the last poll.
+
+        Examples
+        --------
+        >>> import numpy as np, pskv as mx
+        >>> from pskv.table import TableSpec, Constant
+        >>> kv = mx.kv.create('local')
+        >>> kv.init('emb', TableSpec(dim=2, init=Constant(0.0)))
+        >>> sub = kv.subscribe('emb')
+        >>> _ = kv.lookup('emb', np.array([7, 8]))
+        >>> [(b.version, b.reset, b.ids.tolist()) for b in sub.poll()]
+        [(1, True, [7, 8])]
+        >>> kv.push('emb', (np.array([8]), np.ones((1, 2), np.float32)))
+        >>> [(b.version, b.ids.tolist(), b.rows.tolist()) for b in sub.poll()]
+        [(2, [8], [[1.0, 1.0]])]
+        >>> sub.position == {'0': [sub.position['0'][0], 2]}
+        True
+        """
+        if not isinstance(raw, bool):
+            raise ConfigError(f"subscribe({key!r}, raw={raw!r}): raw is True or False.",
+                              key=key)
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise ConfigError(f"subscribe({key!r}, max_rows={max_rows!r}): give a whole "
+                              "number >= 1.", key=key)
+        with self._lock:
+            self._table_begin()
+            n = self._tables.num_shards(key)
+            fetch = self._tables.fetch(key, raw, max_rows)
+        lock = self._lock
+
+        def locked(*args: Any) -> Any:
+            with lock:
+                self._table_begin()
+                return fetch(*args)
+        return Subscription(key, locked, n, since)
+
+    def table_versions(self, key: Key) -> list[int]:
+        """Each shard's version of table key ``key`` (one per server; S1): a reader of
+        the change stream has every change up to it once its position says so.
+
+        Examples
+        --------
+        >>> import numpy as np, pskv as mx
+        >>> from pskv.table import TableSpec
+        >>> kv = mx.kv.create('local')
+        >>> kv.init(0, TableSpec(dim=2))
+        >>> _ = kv.lookup(0, np.array([1, 2]))
+        >>> kv.table_versions(0)
+        [1]
+        """
+        with self._lock:
+            self._table_begin()
+            return self._tables.versions(key)
 
     def table_stats(self, key: Key) -> dict[str, int]:
         """The counters of table key ``key``: rows, step, lookups, misses, inserts,

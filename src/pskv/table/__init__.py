@@ -20,10 +20,11 @@ Examples
 from __future__ import annotations
 
 from ._hash import shard_of
+from ._stream import ChangeBatch, RowMirror
 from .dynamic import DynamicTable, initial_values
 from .spec import (TTL, Always, Capacity, Constant, CountAdmission, Normal,
                    ProbabilityAdmission, ReadOnly, RowMeta, TableSpec, Uniform, Zeros)
 
-__all__ = ["Always", "Capacity", "Constant", "CountAdmission", "DynamicTable", "Normal",
-           "ProbabilityAdmission", "ReadOnly", "RowMeta", "TTL", "TableSpec", "Uniform",
+__all__ = ["Always", "Capacity", "ChangeBatch", "Constant", "CountAdmission", "DynamicTable", "Normal",
+           "ProbabilityAdmission", "ReadOnly", "RowMeta", "RowMirror", "TTL", "TableSpec", "Uniform",
            "Zeros", "initial_values", "shard_of"]

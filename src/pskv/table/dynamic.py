@@ -22,6 +22,7 @@ from ._halves import HALVES, narrow, widen
 from ._hash import SALT_ADMIT, SALT_COUNT, SALT_INIT, salted, uniform01
 from ._index import IdIndex
 from ._rowopt import RowOptimizer, row_optimizer
+from ._stream import REASONS, TombLog, new_lineage
 from ._checks import check_grads, check_ids
 from .spec import (Capacity, Constant, CountAdmission, Normal, ProbabilityAdmission, ReadOnly,
                    RowMeta, TableSpec, Uniform, now)
@@ -170,6 +171,17 @@ class DynamicTable:
         adm = spec.admission
         self._sightings = np.zeros(adm.counters, np.int32) \
             if isinstance(adm, CountAdmission) else None
+        # the change stream (S1-S9, ``_stream``): the version of each slot's last change,
+        # the table's version and history, the IDs it removed
+        self._changed = np.zeros(cap, np.int64)
+        self.version = 0
+        self.lineage = new_lineage()
+        self.tombs = TombLog()
+        #: a change of the running operation is stamped ``version + 1``; the operation
+        #: ends with :meth:`_commit` (one version per operation, S1)
+        self._dirty = False
+        #: why the slots :meth:`_evict` removes go (an index of ``REASONS``)
+        self._why = 0
 
     # ---- sizes -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -191,7 +203,7 @@ class DynamicTable:
         return {"values": per(self._values), "states": sum(per(s) for s in self._states)
                 + (per(self._t) if self._t is not None else 0), "ids": per(self._ids),
                 "meta": per(self._count) + per(self._last_step) + per(self._last_seconds)
-                + per(self._live), "index": self._index.nbytes,
+                + per(self._live) + per(self._changed), "index": self._index.nbytes,
                 "admission": 0 if self._sightings is None else int(self._sightings.nbytes),
                 "recent": sum(int(i.nbytes + s.nbytes) for i, s in self._recent)}
 
@@ -256,6 +268,7 @@ class DynamicTable:
         if train and nfound:
             self._touch(slots[found] if nfound < flat.size else slots)
         self._remember(flat, slots)
+        self._commit()
         return out.reshape(arr.shape + (self.spec.dim,)), found.reshape(arr.shape)
 
     def _remember(self, ids: np.ndarray, slots: np.ndarray) -> None:
@@ -335,6 +348,7 @@ class DynamicTable:
         self._last_step[slots] = self.step
         self._last_seconds[slots] = self._clock()
         self._live[slots] = True
+        self._mark(slots)
         for s in self._states:
             s[slots] = 0
         if self._t is not None:
@@ -361,6 +375,7 @@ class DynamicTable:
         self._values, self._ids, self._count = (bigger(a) for a in
                                                 (self._values, self._ids, self._count))
         self._last_step, self._last_seconds = bigger(self._last_step), bigger(self._last_seconds)
+        self._changed = bigger(self._changed)
         live = np.zeros(cap, bool)
         live[:self._top] = self._live[:self._top]
         self._live = live
@@ -435,6 +450,8 @@ class DynamicTable:
                 self.counters["pushed_rows"] += uniq.size
                 self.step += 1
                 self._values[slots] = self._store(summed)
+                self._mark(slots)
+                self._commit()
                 return
             if self.spec.birth == "push":
                 born = self._admit(uniq[absent])
@@ -462,7 +479,9 @@ class DynamicTable:
                 if t is not None:
                     self._t[slots] = t      # type: ignore[index]
             self._touch(slots)
+            self._mark(slots)
         self.step += 1
+        self._commit()
 
     def assign(self, ids: Any, values: Any) -> None:
         """Set the rows of ``ids`` to ``values``, inserting absent ones whatever admission
@@ -476,6 +495,8 @@ class DynamicTable:
         if absent.any():
             slots[absent] = self._insert(uniq[absent], stored=rows[absent])
         self._values[slots] = rows
+        self._mark(slots)
+        self._commit()
 
     # ---- eviction ----------------------------------------------------------------------
     def sweep(self, max_rows: int | None = None) -> int:
@@ -483,6 +504,7 @@ class DynamicTable:
         (None: all) from a rotating cursor (R10). Returns the rows evicted."""
         cap, ttl = self.spec.capacity, self.spec.ttl
         if (cap is None and ttl is None) or self._top == 0:
+            self._commit()
             return 0
         top = self._top
         if max_rows is None or max_rows >= top:
@@ -506,7 +528,12 @@ class DynamicTable:
             # scored before anything is evicted: a custom score that raises changes nothing
             score = self._scores(cap, window)
             victims = window[np.argsort(score, kind="stable")[:min(over, window.size)]]
-        self._evict(np.concatenate([expired, victims]))
+        self._why = REASONS.index("ttl")
+        self._evict(expired)
+        self._why = REASONS.index("capacity" if cap is None or cap.score is None else "score")
+        self._evict(victims)
+        self._why = 0
+        self._commit()
         self.counters["evicted_ttl"] += expired.size
         self.counters["evicted_capacity"] += victims.size
         return int(expired.size + victims.size)
@@ -533,9 +560,51 @@ class DynamicTable:
     def _evict(self, slots: np.ndarray) -> None:
         if slots.size:
             self._recent.clear()     # a freed slot may go to another ID
+            self.tombs.add(self.version + 1, self._ids[slots], self._why)
+            self._dirty = True
         self._index.delete(self._ids[slots])
         self._live[slots] = False
         self._free = np.concatenate([self._free, slots])
+
+    # ---- the change stream (S1-S9) ------------------------------------------------------
+    def _mark(self, slots: np.ndarray) -> None:
+        """Stamp ``slots`` as changed by the running operation (version + 1)."""
+        self._changed[slots] = self.version + 1
+        self._dirty = True
+
+    def _commit(self) -> None:
+        """End an operation: its changes, if any, make the next version (S1)."""
+        if self._dirty:
+            self.version += 1
+            self._dirty = False
+
+    def changes_since(self, since: int = -1, lineage: str | None = None, **kw: Any) -> Any:
+        """One page of what changed since ``(lineage, since)`` (a
+        :class:`~pskv.table._stream.ChangeBatch`, :func:`~pskv.table._stream.read_changes`)."""
+        from ._stream import read_changes
+        return read_changes(self, since, lineage, **kw)
+
+    def stream_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """What a backup's copy needs to go on with this stream (S8): each live row's
+        stamp and the tombstones, as arrays, and the lineage, version and floor."""
+        live = np.flatnonzero(self._live[:self._top])
+        return ({"changed_ids": self._ids[live], "changed_at": self._changed[live],
+                 **self.tombs.arrays()},
+                {"lineage": self.lineage, "version": self.version,
+                 "floor": self.tombs.floor})
+
+    def go_on_from(self, arrays: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Take over the stream :meth:`stream_state` described (a backup's whole copy):
+        the same lineage, version, stamps and tombstones (S8)."""
+        self.lineage = str(meta["lineage"])
+        self.version = int(meta["version"])
+        self.tombs = TombLog.from_arrays(arrays, int(meta.get("floor", 0)))
+        ids = np.asarray(arrays.get("changed_ids", np.empty(0, np.int64)), np.int64)
+        at = np.asarray(arrays.get("changed_at", np.empty(0, np.int64)), np.int64)
+        if ids.shape == at.shape and ids.size:
+            slots = self._index.find(ids)
+            ok = slots >= 0
+            self._changed[slots[ok]] = at[ok]
 
     # ---- counters ----------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
@@ -552,14 +621,16 @@ class DynamicTable:
     def meta(self) -> dict[str, Any]:
         """The table's step, counters and row optimizer, as a changes record carries them."""
         ro = self._rowopt
-        return {"step": self.step, "counters": dict(self.counters),
+        return {"step": self.step, "counters": dict(self.counters), "version": self.version,
                 "rowopt": None if ro is None else {"kind": ro.kind, "widths": list(ro.widths),
                                                    "per_row_step": ro.per_row_step}}
 
-    def changes(self, ids: np.ndarray, evicted: np.ndarray) -> tuple[dict[str, np.ndarray],
-                                                                      dict[str, Any]]:
+    def changes(self, ids: np.ndarray, evicted: np.ndarray,
+                evicted_why: np.ndarray | None = None) -> tuple[dict[str, np.ndarray],
+                                                                dict[str, Any]]:
         """The changes record of a step that touched ``ids`` and evicted ``evicted``: each
-        held row of ``ids`` whole (value, count, last step, age, optimizer states) and
+        held row of ``ids`` whole (value, count, last step, age, optimizer states), the
+        reason of each eviction (``evicted_why``, :data:`~._stream.REASONS`) and
         :meth:`meta`; :meth:`apply_changes` of it on a copy makes the copy hold the same
         rows."""
         changed = np.unique(ids)
@@ -569,6 +640,9 @@ class DynamicTable:
                   "count": self._count[slots], "last_step": self._last_step[slots],
                   "age_seconds": self._clock() - self._last_seconds[slots],
                   "evicted": evicted}
+        if evicted.size:
+            arrays["evicted_why"] = np.full(evicted.size, REASONS.index("replicated"), np.uint8) \
+                if evicted_why is None else np.asarray(evicted_why, np.uint8)
         for i, s in enumerate(self._states):
             arrays[f"state{i}"] = s[slots]
         if self._t is not None:
@@ -593,13 +667,29 @@ class DynamicTable:
                 self._states = [np.zeros((cap, w), self.spec.state_dtype) for w in rowopt.widths]
                 self._t = np.zeros(cap, np.int64) if rowopt.per_row_step else None
                 self._rowopt = rowopt
+        # stamped with the primary's version, so the stream goes on where it was (S8)
+        target = int(meta.get("version", self.version + 1))
+        self.version = min(self.version, target - 1)
         born = np.asarray(arrays.get("born", np.empty(0, np.int64)), np.int64)
         if born.size:               # rows a training lookup inserted: their initial values
-            self.restore_rows(born)
+            lost = np.unique(born)
+            lost = lost[self._index.find(lost) < 0]
+            if lost.size:
+                self._insert(lost)
         evicted = np.asarray(arrays.get("evicted", np.empty(0, np.int64)), np.int64)
         if evicted.size:
             slots = self._index.find(evicted)
-            self._evict(slots[slots >= 0])
+            why = np.asarray(arrays.get("evicted_why", np.full(evicted.size, 3, np.uint8)))
+            if why.shape != evicted.shape:
+                why = np.full(evicted.size, REASONS.index("replicated"), np.uint8)
+            keep = slots >= 0
+            if keep.any():
+                self._recent.clear()
+                self.tombs.add(target, evicted[keep], why[keep])
+                self._dirty = True
+                self._index.delete(evicted[keep])
+                self._live[slots[keep]] = False
+                self._free = np.concatenate([self._free, slots[keep]])
         if n:
             slots = self._index.find(ids)
             absent = slots < 0
@@ -613,6 +703,9 @@ class DynamicTable:
                 s[slots] = arrays[f"state{i}"]
             if self._t is not None and "adam_t" in arrays:
                 self._t[slots] = arrays["adam_t"]
+            self._mark(slots)
+        self._dirty = False
+        self.version = max(self.version, target)
         self.step = int(meta.get("step", self.step))
         for k, v in (meta.get("counters") or {}).items():
             if k in self.counters:
@@ -625,6 +718,7 @@ class DynamicTable:
         lost = wanted[self._index.find(wanted) < 0]
         if lost.size:
             self._insert(lost)
+        self._commit()
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The whole table as plain NumPy arrays and JSON-able metadata (a copy)."""

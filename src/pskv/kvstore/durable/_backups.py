@@ -73,7 +73,11 @@ def _install_table(engine: Engine, e: dict[str, Any], arrays: list[np.ndarray]) 
     shard = (int(e["shard"][0]), int(e["shard"][1]))
     empty = served_table(TableSpec.from_json(e["spec"]), e["key"], shard)
     named = {f: arrays[int(i)] for f, i in e["fields"].items()}
-    engine.init_table(e["id"], restore_table(empty, [(shard[0], named, e["table"])]))
+    table = restore_table(empty, [(shard[0], named, e["table"])])
+    stream = e.get("stream")
+    if isinstance(stream, dict):        # the primary's change stream goes on here (S8)
+        table.go_on_from({f: arrays[int(i)] for f, i in stream["fields"].items()}, stream)
+    engine.init_table(e["id"], table)
 
 
 class Backups:

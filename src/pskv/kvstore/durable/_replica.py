@@ -122,7 +122,8 @@ class Replicator:
         if challenge.cmd == Command.CHALLENGE:
             self._call(Command.HELLO, {**hello, **prove(self._po.server_key, PURPOSE,
                                                         challenge.body, "server", self.me)}, ())
-        body, arrays = encode_copy(self.engine.snapshot(), self.engine.sync)
+        body, arrays = encode_copy(self.engine.snapshot(), self.engine.sync,
+                                   self.engine.stream_states())
         self._call(Command.COMMAND, change(ReplOp.STATE, self.shard, body), arrays)
         log.info("server %d: server %d is the backup of shard %d (%d keys copied)", self.me,
                  self.backup, self.shard, len(body["entries"]))
@@ -332,8 +333,12 @@ class Replicator:
         return body, [np.ascontiguousarray(stored._data), *state_arrays(state)]
 
 
-def encode_copy(copy: ShardCopy, sync: bool) -> tuple[dict[str, Any], list[np.ndarray]]:
-    """A whole shard as one replication message (JSON body, arrays; no pickle)."""
+def encode_copy(copy: ShardCopy, sync: bool,
+                streams: Mapping[Key, tuple[dict[str, np.ndarray], dict[str, Any]]] | None = None
+                ) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """A whole shard as one replication message (JSON body, arrays; no pickle); with
+    ``streams`` (:meth:`Engine.stream_states`), each table's change stream too, so the
+    backup goes on with it (S8)."""
     arrays: list[np.ndarray] = []
     entries: list[dict[str, Any]] = []
     tables: list[tuple[int, dict[str, np.ndarray]]] = []
@@ -351,6 +356,11 @@ def encode_copy(copy: ShardCopy, sync: bool) -> tuple[dict[str, Any], list[np.nd
     for i, named in tables:
         entries[i]["fields"] = {f: len(arrays) + j for j, f in enumerate(named)}
         arrays.extend(np.ascontiguousarray(v) for v in named.values())
+        got = (streams or {}).get(entries[i]["id"])
+        if got is not None:
+            entries[i]["stream"] = {**got[1], "fields": {
+                f: len(arrays) + j for j, f in enumerate(got[0])}}
+            arrays.extend(np.ascontiguousarray(v) for v in got[0].values())
     return ({"entries": entries, "optimizer": copy.optimizer, "sent": copy.sent,
              "states": states, "compression": copy.compression, "sync": sync}, arrays)
 

@@ -250,6 +250,11 @@ class Engine(UnevenRounds):
         self._entries[key] = _Entry(table.name, stored, False, table=table)
         self.stored[key] = stored
 
+    def stream_states(self) -> dict[Key, tuple[dict[str, np.ndarray], dict[str, Any]]]:
+        """Each table shard's change stream (``DynamicTable.stream_state``), by key."""
+        return {k: e.table.stream_state() for k, e in self._entries.items()
+                if e.table is not None}
+
     def table(self, key: Key, what: str, where: str = "this engine") -> tables.ServedTable:
         """The table shard of table key ``key``, or KeyNotInitializedError/UnsupportedError."""
         self.value_of(key, what, where)

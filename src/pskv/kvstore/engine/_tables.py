@@ -44,6 +44,7 @@ class ServedTable(DynamicTable):
                  clock: Callable[[], float] = now) -> None:
         super().__init__(spec, name=name, clock=clock)
         self.evicted: list[np.ndarray] = []
+        self.evicted_why: list[np.ndarray] = []
         self.born: list[np.ndarray] = []
 
     def stats(self) -> dict[str, int]:
@@ -53,6 +54,7 @@ class ServedTable(DynamicTable):
     def _evict(self, slots: np.ndarray) -> None:
         if self.recording:
             self.evicted.append(self._ids[slots].copy())
+            self.evicted_why.append(np.full(slots.size, self._why, np.uint8))
         super()._evict(slots)
 
     def _insert(self, ids: np.ndarray, values: np.ndarray | None = None,
@@ -170,7 +172,7 @@ def apply_round(table: ServedTable, parts: list[tuple[np.ndarray, np.ndarray]],
 
     ``again``: the IDs of pushes a worker sent again after this shard was reloaded; the
     rows among them it lacks are re-created first, from their initial values (D9)."""
-    table.recording, table.evicted, table.born = record, [], []
+    table.recording, table.evicted, table.born, table.evicted_why = record, [], [], []
     if again:
         table.restore_rows(np.concatenate(again))
     table.recording = False
@@ -190,8 +192,9 @@ def apply_round(table: ServedTable, parts: list[tuple[np.ndarray, np.ndarray]],
     if not record:
         return None
     evicted = np.concatenate(table.evicted) if table.evicted else np.empty(0, np.int64)
-    table.evicted = []
-    return TableRound(*table.changes(ids, evicted))
+    why = np.concatenate(table.evicted_why) if table.evicted_why else np.empty(0, np.uint8)
+    table.evicted, table.evicted_why = [], []
+    return TableRound(*table.changes(ids, evicted, why))
 
 
 def put_rows(table: ServedTable, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
