@@ -68,12 +68,14 @@ def test_checkpoint_of_two_servers_continues_on_three(tmp_path: Path) -> None:
         assert second_stats[k] == whole_stats[k], k
 
 
-@pytest.mark.parametrize(("die", "dtype"), [((1, 1.2), "float32"), ((0, 0.9), "float32"),
-                                           ((1, 1.2), "float16")])
+@pytest.mark.parametrize(("die", "dtype", "stream"), [
+    ((1, 1.2), "float32", "1"), ((0, 0.9), "float32", "reader"), ((1, 1.2), "float16", "1")])
 def test_server_killed_with_replicas_loses_no_row(tmp_path: Path, die: tuple[int, float],
-                                                  dtype: str) -> None:
-    """The backup holds the same bits as its primary: a float16 table (R17) too."""
-    env = {"PSKV_REPLICAS": "1", "DTYPE": dtype}
+                                                  dtype: str, stream: str) -> None:
+    """The backup holds the same bits as its primary: a float16 table (R17) too; a
+    subscriber of the change stream goes on from the backup with no reset, and its mirror
+    holds the table's rows bit for bit (S8)."""
+    env = {"PSKV_REPLICAS": "1", "DTYPE": dtype, "STREAM": stream}
     assert _job(tmp_path / "calm", 200, 2, env) == 0
     assert _job(tmp_path / "killed", 200, 2, env, die=die) == 0
     calm, calm_stats = _table(tmp_path / "calm")
@@ -86,6 +88,11 @@ def test_server_killed_with_replicas_loses_no_row(tmp_path: Path, die: tuple[int
                                       calm["values"])
     assert killed_stats["rows"] == calm_stats["rows"]
     assert killed_stats["step"] == calm_stats["step"] == 200
+    assert killed_stats["stream_resets"] == 0
+    with np.load(tmp_path / "killed" / "mirror.npz") as m:
+        np.testing.assert_array_equal(m["ids"], killed["ids"][killed["found"]])
+        np.testing.assert_array_equal(m["rows"].view(np.uint32),
+                                      killed["values"][killed["found"]].view(np.uint32))
 
 
 def test_server_killed_restarts_from_periodic_checkpoint(tmp_path: Path) -> None:

@@ -85,6 +85,8 @@ class Membership:
     keys: tuple[bytes, ...] = field(default=(), repr=False)
     worker_keys: tuple[bytes, ...] = field(default=(), repr=False)
     server_key: bytes = field(default=b"", repr=False)
+    #: a server's key for readers of the change stream (``READER``): they read, only
+    reader_key: bytes = field(default=b"", repr=False)
     rejoin: bool = False
     hosts: tuple[int, ...] = ()
     joined: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))

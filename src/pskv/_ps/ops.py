@@ -36,6 +36,8 @@ class Op(str, enum.Enum):
     CLOCK = "clock"              # clock, bound, leave: this worker's clock (staleness.py)
     JOINED = "joined"            # epoch: every worker joined (kv.join); rounds count all again
     ADOPT = "adopt"              # values: keys summed among the workers, one array each: store
+    CHANGES = "changes"          # key, since, lineage, cursor, upto, max_rows, raw: a page of
+    #                              a table shard's change stream (docs/embeddings.md S1-S9)
 
     @property
     def replicated(self) -> ReplOp | None:

@@ -167,6 +167,11 @@ class Postoffice:
         return self.membership.server_key
 
     @property
+    def reader_key(self) -> bytes:
+        """A server's key for readers of the change stream (b"": none)."""
+        return self.membership.reader_key
+
+    @property
     def rejoin(self) -> bool:
         """Whether this node is a restarted one that took a dead node's rank."""
         return self.membership.rejoin
@@ -208,6 +213,7 @@ class Postoffice:
             keys=tuple(k.encode() for k in got.get("keys", [])),
             worker_keys=tuple(k.encode() for k in got.get("worker_keys", [])),
             server_key=str(got.get("server_key", "")).encode(),
+            reader_key=str(got.get("reader_key", "")).encode(),
             rejoin=bool(got.get("rejoin", False)),
             hosts=tuple(got.get("hosts", ())))
         self._thread = threading.Thread(target=self._loop, name=f"pskv-{self.role}-control",

@@ -39,7 +39,7 @@ from .replay import backup_of
 from .serve import ServeLoop
 from .observe.stragglers import JobStragglers, parse_beat
 from .transport import Connection
-from .validate import OBSERVER
+from .validate import OBSERVER, READER
 from .zeromq import ZmqContext, curve_server
 
 __all__ = ["LOST_GRACE", "Scheduler", "scheduler_curve"]
@@ -178,6 +178,9 @@ class Scheduler:
         if role == OBSERVER:          # proved the secret (if any); joins nothing
             self._observed(ident, ts)
             return
+        if role == READER:            # proved the secret (if any); reads, joins nothing
+            self._reader(ident, ts, body)
+            return
         claimed = body.get("rank")
         if self._admitted and self.cfg.max_restarts and ident not in self._nodes:
             old = next((n for n in self._members(role) if n.rank == claimed), None)
@@ -221,6 +224,32 @@ class Scheduler:
             "nodes": [list(node) for node in self._listing()]})
         self.loop.drop(ident)
 
+    def _reader(self, ident: Connection, ts: int, body: dict[str, Any]) -> None:
+        """Answer a reader of the change stream (``pskv.stream``) with the servers, which
+        serves each shard, and each server's reader key (sealed: only a holder of the
+        secret opens them), then forget the connection: it is never admitted. Before
+        the job is admitted there are no servers to read: refused, to be asked again."""
+        if not self._admitted:
+            self._send(ident, Command.ERROR, ts, error_body(ClusterError(
+                "the job has not started yet: its servers are not all in. Ask again in a "
+                "moment (pskv.stream.Reader retries until its timeout).")))
+            self.loop.drop(ident)
+            return
+        servers = sorted(self._members("server"), key=lambda n: n.rank)
+        keys = {"reader_keys": [self._reader_key(s) for s in range(self.cfg.num_servers)]}
+        sealing = self._seal_key(body)
+        self._send(ident, Command.ACK, ts, {
+            "job": self.job, "num_servers": self.cfg.num_servers,
+            "servers": [n.body.get("endpoints", {}) for n in servers],
+            "hosts": list(self._hosts),
+            **({"sealed": seal(sealing, 1, keys)} if sealing else keys)})
+        self.loop.drop(ident)
+
+    def _reader_key(self, server: int) -> str:
+        """The key readers prove themselves to this incarnation of ``server`` with: it lets
+        them read tables' change streams there, and nothing else."""
+        return derive(self._master, "reader", self.job, server, self._epochs[server]).hex()
+
     def _join_status(self, word: str) -> None:
         """Tell pskv-launch how far the job joined (``waiting``: a worker said HELLO;
         ``joined``: every node did, written before any ADMIT), when it asked
@@ -256,7 +285,7 @@ class Scheduler:
         if node.role == "worker":
             return {"keys": [self._pair(node.rank, s) for s in range(self.cfg.num_servers)]}
         return {"worker_keys": [self._pair(w, node.rank) for w in range(self.cfg.num_workers)],
-                "server_key": self._server_key}
+                "server_key": self._server_key, "reader_key": self._reader_key(node.rank)}
 
     def _sealed(self, node: _Node, keys: dict[str, Any]) -> dict[str, Any]:
         """Key material for ``node`` as it may cross the link: sealed (never in clear) when

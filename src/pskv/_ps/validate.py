@@ -17,13 +17,17 @@ from ..errors import ProtocolError
 from .message import PUSH_KINDS, Command, Meta, kind_arrays, short
 from .ops import Op, ReplOp, parse
 
-__all__ = ["OBSERVER", "ROLES", "admit_reply", "request"]
+__all__ = ["OBSERVER", "READER", "ROLES", "admit_reply", "reader_reply", "request"]
 
 #: the roles of a job's nodes
 ROLES = ("server", "worker")
 #: a HELLO's role that asks the scheduler where the nodes serve metrics and joins nothing
 #: (pskv-top --scheduler; ``_ps/observe/observer.py``): it proves the secret like any node
 OBSERVER = "observer"
+#: a HELLO's role that reads tables' change streams and joins nothing (``pskv.stream``):
+#: it proves the secret to the scheduler, which answers with the servers and a key for
+#: each that lets it read (Op.CHANGES) and nothing else (docs/security.md)
+READER = "reader"
 _MAX_STR = 4096
 _MAX_RANK = 1 << 20
 _STORE_MODES = ("sync", "async")
@@ -61,7 +65,7 @@ def _int(meta: Meta, body: dict[str, Any], field: str, lo: int, hi: int,
 
 def _hello(meta: Meta, arrays: list[np.ndarray]) -> None:
     body = _body(meta)
-    _str(meta, body, "role", (*ROLES, OBSERVER))
+    _str(meta, body, "role", (*ROLES, OBSERVER, READER))
     _int(meta, body, "rank", 0, _MAX_RANK, optional=True)
     for field in ("host", "proof", "nonce", "wnonce"):
         _str(meta, body, field, optional=True)
@@ -127,6 +131,9 @@ def _table_entry(meta: Meta, spec: dict[str, Any], arr: np.ndarray) -> None:
     if not isinstance(shard, list) or len(shard) != 2 or not all(
             type(x) is int for x in shard) or not 0 <= shard[0] < shard[1] <= _MAX_RANK:
         raise _fail(meta, "shard", "[i, n] with 0 <= i < n", shard)
+    lineage = spec.get("lineage")
+    if lineage is not None and (not isinstance(lineage, str) or not 0 < len(lineage) <= 64):
+        raise _fail(meta, "lineage", "a string of 1 to 64 characters, or null", lineage)
     if arr.ndim != 2 or arr.shape[0] != 0:
         raise ProtocolError(f"INIT of table key {short(spec.get('key'))}: the array must be "
                             f"empty (0, dim), got shape {arr.shape}")
@@ -213,6 +220,23 @@ def _lookup(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
 
 def _table_key(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     _int(meta, body, "key", -(1 << 63), 1 << 63)
+    if arrays:
+        raise ProtocolError(f"{body['op']} carries no arrays, got {len(arrays)}")
+
+
+def _changes(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """A read of a table shard's change stream: key, since (>= -1), lineage (a short
+    string or null), cursor (>= 0), upto (>= 0 or null), max_rows (>= 1), raw."""
+    _int(meta, body, "key", -(1 << 63), 1 << 63)
+    _int(meta, body, "since", -1, 1 << 62)
+    _int(meta, body, "cursor", 0, 1 << 62)
+    _int(meta, body, "upto", 0, 1 << 62, optional=True)
+    _int(meta, body, "max_rows", 1, 1 << 31)
+    lineage = body.get("lineage")
+    if lineage is not None and (not isinstance(lineage, str) or len(lineage) > 64):
+        raise _fail(meta, "lineage", "a string of at most 64 characters, or null", lineage)
+    if not isinstance(body.get("raw"), bool):
+        raise _fail(meta, "raw", "true or false", body.get("raw"))
     if arrays:
         raise ProtocolError(f"{body['op']} carries no arrays, got {len(arrays)}")
 
@@ -325,7 +349,7 @@ _OPS: dict[Op | ReplOp, Callable[[Meta, dict[str, Any], list[np.ndarray]], None]
     Op.OPTIMIZER: _spec("spec", nullable=False), Op.COMPRESSION: _spec("params", True),
     Op.SAVE: _dump, Op.LOAD: _state_bytes, Op.CHECKPOINT: _checkpoint, Op.RESTORE: _path,
     Op.APPLIED: _nothing, Op.INITIAL: _nothing, Op.LOOKUP: _lookup, Op.TABLE_STATS: _table_key,
-    Op.CLOCK: _clock, Op.JOINED: _joined, Op.ADOPT: _held,
+    Op.CLOCK: _clock, Op.JOINED: _joined, Op.ADOPT: _held, Op.CHANGES: _changes,
     ReplOp.STATE: _r_entries, ReplOp.ROUNDS: _r_rounds,
     ReplOp.INIT: _r_init,
     ReplOp.OPTIMIZER: _spec("spec", nullable=True), ReplOp.COMPRESSION: _spec("params", True),
@@ -369,6 +393,29 @@ def request(meta: Meta, arrays: list[np.ndarray]) -> None:
             raise _fail(meta, "again", "true or false", meta.body.get("again"))
 
 
+def reader_reply(body: Any) -> dict[str, Any]:
+    """Check the scheduler's answer to a reader (its sealed keys opened): the job, the
+    servers' endpoints, which server serves each shard, a key per server; return it."""
+    meta = Meta(Command.ACK, body=body)
+    got = _body(meta)
+    _str(meta, got, "job")
+    _int(meta, got, "num_servers", 1, _MAX_RANK)
+    n = got["num_servers"]
+    servers = got.get("servers")
+    if not isinstance(servers, list) or len(servers) != n or not all(
+            isinstance(s, dict) and all(isinstance(v, str) for v in s.values())
+            for s in servers):
+        raise _fail(meta, "servers", "one table of endpoints per server", servers)
+    hosts, keys = got.get("hosts"), got.get("reader_keys")
+    if not isinstance(hosts, list) or len(hosts) != n or not all(
+            type(h) is int and 0 <= h < n for h in hosts):
+        raise _fail(meta, "hosts", "one server rank per shard", hosts)
+    if not isinstance(keys, list) or len(keys) != n or not all(isinstance(k, str)
+                                                                for k in keys):
+        raise _fail(meta, "reader_keys", "one key per server", keys)
+    return got
+
+
 def admit_reply(body: Any) -> dict[str, Any]:
     """Check the scheduler's ADMIT body (the fields a node goes on with); return it."""
     meta = Meta(Command.ADMIT, body=body)
@@ -383,7 +430,7 @@ def admit_reply(body: Any) -> dict[str, Any]:
             isinstance(s, dict) and all(isinstance(v, str) for v in s.values())
             for s in servers):
         raise _fail(meta, "servers", "one table of endpoints per server", servers)
-    for field in ("key", "mode", "server_key"):
+    for field in ("key", "mode", "server_key", "reader_key"):
         _str(meta, got, field, optional=True)
     for field in ("worker_keys", "keys"):
         keys = got.get(field, [])

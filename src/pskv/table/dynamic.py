@@ -182,6 +182,8 @@ class DynamicTable:
         self._dirty = False
         #: why the slots :meth:`_evict` removes go (an index of ``REASONS``)
         self._why = 0
+        #: who read this table's stream: reader -> (version read to, time.time() then)
+        self.readers: dict[Any, tuple[int, float]] = {}
 
     # ---- sizes -------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -8,7 +8,10 @@ used, and the table's counters, to OUT/table.npz. With SAVE_TO set, the job ends
 init and trains STEPS more steps (numbered after the saved ones: START_STEP). With COUNT=1
 the table starts at zeros and every push adds ones (SGD with learning rate -1), so each row
 ends as the number of times its ID was pushed: a count of the pushes the servers applied.
-DTYPE sets the table's storage dtype (default float32; float16 or bfloat16: R17).
+DTYPE sets the table's storage dtype (default float32; float16 or bfloat16: R17). With
+STREAM=1 (or STREAM=reader: a ``pskv.stream.Reader``) rank 0 follows the table's change stream every 10 steps into a RowMirror (S1-S9)
+and writes the mirror's rows (OUT/mirror.npz) and how many of its batches after the first
+read were resets (``stream_resets`` in stats.json: a failover must continue the stream).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import time
 import numpy as np
 
 import pskv as mx
-from pskv.table import Normal, TableSpec, Zeros
+from pskv.table import Normal, RowMirror, TableSpec, Zeros
 
 DIM = 8
 
@@ -49,7 +52,23 @@ def main() -> None:
                      mx.optimizer.AdaGrad(learning_rate=0.05))
     if os.environ.get("LOAD_FROM"):
         kv.load_checkpoint(os.environ["LOAD_FROM"])
+    sub = None
+    if os.environ.get("STREAM") == "1" and kv.rank == 0:
+        sub = kv.subscribe("emb")
+    elif os.environ.get("STREAM") == "reader" and kv.rank == 0:   # no worker slot
+        from pskv.stream import Reader
+        sub = Reader.from_env(timeout=60).subscribe("emb")
+    mirror, resets, polls = RowMirror(DIM), 0, 0
+
+    def follow() -> None:
+        nonlocal resets, polls
+        for b in sub.poll():
+            resets += int(b.reset and polls > 0)
+            mirror.apply(b)
+        polls += 1
     for step in range(start, start + steps):
+        if sub is not None and step % 10 == 0:
+            follow()
         ids = batch(step, kv.rank)
         rows, _found = kv.lookup("emb", ids)
         grad = np.ones(rows.shape, np.float32) if count else \
@@ -66,6 +85,11 @@ def main() -> None:
     values, found = kv.lookup("emb", every, train=False)
     kv.barrier()
     stats = kv.table_stats("emb")
+    if sub is not None:
+        follow()
+        stats["stream_resets"] = resets
+        ids, rows = mirror.table()
+        np.savez(os.path.join(out, "mirror.npz"), ids=ids, rows=rows)
     if kv.rank == 0:
         np.savez(os.path.join(out, "table.npz"), ids=every, values=values, found=found)
         with open(os.path.join(out, "stats.json"), "w") as f:

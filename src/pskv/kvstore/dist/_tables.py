@@ -23,6 +23,7 @@ import numpy as np
 from ...errors import ClusterError, KVStoreError, UnsupportedError
 from ...table import TableSpec, shard_of
 from ...table._checks import check_grads, check_ids
+from ...table._stream import ChangeBatch, new_lineage
 from ..._ps.message import Command, error_body, error_from_body
 from ..._ps.ops import Op, command
 from ..._ps.worker import KVWorker
@@ -89,7 +90,8 @@ class DistTables(Tables):
         dim = spec.dim
         tss = [self._kv.request(s, Command.INIT, [pk], {"entries": [{
             "key": key, "shape": [0, dim], "stype": "table", "table": spec.to_json(),
-            "shard": [s, self._n]}]}, [np.zeros((0, dim), spec.state_dtype)])
+            "shard": [s, self._n], "lineage": new_lineage()}]},
+            [np.zeros((0, dim), spec.state_dtype)])
             for s in range(self._n)]
         self._wait_all(tss, "the servers to take init")
 
@@ -261,9 +263,38 @@ class DistTables(Tables):
                 raise ClusterError(f"server {s} sent no stats of table {key!r} (reported by "
                                    f"server {s})", key=key)
             for k, v in got.items():
+                if k == "version":          # per shard: table_versions
+                    continue
                 total[k] = max(total.get(k, 0), int(v)) if k == "step" else \
                     total.get(k, 0) + int(v)
         return total
+
+    def num_shards(self, key: Any) -> int:
+        """How many shards table ``key`` is cut into: one per server (R13)."""
+        self.get(key, "subscribe to")
+        return self._n
+
+    def versions(self, key: Any) -> list[int]:
+        """Each server's version of table ``key`` (S1)."""
+        self.get(key, "read the versions of")
+        body = command(Op.TABLE_STATS, key=self.pskeys[key])
+        tss = [self._kv.request(s, Command.COMMAND, body=body) for s in range(self._n)]
+        out = []
+        for s, (meta, _a) in enumerate(self._wait_all(tss, f"the versions of table {key!r}")):
+            got = meta.body.get("stats") if isinstance(meta.body, dict) else None
+            if not isinstance(got, dict) or type(got.get("version")) is not int:
+                raise ClusterError(f"server {s} sent no version of table {key!r} (reported "
+                                   f"by server {s})", key=key)
+            out.append(got["version"])
+        return out
+
+    def fetch(self, key: Any, raw: bool, max_rows: int) -> Any:
+        """``fetch(shard, since, lineage, cursor, upto)``: a page of table ``key``'s change
+        stream from the server serving ``shard`` (``Op.CHANGES``; ``Subscription``)."""
+        spec = self.get(key, "subscribe to").spec
+        return lambda shard, since, lineage, cursor, upto: ask_changes(
+            self._kv, self._wait_all, key, self.pskeys[key], spec, shard, self._n, since,
+            lineage, cursor, upto, max_rows, raw)
 
     def row_sparse_pull(self, key: Any, out: Any, row_ids: Any) -> None:
         """Training lookup of ``row_ids`` into row_sparse ``out`` (a list: one each)."""
@@ -275,6 +306,47 @@ class DistTables(Tables):
             o._data = values.astype(o.dtype, copy=False)
             o._indices = r
             o._full_shape = (max(o.shape[0], 1), table.spec.dim)
+
+
+def ask_changes(kv: Any, wait_all: Any, key: Any, pskey: int, spec: TableSpec | None,
+                shard: int, n: int, since: int, lineage: str | None, cursor: int,
+                upto: int | None, max_rows: int, raw: bool, dim: int | None = None,
+                dtype: Any = None) -> ChangeBatch:
+    """One page of shard ``shard``'s change stream of table ``key`` through ``kv`` (a
+    KVWorker, or a reader's link), its answer checked (``Op.CHANGES``) against ``spec``
+    (a reader that knows none: ``dim`` and ``dtype`` if given, else the reply's own)."""
+    body = command(Op.CHANGES, key=pskey, since=int(since), lineage=lineage,
+                   cursor=int(cursor), upto=upto, max_rows=int(max_rows), raw=bool(raw))
+    ts = kv.request(shard, Command.COMMAND, body=body)
+    (meta, got), = wait_all([ts], f"the changes of table {key!r}")
+    b = meta.body if isinstance(meta.body, dict) else {}
+    if spec is not None:
+        dim, dtype = spec.dim, spec.storage if raw else np.float32
+    if dim is None:
+        dim = b.get("dim")
+    if dtype is None:
+        dtype = b.get("dtype") if raw else np.float32
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        dtype = None
+    ok = type(dim) is int and dim > 0 and dtype is not None and \
+        dtype.name in ("float32", "float16", "uint16") and len(got) == 4 and isinstance(b.get("lineage"), str) and \
+        type(b.get("version")) is int and isinstance(b.get("reset"), bool) and \
+        (b.get("cursor") is None or type(b.get("cursor")) is int)
+    if ok:
+        removed, reasons, ids, rows = got
+        ok = removed.ndim == 1 and removed.dtype == np.int64 and \
+            reasons.shape == removed.shape and ids.ndim == 1 and ids.dtype == np.int64 and \
+            rows.shape == (ids.size, dim) and rows.dtype == dtype
+    if not ok:
+        raise ClusterError(f"server {shard} answered a read of table {key!r}'s changes "
+                           f"with {b!r} and {[(a.shape, a.dtype.str) for a in got]} (reported "
+                           f"by server {shard})", key=key)
+    return ChangeBatch(key=key, shard=shard, num_shards=n, lineage=b["lineage"],
+                       version=b["version"], reset=b["reset"], removed=removed,
+                       ids=ids, rows=rows, reasons=reasons.astype(np.uint8, copy=False),
+                       cursor=b["cursor"])
 
 
 def init_table(store: Any, key: Any, spec: TableSpec) -> None:

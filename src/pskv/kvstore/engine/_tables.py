@@ -48,8 +48,9 @@ class ServedTable(DynamicTable):
         self.born: list[np.ndarray] = []
 
     def stats(self) -> dict[str, int]:
-        """DynamicTable's counters and ``budget_refusals``."""
-        return {**super().stats(), "budget_refusals": self.budget_refusals}
+        """DynamicTable's counters, ``budget_refusals`` and the stream's ``version``."""
+        return {**super().stats(), "budget_refusals": self.budget_refusals,
+                "version": self.version}
 
     def _evict(self, slots: np.ndarray) -> None:
         if self.recording:

@@ -31,7 +31,7 @@ from ..._ps.bounds import check_key_count, check_reply, check_rows
 from ..._ps.config import ClusterConfig, advertised_host
 from ..._ps.observe.metrics import start as start_metrics
 from ..._ps.observe.series import ServerMetrics
-from ..._ps.message import Command, Meta, kind_arrays
+from ..._ps.message import Command, Meta, kind_arrays, short
 from ..._ps.ops import Op, ReplOp, parse
 from ..._ps.postoffice import Postoffice
 from ..._ps.serve import ServeLoop
@@ -40,6 +40,7 @@ from ..._ps.observe.stragglers import OpenRound, StragglerWatch
 from ..._ps.stream import StreamListener, ipc_path
 from ..._ps.sealed import SealedConn
 from ..._ps.tls import server_context
+from ..._ps.validate import READER
 from ..._ps.transport import Connection, data_curve
 from ..._ps.zeromq import ZmqContext, curve_server
 from ..engine._core import Engine, EngineEvents, Ticket
@@ -49,12 +50,14 @@ from ._observed import server_state
 from ..durable._backups import Backups
 from ._staleness import cmd_clock, park_read
 from ..engine._entries import init_entries
-from ._tables import cmd_lookup, cmd_table_stats, stats_reply
+from ._tables import cmd_changes, cmd_lookup, cmd_table_stats, stats_reply
 from ..durable._shards import TakeoverPending, Shard, Shards
 from ..durable._takeover import Takeovers
 
 __all__ = ["KVServer"]
 
+#: the commands a reader of the change stream (``pskv.stream``) may send a server
+READER_OPS = frozenset({Op.CHANGES})
 log = logging.getLogger(__name__)
 
 
@@ -252,7 +255,10 @@ class KVServer:
 
     # ---- the Handler of the ServeLoop ----------------------------------------------------
     def _key_for(self, role: str, rank: int | None) -> bytes:
-        """The key the worker of ``rank`` proves itself with (the scheduler's assignment)."""
+        """The key the worker of ``rank`` proves itself with (the scheduler's assignment);
+        a reader of the change stream (no rank) proves this server's reader key."""
+        if role == READER and rank in (None, -1) and self.po.reader_key:
+            return self.po.reader_key
         if role != "worker" or rank is None:
             raise ProtocolError("only a worker that names its rank may connect to a server")
         if not 0 <= rank < len(self.po.worker_keys):
@@ -260,8 +266,17 @@ class KVServer:
                                 f"{len(self.po.worker_keys) - 1})")
         return self.po.worker_keys[rank]
 
-    def admit(self, conn: Connection, meta: Meta) -> int:
-        """A worker's HELLO whose proof checked: admitted under the rank it proved."""
+    def admit(self, conn: Connection, meta: Meta) -> int | str:
+        """A worker's HELLO whose proof checked: admitted under the rank it proved; a
+        reader's: admitted as :data:`READER`, which may read the change stream only."""
+        nonce, wnonce = meta.body.get("nonce"), meta.body.get("wnonce")
+        if meta.body.get("role") == READER:
+            reply = {}
+            if isinstance(nonce, str) and isinstance(wnonce, str):
+                reply["proof"] = server_proof(self.po.reader_key, self.po.job, self.po.rank,
+                                              -1, nonce, wnonce)
+            self._send(conn, Command.ACK, meta.ts, reply)
+            return READER
         rank = int(meta.body["rank"])
         self._rank_of[conn] = rank
         self._connected += 1
@@ -275,7 +290,6 @@ class KVServer:
         # what of this worker's pushes is applied here: a restarted worker skips those; and
         # this server's proof of its own rank, under the key only it and that worker hold
         reply: dict[str, Any] = {"applied": self.shards.get(None).engine.applied_by(rank)}
-        nonce, wnonce = meta.body.get("nonce"), meta.body.get("wnonce")
         if isinstance(nonce, str) and isinstance(wnonce, str):
             reply["proof"] = server_proof(self._key_for("worker", rank), self.po.job,
                                           self.po.rank, rank, nonce, wnonce)
@@ -288,6 +302,12 @@ class KVServer:
         handler = self._handlers.get(meta.cmd)
         if handler is None:
             raise ProtocolError(f"server does not take {meta.cmd.name}")
+        if worker == READER and (meta.cmd != Command.COMMAND or parse(meta.body) not in
+                                 READER_OPS):
+            raise ProtocolError(f"a reader of the change stream may send "
+                                f"{sorted(op.value for op in READER_OPS)} commands only, not "
+                                f"{meta.cmd.name} "
+                                f"{short(meta.body.get('op') if isinstance(meta.body, dict) else None)}")
         if self.metrics is not None:
             self.metrics.request(meta.cmd, arrays)
         check_key_count(len(meta.keys), self.cfg.max_keys_per_message, meta.cmd.name,
@@ -627,7 +647,7 @@ class KVServer:
         Op.COMPRESSION: _cmd_compression, Op.SAVE: _cmd_save, Op.LOAD: _cmd_load,
         Op.CHECKPOINT: _cmd_checkpoint, Op.RESTORE: _cmd_restore,
         Op.LOOKUP: cmd_lookup, Op.TABLE_STATS: cmd_table_stats, Op.CLOCK: cmd_clock,
-        Op.JOINED: _cmd_joined, Op.ADOPT: _cmd_adopt,
+        Op.JOINED: _cmd_joined, Op.ADOPT: _cmd_adopt, Op.CHANGES: cmd_changes,
     }
 
     _handlers: dict[Command, Callable[..., None]] = {

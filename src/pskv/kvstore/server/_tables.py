@@ -10,6 +10,7 @@ runs; what it means (a table key, IDs this server owns) is checked here, before 
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -19,8 +20,12 @@ from ..._ps.message import Command
 from ..._ps.ops import Op
 from ..engine._core import Engine, Ticket
 from ..engine._tables import check_lookup
+from ...table._stream import read_changes
 
-__all__ = ["cmd_lookup", "cmd_table_stats", "stats_reply"]
+__all__ = ["cmd_changes", "cmd_lookup", "cmd_table_stats", "stats_reply"]
+
+#: the stream readers a table shard remembers (the most recent)
+MAX_READERS = 64
 
 
 def cmd_lookup(server: Any, shard: Any, conn: Any, worker: int, ts: int,
@@ -48,6 +53,36 @@ def cmd_table_stats(server: Any, shard: Any, conn: Any, worker: int, ts: int,
     engine.table(key, "read the stats of", server._where())
     ticket = Ticket(conn, ts, Op.TABLE_STATS, (key,))
     engine.request(ticket, lambda: engine.pull(key, worker, ticket))
+    return None
+
+
+def cmd_changes(server: Any, shard: Any, conn: Any, worker: int, ts: int,
+                body: dict[str, Any], arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+    """A page of this shard's change stream of table ``key`` (S1-S9), answered at once
+    (a read waits for no push): DATA with ``[removed, reasons, ids, rows]`` and the
+    page's lineage, version, reset and cursor. Its rows fit a reply
+    (``PSKV_MAX_REPLY_BYTES``): a page carries fewer than ``max_rows`` if they would not.
+    Sent after the backup holds every change it shows (``_send`` drains first, S8)."""
+    key = body["key"]
+    engine: Engine = shard.engine
+    table = engine.table(key, "read the changes of", server._where())
+    raw = bool(body["raw"])
+    width = int(table.spec.dim) * (np.dtype(table.spec.storage).itemsize if raw else 4)
+    fits = max(1, (server.cfg.max_reply_bytes // 2) // max(width + 8, 1))
+    page = read_changes(table, int(body["since"]), body.get("lineage"),
+                        cursor=int(body["cursor"]), upto=body.get("upto"),
+                        max_rows=min(int(body["max_rows"]), fits), raw=raw, key=table.name,
+                        shard=table.shard)
+    if page.complete:       # who reads the stream, and how far (a metric's lag); bounded
+        readers = table.readers
+        readers[str(getattr(conn, "peer", id(conn)))] = (page.version, time.time())
+        while len(readers) > MAX_READERS:
+            del readers[min(readers, key=lambda r: readers[r][1])]
+    server._send(conn, Command.DATA, ts, {
+        "lineage": page.lineage, "version": page.version, "reset": page.reset,
+        "cursor": page.cursor, "shard": list(table.shard), "dim": int(table.spec.dim),
+        "dtype": page.rows.dtype.name},
+        arrays=[page.removed, page.reasons, page.ids, page.rows])
     return None
 
 
