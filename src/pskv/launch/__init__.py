@@ -11,6 +11,7 @@ their output (``[worker 1] ...``), and exits with the first failure's status.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import logging
 import os
@@ -19,6 +20,7 @@ import sys
 from typing import Mapping, NoReturn, Sequence, TextIO
 
 from ..errors import ConfigError
+from ._beside import Sidecars, beside_env, sink
 from ._env import get_secret, parse_env_pair
 from ._hosts import is_host_list
 from ._launchers import REGISTRY
@@ -26,7 +28,7 @@ from ._k8s_options import pod_options
 from ._spec import (DEFAULT_SERVER_COMMAND, INHERITING, LAUNCHERS, LauncherName, LaunchSpec,
                    ProcessSpec, backed_up, check_replicas, check_restarts)
 from ._supervise import CommandError, LaunchResult, ProcessResult, run_processes
-from .._ps.config import LOG_LEVELS, log_level, warn_unknown_env
+from .._ps.config import LOG_LEVELS, Role, log_level, warn_unknown_env
 
 __all__ = ["LaunchResult", "LaunchSpec", "ProcessResult", "build_processes", "launch",
            "launch_spec", "main", "parse_args"]
@@ -90,17 +92,39 @@ def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
     if launcher.run is not None:
         result: LaunchResult = launcher.run(spec, stdout=stdout, stderr=stderr)
         return result
+    beside = [sink(s) for s in spec.sinks]
+    if beside and spec.launcher != "local":
+        raise ConfigError(f"--sink runs beside a job of the local launcher only, not "
+                          f"{spec.launcher}: start `python -m pskv.sinks --key KEY --to URL` "
+                          "beside the job yourself, with its DMLC_PS_ROOT_URI, "
+                          "DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER and PSKV_SECRET.")
     procs = build_processes(spec)
     w, s = spec.num_workers, spec.num_servers
     logger.info("launching %d worker%s and %d server%s (%s)", w, "s"[:w != 1], s,
                 "s"[:s != 1], spec.launcher)
-    result = run_processes(procs, timeout=spec.timeout, grace_period=spec.grace_period,
-                           log_dir=spec.log_dir, max_restarts=spec.max_restarts,
-                           backed_up=backed_up(spec, os.environ),
-                           # the scheduler runs here (ssh and mpi: scheduler_here)
-                           check_joined=launcher.scheduler_here,
-                           shutdown_timeout=spec.shutdown_timeout, stdout=stdout,
-                           stderr=stderr)
+    sidecars = None
+    if beside:
+        from ..kvstore.server._core import STREAM_DRAIN
+        worker = next(p for p in procs if p.role is Role.WORKER)
+        sidecars = Sidecars(beside, beside_env(dict(worker.env)), spec.log_dir)
+    try:
+        result = run_processes(procs, timeout=spec.timeout, grace_period=spec.grace_period,
+                               log_dir=spec.log_dir, max_restarts=spec.max_restarts,
+                               backed_up=backed_up(spec, os.environ),
+                               # the scheduler runs here (ssh and mpi: scheduler_here)
+                               check_joined=launcher.scheduler_here,
+                               # servers serve stream readers that are behind a while (S10)
+                               shutdown_timeout=max(spec.shutdown_timeout, STREAM_DRAIN + 3)
+                               if beside else spec.shutdown_timeout, stdout=stdout,
+                               stderr=stderr)
+    finally:
+        early = sidecars.exited() if sidecars is not None else []
+        if sidecars is not None:
+            sidecars.stop(spec.grace_period)
+    if early:
+        logger.error("%s while the job ran; the job fails", "; ".join(early))
+        if result.returncode == 0:
+            result = dataclasses.replace(result, returncode=1, reason="sidecar")
     if result.reason == "ok" and result.killed:
         logger.debug("the job succeeded; %s were stopped after the workers finished",
                      ", ".join(p.label for p in result.killed))
@@ -119,7 +143,8 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
            job_name: str | None = None, dry_run: bool = False,
            stdout: TextIO | None = None, stderr: TextIO | None = None,
            max_restarts: int = 0,
-           kubernetes_values: Mapping[str, object] | None = None) -> LaunchResult:
+           kubernetes_values: Mapping[str, object] | None = None,
+           sinks: Sequence[str] = ()) -> LaunchResult:
     """Launch a distributed job and wait for it, as ``pskv-launch`` does.
 
     Runs one scheduler, `num_servers` servers (``python -m pskv.server``) and `num_workers`
@@ -175,6 +200,9 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
         ``PSKV_REPLICAS=1`` in `env`.
     kubernetes_values : mapping, optional
         kubernetes: pod settings in the format of ``--values`` (docs/kubernetes.md).
+    sinks : sequence of str
+        ``KEY=URL`` each, as ``--sink``: sinks of tables' change streams started beside
+        the job (local launcher; docs/embeddings.md, Sinks).
 
     Returns
     -------
@@ -201,7 +229,7 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
         shutdown_timeout=shutdown_timeout, hosts=hosts, log_level=log_level, log_dir=log_dir,
         max_restarts=max_restarts, image=image, namespace=namespace, job_name=job_name,
         dry_run=dry_run, pods=None if kubernetes_values is None
-        else pod_options(values=kubernetes_values),
+        else pod_options(values=kubernetes_values), sinks=tuple(sinks),
         server_command=DEFAULT_SERVER_COMMAND if server_command is None
         else tuple(server_command))
     return launch_spec(spec, stdout=stdout, stderr=stderr)
@@ -263,6 +291,10 @@ def _parser() -> _Parser:
     p.add_argument("--log-dir", type=str, metavar="DIR",
                    help="also write each process's output to DIR/worker-0.log, "
                    "DIR/server-0.log, DIR/scheduler.log")
+    p.add_argument("--sink", action="append", default=[], metavar="KEY=URL",
+                   help="start a sink of table KEY's change stream beside the job: "
+                        "file:DIR or redis://HOST:PORT/DB (docs/embeddings.md, Sinks); "
+                        "repeat for more")
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="start a worker or server that died again, with its rank, up to N "
                    "times each; a server reloads its shard from the newest checkpoint "
@@ -361,7 +393,7 @@ def parse_args(argv: Sequence[str] | None = None,
         timeout=args.timeout, port=args.port, host_ip=args.host_ip,
         server_command=server_command, image=args.image, namespace=args.namespace,
         job_name=args.job_name, dry_run=args.dry_run, max_restarts=args.max_restarts,
-        pods=pod_options(args.values, restart_policy=args.restart_policy,
+        sinks=tuple(args.sink), pods=pod_options(args.values, restart_policy=args.restart_policy,
                          service_account=args.service_account,
                          image_pull_secrets=args.image_pull_secret, labels=args.label,
                          annotations=args.annotation, requests=args.requests,

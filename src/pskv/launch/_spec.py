@@ -213,6 +213,9 @@ class LaunchSpec:
         kubernetes: resources, node selectors, tolerations, volumes, the service account,
         image pull secrets, labels and annotations of the job's objects, and the pods'
         restart policy (``--values`` and its flags; docs/kubernetes.md).
+    sinks : tuple of str
+        ``KEY=URL`` each (``--sink``): a sink of table ``KEY``'s change stream started
+        beside the job (``python -m pskv.sinks``; local launcher; ``launch._beside``).
 
     Examples
     --------
@@ -245,6 +248,7 @@ class LaunchSpec:
     dry_run: bool = False
     max_restarts: int = 0
     pods: PodOptions | None = None
+    sinks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # frozen: normalise through object.__setattr__, as attrs converters do

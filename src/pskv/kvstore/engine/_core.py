@@ -250,6 +250,16 @@ class Engine(UnevenRounds):
         self._entries[key] = _Entry(table.name, stored, False, table=table)
         self.stored[key] = stored
 
+    def readers_behind(self, seen_within: float) -> int:
+        """How many stream readers that read within ``seen_within`` seconds have not read a
+        table shard of this engine up to its version (S10)."""
+        now, behind = time.time(), 0
+        for e in self._entries.values():
+            if e.table is not None:
+                behind += sum(1 for v, at in e.table.readers.values()
+                              if v < e.table.version and now - at <= seen_within)
+        return behind
+
     def stream_states(self) -> dict[Key, tuple[dict[str, np.ndarray], dict[str, Any]]]:
         """Each table shard's change stream (``DynamicTable.stream_state``), by key."""
         return {k: e.table.stream_state() for k, e in self._entries.items()

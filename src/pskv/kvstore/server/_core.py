@@ -58,6 +58,9 @@ __all__ = ["KVServer"]
 
 #: the commands a reader of the change stream (``pskv.stream``) may send a server
 READER_OPS = frozenset({Op.CHANGES})
+#: seconds a server told to shut down goes on answering stream readers that read within
+#: that long and have not read every table to its last version (S10)
+STREAM_DRAIN = 5.0
 log = logging.getLogger(__name__)
 
 
@@ -108,6 +111,8 @@ class KVServer:
                  zmq_context: zmq.Context[Any] | None = None) -> None:
         self.cfg = cfg
         self._stop = stop or threading.Event()
+        #: when a server told to shut down stops waiting for stream readers (``_draining``)
+        self._drain_until: float | None = None
         #: what every engine of this server tells it (answers, rounds closed, update times)
         self._events = _ServerEvents(self)
         #: Prometheus series when PSKV_METRICS_PORT asks for them (``run`` starts them)
@@ -702,7 +707,9 @@ class KVServer:
                     if time.monotonic() - lost_at >= 2 * self.cfg.heartbeat_interval:
                         log.error("server %d: %s; exiting", self.po.rank, self.po.failure)
                         return True
-                return self._stop.is_set() or self.po.shutdown.is_set()
+                if self._stop.is_set():
+                    return True
+                return self.po.shutdown.is_set() and not self._draining()
 
             self.loop.run(stop)
             if self.po.scheduler_lost.is_set():
@@ -711,6 +718,20 @@ class KVServer:
             return 0
         finally:
             self._closing.close()
+
+    def _draining(self) -> bool:
+        """Told to shut down: whether to serve on a while for stream readers that are
+        behind (S10): up to :data:`STREAM_DRAIN` seconds, for readers that read within
+        that long, so a sink beside the job gets every change before the servers go."""
+        now = time.monotonic()
+        if self._drain_until is None:
+            self._drain_until = now + STREAM_DRAIN
+        if now >= self._drain_until:
+            return False
+        behind = [0]
+        self.shards.each_engine(lambda e: behind.__setitem__(
+            0, behind[0] + e.readers_behind(STREAM_DRAIN)))
+        return behind[0] > 0
 
     def _reload(self, rank: int) -> None:
         """Restarted by pskv-launch --max-restarts: this rank's shard from the newest
