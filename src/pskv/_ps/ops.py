@@ -37,7 +37,7 @@ class Op(str, enum.Enum):
     JOINED = "joined"            # epoch: every worker joined (kv.join); rounds count all again
     ADOPT = "adopt"              # values: keys summed among the workers, one array each: store
     CHANGES = "changes"          # key, since, lineage, cursor, upto, max_rows, raw: a page of
-    #                              a table shard's change stream (docs/embeddings.md S1-S9)
+    #                              a table shard's change stream (docs/embeddings.md S1-S10)
 
     @property
     def replicated(self) -> ReplOp | None:

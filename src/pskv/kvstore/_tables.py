@@ -368,7 +368,7 @@ class TableMethods:
 
     def subscribe(self, key: Key, since: Any = None, *, raw: bool = False,
                   max_rows: int = PAGE_ROWS) -> Subscription:
-        """A reader of table key ``key``'s change stream (docs/embeddings.md, S1-S9).
+        """A reader of table key ``key``'s change stream (docs/embeddings.md, S1-S10).
 
         Parameters
         ----------

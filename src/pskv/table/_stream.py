@@ -1,5 +1,5 @@
 """A table's change stream: versions, tombstones, change batches and a mirror that applies
-them (docs/embeddings.md, rules S1-S9). No sockets, no threads.
+them (docs/embeddings.md, rules S1-S10). No sockets, no threads.
 
 Every change a table applies to its rows (a push, a birth, an assign, an eviction, a
 replicated round) stamps the rows it changed with the table's next *version*; one public

@@ -171,7 +171,7 @@ class DynamicTable:
         adm = spec.admission
         self._sightings = np.zeros(adm.counters, np.int32) \
             if isinstance(adm, CountAdmission) else None
-        # the change stream (S1-S9, ``_stream``): the version of each slot's last change,
+        # the change stream (S1-S10, ``_stream``): the version of each slot's last change,
         # the table's version and history, the IDs it removed
         self._changed = np.zeros(cap, np.int64)
         self.version = 0
@@ -568,7 +568,7 @@ class DynamicTable:
         self._live[slots] = False
         self._free = np.concatenate([self._free, slots])
 
-    # ---- the change stream (S1-S9) ------------------------------------------------------
+    # ---- the change stream (S1-S10) ------------------------------------------------------
     def _mark(self, slots: np.ndarray) -> None:
         """Stamp ``slots`` as changed by the running operation (version + 1)."""
         self._changed[slots] = self.version + 1

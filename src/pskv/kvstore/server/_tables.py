@@ -58,7 +58,7 @@ def cmd_table_stats(server: Any, shard: Any, conn: Any, worker: int, ts: int,
 
 def cmd_changes(server: Any, shard: Any, conn: Any, worker: int, ts: int,
                 body: dict[str, Any], arrays: list[np.ndarray]) -> list[np.ndarray] | None:
-    """A page of this shard's change stream of table ``key`` (S1-S9), answered at once
+    """A page of this shard's change stream of table ``key`` (S1-S10), answered at once
     (a read waits for no push): DATA with ``[removed, reasons, ids, rows]`` and the
     page's lineage, version, reset and cursor. Its rows fit a reply
     (``PSKV_MAX_REPLY_BYTES``): a page carries fewer than ``max_rows`` if they would not.
