@@ -143,3 +143,12 @@ def test_a_backup_fed_changes_records_continues_the_stream():
     _catch_up(backup, mirror)               # the backup goes on: no reset
     _same(primary, mirror)
     assert np.array_equal(backup.ids(), primary.ids())
+
+
+def test_a_restored_table_starts_at_version_0_and_a_read_keeps_it():
+    table = DynamicTable(_spec(eviction=()), name="emb")
+    table.lookup(np.arange(5))
+    arrays, meta = table.state()
+    again = DynamicTable.from_state(table.spec, arrays, meta, name="emb")
+    again.lookup(np.arange(5), train=False)
+    assert again.version == 0

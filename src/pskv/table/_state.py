@@ -114,6 +114,7 @@ def restore(cls: Any, spec: TableSpec, arrays: dict[str, np.ndarray],
             s[slots] = np.asarray(arrays[f"state{i}"])[keep]
         if table._t is not None and "adam_t" in arrays:
             table._t[slots] = np.asarray(arrays["adam_t"])[keep]
+    table._dirty = False      # a restore is the start of a lineage (S1): version 0
     sightings = arrays.get("sightings")
     if table._sightings is not None and sightings is not None \
             and np.asarray(sightings).shape == table._sightings.shape:
