@@ -124,11 +124,8 @@ def _source() -> Source:
     return source
 
 
-def make_sink(to: str, key: Any, *, raw: bool = False, prefix: str = "pskv") -> Sink:
-    """The sink ``--to`` names: ``file:DIR`` (:class:`FileSink`) or ``redis://...``
-    (:class:`RedisSink`); ConfigError for anything else."""
-    from ._files import FileSink
-    from ._redis import RedisSink
+def _target(to: str, key: Any) -> tuple[str, str]:
+    """``("file", DIR)`` or ``("redis", URL)`` of a ``--to``, checked without opening it."""
     if to.startswith("file:"):
         directory = to[len("file:"):]
         if directory.startswith("//"):      # file:///abs/dir
@@ -136,11 +133,24 @@ def make_sink(to: str, key: Any, *, raw: bool = False, prefix: str = "pskv") -> 
         if not directory:
             raise ConfigError(f"--to {to!r} names no directory: write file:DIR, e.g. "
                               "file:serving/emb.", key=key)
-        return FileSink(directory, key, raw=raw)
-    if to.startswith("redis://") or to.startswith("rediss://"):
-        return RedisSink(to, key, prefix, raw=raw)
+        return "file", directory
+    if to.startswith(("redis://", "rediss://")):
+        from ._resp import parse_url
+        parse_url(to)
+        return "redis", to
     raise ConfigError(f"--to {to!r} is neither file:DIR nor redis://host:port/db. Write "
                       "e.g. --to file:serving/emb or --to redis://127.0.0.1:6379/0.", key=key)
+
+
+def make_sink(to: str, key: Any, *, raw: bool = False, prefix: str = "pskv") -> Sink:
+    """The sink ``--to`` names: ``file:DIR`` (:class:`FileSink`) or ``redis://...``
+    (:class:`RedisSink`); ConfigError for anything else."""
+    from ._files import FileSink
+    from ._redis import RedisSink
+    kind, where = _target(to, key)
+    if kind == "file":
+        return FileSink(where, key, raw=raw)
+    return RedisSink(where, key, prefix, raw=raw)
 
 
 def _key(text: str) -> int | str:
@@ -176,11 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0 <= args.interval <= 3600:
         p.error(f"--interval {args.interval:g}: give seconds in [0, 3600]")
     try:
-        if args.to.startswith("redis"):
-            from ._resp import parse_url
-            parse_url(args.to)                 # a bad URL is bad input: exit 2
-        elif not args.to.startswith("file:"):
-            make_sink(args.to, key)            # raises the ConfigError that says how
+        _target(args.to, key)                 # a bad target is bad input: exit 2
     except ConfigError as err:
         p.error(str(err))
     stop = threading.Event()
