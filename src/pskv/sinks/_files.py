@@ -279,7 +279,7 @@ class FileSink:
         return dim, np.dtype(dtype), n
 
     def write(self, batches: Iterable[ChangeBatch]) -> str | None:
-        """Apply ``batches`` (a :meth:`Subscription.poll`) and write them as one segment:
+        """Apply ``batches`` (one ``Subscription.poll()``) and write them as one segment:
         a delta, or a full snapshot of the table after them (F4, F5).
 
         Returns
