@@ -116,14 +116,14 @@ class RedisSink:
 
     def write(self, batches: Iterable[ChangeBatch]) -> int:
         """Apply ``batches`` (a poll): one transaction per shard read (K4); pages of a read
-        not yet complete wait for the rest. Returns the transactions run."""
+        not yet complete wait for the rest; a shard with nothing new is left alone. Returns
+        the transactions run."""
         done = 0
         for b in batches:
             self._check(b)
             self._pending.setdefault(b.shard, []).append(b)
             if b.complete:
-                self._transact(self._pending.pop(b.shard))
-                done += 1
+                done += self._transact(self._pending.pop(b.shard))
         return done
 
     def _check(self, b: ChangeBatch) -> None:
@@ -149,13 +149,17 @@ class RedisSink:
                               f"{self.key!r} yet, and this batch is a delta: subscribe with "
                               "since=sink.position().", key=self.key)
 
-    def _transact(self, pages: list[ChangeBatch]) -> None:
+    def _transact(self, pages: list[ChangeBatch]) -> bool:
         resets = [i for i, p in enumerate(pages) if p.reset]
         if resets:                  # what came before the last reset is dropped by it
             pages = pages[resets[-1]:]
         s, last, base = pages[0].shard, pages[-1], self._base
         assert self._layout is not None
         dim, dtype, n = self._layout
+        if not resets and self._pos is not None and \
+                self._pos.get(str(s)) == [last.lineage, last.version] and \
+                not any(p.ids.size or p.removed.size for p in pages):
+            return False                      # nothing new: no transaction
         members = f"{base}:ids:{s}"
         old: list[Any] = []
         if resets:                  # the sink is the only writer: read before MULTI (K5)
@@ -201,6 +205,7 @@ class RedisSink:
                                "Check the server's log (maxmemory, a read-only replica?).",
                                key=self.key)
         self._pos = pos
+        return True
 
     def close(self) -> None:
         """Close the connection (the keys stay: a new sink resumes from them)."""
