@@ -272,6 +272,29 @@ def test_a_truncated_or_altered_segment_is_refused(tmp_path):
         replay(d / "nothing")
 
 
+def test_a_reader_racing_a_rotation_reads_the_manifest_again(tmp_path, monkeypatch):
+    """F7: a named segment gone (a rotation deleted it after the reader read the manifest)
+    is read again; gone every time, it is an error that says so."""
+    import pskv.sinks._files as files
+    d = _written(tmp_path)
+    real, calls = files.load_segment, []
+
+    def racing(*args, **kw):
+        calls.append(args[1]["file"])
+        if len(calls) == 1:
+            raise FileNotFoundError(args[1]["file"])
+        return real(*args, **kw)
+    monkeypatch.setattr(files, "load_segment", racing)
+    assert len(replay(d)) == 40 and calls[0] == calls[1]
+
+    def gone(*args, **kw):
+        raise FileNotFoundError(args[1]["file"])
+    monkeypatch.setattr(files, "load_segment", gone)
+    monkeypatch.setattr(files.time, "sleep", lambda s: None)
+    with pytest.raises(CheckpointError, match="names segments that are gone"):
+        replay(d)
+
+
 def test_a_segment_whose_positions_disagree_with_the_manifest_is_refused(tmp_path):
     d = _written(tmp_path)
     man = json.loads((d / MANIFEST).read_text())

@@ -275,7 +275,8 @@ class FileSink:
                                   or not all(b.complete for b in last.values())):
             raise ConfigError(f"the first write to {self.directory} needs every shard of "
                               f"table {self.key!r} (0..{n - 1}), each read to its end; got "
-                              f"{sorted(held)}. Write a whole poll of a subscription.", key=self.key)
+                              f"{sorted(held)}. Write a whole poll of a subscription.",
+                              key=self.key)
         return dim, np.dtype(dtype), n
 
     def write(self, batches: Iterable[ChangeBatch]) -> str | None:
@@ -338,7 +339,7 @@ class FileSink:
         name = f"seg-{seq:08d}-{kind}.npz"
         arrays = encode(batches, kind, dim, dtype)
         size, sha = write_durably(self.directory / name,
-                                  lambda f: np.savez(f, **arrays), self._fsync)
+                                  lambda f: np.savez(f, allow_pickle=False, **arrays), self._fsync)
         position = {str(s): [p[0], p[1]] for s, p in sorted(self._since().items())}
         entry = {"file": name, "kind": kind, "bytes": size, "sha256": sha,
                  "position": position}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
-from typing import Sequence, Union
+from typing import Any, Sequence, Union
 from urllib.parse import unquote, urlsplit
 
 from ..errors import ClusterError, ClusterTimeoutError, ConfigError, ProtocolError
@@ -23,7 +23,7 @@ class ErrorReply(str):
 
 
 #: what a reply is: bytes (bulk or status), an int, None (nil), a list, or an ErrorReply
-Reply = Union[bytes, int, None, list, ErrorReply]
+Reply = Union[bytes, int, None, "list[Any]", ErrorReply]
 
 
 @dataclass(frozen=True)
