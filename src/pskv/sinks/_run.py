@@ -11,6 +11,9 @@ from typing import Any, Iterable, Protocol, Sequence
 
 from ..errors import ConfigError, KVStoreError
 from ..table import ChangeBatch
+from ._files import FileSink
+from ._redis import RedisSink
+from ._resp import parse_url
 
 __all__ = ["Sink", "Source", "main", "make_sink", "run_sink"]
 
@@ -135,7 +138,6 @@ def _target(to: str, key: Any) -> tuple[str, str]:
                               "file:serving/emb.", key=key)
         return "file", directory
     if to.startswith(("redis://", "rediss://")):
-        from ._resp import parse_url
         parse_url(to)
         return "redis", to
     raise ConfigError(f"--to {to!r} is neither file:DIR nor redis://host:port/db. Write "
@@ -145,8 +147,6 @@ def _target(to: str, key: Any) -> tuple[str, str]:
 def make_sink(to: str, key: Any, *, raw: bool = False, prefix: str = "pskv") -> Sink:
     """The sink ``--to`` names: ``file:DIR`` (:class:`FileSink`) or ``redis://...``
     (:class:`RedisSink`); ConfigError for anything else."""
-    from ._files import FileSink
-    from ._redis import RedisSink
     kind, where = _target(to, key)
     if kind == "file":
         return FileSink(where, key, raw=raw)
