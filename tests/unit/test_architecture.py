@@ -100,7 +100,8 @@ LAYERS = {
     "pskv.lr_scheduler": 1, "pskv.test_utils": 1, "pskv.table": 1,
     "pskv._ps": 2,
     "pskv.kvstore": 3,
-    "pskv": 4,   # the entry points: server, _cluster, testing, torch, launch, examples, tour, top
+    "pskv": 4,   # the entry points: server, _cluster, testing, torch, launch, examples, tour, top,
+                 # sinks
 }
 #: layer -> the layers below it it may import (its own is always allowed); ``_ps`` is
 #: layer 0 only: no store, no NDArray, no optimizer
@@ -146,7 +147,7 @@ def test_every_module_has_a_layer() -> None:
     """A new top-level module is placed in LAYERS (and in docs/architecture.md's table)."""
     top = {".".join(m.split(".")[:2]) for m in MODULES if m != "pskv"}
     entry = {"pskv.server", "pskv._cluster", "pskv.testing", "pskv.torch", "pskv.launch",
-             "pskv.examples", "pskv.tour", "pskv.top", "pskv.stream"}
+             "pskv.examples", "pskv.tour", "pskv.top", "pskv.stream", "pskv.sinks"}
     unplaced = sorted(t for t in top if t not in LAYERS and t not in entry)
     assert not unplaced, f"place these in LAYERS and docs/architecture.md: {unplaced}"
 
