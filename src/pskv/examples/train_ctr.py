@@ -350,7 +350,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the dtype the table stores its rows in; a half one halves their "
                         "memory, computed in float32 and rounded to nearest even "
                         "(default: float32)")
+    p.add_argument("--export", metavar="DIR", default=None,
+                   help="after training, write the table as the servers hold it to DIR "
+                        "(a pskv.sinks.FileSink full snapshot; pskv.sinks.replay(DIR) "
+                        "reads it back)")
     return p
+
+
+def export_table(kv: Any, directory: str) -> None:
+    """Write the table as the servers hold it to ``directory``: rank 0 reads its change
+    stream whole (docs/embeddings.md S5) into a :class:`pskv.sinks.FileSink` (a full
+    snapshot and a manifest with each shard's version); every worker waits for it."""
+    from pskv.sinks import FileSink
+    if kv.rank == 0:
+        with FileSink(directory, TABLE) as sink:
+            sink.write(kv.subscribe(TABLE).poll())
+    kv.barrier()
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -389,6 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{time.perf_counter() - t0:.2f} s)",
                   flush=True)
         result = train(args, kv, log, verbose=True)
+        if args.export:
+            export_table(kv, args.export)
         hist = result["history"]
         if rank == 0 and args.plot and hist:
             plot_curves(args.plot, hist, run_title("CTR model", kv.type, nw, args.batch_size,
