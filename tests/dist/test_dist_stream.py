@@ -83,3 +83,23 @@ def test_subscribe_misuse_is_refused(run_threads):
     assert errs == ["KeyNotInitializedError", "KeyNotInitializedError", "ConfigError",
                     "ConfigError", "ConfigError", "ConfigError"]
     assert resets == [True, True]
+
+
+def test_explain_and_hot_ids_ask_the_servers(run_threads):
+    def fn(kv):
+        kv.init("emb", TableSpec(dim=4, admission=mx.table.CountAdmission(2)))
+        kv.lookup("emb", np.array([11, 11, 12, 13] * (kv.rank + 1)))
+        kv.lookup("emb", np.array([11]))
+        kv.barrier()
+        out = (kv.explain("emb", 11), kv.explain("emb", 99), kv.hot_ids("emb", 2))
+        kv.barrier()
+        return out
+
+    res = run_threads(fn, num_workers=2, num_servers=2, timeout=60)
+    for r in res.values():
+        assert not isinstance(r, BaseException), r
+    e11, e99, hot = res[0]
+    assert e11["present"] and e11["born_by"] == "pull"
+    assert e11["shard"] == int(mx.table.shard_of(np.array([11]), 2)[0])
+    assert not e99["present"] and e99["needs"] == 2 and e99["evicted"] is None
+    assert hot[0] == (11, 8)                 # 2 + 4 + the two single lookups

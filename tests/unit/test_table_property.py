@@ -142,7 +142,7 @@ class TableMachine(RuleBasedStateMachine):
         self.step = 0
         self.counters = dict.fromkeys(("lookups", "misses", "inserts", "refusals",
                                        "evicted_ttl", "evicted_capacity", "dropped_pushes",
-                                       "pushed_rows"), 0)
+                                       "pushed_rows", "evicted_score", "unknown_reads"), 0)
 
     @initialize(spec=specs)
     def make(self, spec: TableSpec) -> None:
@@ -204,6 +204,7 @@ class TableMachine(RuleBasedStateMachine):
             self._check_births(asked, born)
         else:
             assert not born
+        self.counters["unknown_reads"] += sum(not f for f in found.tolist())
         for i, v, f in zip(ids, values, found.tolist()):
             assert f == (i in self.rows)
             np.testing.assert_array_equal(v, self.rows[i][0] if f else self._unknown(i))
@@ -292,6 +293,8 @@ class TableMachine(RuleBasedStateMachine):
             del self.rows[i]
         self.counters["evicted_ttl"] += len(by_ttl)
         self.counters["evicted_capacity"] += len(by_cap)
+        if cap is not None and cap.score is not None:
+            self.counters["evicted_score"] += len(by_cap)
 
     @rule()
     def restore(self) -> None:

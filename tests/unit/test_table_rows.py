@@ -191,7 +191,7 @@ def test_r4_unknown_zeros_reads_zeros() -> None:
 
 
 # ---- R5 eval lookups -------------------------------------------------------------------
-def test_r5_an_eval_lookup_changes_nothing_but_lookups_and_misses() -> None:
+def test_r5_an_eval_lookup_changes_nothing_but_its_counters() -> None:
     clock = Clock()
     t = table(clock, admission=CountAdmission(2), eviction=(Capacity(5), TTL(seconds=3)))
     for _ in range(2):
@@ -206,7 +206,7 @@ def test_r5_an_eval_lookup_changes_nothing_but_lookups_and_misses() -> None:
     assert_same_state((before[0], {}), (after[0], {}))      # rows, ages, counts, sightings
     assert after[1]["step"] == before[1]["step"]
     assert counters_changed(before[1]["counters"], after[1]["counters"]) == \
-        {"lookups": 5, "misses": 3}
+        {"lookups": 5, "misses": 3, "unknown_reads": 3}
     t.lookup(ids(7), train=False)
     assert 7 not in t.ids()                                 # eval sightings do not count
     assert t.lookup(ids(7))[1].all()                        # the second training one does
@@ -243,7 +243,7 @@ def test_r5_an_eval_lookup_of_a_store_changes_nothing() -> None:
     after = kv._tables.tables[KEY].state()
     assert_same_state((before[0], {}), (after[0], {}))
     assert counters_changed(before[1]["counters"], after[1]["counters"]) == \
-        {"lookups": 3, "misses": 2}
+        {"lookups": 3, "misses": 2, "unknown_reads": 2}
 
 
 # ---- R6 found --------------------------------------------------------------------------

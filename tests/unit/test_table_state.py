@@ -86,7 +86,7 @@ def test_r14_counters_count_what_they_say() -> None:
     kv.push(KEY, (ids(3), ones(1)))           # the sweep evicts one row (capacity 2)
     want = {"rows": 2, "step": 2, "lookups": 10, "misses": 9, "inserts": 3, "refusals": 4,
             "evicted_ttl": 0, "evicted_capacity": 1, "evictions": 1, "dropped_pushes": 1,
-            "pushed_rows": 3}
+            "pushed_rows": 3, "evicted_score": 0, "unknown_reads": 6}
     table = kv._tables.tables[KEY]
     got = kv.table_stats(KEY)
     # bytes: the arrays in use, 3 slots used (one freed by the eviction): 2 values of

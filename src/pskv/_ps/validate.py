@@ -241,6 +241,22 @@ def _changes(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None
         raise ProtocolError(f"{body['op']} carries no arrays, got {len(arrays)}")
 
 
+def _explain(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """``kv.explain``: a table key and one int64 ID."""
+    _int(meta, body, "key", -(1 << 63), 1 << 63)
+    _int(meta, body, "id", -(1 << 63), 1 << 63)
+    if arrays:
+        raise ProtocolError(f"{body['op']} carries no arrays, got {len(arrays)}")
+
+
+def _hot_ids(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """``kv.hot_ids``: a table key and how many (1 to 256)."""
+    _int(meta, body, "key", -(1 << 63), 1 << 63)
+    _int(meta, body, "k", 1, 257)
+    if arrays:
+        raise ProtocolError(f"{body['op']} carries no arrays, got {len(arrays)}")
+
+
 def _clock(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     """A worker's clock (``_ps/staleness.py``): ``clock``, ``bound`` (null: none) and
     ``leave``, each optional."""
@@ -350,6 +366,7 @@ _OPS: dict[Op | ReplOp, Callable[[Meta, dict[str, Any], list[np.ndarray]], None]
     Op.SAVE: _dump, Op.LOAD: _state_bytes, Op.CHECKPOINT: _checkpoint, Op.RESTORE: _path,
     Op.APPLIED: _nothing, Op.INITIAL: _nothing, Op.LOOKUP: _lookup, Op.TABLE_STATS: _table_key,
     Op.CLOCK: _clock, Op.JOINED: _joined, Op.ADOPT: _held, Op.CHANGES: _changes,
+    Op.EXPLAIN: _explain, Op.HOT_IDS: _hot_ids,
     ReplOp.STATE: _r_entries, ReplOp.ROUNDS: _r_rounds,
     ReplOp.INIT: _r_init,
     ReplOp.OPTIMIZER: _spec("spec", nullable=True), ReplOp.COMPRESSION: _spec("params", True),

@@ -130,6 +130,14 @@ class Tables:
         """The counters of table ``key`` (R14)."""
         return self.get(key, "read the stats of").stats()
 
+    def explain(self, key: Any, ident: int) -> dict[str, Any]:
+        """What table ``key`` knows of ID ``ident`` (``DynamicTable.explain``)."""
+        return {**self.get(key, "explain an ID of").explain(ident), "shard": 0}
+
+    def hot(self, key: Any, k: int) -> list[tuple[int, int]]:
+        """Table ``key``'s ``k`` most looked-up IDs (H1-H3)."""
+        return self.get(key, "read the hot IDs of").hot.top(k)
+
     def num_shards(self, key: Any) -> int:
         """How many shards table ``key`` is cut into (1: a local store)."""
         self.get(key, "subscribe to")
@@ -422,6 +430,56 @@ class TableMethods:
                 self._table_begin()
                 return fetch(*args)
         return Subscription(key, locked, n, since)
+
+    def explain(self, key: Key, id: Any) -> dict[str, Any]:
+        """What table key ``key`` knows of ID ``id`` (docs/embeddings.md, "Seeing into a
+        table"): ``id``, ``shard`` (the server holding it), ``present``, ``admission``
+        (the spec's rule), the table's ``step`` and ``version``; for a row held
+        ``born_step``, ``born_by`` (``pull``: a training lookup, ``push``, ``assign``,
+        ``restore``: re-created for a push sent again, ``replicated``, ``checkpoint``:
+        loaded), ``last_used_step``, ``seconds_since_use``, ``uses``,
+        ``last_change_version``; for an ID without a row under ``CountAdmission``,
+        ``sightings``, ``min_count`` and ``needs`` (sightings still to go); and
+        ``evicted``: None, or the ``version`` and ``reason`` (``ttl``, ``capacity``,
+        ``score``, ``replicated``) of its last removal the table still remembers.
+
+        Examples
+        --------
+        >>> import numpy as np, pskv as mx
+        >>> from pskv.table import TableSpec, CountAdmission
+        >>> kv = mx.kv.create('local')
+        >>> kv.init(0, TableSpec(dim=2, admission=CountAdmission(3)))
+        >>> _ = kv.lookup(0, np.array([5]))
+        >>> e = kv.explain(0, 5); e['present'], e['sightings'], e['needs']
+        (False, 1, 2)
+        """
+        if isinstance(id, bool) or not isinstance(id, (int, np.integer)):
+            raise ConfigError(f"explain({key!r}, {id!r}): give one integer ID.", key=key)
+        with self._lock:
+            self._table_begin()
+            return self._tables.explain(key, int(id))
+
+    def hot_ids(self, key: Key, k: int = 10) -> list[tuple[int, int]]:
+        """The ``k`` (1 to 256) IDs of table key ``key`` looked up most lately, with the
+        count-min estimate of each, highest first (docs/embeddings.md H1-H3; a dist store
+        merges its servers').
+
+        Examples
+        --------
+        >>> import numpy as np, pskv as mx
+        >>> from pskv.table import TableSpec
+        >>> kv = mx.kv.create('local')
+        >>> kv.init(0, TableSpec(dim=2))
+        >>> _ = kv.lookup(0, np.array([4, 4, 4, 9]))
+        >>> kv.hot_ids(0, k=2)
+        [(4, 3), (9, 1)]
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 256:
+            raise ConfigError(f"hot_ids({key!r}, k={k!r}): give a whole number in 1..256.",
+                              key=key)
+        with self._lock:
+            self._table_begin()
+            return self._tables.hot(key, k)
 
     def table_versions(self, key: Key) -> list[int]:
         """Each shard's version of table key ``key`` (one per server; S1): a reader of

@@ -28,7 +28,8 @@ def snapshot(table: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     live = live[np.argsort(table._ids[live], kind="stable")]
     arrays = {"ids": table._ids[live], "values": table._values[live],
               "count": table._count[live], "last_step": table._last_step[live],
-              "age_seconds": table._clock() - table._last_seconds[live]}
+              "age_seconds": table._clock() - table._last_seconds[live],
+              "born_step": table._born_step[live], "born_how": table._born_how[live]}
     for i, s in enumerate(table._states):
         arrays[f"state{i}"] = s[live]
     if table._t is not None:
@@ -104,6 +105,7 @@ def restore(cls: Any, spec: TableSpec, arrays: dict[str, np.ndarray],
                 raise _bad(name, f"optimizer state {i} is missing or not of shape {(n, w)}")
     k = keep.size
     if k:
+        table._how = 5          # BIRTHS: "checkpoint" unless the state says how
         slots = table._insert(ids[keep].astype(np.int64),
                               stored=table._from_saved(np.asarray(arrays["values"])[keep]))
         table.counters["inserts"] = int(meta.get("counters", {}).get("inserts", 0))
@@ -112,9 +114,14 @@ def restore(cls: Any, spec: TableSpec, arrays: dict[str, np.ndarray],
         table._last_seconds[slots] = clock() - np.asarray(arrays["age_seconds"])[keep]
         for i, s in enumerate(table._states):
             s[slots] = np.asarray(arrays[f"state{i}"])[keep]
+        born_step, born_how = arrays.get("born_step"), arrays.get("born_how")
+        if born_step is not None and np.shape(born_step) == (n,) and \
+                np.shape(born_how) == (n,):
+            table._born_step[slots] = np.asarray(born_step)[keep]
+            table._born_how[slots] = np.minimum(np.asarray(born_how)[keep], 5)
         if table._t is not None and "adam_t" in arrays:
             table._t[slots] = np.asarray(arrays["adam_t"])[keep]
-    table._dirty = False      # a restore is the start of a lineage (S1): version 0
+    table._dirty, table._how = False, 0   # a restore starts a lineage (S1): version 0
     sightings = arrays.get("sightings")
     if table._sightings is not None and sightings is not None \
             and np.asarray(sightings).shape == table._sightings.shape:

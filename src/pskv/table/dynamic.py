@@ -22,6 +22,7 @@ from ._halves import HALVES, narrow, widen
 from ._hash import SALT_ADMIT, SALT_COUNT, SALT_INIT, salted, uniform01
 from ._index import IdIndex
 from ._rowopt import RowOptimizer, row_optimizer
+from ._hot import HotIds
 from ._stream import REASONS, TombLog, new_lineage
 from ._checks import check_grads, check_ids
 from .spec import (Capacity, Constant, CountAdmission, Normal, ProbabilityAdmission, ReadOnly,
@@ -31,7 +32,9 @@ __all__ = ["DynamicTable", "initial_values"]
 
 #: the counters :meth:`DynamicTable.stats` reports besides ``rows`` and ``step`` (R14)
 COUNTERS = ("lookups", "misses", "inserts", "refusals", "evicted_ttl", "evicted_capacity",
-            "dropped_pushes", "pushed_rows")
+            "dropped_pushes", "pushed_rows", "evicted_score", "unknown_reads")
+#: how a row was born (``kv.explain``'s ``born_by``), by the code a row keeps
+BIRTHS = ("pull", "push", "assign", "restore", "replicated", "checkpoint")
 
 
 def initial_values(spec: TableSpec, ids: np.ndarray) -> np.ndarray:
@@ -174,6 +177,13 @@ class DynamicTable:
         # the change stream (S1-S10, ``_stream``): the version of each slot's last change,
         # the table's version and history, the IDs it removed
         self._changed = np.zeros(cap, np.int64)
+        #: each row's birth: the table step then, and how (an index of ``BIRTHS``)
+        self._born_step = np.zeros(cap, np.int64)
+        self._born_how = np.zeros(cap, np.uint8)
+        #: how the rows the running operation inserts are born
+        self._how = 0
+        #: the IDs looked up most (H1-H3)
+        self.hot = HotIds()
         self.version = 0
         self.lineage = new_lineage()
         self.tombs = TombLog()
@@ -205,7 +215,8 @@ class DynamicTable:
         return {"values": per(self._values), "states": sum(per(s) for s in self._states)
                 + (per(self._t) if self._t is not None else 0), "ids": per(self._ids),
                 "meta": per(self._count) + per(self._last_step) + per(self._last_seconds)
-                + per(self._live) + per(self._changed), "index": self._index.nbytes,
+                + per(self._live) + per(self._changed) + per(self._born_step)
+                + per(self._born_how) + self.hot.nbytes(), "index": self._index.nbytes,
                 "admission": 0 if self._sightings is None else int(self._sightings.nbytes),
                 "recent": sum(int(i.nbytes + s.nbytes) for i, s in self._recent)}
 
@@ -259,6 +270,8 @@ class DynamicTable:
                 slots[miss] = self._index.find(flat[miss])
                 found = slots >= 0
                 nfound = int(np.count_nonzero(found))
+        self.counters["unknown_reads"] += flat.size - nfound
+        self.hot.add(flat)
         if nfound == flat.size:
             out = self._read(np.take(self._values, slots, axis=0))
         else:
@@ -350,6 +363,8 @@ class DynamicTable:
         self._last_step[slots] = self.step
         self._last_seconds[slots] = self._clock()
         self._live[slots] = True
+        self._born_step[slots] = self.step
+        self._born_how[slots] = self._how
         self._mark(slots)
         for s in self._states:
             s[slots] = 0
@@ -378,6 +393,7 @@ class DynamicTable:
                                                 (self._values, self._ids, self._count))
         self._last_step, self._last_seconds = bigger(self._last_step), bigger(self._last_seconds)
         self._changed = bigger(self._changed)
+        self._born_step, self._born_how = bigger(self._born_step), bigger(self._born_how)
         live = np.zeros(cap, bool)
         live[:self._top] = self._live[:self._top]
         self._live = live
@@ -445,9 +461,11 @@ class DynamicTable:
             if again.size:
                 slots[again] = self._index.find(uniq[again])
         absent = slots < 0
+        self._how = BIRTHS.index("push")
         if absent.any():
             if rowopt is None:                       # assign: every pushed ID gets its row
                 slots[absent] = self._insert(uniq[absent], summed[absent])
+                self._how = 0
                 self._touch(slots)
                 self.counters["pushed_rows"] += uniq.size
                 self.step += 1
@@ -461,9 +479,11 @@ class DynamicTable:
                     self._insert(born)
                     slots[absent] = self._index.find(uniq[absent])
             absent = slots < 0
+            self._how = 0
             self.counters["dropped_pushes"] += int(np.count_nonzero(absent))
             keep = np.flatnonzero(~absent)
             slots, summed = slots[keep], summed[keep]
+        self._how = 0
         self.counters["pushed_rows"] += slots.size
         if slots.size:
             if rowopt is None:
@@ -495,7 +515,9 @@ class DynamicTable:
         slots = self._index.find(uniq)
         absent = slots < 0
         if absent.any():
+            self._how = BIRTHS.index("assign")
             slots[absent] = self._insert(uniq[absent], stored=rows[absent])
+            self._how = 0
         self._values[slots] = rows
         self._mark(slots)
         self._commit()
@@ -538,6 +560,8 @@ class DynamicTable:
         self._commit()
         self.counters["evicted_ttl"] += expired.size
         self.counters["evicted_capacity"] += victims.size
+        if cap is not None and cap.score is not None:
+            self.counters["evicted_score"] += victims.size
         return int(expired.size + victims.size)
 
     def _scores(self, cap: Capacity, slots: np.ndarray) -> np.ndarray:
@@ -579,6 +603,33 @@ class DynamicTable:
         if self._dirty:
             self.version += 1
             self._dirty = False
+
+    def explain(self, ident: int) -> dict[str, Any]:
+        """What this table knows of ID ``ident`` (``kv.explain``; docs/embeddings.md
+        "Seeing into a table"): whether it has a row, when and how the row was born and
+        by which admission, its last update and use, and its last removal still held."""
+        ident = int(self._check_ids(np.array([ident]), "explain")[0])
+        slot = int(self._index.find(np.array([ident], np.int64))[0])
+        adm = self.spec.admission
+        out: dict[str, Any] = {"id": ident, "present": slot >= 0,
+                               "admission": type(adm).__name__ if adm is not None else
+                               "Always", "step": self.step, "version": self.version}
+        if slot >= 0:
+            out.update(born_step=int(self._born_step[slot]),
+                       born_by=BIRTHS[int(self._born_how[slot])],
+                       last_used_step=int(self._last_step[slot]),
+                       seconds_since_use=float(self._clock() - self._last_seconds[slot]),
+                       uses=int(self._count[slot]),
+                       last_change_version=int(self._changed[slot]))
+        elif isinstance(adm, CountAdmission) and self._sightings is not None:
+            cell = int((salted(np.array([ident], np.int64), SALT_COUNT)
+                        % np.uint64(adm.counters))[0])
+            seen = int(self._sightings[cell])
+            out.update(sightings=seen, min_count=int(adm.min_count),
+                       needs=max(0, int(adm.min_count) - seen))
+        gone = self.tombs.last(ident)
+        out["evicted"] = None if gone is None else {"version": gone[0], "reason": gone[1]}
+        return out
 
     def changes_since(self, since: int = -1, lineage: str | None = None, **kw: Any) -> Any:
         """One page of what changed since ``(lineage, since)`` (a
@@ -642,6 +693,7 @@ class DynamicTable:
                   "count": self._count[slots], "last_step": self._last_step[slots],
                   "age_seconds": self._clock() - self._last_seconds[slots],
                   "evicted": evicted}
+        arrays["born_step"], arrays["born_how"] = self._born_step[slots], self._born_how[slots]
         if evicted.size:
             arrays["evicted_why"] = np.full(evicted.size, REASONS.index("replicated"), np.uint8) \
                 if evicted_why is None else np.asarray(evicted_why, np.uint8)
@@ -677,6 +729,7 @@ class DynamicTable:
             lost = np.unique(born)
             lost = lost[self._index.find(lost) < 0]
             if lost.size:
+                self._how = BIRTHS.index("pull")
                 self._insert(lost)
         evicted = np.asarray(arrays.get("evicted", np.empty(0, np.int64)), np.int64)
         if evicted.size:
@@ -696,8 +749,15 @@ class DynamicTable:
             slots = self._index.find(ids)
             absent = slots < 0
             if absent.any():
+                self._how = BIRTHS.index("replicated")
                 slots[absent] = self._insert(ids[absent])
+                self._how = 0
             self._values[slots] = self._from_saved(arrays["values"])   # the same bits
+            born_step, born_how = arrays.get("born_step"), arrays.get("born_how")
+            if born_step is not None and np.shape(born_step) == (n,) and \
+                    np.shape(born_how) == (n,):
+                self._born_step[slots] = born_step
+                self._born_how[slots] = np.minimum(np.asarray(born_how), len(BIRTHS) - 1)
             self._count[slots] = arrays["count"]
             self._last_step[slots] = arrays["last_step"]
             self._last_seconds[slots] = self._clock() - np.asarray(arrays["age_seconds"])
@@ -719,7 +779,9 @@ class DynamicTable:
         wanted = np.unique(np.asarray(ids, np.int64))
         lost = wanted[self._index.find(wanted) < 0]
         if lost.size:
+            self._how = BIRTHS.index("restore")
             self._insert(lost)
+            self._how = 0
         self._commit()
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

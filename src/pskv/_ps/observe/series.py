@@ -176,18 +176,37 @@ class ServerMetrics(NodeMetrics):
                     for c, doc in _TABLE_COUNTERS.items()}
         by_reason = CounterMetricFamily("pskv_table_evicted", "Rows evicted, by reason: "
                                         "ttl (unused longer than TTL allows), capacity "
-                                        "(lowest score past Capacity.max_rows)",
+                                        "(lowest LRU or LFU rank past Capacity.max_rows), "
+                                        "score (lowest custom score past it)",
                                         labels=[*by_table, "reason"])
         for key, stats in sorted(state["tables"].items()):
             rows.add_metric([*me, key], stats.get("rows", 0))
             nbytes.add_metric([*me, key], stats.get("bytes", 0))
-            for reason in ("ttl", "capacity"):
-                by_reason.add_metric([*me, key, reason], stats.get(f"evicted_{reason}", 0))
+            score = stats.get("evicted_score", 0)
+            by_reason.add_metric([*me, key, "ttl"], stats.get("evicted_ttl", 0))
+            by_reason.add_metric([*me, key, "capacity"],
+                                 stats.get("evicted_capacity", 0) - score)
+            by_reason.add_metric([*me, key, "score"], score)
             for c, family in counters.items():
                 family.add_metric([*me, key], stats.get(c, 0))
         yield from (rows, nbytes)
         yield from counters.values()
         yield by_reason
+        by_shard_t = [*LABELS, "key", "shard"]
+        version = GaugeMetricFamily("pskv_table_stream_version", "The version of a table "
+                                    "shard served here (its change stream, S1)",
+                                    labels=by_shard_t)
+        readers = GaugeMetricFamily("pskv_table_stream_readers", "Readers of a table "
+                                    "shard's change stream in the last minute",
+                                    labels=by_shard_t)
+        behind = GaugeMetricFamily("pskv_table_stream_lag_versions", "Versions the slowest "
+                                   "reader of the last minute is behind a table shard",
+                                   labels=by_shard_t)
+        for key, shard, v, n, lag_v in state.get("streams", []):
+            version.add_metric([*me, key, str(shard)], v)
+            readers.add_metric([*me, key, str(shard)], n)
+            behind.add_metric([*me, key, str(shard)], lag_v)
+        yield from (version, readers, behind)
         by_shard = [*LABELS, "shard", "backup"]
         up = GaugeMetricFamily("pskv_replication_backup_up", "1 while the backup of a shard "
                                "served here is connected, else 0", labels=by_shard)
@@ -205,6 +224,7 @@ _TABLE_COUNTERS = {
     "misses": "IDs looked up that the table did not hold",
     "inserts": "Rows inserted (admitted IDs)",
     "refusals": "Unknown IDs the admission policy refused",
+    "unknown_reads": "IDs a lookup answered with the unknown value (no row, R4)",
     "evictions": "Rows evicted (TTL and capacity)",
     "budget_refusals": "Lookups and pushes refused: their new rows would grow the table "
                        "past PSKV_MAX_KEY_BYTES",

@@ -269,6 +269,35 @@ class DistTables(Tables):
                     total.get(k, 0) + int(v)
         return total
 
+    def explain(self, key: Any, ident: int) -> dict[str, Any]:
+        """What the server owning ID ``ident`` (R13) knows of it (``Op.EXPLAIN``)."""
+        self.get(key, "explain an ID of")
+        s = int(shard_of(np.array([ident], np.int64), self._n)[0])
+        ts = self._kv.request(s, Command.COMMAND,
+                              body=command(Op.EXPLAIN, key=self.pskeys[key], id=ident))
+        (meta, _a), = self._wait_all([ts], f"an explanation of table {key!r}")
+        got = meta.body.get("explain") if isinstance(meta.body, dict) else None
+        if not isinstance(got, dict):
+            raise ClusterError(f"server {s} sent no explanation of table {key!r} (reported "
+                               f"by server {s})", key=key)
+        return got
+
+    def hot(self, key: Any, k: int) -> list[tuple[int, int]]:
+        """Every server's ``k`` hottest IDs of table ``key``, merged (``Op.HOT_IDS``)."""
+        self.get(key, "read the hot IDs of")
+        body = command(Op.HOT_IDS, key=self.pskeys[key], k=k)
+        tss = [self._kv.request(s, Command.COMMAND, body=body) for s in range(self._n)]
+        got: list[tuple[int, int]] = []
+        for s, (meta, _a) in enumerate(self._wait_all(tss, f"the hot IDs of table {key!r}")):
+            hot = meta.body.get("hot") if isinstance(meta.body, dict) else None
+            if not isinstance(hot, list) or not all(
+                    isinstance(p, list) and len(p) == 2 and all(type(x) is int for x in p)
+                    for p in hot):
+                raise ClusterError(f"server {s} sent no hot IDs of table {key!r} (reported "
+                                   f"by server {s})", key=key)
+            got.extend((int(i), int(c)) for i, c in hot)
+        return sorted(got, key=lambda p: (-p[1], p[0]))[:k]
+
     def num_shards(self, key: Any) -> int:
         """How many shards table ``key`` is cut into: one per server (R13)."""
         self.get(key, "subscribe to")

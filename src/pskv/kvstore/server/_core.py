@@ -50,7 +50,8 @@ from ._observed import server_state
 from ..durable._backups import Backups
 from ._staleness import cmd_clock, park_read
 from ..engine._entries import init_entries
-from ._tables import cmd_changes, cmd_lookup, cmd_table_stats, stats_reply
+from ._tables import (cmd_changes, cmd_explain, cmd_hot_ids, cmd_lookup, cmd_table_stats,
+                      stats_reply)
 from ..durable._shards import TakeoverPending, Shard, Shards
 from ..durable._takeover import Takeovers
 
@@ -653,6 +654,7 @@ class KVServer:
         Op.CHECKPOINT: _cmd_checkpoint, Op.RESTORE: _cmd_restore,
         Op.LOOKUP: cmd_lookup, Op.TABLE_STATS: cmd_table_stats, Op.CLOCK: cmd_clock,
         Op.JOINED: _cmd_joined, Op.ADOPT: _cmd_adopt, Op.CHANGES: cmd_changes,
+        Op.EXPLAIN: cmd_explain, Op.HOT_IDS: cmd_hot_ids,
     }
 
     _handlers: dict[Command, Callable[..., None]] = {

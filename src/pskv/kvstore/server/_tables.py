@@ -22,7 +22,8 @@ from ..engine._core import Engine, Ticket
 from ..engine._tables import check_lookup
 from ...table._stream import read_changes
 
-__all__ = ["cmd_changes", "cmd_lookup", "cmd_table_stats", "stats_reply"]
+__all__ = ["cmd_changes", "cmd_explain", "cmd_hot_ids", "cmd_lookup", "cmd_table_stats",
+           "stats_reply"]
 
 #: the stream readers a table shard remembers (the most recent)
 MAX_READERS = 64
@@ -83,6 +84,24 @@ def cmd_changes(server: Any, shard: Any, conn: Any, worker: int, ts: int,
         "cursor": page.cursor, "shard": list(table.shard), "dim": int(table.spec.dim),
         "dtype": page.rows.dtype.name},
         arrays=[page.removed, page.reasons, page.ids, page.rows])
+    return None
+
+
+def cmd_explain(server: Any, shard: Any, conn: Any, worker: int, ts: int,
+                body: dict[str, Any], arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+    """What this shard of table ``key`` knows of one ID (``DynamicTable.explain``), as an
+    ACK's body, answered at once."""
+    table = shard.engine.table(body["key"], "explain an ID of", server._where())
+    server._send(conn, Command.ACK, ts, {"explain": {**table.explain(body["id"]),
+                                                     "shard": table.shard[0]}})
+    return None
+
+
+def cmd_hot_ids(server: Any, shard: Any, conn: Any, worker: int, ts: int,
+                body: dict[str, Any], arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+    """This shard's ``k`` most looked-up IDs of table ``key`` (H1-H3), answered at once."""
+    table = shard.engine.table(body["key"], "read the hot IDs of", server._where())
+    server._send(conn, Command.ACK, ts, {"hot": [list(p) for p in table.hot.top(body["k"])]})
     return None
 
 
