@@ -64,19 +64,21 @@ def test_birth_records_survive_a_state_and_a_replicated_change():
     assert [copy.explain(i)["born_by"] for i in (3, 4)] == ["push", "pull"]
 
 
-def test_the_sketch_finds_the_heavy_hitters_of_a_zipf_stream():
+@pytest.mark.parametrize("chunks", [2000, 50])     # 100 IDs a lookup (exact), 4000 (sampled)
+def test_the_sketch_finds_the_heavy_hitters_of_a_zipf_stream(chunks):
     rng = np.random.default_rng(3)
     hot = HotIds()
     ranks = rng.zipf(1.3, 200_000) % 1_000_000
     ids = (ranks * 2654435761) % (1 << 40)                     # scattered IDs
-    for chunk in np.array_split(ids.astype(np.int64), 50):
+    for chunk in np.array_split(ids.astype(np.int64), chunks):
         hot.add(chunk)
     uniq, counts = np.unique(ids, return_counts=True)
     truth = set(uniq[np.argsort(-counts)[:10]].tolist())
     got = hot.top(10)
     assert len(truth & {i for i, _c in got}) >= 8
-    true = dict(zip(uniq.tolist(), counts.tolist()))
-    assert all(c >= true[i] for i, c in got)                   # never below the truth
+    if chunks == 2000:                # every ID counted: never below the truth (H1)
+        true = dict(zip(uniq.tolist(), counts.tolist()))
+        assert all(c >= true[i] for i, c in got)
 
 
 def test_store_calls_and_their_misuse():
