@@ -6,7 +6,7 @@ server; with it the reader connects to the servers, proves that key, checks each
 server's proof, and may then read change streams (``Op.CHANGES``) and nothing else: a
 reader cannot push, pull, look up or change anything (docs/security.md). When a server
 dies, the reader asks the scheduler again and reads the shard from its backup, where the
-stream goes on (S8). ``reader.subscribe(key)`` returns the same
+stream goes on (E8). ``reader.subscribe(key)`` returns the same
 :class:`~pskv.kv.Subscription` as ``kv.subscribe`` (docs/embeddings.md, "The change
 stream").
 """

@@ -1,4 +1,4 @@
-"""The change stream of a table on the servers (docs/embeddings.md S1-S10), thread clusters:
+"""The change stream of a table on the servers (docs/embeddings.md E1-E10), thread clusters:
 a subscriber's mirror equals the servers' table bit for bit, across pages and resumes."""
 from __future__ import annotations
 

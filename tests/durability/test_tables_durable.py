@@ -74,7 +74,7 @@ def test_server_killed_with_replicas_loses_no_row(tmp_path: Path, die: tuple[int
                                                   dtype: str, stream: str) -> None:
     """The backup holds the same bits as its primary: a float16 table (R17) too; a
     subscriber of the change stream goes on from the backup with no reset, and its mirror
-    holds the table's rows bit for bit (S8)."""
+    holds the table's rows bit for bit (E8)."""
     env = {"PSKV_REPLICAS": "1", "DTYPE": dtype, "STREAM": stream}
     assert _job(tmp_path / "calm", 200, 2, env) == 0
     assert _job(tmp_path / "killed", 200, 2, env, die=die) == 0

@@ -1,4 +1,4 @@
-"""The change stream of a table (docs/embeddings.md S1-S10): a mirror that reads it at any
+"""The change stream of a table (docs/embeddings.md E1-E10): a mirror that reads it at any
 moment, in pages or whole, resumed or reset, equals the table bit for bit."""
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ class Op(str, enum.Enum):
     JOINED = "joined"            # epoch: every worker joined (kv.join); rounds count all again
     ADOPT = "adopt"              # values: keys summed among the workers, one array each: store
     CHANGES = "changes"          # key, since, lineage, cursor, upto, max_rows, raw: a page of
-    #                              a table shard's change stream (docs/embeddings.md S1-S10)
+    #                              a table shard's change stream (docs/embeddings.md E1-E10)
     EXPLAIN = "explain"          # key, id: reply what a table shard knows of that ID
     HOT_IDS = "hot_ids"          # key, k: reply a table shard's k most looked-up IDs
 

@@ -359,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def export_table(kv: Any, directory: str) -> None:
     """Write the table as the servers hold it to ``directory``: rank 0 reads its change
-    stream whole (docs/embeddings.md S5) into a :class:`pskv.sinks.FileSink` (a full
+    stream whole (docs/embeddings.md E5) into a :class:`pskv.sinks.FileSink` (a full
     snapshot and a manifest with each shard's version); every worker waits for it."""
     from pskv.sinks import FileSink
     if kv.rank == 0:

@@ -1,4 +1,4 @@
-"""``kv.subscribe``: a reader of a table key's change stream, on any store (S1-S10).
+"""``kv.subscribe``: a reader of a table key's change stream, on any store (E1-E10).
 
 A :class:`Subscription` remembers, per shard, the lineage and version its caller has
 been given; :meth:`Subscription.poll` reads each shard's changes since then (every page

@@ -113,7 +113,7 @@ def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
                                backed_up=backed_up(spec, os.environ),
                                # the scheduler runs here (ssh and mpi: scheduler_here)
                                check_joined=launcher.scheduler_here,
-                               # servers serve stream readers that are behind a while (S10)
+                               # servers serve stream readers that are behind a while (E10)
                                shutdown_timeout=max(spec.shutdown_timeout, STREAM_DRAIN + 3)
                                if beside else spec.shutdown_timeout, stdout=stdout,
                                stderr=stderr)

@@ -8,7 +8,7 @@ a rank: ``DMLC_PS_ROOT_URI``, ``DMLC_PS_ROOT_PORT``, ``PSKV_SECRET``...). Rules:
 * one that exits while the job runs fails the job: the launcher's exit status is 1 when
   the job itself succeeded, and the log names the process and its status;
 * when the job has ended (its servers gone: they serve stream readers that are behind up
-  to ``STREAM_DRAIN`` seconds first, S10), they are sent SIGTERM, then SIGKILL after the
+  to ``STREAM_DRAIN`` seconds first, E10), they are sent SIGTERM, then SIGKILL after the
   grace period; a sink writes what it read and exits 0 on SIGTERM.
 
 Only the local launcher starts them (elsewhere start ``python -m pskv.sinks`` beside the

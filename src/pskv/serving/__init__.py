@@ -6,7 +6,7 @@ own and answers lookups at a version it reports, without touching the training s
 (docs/embeddings.md, "Serving replica", rules V1-V6):
 
 * V1. *Versions.* A lookup answers ``(rows, found, versions)``: ``versions[shard]`` is the
-  version of each shard the rows were read at (S1); with ``min_version`` it waits, up to
+  version of each shard the rows were read at (E1); with ``min_version`` it waits, up to
   ``timeout`` seconds, until every shard is at least there, else
   :class:`~pskv.errors.StaleReadError`.
 * V2. *Whole batches.* A poll's batches are applied under the replica's lock; a lookup

@@ -121,7 +121,7 @@ def restore(cls: Any, spec: TableSpec, arrays: dict[str, np.ndarray],
             table._born_how[slots] = np.minimum(np.asarray(born_how)[keep], 5)
         if table._t is not None and "adam_t" in arrays:
             table._t[slots] = np.asarray(arrays["adam_t"])[keep]
-    table._dirty, table._how = False, 0   # a restore starts a lineage (S1): version 0
+    table._dirty, table._how = False, 0   # a restore starts a lineage (E1): version 0
     sightings = arrays.get("sightings")
     if table._sightings is not None and sightings is not None \
             and np.asarray(sightings).shape == table._sightings.shape:

@@ -1,15 +1,15 @@
 """A table's change stream: versions, tombstones, change batches and a mirror that applies
-them (docs/embeddings.md, rules S1-S10). No sockets, no threads.
+them (docs/embeddings.md, rules E1-E10). No sockets, no threads.
 
 Every change a table applies to its rows (a push, a birth, an assign, an eviction, a
 replicated round) stamps the rows it changed with the table's next *version*; one public
-operation is one version (S1). Removed IDs go to a bounded :class:`TombLog`. A reader
+operation is one version (E1). Removed IDs go to a bounded :class:`TombLog`. A reader
 holding a copy at version ``v`` asks :func:`read_changes` for what changed since ``v`` and
 gets a :class:`ChangeBatch`: the IDs and current rows of every row stamped after ``v``,
 and the IDs removed after ``v``; applying it (removed first, then rows) makes the copy
-equal to the table at the batch's version (S3). A reader whose ``v`` is older than what
+equal to the table at the batch's version (E3). A reader whose ``v`` is older than what
 the tombstones still cover, or of another *lineage* (the table was reloaded from a
-checkpoint: its history forked), gets the whole table instead, marked ``reset`` (S5).
+checkpoint: its history forked), gets the whole table instead, marked ``reset`` (E5).
 
 :class:`RowMirror` is such a copy of a whole table (every shard): what a sink's replay, a
 serving replica and the tests hold.
@@ -28,12 +28,12 @@ from ..errors import ShapeMismatchError, StaleReadError, UnsupportedError
 __all__ = ["ChangeBatch", "RowMirror", "TombLog", "new_lineage", "read_all", "read_changes",
            "REASONS", "TOMB_IDS"]
 
-#: the most removed IDs a table shard remembers for its readers (S5): a reader further
+#: the most removed IDs a table shard remembers for its readers (E5): a reader further
 #: behind gets the whole shard
 TOMB_IDS = 1 << 20
 #: why a row was removed, as a tombstone's code (``ChangeBatch.reasons``, ``kv.explain``)
 REASONS = ("ttl", "capacity", "score", "replicated")
-#: rows one batch carries at most unless the reader asks for fewer (a page, S6)
+#: rows one batch carries at most unless the reader asks for fewer (a page, E6)
 PAGE_ROWS = 65536
 
 
@@ -44,7 +44,7 @@ def new_lineage() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ChangeBatch:
-    """What one read of a table shard's stream returns (S3-S6).
+    """What one read of a table shard's stream returns (E3-E6).
 
     Attributes
     ----------
@@ -96,7 +96,7 @@ class ChangeBatch:
 class TombLog:
     """The IDs a table removed, with the version and the reason of each, bounded to
     ``limit`` IDs: ``floor`` is the oldest version a reader may be at and still get
-    every removal since (older: the whole shard, S5)."""
+    every removal since (older: the whole shard, E5)."""
 
     def __init__(self, limit: int = TOMB_IDS, floor: int = 0) -> None:
         self.limit = int(limit)

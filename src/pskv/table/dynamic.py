@@ -174,7 +174,7 @@ class DynamicTable:
         adm = spec.admission
         self._sightings = np.zeros(adm.counters, np.int32) \
             if isinstance(adm, CountAdmission) else None
-        # the change stream (S1-S10, ``_stream``): the version of each slot's last change,
+        # the change stream (E1-E10, ``_stream``): the version of each slot's last change,
         # the table's version and history, the IDs it removed
         self._changed = np.zeros(cap, np.int64)
         #: each row's birth: the table step then, and how (an index of ``BIRTHS``)
@@ -188,7 +188,7 @@ class DynamicTable:
         self.lineage = new_lineage()
         self.tombs = TombLog()
         #: a change of the running operation is stamped ``version + 1``; the operation
-        #: ends with :meth:`_commit` (one version per operation, S1)
+        #: ends with :meth:`_commit` (one version per operation, E1)
         self._dirty = False
         #: why the slots :meth:`_evict` removes go (an index of ``REASONS``)
         self._why = 0
@@ -592,14 +592,14 @@ class DynamicTable:
         self._live[slots] = False
         self._free = np.concatenate([self._free, slots])
 
-    # ---- the change stream (S1-S10) ------------------------------------------------------
+    # ---- the change stream (E1-E10) ------------------------------------------------------
     def _mark(self, slots: np.ndarray) -> None:
         """Stamp ``slots`` as changed by the running operation (version + 1)."""
         self._changed[slots] = self.version + 1
         self._dirty = True
 
     def _commit(self) -> None:
-        """End an operation: its changes, if any, make the next version (S1)."""
+        """End an operation: its changes, if any, make the next version (E1)."""
         if self._dirty:
             self.version += 1
             self._dirty = False
@@ -638,7 +638,7 @@ class DynamicTable:
         return read_changes(self, since, lineage, **kw)
 
     def stream_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """What a backup's copy needs to go on with this stream (S8): each live row's
+        """What a backup's copy needs to go on with this stream (E8): each live row's
         stamp and the tombstones, as arrays, and the lineage, version and floor."""
         live = np.flatnonzero(self._live[:self._top])
         return ({"changed_ids": self._ids[live], "changed_at": self._changed[live],
@@ -648,7 +648,7 @@ class DynamicTable:
 
     def go_on_from(self, arrays: dict[str, Any], meta: dict[str, Any]) -> None:
         """Take over the stream :meth:`stream_state` described (a backup's whole copy):
-        the same lineage, version, stamps and tombstones (S8)."""
+        the same lineage, version, stamps and tombstones (E8)."""
         self.lineage = str(meta["lineage"])
         self.version = int(meta["version"])
         self.tombs = TombLog.from_arrays(arrays, int(meta.get("floor", 0)))
@@ -721,7 +721,7 @@ class DynamicTable:
                 self._states = [np.zeros((cap, w), self.spec.state_dtype) for w in rowopt.widths]
                 self._t = np.zeros(cap, np.int64) if rowopt.per_row_step else None
                 self._rowopt = rowopt
-        # stamped with the primary's version, so the stream goes on where it was (S8)
+        # stamped with the primary's version, so the stream goes on where it was (E8)
         target = int(meta.get("version", self.version + 1))
         self.version = min(self.version, target - 1)
         born = np.asarray(arrays.get("born", np.empty(0, np.int64)), np.int64)

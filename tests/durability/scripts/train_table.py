@@ -9,7 +9,7 @@ init and trains STEPS more steps (numbered after the saved ones: START_STEP). Wi
 the table starts at zeros and every push adds ones (SGD with learning rate -1), so each row
 ends as the number of times its ID was pushed: a count of the pushes the servers applied.
 DTYPE sets the table's storage dtype (default float32; float16 or bfloat16: R17). With
-STREAM=1 (or STREAM=reader: a ``pskv.stream.Reader``) rank 0 follows the table's change stream every 10 steps into a RowMirror (S1-S10)
+STREAM=1 (or STREAM=reader: a ``pskv.stream.Reader``) rank 0 follows the table's change stream every 10 steps into a RowMirror (E1-E10)
 and writes the mirror's rows (OUT/mirror.npz) and how many of its batches after the first
 read were resets (``stream_resets`` in stats.json: a failover must continue the stream).
 """

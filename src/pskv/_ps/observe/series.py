@@ -194,7 +194,7 @@ class ServerMetrics(NodeMetrics):
         yield by_reason
         by_shard_t = [*LABELS, "key", "shard"]
         version = GaugeMetricFamily("pskv_table_stream_version", "The version of a table "
-                                    "shard served here (its change stream, S1)",
+                                    "shard served here (its change stream, E1)",
                                     labels=by_shard_t)
         readers = GaugeMetricFamily("pskv_table_stream_readers", "Readers of a table "
                                     "shard's change stream in the last minute",

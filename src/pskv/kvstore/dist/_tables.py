@@ -304,7 +304,7 @@ class DistTables(Tables):
         return self._n
 
     def versions(self, key: Any) -> list[int]:
-        """Each server's version of table ``key`` (S1)."""
+        """Each server's version of table ``key`` (E1)."""
         self.get(key, "read the versions of")
         body = command(Op.TABLE_STATS, key=self.pskeys[key])
         tss = [self._kv.request(s, Command.COMMAND, body=body) for s in range(self._n)]

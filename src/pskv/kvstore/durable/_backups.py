@@ -75,7 +75,7 @@ def _install_table(engine: Engine, e: dict[str, Any], arrays: list[np.ndarray]) 
     named = {f: arrays[int(i)] for f, i in e["fields"].items()}
     table = restore_table(empty, [(shard[0], named, e["table"])])
     stream = e.get("stream")
-    if isinstance(stream, dict):        # the primary's change stream goes on here (S8)
+    if isinstance(stream, dict):        # the primary's change stream goes on here (E8)
         table.go_on_from({f: arrays[int(i)] for f, i in stream["fields"].items()}, stream)
     engine.init_table(e["id"], table)
 

@@ -338,7 +338,7 @@ def encode_copy(copy: ShardCopy, sync: bool,
                 ) -> tuple[dict[str, Any], list[np.ndarray]]:
     """A whole shard as one replication message (JSON body, arrays; no pickle); with
     ``streams`` (:meth:`Engine.stream_states`), each table's change stream too, so the
-    backup goes on with it (S8)."""
+    backup goes on with it (E8)."""
     arrays: list[np.ndarray] = []
     entries: list[dict[str, Any]] = []
     tables: list[tuple[int, dict[str, np.ndarray]]] = []

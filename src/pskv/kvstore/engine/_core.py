@@ -252,7 +252,7 @@ class Engine(UnevenRounds):
 
     def readers_behind(self, seen_within: float) -> int:
         """How many stream readers that read within ``seen_within`` seconds have not read a
-        table shard of this engine up to its version (S10)."""
+        table shard of this engine up to its version (E10)."""
         now, behind = time.time(), 0
         for e in self._entries.values():
             if e.table is not None:

@@ -41,7 +41,7 @@ def init_entries(engine: Engine, keys: tuple[int, ...], specs: list[dict[str, An
             check_table_init(declared, shard[1], spec["key"], max_key_bytes, where)
             try:
                 tables[k] = served_table(declared, spec["key"], shard)
-                if spec.get("lineage"):    # worker 0's: the backup's INIT has the same (S8)
+                if spec.get("lineage"):    # worker 0's: the backup's INIT has the same (E8)
                     tables[k].lineage = str(spec["lineage"])
             except (MemoryError, ValueError) as err:
                 raise TableSpecError(

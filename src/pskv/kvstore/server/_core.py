@@ -60,7 +60,7 @@ __all__ = ["KVServer"]
 #: the commands a reader of the change stream (``pskv.stream``) may send a server
 READER_OPS = frozenset({Op.CHANGES})
 #: seconds a server told to shut down goes on answering stream readers that read within
-#: that long and have not read every table to its last version (S10)
+#: that long and have not read every table to its last version (E10)
 STREAM_DRAIN = 5.0
 log = logging.getLogger(__name__)
 
@@ -723,7 +723,7 @@ class KVServer:
 
     def _draining(self) -> bool:
         """Told to shut down: whether to serve on a while for stream readers that are
-        behind (S10): up to :data:`STREAM_DRAIN` seconds, for readers that read within
+        behind (E10): up to :data:`STREAM_DRAIN` seconds, for readers that read within
         that long, so a sink beside the job gets every change before the servers go."""
         now = time.monotonic()
         if self._drain_until is None:

@@ -39,7 +39,7 @@ def server_state(shards: Shards) -> dict[str, Any]:
                 tables[label] = stats if prev is None else {
                     c: prev.get(c, 0) + v for c, v in stats.items()}
                 # the change stream: this shard's version, its readers of the last minute
-                # and how many versions the slowest of them is behind (S1-S10)
+                # and how many versions the slowest of them is behind (E1-E10)
                 now, version = time.time(), table.version
                 seen = [v for v, at in list(table.readers.values()) if now - at <= 60.0]
                 streams.append((label, table.shard[0], version, len(seen),

@@ -59,11 +59,11 @@ def cmd_table_stats(server: Any, shard: Any, conn: Any, worker: int, ts: int,
 
 def cmd_changes(server: Any, shard: Any, conn: Any, worker: int, ts: int,
                 body: dict[str, Any], arrays: list[np.ndarray]) -> list[np.ndarray] | None:
-    """A page of this shard's change stream of table ``key`` (S1-S10), answered at once
+    """A page of this shard's change stream of table ``key`` (E1-E10), answered at once
     (a read waits for no push): DATA with ``[removed, reasons, ids, rows]`` and the
     page's lineage, version, reset and cursor. Its rows fit a reply
     (``PSKV_MAX_REPLY_BYTES``): a page carries fewer than ``max_rows`` if they would not.
-    Sent after the backup holds every change it shows (``_send`` drains first, S8)."""
+    Sent after the backup holds every change it shows (``_send`` drains first, E8)."""
     key = body["key"]
     engine: Engine = shard.engine
     table = engine.table(key, "read the changes of", server._where())
