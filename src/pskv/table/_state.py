@@ -122,6 +122,7 @@ def restore(cls: Any, spec: TableSpec, arrays: dict[str, np.ndarray],
         if table._t is not None and "adam_t" in arrays:
             table._t[slots] = np.asarray(arrays["adam_t"])[keep]
     table._dirty, table._how = False, 0   # a restore starts a lineage (E1): version 0
+    table._forget_marks()
     sightings = arrays.get("sightings")
     if table._sightings is not None and sightings is not None \
             and np.asarray(sightings).shape == table._sightings.shape:

@@ -188,8 +188,12 @@ def read_changes(table: Any, since: int, lineage: str | None, *, cursor: int = 0
         removed, reasons = np.empty(0, np.int64), np.empty(0, np.uint8)
     top = table._top
     cursor = min(cursor, top)
-    window = np.arange(cursor, top, dtype=np.int64)
-    hit = window[table._live[cursor:top] & (table._changed[cursor:top] > low)]
+    some = table.changed_slots(low, cursor) if low >= 0 else None
+    if some is None:            # a whole read, or one from before the log: scan
+        window = np.arange(cursor, top, dtype=np.int64)
+        hit = window[table._live[cursor:top] & (table._changed[cursor:top] > low)]
+    else:                       # the slots the versions since changed, still live
+        hit = some[table._live[some] & (table._changed[some] > low)]
     more = hit.size > max_rows
     if more:
         hit = hit[:max_rows]

@@ -13,6 +13,7 @@ place).
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Callable
 
 import numpy as np
@@ -33,6 +34,8 @@ __all__ = ["DynamicTable", "initial_values"]
 #: the counters :meth:`DynamicTable.stats` reports besides ``rows`` and ``step`` (R14)
 COUNTERS = ("lookups", "misses", "inserts", "refusals", "evicted_ttl", "evicted_capacity",
             "dropped_pushes", "pushed_rows", "evicted_score", "unknown_reads")
+#: the most slots a table remembers the versions of (``changed_slots``): 8 MiB
+MARKED_SLOTS = 1 << 20
 #: how a row was born (``kv.explain``'s ``born_by``), by the code a row keeps
 BIRTHS = ("pull", "push", "assign", "restore", "replicated", "checkpoint")
 
@@ -190,6 +193,12 @@ class DynamicTable:
         #: a change of the running operation is stamped ``version + 1``; the operation
         #: ends with :meth:`_commit` (one version per operation, E1)
         self._dirty = False
+        #: the slots each recent version changed (``changed_slots``), and those of the
+        #: running operation
+        self._pending: list[np.ndarray] = []
+        self._marks: deque[tuple[int, np.ndarray]] = deque()
+        self._marked = 0
+        self._marks_floor = 0
         #: why the slots :meth:`_evict` removes go (an index of ``REASONS``)
         self._why = 0
         #: who read this table's stream: reader -> (version read to, time.time() then)
@@ -596,6 +605,7 @@ class DynamicTable:
     def _mark(self, slots: np.ndarray) -> None:
         """Stamp ``slots`` as changed by the running operation (version + 1)."""
         self._changed[slots] = self.version + 1
+        self._pending.append(np.array(slots, np.int64, copy=True).ravel())
         self._dirty = True
 
     def _commit(self) -> None:
@@ -603,6 +613,38 @@ class DynamicTable:
         if self._dirty:
             self.version += 1
             self._dirty = False
+            self._log_marks()
+
+    def _log_marks(self) -> None:
+        """Remember which slots the version just made changed (a read of the changes
+        since a recent version looks at those slots only, not the whole table), bounded
+        to :data:`MARKED_SLOTS` slots: older versions are read by a scan."""
+        if not self._pending:
+            return
+        slots = self._pending[0] if len(self._pending) == 1 else np.concatenate(self._pending)
+        self._pending = []
+        self._marks.append((self.version, slots))
+        self._marked += slots.size
+        while self._marked > MARKED_SLOTS and self._marks:
+            v, old = self._marks.popleft()
+            self._marked -= old.size
+            self._marks_floor = v
+
+    def _forget_marks(self) -> None:
+        """The slots of past versions are unknown from here (a restore, a whole copy)."""
+        self._pending, self._marks, self._marked = [], deque(), 0
+        self._marks_floor = self.version
+
+    def changed_slots(self, since: int, cursor: int) -> np.ndarray | None:
+        """The slots (sorted, from ``cursor``) that may have changed after ``since``, or
+        None when the log does not reach back there (then scan)."""
+        if since < self._marks_floor:
+            return None
+        got = [s for v, s in self._marks if v > since]
+        if not got:
+            return np.empty(0, np.int64)
+        slots = np.unique(np.concatenate(got))
+        return slots[slots >= cursor] if cursor else slots
 
     def explain(self, ident: int) -> dict[str, Any]:
         """What this table knows of ID ``ident`` (``kv.explain``; docs/embeddings.md
@@ -651,6 +693,7 @@ class DynamicTable:
         the same lineage, version, stamps and tombstones (E8)."""
         self.lineage = str(meta["lineage"])
         self.version = int(meta["version"])
+        self._forget_marks()
         self.tombs = TombLog.from_arrays(arrays, int(meta.get("floor", 0)))
         ids = np.asarray(arrays.get("changed_ids", np.empty(0, np.int64)), np.int64)
         at = np.asarray(arrays.get("changed_at", np.empty(0, np.int64)), np.int64)
@@ -768,6 +811,7 @@ class DynamicTable:
             self._mark(slots)
         self._dirty = False
         self.version = max(self.version, target)
+        self._log_marks()
         self.step = int(meta.get("step", self.step))
         for k, v in (meta.get("counters") or {}).items():
             if k in self.counters:
