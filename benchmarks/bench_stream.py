@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds the reader sleeps between two polls")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--tag", default="", help="results go to bench_stream<TAG>.json/.md")
     ap.add_argument("--no-write", action="store_true", help="print only")
     args = ap.parse_args(argv)
     if args.reader:
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                                "PASS" if w >= 0.95 * wo else "MISS"]]) + "\n")
     print(md)
     if not args.no_write:
-        for p in _common.write_results("bench_stream", data, md):
+        for p in _common.write_results("bench_stream" + args.tag, data, md):
             print(f"wrote {p}")
     return 0
 
