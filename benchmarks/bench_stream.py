@@ -16,8 +16,8 @@ included: an upper bound), per shard and version.
 
 1. Lag, paced at 10 steps/s: ``B`` so that the workers change 1e4 and 1e5 rows/s
    (aim, issue #31: p99 under 1 s at 1e4 rows/s).
-2. Cost: steps/s unpaced (B=4096 a worker), with the reader against without it,
-   alternated ``--repeats`` times (aim: within 5 %).
+2. Cost: steps/s unpaced (B = each of ``--cost-batches`` a worker), with the reader
+   against without it, alternated ``--repeats`` times (aim: within 5 %).
 
 Results go to ``benchmarks/results/bench_stream.json`` and ``.md``.
 """
@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=0.02,
                     help="seconds the reader sleeps between two polls")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cost-batches", default="512,4096",
+                    help="IDs a worker a step of the unpaced cost runs, comma-separated")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--tag", default="", help="results go to bench_stream<TAG>.json/.md")
     ap.add_argument("--no-write", action="store_true", help="print only")
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         return worker(args)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import _common
-    lag_rows, raw = [], {"lag": {}, "cost": {"with": [], "without": []}}
+    lag_rows, raw = [], {"lag": {}, "cost": {}}
     for rate in (10_000, 100_000):
         batch = rate // (2 * 10)          # 2 workers at 10 steps/s
         got = _job(args, batch, 10.0, True)
@@ -179,15 +181,20 @@ def main(argv: list[str] | None = None) -> int:
         lag_rows.append([f"{rate:,}", f"{batch:,}", f"{got['steps_per_s']:.1f}",
                          f"{p50 * 1e3:.0f} ms", f"{p99 * 1e3:.0f} ms", str(lags.size),
                          ("PASS" if p99 < 1.0 else "MISS") if rate == 10_000 else ""])
-    for rep in range(args.repeats):
-        for sub in ((False, True) if rep % 2 == 0 else (True, False)):
-            got = _job(args, 4096, 0.0, sub)
-            got.pop("lags", None)
-            raw["cost"]["with" if sub else "without"].append(got)
-            print(f"[{rep + 1}/{args.repeats}] subscriber={sub}: "
-                  f"{got['steps_per_s']:.2f} steps/s", flush=True)
-    w = statistics.median(r["steps_per_s"] for r in raw["cost"]["with"])
-    wo = statistics.median(r["steps_per_s"] for r in raw["cost"]["without"])
+    cost_rows = []
+    for batch in [int(b) for b in args.cost_batches.split(",") if b]:
+        runs = raw["cost"].setdefault(str(batch), {"with": [], "without": []})
+        for rep in range(args.repeats):
+            for sub in ((False, True) if rep % 2 == 0 else (True, False)):
+                got = _job(args, batch, 0.0, sub)
+                got.pop("lags", None)
+                runs["with" if sub else "without"].append(got)
+                print(f"[{rep + 1}/{args.repeats}] {batch} IDs, subscriber={sub}: "
+                      f"{got['steps_per_s']:.2f} steps/s", flush=True)
+        w = statistics.median(r["steps_per_s"] for r in runs["with"])
+        wo = statistics.median(r["steps_per_s"] for r in runs["without"])
+        cost_rows.append([f"{batch:,}", f"~{2 * batch * wo:,.0f}", f"{wo:.2f}", f"{w:.2f}",
+                          f"{w / wo:.2f}x", "PASS" if w >= 0.95 * wo else "MISS"])
     data = {"machine": _common.machine_info(), **_common.commit_info(),
             "command": _common.command_line(), "time": _common.timestamp(), "runs": raw}
     m = data["machine"]
@@ -198,11 +205,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.seconds:g} s a run.\n\n## Lag (paced at 10 steps/s)\n\n"
           + _common.md_table(["changed rows/s", "IDs a worker a step", "steps/s",
                               "lag p50", "lag p99", "versions", "aim p99 < 1 s"], lag_rows)
-          + "\n\n## What a subscriber costs training (unpaced, 4096 IDs a worker a step)\n\n"
-          + _common.md_table(["", "steps/s (median of slowest worker)", "vs none", "aim"],
-                             [["no subscriber", f"{wo:.2f}", "1.00x", ""],
-                              ["one subscriber", f"{w:.2f}", f"{w / wo:.2f}x",
-                               "PASS" if w >= 0.95 * wo else "MISS"]]) + "\n")
+          + "\n\n## What a subscriber costs training (unpaced; medians of the slowest "
+          "worker)\n\n"
+          + _common.md_table(["IDs a worker a step", "changed rows/s (about)",
+                              "steps/s, no subscriber", "steps/s, one subscriber",
+                              "ratio", "aim: within 5 %"], cost_rows) + "\n")
     print(md)
     if not args.no_write:
         for p in _common.write_results("bench_stream" + args.tag, data, md):
