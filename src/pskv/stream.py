@@ -32,7 +32,7 @@ from ._ps.transport import Connection, connect
 from ._ps.validate import READER, reader_reply
 from ._ps.zeromq import ZmqContext, curve_client, recv_message, send_message
 from .kvstore._args import check_key
-from .kvstore._subscription import Subscription
+from .kvstore._subscription import Subscription, check_subscribe
 from .kvstore.dist._tables import ask_changes
 from .table._stream import PAGE_ROWS
 
@@ -255,12 +255,7 @@ class Reader:
         ``dtype`` (the table's storage dtype, with ``raw``) check the replies when given;
         else each reply's own shape is taken."""
         k = check_key(key)
-        if not isinstance(raw, bool):
-            raise ConfigError(f"subscribe({key!r}, raw={raw!r}): raw is True or False.",
-                              key=key)
-        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-            raise ConfigError(f"subscribe({key!r}, max_rows={max_rows!r}): give a whole "
-                              "number >= 1.", key=key)
+        check_subscribe(key, raw, max_rows)
         pskey = ps_key(k)
         reader = self
 

@@ -16,9 +16,18 @@ from typing import Any, Callable, Mapping
 from ..errors import ConfigError, StaleReadError
 from ..table._stream import ChangeBatch, read_all
 
-__all__ = ["Subscription", "check_since"]
+__all__ = ["Subscription", "check_since", "check_subscribe"]
 
 Fetch = Callable[[int, int, "str | None", int, "int | None"], ChangeBatch]
+
+
+def check_subscribe(key: Any, raw: Any, max_rows: Any) -> None:
+    """ConfigError unless ``raw`` is a bool and ``max_rows`` a whole number >= 1."""
+    if not isinstance(raw, bool):
+        raise ConfigError(f"subscribe({key!r}, raw={raw!r}): raw is True or False.", key=key)
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+        raise ConfigError(f"subscribe({key!r}, max_rows={max_rows!r}): give a whole "
+                          "number >= 1.", key=key)
 
 
 def check_since(key: Any, since: Any, num_shards: int) -> dict[int, tuple[str | None, int]]:

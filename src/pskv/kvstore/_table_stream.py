@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..table._stream import PAGE_ROWS
 from .._types import Key
-from ._subscription import Subscription
+from ._subscription import Subscription, check_subscribe
 
 __all__ = ["StreamMethods"]
 
@@ -66,12 +66,7 @@ class StreamMethods:
         >>> sub.position == {'0': [sub.position['0'][0], 2]}
         True
         """
-        if not isinstance(raw, bool):
-            raise ConfigError(f"subscribe({key!r}, raw={raw!r}): raw is True or False.",
-                              key=key)
-        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-            raise ConfigError(f"subscribe({key!r}, max_rows={max_rows!r}): give a whole "
-                              "number >= 1.", key=key)
+        check_subscribe(key, raw, max_rows)
         with self._lock:
             self._table_begin()
             n = self._tables.num_shards(key)
