@@ -64,7 +64,7 @@ def check_since(key: Any, since: Any, num_shards: int) -> dict[int, tuple[str | 
 
 
 class Subscription:
-    """A reader of table ``key``'s change stream: see :meth:`KVStoreBase.subscribe`.
+    """A reader of table ``key``'s change stream: see ``kv.subscribe``.
 
     Attributes
     ----------

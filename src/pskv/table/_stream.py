@@ -65,7 +65,7 @@ class ChangeBatch:
         The IDs changed since the reader's version and their rows now (float32, or
         the table's storage dtype when read ``raw``): upsert them after ``removed``.
     reasons : numpy.ndarray
-        uint8, one per ``removed`` ID: its index in :data:`REASONS`.
+        uint8, one per ``removed`` ID: its index in ``pskv.table._stream.REASONS``.
     cursor : int or None
         Where the next page of this read starts; None: the read is ``complete``.
     """

@@ -675,7 +675,7 @@ class DynamicTable:
 
     def changes_since(self, since: int = -1, lineage: str | None = None, **kw: Any) -> Any:
         """One page of what changed since ``(lineage, since)`` (a
-        :class:`~pskv.table._stream.ChangeBatch`, :func:`~pskv.table._stream.read_changes`)."""
+        :class:`pskv.table.ChangeBatch`, ``pskv.table._stream.read_changes``)."""
         from ._stream import read_changes
         return read_changes(self, since, lineage, **kw)
 
@@ -726,7 +726,7 @@ class DynamicTable:
                                                                 dict[str, Any]]:
         """The changes record of a step that touched ``ids`` and evicted ``evicted``: each
         held row of ``ids`` whole (value, count, last step, age, optimizer states), the
-        reason of each eviction (``evicted_why``, :data:`~._stream.REASONS`) and
+        reason of each eviction (``evicted_why``, ``_stream.REASONS``) and
         :meth:`meta`; :meth:`apply_changes` of it on a copy makes the copy hold the same
         rows."""
         changed = np.unique(ids)
