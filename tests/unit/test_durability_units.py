@@ -140,8 +140,8 @@ def test_push_log_sends_again_what_was_not_applied() -> None:
         log.record(0, [10, 12], "dr", [np.full(2, i), np.array([i]), np.full((1, 2), i)])
     log.record(1, [10], "d", [np.zeros(2)])
     again = log.since(0, {10: 3, 12: 4})
-    assert [(pk, kind) for pk, kind, _ in again] == [(10, "d"), (10, "d"), (12, "r")]
-    assert [int(arrays[0][0]) for _pk, _kind, arrays in again] == [3, 4, 4]
+    assert [(pk, kind) for pk, kind, _, _ in again] == [(10, "d"), (10, "d"), (12, "r")]
+    assert [int(arrays[0][0]) for _pk, _kind, arrays, _ in again] == [3, 4, 4]
     assert log.since(0, {10: 5, 12: 5}) == []
     with pytest.raises(NodeFailedError, match="no longer keeps push 2"):
         log.since(0, {10: 1, 12: 5})
@@ -265,7 +265,7 @@ def test_push_log_forgets_acknowledged_pushes() -> None:
     counts = log.counts(0, [10])
     log.record(0, [10], "d", [np.full(1, 4)])
     log.forget(0, counts)                 # a pull sent after push 4 was answered
-    assert [int(a[0][0]) for _pk, _k, a in log.since(0, {10: 4})] == [4]
+    assert [int(a[0][0]) for _pk, _k, a, _ in log.since(0, {10: 4})] == [4]
     with pytest.raises(NodeFailedError):
         log.since(0, {10: 2})
 
@@ -277,11 +277,11 @@ def test_push_log_reuses_buffers_of_forgotten_pushes_without_mixing_them_up() ->
         grad[:] = value                    # the caller reuses its gradient buffer
         log.record(0, [7], "d", [grad])
     grad[:] = -1
-    first, second = (arrays[0] for _pk, _k, arrays in log.since(0, {7: 0}))
+    first, second = (arrays[0] for _pk, _k, arrays, _ in log.since(0, {7: 0}))
     assert (float(first[0]), float(second[0])) == (1.0, 2.0)   # copies, not the caller's
     log.forget(0, {7: 1})                  # push 1 acknowledged: its buffer is free
     log.record(0, [7], "d", [np.full(5, 3, np.float32)])
-    kept = [arrays[0] for _pk, _k, arrays in log.since(0, {7: 1})]
+    kept = [arrays[0] for _pk, _k, arrays, _ in log.since(0, {7: 1})]
     assert [float(a[0]) for a in kept] == [2.0, 3.0]
     assert kept[1] is first                # push 3 went into push 1's buffer
     assert kept[0] is second               # push 2's copy untouched

@@ -220,7 +220,7 @@ def _pushpull(fo: Failover, shard: int, pk: int, value: np.ndarray, ts: int) -> 
 
 
 def _kept(fo: Failover, shard: int) -> list[np.ndarray]:
-    return [arrays[0] for _pk, _k, arrays in fo.pushes.since(shard, {})]
+    return [arrays[0] for _pk, _k, arrays, _ in fo.pushes.since(shard, {})]
 
 
 def test_a_pushpull_keeps_the_callers_array_until_its_reply_lets_it_go() -> None:

@@ -48,7 +48,7 @@ def _lend_push(fo: Failover, g: SendBuffer, ts: int, pk: int = 7) -> None:
 
 
 def _kept(fo: Failover, shard: int = 0) -> list[np.ndarray]:
-    return [arrays[0] for _pk, _k, arrays in fo.pushes.since(shard, {})]
+    return [arrays[0] for _pk, _k, arrays, _ in fo.pushes.since(shard, {})]
 
 
 def _resent(fo: Failover, links: FakeLinks) -> list[list[float]]:
@@ -108,7 +108,7 @@ def test_a_push_backed_up_before_the_write_costs_no_copy(
     _lend_push(fo, g, 3)                    # the next step lends the same buffer again
     g.writable()[:] = 6.0
     assert copies.n == 1
-    assert [a[0].tolist() for _pk, _k, a in fo.pushes.since(0, {7: 1})] == [[5.0] * 4]
+    assert [a[0].tolist() for _pk, _k, a, _ in fo.pushes.since(0, {7: 1})] == [[5.0] * 4]
 
 
 def test_a_lent_buffer_never_becomes_a_buffer_of_later_copies() -> None:
@@ -186,7 +186,7 @@ def test_a_key_cut_across_both_servers_is_copied_per_server() -> None:
     path.send(path.items([1], [[g]]), lend=True)
     assert kv.lenders == [None, None]
     g[:] = 0.0
-    assert [a[0].tolist() for _pk, _k, a in fo.pushes.since(1, {})] == [[4.0, 5.0, 6.0, 7.0]]
+    assert [a[0].tolist() for _pk, _k, a, _ in fo.pushes.since(1, {})] == [[4.0, 5.0, 6.0, 7.0]]
     assert _resent(fo, links) == [[0.0, 1.0, 2.0, 3.0]]
 
 

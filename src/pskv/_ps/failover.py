@@ -34,7 +34,7 @@ from ..errors import NodeFailedError
 from .membership import Event, ServerLost
 from .message import Command, Meta
 from .ops import Op, command, parse
-from .replay import PushLog, backup_of
+from .replay import PushLog, backup_of, rest_step
 
 __all__ = ["Failover", "Links", "applied_counts"]
 
@@ -135,6 +135,8 @@ class Failover:
         #: pushes and requests sent again so far (metrics: pskv_worker_resent_total)
         self.resent = (0, 0)
         self._recovering = False
+        #: the data position's seals (``seals.py``): the last commit goes again (W2)
+        self.seals: Any = None
 
     # ---- message out -----------------------------------------------------------------------
     def send(self, shard: int, cmd: Command, ts: int, keys: Sequence[int], body: Any,
@@ -161,7 +163,8 @@ class Failover:
             # go: borrowed, not copied, until the caller settles (PushLog)
             self.pushes.record(shard, keys, kinds, arrays,
                                borrow=self.replicas and cmd == Command.PUSHPULL,
-                               lenders=lenders)
+                               lenders=lenders,
+                               step=rest_step(body))
         if cmd == Command.COMMAND and parse(body) is Op.COMPRESSION:
             self._setup[Op.COMPRESSION] = body
         if self.replicas and cmd in (Command.PULL, Command.PUSHPULL, Command.FLUSH):
@@ -280,16 +283,21 @@ class Failover:
             pushes = self.pushes.since(shard, applied)
             again = sorted(ts for ts, sent in self._sent.items() if sent[0] == shard)
             requests = [(ts, self._sent[ts]) for ts in again]
-        for pk, kind, arrays in pushes:
+        for pk, kind, arrays, step in pushes:
             # a table push sent again may name rows born after the shard's checkpoint
             # (docs/embeddings.md D9): "again" lets the server re-create them
             redo = {"again": True} if kind == "t" else {}
+            at = {} if step is None else {"step": step}
             self.links.send(host, Command.PUSH, -self.links.next_ts(), [pk],
-                            {"kinds": kind, **tag, **redo}, arrays)
+                            {"kinds": kind, **tag, **redo, **at}, arrays)
         for ts, (_s, cmd, keys, body_, arrays_) in requests:
             if cmd == Command.INIT and isinstance(body_, dict):
                 body_ = {**body_, "again": True}     # its keys may be there already
             self.links.send(host, cmd, ts, keys, self._tagged(shard, body_), arrays_)
+        sealed = self.seals.sealed if self.seals is not None else None
+        if sealed is not None:      # after the pushes it covers (seals.py W2)
+            self.links.send(host, Command.COMMAND, -self.links.next_ts(),
+                            body={**command(Op.SEAL, step=sealed, commit=True), **tag})
         self.resent = (self.resent[0] + len(pushes), self.resent[1] + len(requests))
         log.info("worker %d: sent %d pushes and %d requests for shard %d again to server %d",
                  self.rank, len(pushes), len(requests), shard, host)

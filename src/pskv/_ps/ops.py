@@ -40,6 +40,9 @@ class Op(str, enum.Enum):
     #                              a table shard's change stream (docs/embeddings.md E1-E10)
     EXPLAIN = "explain"          # key, id: reply what a table shard knows of that ID
     HOT_IDS = "hot_ids"          # key, k: reply a table shard's k most looked-up IDs
+    SEAL = "seal"                # step, commit: this worker's pushes tagged <= step are here
+    #                              (commit false: just answer; docs/data.md, "How it works")
+    POSITION = "position"        # reply this worker's sealed step and per-key marks here
 
     @property
     def replicated(self) -> ReplOp | None:

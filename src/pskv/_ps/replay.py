@@ -22,6 +22,12 @@ from .message import kind_arrays
 __all__ = ["Loan", "PushLog", "backup_of"]
 
 
+def rest_step(body: Any) -> int | None:
+    """A push message's data-position step (``seals.py``), or None."""
+    step = body.get("step") if isinstance(body, dict) else None
+    return step if type(step) is int else None
+
+
 def backup_of(shard: int, host: int, num_servers: int) -> int:
     """The server that keeps the backup of ``shard`` while server ``host`` serves it: the
     next server while its own serves it, its own (restarted) once the next took it over.
@@ -49,10 +55,12 @@ OWN, CALLER, LENT, GONE = range(4)
 class _Kept:
     """One push the log keeps."""
 
-    __slots__ = ("j", "kind", "arrays", "how")
+    __slots__ = ("j", "kind", "arrays", "how", "step")
 
-    def __init__(self, j: int, kind: str, arrays: list[np.ndarray], how: int) -> None:
+    def __init__(self, j: int, kind: str, arrays: list[np.ndarray], how: int,
+                 step: int | None = None) -> None:
         self.j, self.kind, self.arrays, self.how = j, kind, arrays, how
+        self.step = step            # its data position's step (seals.py), or None
 
 
 class Loan:
@@ -118,6 +126,18 @@ class PushLog:
                 self._skip[(server, pk)] = n
         self.skipping = bool(self._skip)
 
+    def resume(self, server: int, counts: dict[int, tuple[int, int]]) -> None:
+        """A restarted worker resuming at a data position (``seals.py`` W3): per ps_key,
+        ``(start, held)``: its pushes of the key to ``server`` are counted from ``start``
+        on, and those made again up to ``held`` are dropped."""
+        for pk, (start, held) in counts.items():
+            self._count[(server, pk)] = start
+            if held > start:
+                self._skip[(server, pk)] = held
+            else:
+                self._skip.pop((server, pk), None)
+        self.skipping = bool(self._skip)
+
     def rebase(self, server: int, applied: dict[int, int]) -> None:
         """``server``'s shard is now served by a host that holds ``applied[pk]`` of this
         worker's pushes: a catch-up target above that came from a server that died
@@ -151,7 +171,8 @@ class PushLog:
                 # made again: not sent, but kept like a sent push: the server that said
                 # it holds it may die before applying it (a push of an open round), and
                 # the backup that takes its shard over then lacks it (:meth:`rebase`)
-                self.record(server, [pk], kind, arrays[pos:pos + n])
+                self.record(server, [pk], kind, arrays[pos:pos + n],
+                            step=rest_step(body))
                 if done + 1 == have:
                     del self._skip[(server, pk)]
                     self.skipping = bool(self._skip)
@@ -165,7 +186,7 @@ class PushLog:
 
     def record(self, server: int, keys: Sequence[int], kinds: str,
                arrays: Sequence[np.ndarray], borrow: bool = False,
-               lenders: Sequence[Any] | None = None) -> None:
+               lenders: Sequence[Any] | None = None, step: int | None = None) -> None:
         """One push message (``kinds``: one letter per key; ``r`` carries two arrays).
 
         ``borrow``: keep ``arrays`` themselves, not copies; the caller must not change
@@ -191,16 +212,16 @@ class PushLog:
                 by = lenders[pos:pos + n] if lenders is not None else ()
                 if borrow:
                     self._borrowed.add((server, pk))
-                    log.append(_Kept(j, kind, part, CALLER))
+                    log.append(_Kept(j, kind, part, CALLER, step))
                 elif by and all(x is not None for x in by):
-                    entry = _Kept(j, kind, part, LENT)
+                    entry = _Kept(j, kind, part, LENT, step)
                     for x in by:
                         if id(x) not in loans:
                             loans[id(x)] = (x, Loan(self, self.lock))
                         loans[id(x)][1].kept.append(entry)
                     log.append(entry)
                 else:
-                    log.append(_Kept(j, kind, [self._copy(a) for a in part], OWN))
+                    log.append(_Kept(j, kind, [self._copy(a) for a in part], OWN, step))
             pos += n
         for lender, loan in loans.values():
             lender._lend(loan)
@@ -245,10 +266,11 @@ class PushLog:
                 self._give_back(log.popleft())
 
     def since(self, server: int, applied: dict[int, int]) \
-            -> list[tuple[int, str, list[np.ndarray]]]:
+            -> list[tuple[int, str, list[np.ndarray], int | None]]:
         """The pushes to ``server`` it has not applied (``applied``: ps_key -> count), as
-        (ps_key, kind, arrays), oldest first; NodeFailedError if some are no longer kept."""
-        out: list[tuple[int, int, str, list[np.ndarray]]] = []
+        (ps_key, kind, arrays, step), oldest first; NodeFailedError if some are no longer
+        kept."""
+        out: list[tuple[int, int, str, list[np.ndarray], int | None]] = []
         for (srv, pk), sent in self._count.items():
             have = applied.get(pk, 0)
             if srv != server or sent <= have:
@@ -262,6 +284,6 @@ class PushLog:
                     f"{have + 1} (it keeps the last {self.keep}, and with PSKV_REPLICAS=1 "
                     "none acknowledged). Lower PSKV_CHECKPOINT_EVERY, or pull each key "
                     "after pushing it.")
-            out.extend((e.j, pk, e.kind, e.arrays) for e in log if e.j > have)
+            out.extend((e.j, pk, e.kind, e.arrays, e.step) for e in log if e.j > have)
         out.sort(key=lambda item: item[0])
-        return [(pk, kind, arrays) for _j, pk, kind, arrays in out]
+        return [(pk, kind, arrays, step) for _j, pk, kind, arrays, step in out]

@@ -149,6 +149,8 @@ def _push(meta: Meta, arrays: list[np.ndarray]) -> None:
         raise ProtocolError("a push names a key twice")
     if len(arrays) != sum(kind_arrays(k) for k in kinds):
         raise ProtocolError("push arrays do not match their kinds")
+    # the step of a worker training through a data position (docs/data.md)
+    _int(meta, body, "step", 0, 1 << 62, optional=True)
 
 
 def _pull(meta: Meta, arrays: list[np.ndarray]) -> None:
@@ -279,6 +281,7 @@ def _one_round(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> No
     _int(meta, body, "round", 0, 1 << 62)
     _str(meta, body, "kind", ("d", "r", "t", "l", "f"))
     _pairs(meta, body, "applied")
+    _marks(meta, body, "marks")
     # the optimizer's counts of a dense round (kvstore/durable/_backup_log.py): both or neither
     _int(meta, body, "count", 0, 1 << 62, optional=True)
     _int(meta, body, "nu", 0, 1 << 62, optional=True)
@@ -353,6 +356,23 @@ def _r_init(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
         raise _fail(meta, "keys", "one key per entry and array", keys)
 
 
+def _seal(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    """A worker's seal of its steps (docs/data.md): ``step`` (>= 0) and ``commit``."""
+    _int(meta, body, "step", 0, 1 << 62)
+    if not isinstance(body.get("commit"), bool):
+        raise _fail(meta, "commit", "true or false", body.get("commit"))
+    if arrays:
+        raise ProtocolError(f"{body['op']} carries no arrays, got {len(arrays)}")
+
+
+def _marks(meta: Meta, body: dict[str, Any], field: str) -> None:
+    value = body.get(field, [])
+    if not isinstance(value, list) or not all(
+            isinstance(p, list) and len(p) == 3 and all(type(x) is int for x in p)
+            and 0 <= p[1] < 1 << 62 and 0 <= p[2] < 1 << 62 for p in value):
+        raise _fail(meta, field, "a list of [worker, step, base] integers", value)
+
+
 def _joined(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     """The end of a join (``kv.join``): the scheduler's join ``epoch`` that begins."""
     _int(meta, body, "epoch", 1, 1 << 62)
@@ -366,7 +386,7 @@ _OPS: dict[Op | ReplOp, Callable[[Meta, dict[str, Any], list[np.ndarray]], None]
     Op.SAVE: _dump, Op.LOAD: _state_bytes, Op.CHECKPOINT: _checkpoint, Op.RESTORE: _path,
     Op.APPLIED: _nothing, Op.INITIAL: _nothing, Op.LOOKUP: _lookup, Op.TABLE_STATS: _table_key,
     Op.CLOCK: _clock, Op.JOINED: _joined, Op.ADOPT: _held, Op.CHANGES: _changes,
-    Op.EXPLAIN: _explain, Op.HOT_IDS: _hot_ids,
+    Op.EXPLAIN: _explain, Op.HOT_IDS: _hot_ids, Op.SEAL: _seal, Op.POSITION: _nothing,
     ReplOp.STATE: _r_entries, ReplOp.ROUNDS: _r_rounds,
     ReplOp.INIT: _r_init,
     ReplOp.OPTIMIZER: _spec("spec", nullable=True), ReplOp.COMPRESSION: _spec("params", True),

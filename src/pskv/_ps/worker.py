@@ -46,6 +46,7 @@ from .ops import Op, command
 from .observe.metrics import start as start_metrics
 from .observe.series import WorkerMetrics
 from .postoffice import Postoffice
+from .seals import Seals, resume
 from .tls import client_context
 from .transport import Alloc, Connection, connect
 from .zeromq import ZmqContext
@@ -122,6 +123,8 @@ class KVWorker:
         #: servers may die and come back: failover keeps what a restarted one or a backup
         #: needs, and routes each request to the server serving its shard
         self.failover: Failover | None = None
+        #: the data position's step tags and seals (``seals.py``), once a Sampler attaches
+        self.seals: Seals | None = None
         #: every live server admitted this worker: only then may failover send them
         #: commands (a server refuses anything before the HELLO handshake)
         self._connected = False
@@ -219,6 +222,8 @@ class KVWorker:
             # a restarted worker catching up: push what is new, then pull
             self.push(server, Command.PUSH, keys, body, arrays)
             cmd, body, arrays = Command.PULL, None, ()
+        if self.seals is not None and cmd in (Command.PUSH, Command.PUSHPULL):
+            body = self.seals.tagged(server, body)
         ts = -next(self._ts) if negative else next(self._ts)
         if into is not None:
             with self._mutex:
@@ -257,6 +262,40 @@ class KVWorker:
         with self._mutex:
             self._dirty.add(server)
         return ts
+
+    def attach_position(self) -> int:
+        """Tag this worker's pushes with a data position's step from now on (``seals.py``);
+        return the step to train first: 0, or for a restarted worker where it resumes (W3).
+        Idempotent: a second call returns the step it is at."""
+        if self.seals is not None:
+            return self.seals.step
+        step, sealed, counts = 0, None, {}
+        fo = self.failover
+        if self.po.rejoin and fo is not None:
+            shards = range(len(fo.host))
+            tss = {s: self.request(s, Command.COMMAND, body=command(Op.POSITION))
+                   for s in shards}
+            step, sealed, counts = resume(
+                {s: self.wait(ts, what="the servers' data positions")[0].body
+                 for s, ts in tss.items()})
+            with fo.route:
+                for s, held in counts.items():
+                    fo.pushes.resume(s, held)
+        seals = self.seals = Seals(self, step)
+        if fo is not None:
+            fo.seals = seals
+        if sealed is not None:
+            # a commit that reached some shards only (the first run died sending it)
+            seals.sealed = sealed
+            for s in counts:
+                self.request(s, Command.COMMAND, negative=True,
+                             body=command(Op.SEAL, step=sealed, commit=True))
+        # shards holding pushes of the step resumed at: seal them at the first wait, even
+        # if every push made again is dropped (their rounds wait for that commit)
+        for s, held in counts.items():
+            if any(h > c for c, h in held.values()):
+                seals.tagged(s, None)
+        return step
 
     def close(self) -> None:
         """Close the connections (the ZmqContext closes ZeroMQ sockets)."""
@@ -520,7 +559,10 @@ class KVWorker:
         return result
 
     def wait_all(self, tss: Sequence[int], what: str) -> list[tuple[Meta, list[np.ndarray]]]:
-        """Wait for several replies (all of them, even if one failed), in order."""
+        """Wait for several replies (all of them, even if one failed), in order; the data
+        position's pushes are sealed first (``seals.py`` W1)."""
+        if self.seals is not None:
+            self.seals.seal()
         results: list[Any] = []
         first: Exception | None = None
         for ts in tss:
@@ -537,6 +579,8 @@ class KVWorker:
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every push sent so far has been applied; raise what any of them got."""
+        if self.seals is not None:
+            self.seals.seal()
         with self._mutex:
             servers, self._dirty = sorted(self._dirty), set()
         if servers:

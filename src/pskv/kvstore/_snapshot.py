@@ -333,12 +333,17 @@ class Reader:
             out.append((p.shard, arrays, meta))
         return sorted(out, key=lambda t: t[0])
 
+    def meta(self, key: Any, shard: int | None = None) -> dict[str, Any]:
+        """The metadata of ``key``'s part saved by ``shard`` (if given and saved; else its
+        first part)."""
+        parts = self.parts[key]
+        mine = [p for p in parts if p.shard == shard]
+        return (mine or parts)[0].meta
+
     def applied(self, key: Any, shard: int | None = None) -> dict[int, int]:
         """Per worker, how many of its pushes of ``key`` the checkpoint includes (in the
         part saved by ``shard``, if given and saved)."""
-        parts = self.parts[key]
-        mine = [p for p in parts if p.shard == shard]
-        pairs = (mine or parts)[0].meta.get("applied") or []
+        pairs = self.meta(key, shard).get("applied") or []
         return {int(w): int(n) for w, n in pairs}
 
     def _shard_states(self, shard: int) -> dict[Any, Any]:

@@ -43,6 +43,7 @@ from ...nd.ndarray import NDArray
 from ...nd.sparse import RowSparseNDArray
 from ..._types import Key
 from ..engine._core import Engine
+from ..engine._positions import marks_of
 
 __all__ = ["LOG_ROUNDS", "MAX_LOGGED", "BufferPool", "RoundLog", "counts_of",
            "describe_state", "state_arrays"]
@@ -159,6 +160,7 @@ class _Logged:
     key: Key
     rnd: int
     applied: dict[int, int]
+    marks: dict[int, tuple[int, int]] | None     # data-position marks (engine._positions)
     merged: np.ndarray | None     # None: dropped (a whole state of its key came after it)
     count: int                    # the key's update count after this round, on the primary
     nu_before: int | None         # the primary's num_update after the message before it
@@ -183,6 +185,7 @@ class RoundLog:
         key, kind = body["key"], body.get("kind")
         rnd = int(body["round"])
         applied = {int(w): int(n) for w, n in body.get("applied", [])}
+        marks = marks_of(body.get("marks"))
         count = body.get("count")
         nu = body.get("nu")
         if (count is None) != (nu is None) or \
@@ -190,11 +193,11 @@ class RoundLog:
             raise ProtocolError("a replicated round's update counts are not integers")
         stored = self.engine.value_of(key, "replicate")
         if kind == "f":
-            self._whole(key, stored, body, arrays, rnd, applied, count, nu)
+            self._whole(key, stored, body, arrays, rnd, applied, marks, count, nu)
         elif kind == "l" and count is not None:
             if len(arrays) != 1 or arrays[0].size != stored.size:
                 raise ProtocolError("a logged round needs its merged value, of its key's size")
-            self._entries.append(_Logged(key, rnd, applied, self.pool.keep(arrays[0]),
+            self._entries.append(_Logged(key, rnd, applied, marks, self.pool.keep(arrays[0]),
                                          count, self._nu))
             self._live[key] = self._live.get(key, 0) + 1
             self._nu = nu
@@ -204,13 +207,14 @@ class RoundLog:
             if len(arrays) != 1:
                 raise ProtocolError("a replicated round needs its merged value's arrays")
             self._counts(key, count, self._nu)
-            self.engine.replay(key, NDArray(arrays[0]), rnd, applied)
+            self.engine.replay(key, NDArray(arrays[0]), rnd, applied, marks)
             if nu is not None:
                 self._nu = nu
 
     def _whole(self, key: Key, stored: NDArray, body: dict[str, Any],
                arrays: list[np.ndarray], rnd: int, applied: dict[int, int],
-               count: int | None, nu: int | None) -> None:
+               marks: dict[int, tuple[int, int]] | None, count: int | None,
+               nu: int | None) -> None:
         """L2: the key's value and state replaced; its logged rounds dropped."""
         if count is None or nu is None or not arrays or \
                 arrays[0].size != stored.size or arrays[0].dtype != stored.dtype:
@@ -239,7 +243,7 @@ class RoundLog:
                 e.merged = None
         self._live.pop(key, None)
         self._set_count(key, count)
-        self.engine.set_counters(key, rnd, applied)
+        self.engine.set_counters(key, rnd, applied, marks)
         self._nu = nu
         if not self._live:          # nothing logged: the optimizer's count is current
             self._entries.clear()
@@ -261,7 +265,7 @@ class RoundLog:
             if e.merged is None:
                 continue
             self._counts(e.key, e.count, e.nu_before)
-            self.engine.replay(e.key, NDArray(e.merged), e.rnd, e.applied)
+            self.engine.replay(e.key, NDArray(e.merged), e.rnd, e.applied, e.marks)
             self.pool.give(e.merged)
         if self._nu is not None:
             self._set_nu(self._nu)

@@ -34,6 +34,7 @@ from ._backup_log import BufferPool, RoundLog
 from ..engine._core import Engine
 from ..engine._tables import TableRound, restore_table, served_table
 from ..engine._entries import init_entries
+from ..engine._positions import marks_of
 from .._snapshot import Reader
 from ._replica import PURPOSE
 
@@ -305,9 +306,10 @@ class Backups:
 def _round(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     key = body["key"]
     applied = {int(w): int(n) for w, n in body.get("applied", [])}
+    marks = marks_of(body.get("marks"))
     if body.get("kind") == "t":         # a table shard's changed rows (validate: fields)
         engine.replay(key, TableRound(dict(zip(body["fields"], arrays)), body["table"]),
-                      int(body["round"]), applied)
+                      int(body["round"]), applied, marks)
         return
     if body.get("kind") == "r" and len(arrays) != 2 or body.get("kind") != "r" and \
             len(arrays) != 1:
@@ -315,7 +317,7 @@ def _round(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> No
     entry_shape = engine.value_of(key, "replicate").shape
     merged: NDArray = RowSparseNDArray(arrays[1], arrays[0].astype(np.int64), entry_shape) \
         if body.get("kind") == "r" else NDArray(arrays[0])
-    engine.replay(key, merged, int(body["round"]), applied)
+    engine.replay(key, merged, int(body["round"]), applied, marks)
 
 
 def _restore(engine: Engine, body: dict[str, Any], arrays: list[np.ndarray]) -> None:

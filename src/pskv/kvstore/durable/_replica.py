@@ -287,6 +287,9 @@ class Replicator:
         if self._conn is None and self.endpoints is None:
             return                  # no backup: nothing to keep
         counters = {"key": key, "round": rnd, "applied": [[w, n] for w, n in applied.items()]}
+        marks = self.engine.marks_of(key)
+        if marks:
+            counters["marks"] = marks
         if isinstance(merged, TableRound):      # a table shard's changed rows
             fields = list(merged.arrays)
             self._queue({**counters, "kind": "t", "fields": fields, "table": merged.meta},

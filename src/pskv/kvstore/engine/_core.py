@@ -46,6 +46,7 @@ from .._table_rules import check_optimizer as check_table_optimizer
 from .._reduce import sum_rows
 from .._snapshot import Reader, ShardCopy
 from . import _state as _engine_state, _tables as tables
+from ._positions import DataPositions, mark_pairs
 from ._uneven import UnevenRounds
 
 __all__ = ["Engine", "EntryCopy", "PushKind", "RoundObserver", "Ticket"]
@@ -119,7 +120,7 @@ class _Entry:
     started: float = 0.0
     waiting: list[Ticket] = field(default_factory=list)            # pushers of this round
     pulls: list[tuple[int, Ticket]] = field(default_factory=list)  # pulls after a push
-    deferred: list[tuple[int, list[np.ndarray], str, Ticket | None]] = \
+    deferred: list[tuple[int, list[np.ndarray], str, Ticket | None, int | None]] = \
         field(default_factory=list)
     # the containers only some keys or rounds use are made on first use (None: empty), so
     # that a dense key costs no empty list or dict for them (one million one-float keys)
@@ -137,6 +138,10 @@ class _Entry:
     # key fails alike, not reading the last round as if its push had been applied); made
     # on first use, as ``early`` (a key's bookkeeping stays small: test_engine)
     refused: dict[int, KVStoreError] | None = None
+    # data positions (``_positions``): the step of each tagged push of the open round, and
+    # per worker the step and base count of its last tagged push (made on first use)
+    tags: dict[int, int] | None = None
+    marks: dict[int, tuple[int, int]] | None = None
 
 
 class EngineEvents:
@@ -167,7 +172,7 @@ class EngineEvents:
         ``seconds``, timed from its close (metrics)."""
 
 
-class Engine(UnevenRounds):
+class Engine(UnevenRounds, DataPositions):
     """Stored values and the rules that change them.
 
     Parameters
@@ -212,6 +217,7 @@ class Engine(UnevenRounds):
         #: workers that closed in it (departed once it ends)
         self.join_epoch = 0
         self._closed_joined: frozenset[int] = frozenset()
+        self._init_positions()
 
     # ---- keys ------------------------------------------------------------------------
     def __contains__(self, key: object) -> bool:
@@ -387,13 +393,16 @@ class Engine(UnevenRounds):
                                      f"be cast to {stored.dtype}", key=name)
 
     def push(self, key: Key, worker: int, arrays: list[np.ndarray], kind: str,
-             ticket: Ticket | None = None) -> None:
+             ticket: Ticket | None = None, tag: int | None = None) -> None:
         """One worker's (checked) value for ``key``: add it to the round, or apply it.
 
         ``arrays`` may be reused by the caller after this returns (what is kept is copied).
+        ``tag``: the step of a worker that trains through a data position (``_positions``).
         """
         entry = self._entries[key]
         if not self.sync:
+            if tag is not None:
+                self._mark(entry, worker, tag, entry.applied.get(worker, 0))
             self.accumulate(key, arrays, kind, first=True)
             self.finish(key)
             entry.round += 1              # in dist_async a round is one applied push
@@ -401,10 +410,17 @@ class Engine(UnevenRounds):
             self._applied(key, entry)
             return
         if worker in entry.pushers:       # its next round: wait (distinct workers per round)
-            entry.deferred.append((worker, [np.array(a) for a in arrays], kind, ticket))
+            if tag is not None:
+                self._mark(entry, worker, tag, self._held(entry, worker))
+            entry.deferred.append((worker, [np.array(a) for a in arrays], kind, ticket, tag))
             if ticket is not None:
                 ticket.remaining += 1
             return
+        if tag is not None:
+            self._mark(entry, worker, tag, self._held(entry, worker))
+            if entry.tags is None:
+                entry.tags = {}
+            entry.tags[worker] = tag
         if not entry.pushers:
             entry.started = self._clock()
         if kind in "rtT":
@@ -421,8 +437,7 @@ class Engine(UnevenRounds):
             entry.waiting.append(ticket)
         if self.departed and self.departed - entry.pushers - self.joined:
             self._fail_departed(entry)
-        elif len(entry.pushers) == self.num_workers or (
-                self.joined and len(entry.pushers | self.joined) == self.num_workers):
+        elif self._complete(entry) and self._sealed_for(key, entry):
             now = 0.0
             events = self.events
             if events.watches_rounds or events.times_updates:
@@ -430,6 +445,17 @@ class Engine(UnevenRounds):
                 if events.watches_rounds:
                     events.round_closed(self, entry.name, worker, now - entry.started)
             self._close_round(key, entry, now)
+
+    def _complete(self, entry: _Entry) -> bool:
+        """Whether every worker has pushed ``entry``'s open round (or joined)."""
+        return len(entry.pushers) == self.num_workers or bool(
+            self.joined and len(entry.pushers | self.joined) == self.num_workers)
+
+    @staticmethod
+    def _held(entry: _Entry, worker: int) -> int:
+        """``worker``'s pushes of ``entry`` held: applied, in the open round, deferred."""
+        return entry.applied.get(worker, 0) + (worker in entry.pushers) + \
+            sum(1 for d in entry.deferred if d[0] == worker)
 
     def _add_in_order(self, key: Key, entry: _Entry, worker: int, arrays: list[np.ndarray],
                       kind: str) -> None:
@@ -536,12 +562,17 @@ class Engine(UnevenRounds):
             merged, entry.last = entry.last, None
             self.observer.round_applied(key, merged, entry.round, entry.applied)
 
-    def set_counters(self, key: Key, rnd: int, applied: dict[int, int]) -> None:
-        """Set ``key``'s round and per-worker push counts (a backup's copy of a shard)."""
+    def set_counters(self, key: Key, rnd: int, applied: dict[int, int],
+                     marks: dict[int, tuple[int, int]] | None = None) -> None:
+        """Set ``key``'s round, per-worker push counts and data-position marks (a backup's
+        copy of a shard)."""
         entry = self._entries[key]
         entry.round, entry.applied = rnd, dict(applied)
+        if marks:
+            entry.marks = dict(marks)
 
-    def replay(self, key: Key, merged: Any, rnd: int, applied: dict[int, int]) -> None:
+    def replay(self, key: Key, merged: Any, rnd: int, applied: dict[int, int],
+               marks: dict[int, tuple[int, int]] | None = None) -> None:
         """A backup's copy of a primary's applied round: the same update, the same counts."""
         entry = self._entries[key]
         if entry.table is not None:
@@ -549,7 +580,11 @@ class Engine(UnevenRounds):
             tables.put_rows(entry.table, merged.arrays, merged.meta)
         else:
             self.apply(key, merged)
-        entry.round, entry.applied = rnd, dict(applied)
+        self.set_counters(key, rnd, applied, marks)
+
+    def marks_of(self, key: Key) -> list[list[int]]:
+        """``key``'s data-position marks as JSON (``_positions.mark_pairs``)."""
+        return mark_pairs(self._entries[key].marks)
 
     def _merged(self, entry: _Entry) -> NDArray:
         if entry.sparse:
@@ -577,9 +612,10 @@ class Engine(UnevenRounds):
         self._applied(key, entry)         # the backup has it before anyone is answered
         entry.pushers.clear()
         entry.next_rank = 0
+        entry.tags = None
         # taken before anything is released or pushed again (no new list when empty)
         waiting, entry.waiting = entry.waiting, []
-        deferred: list[tuple[int, list[np.ndarray], str, Ticket | None]] = []
+        deferred: list[tuple[int, list[np.ndarray], str, Ticket | None, int | None]] = []
         if entry.deferred:
             deferred, entry.deferred = entry.deferred, []
             if self.observer is not None:
@@ -589,10 +625,10 @@ class Engine(UnevenRounds):
             pulls, entry.pulls = entry.pulls, []
         for ticket in waiting:
             self.release(ticket)
-        for worker, arrays, kind, dticket in deferred:  # they open the next round
+        for worker, arrays, kind, dticket, dtag in deferred:  # they open the next round
             if dticket is not None:
                 dticket.remaining -= 1
-            self.push(key, worker, arrays, kind, dticket)
+            self.push(key, worker, arrays, kind, dticket, dtag)
         for worker, ticket in pulls:
             if self._pushed(entry, worker):
                 entry.pulls.append((worker, ticket))    # its later push is not applied yet
@@ -676,13 +712,8 @@ class Engine(UnevenRounds):
         A push held is one applied, or (``dist_sync``) one waiting in the key's open round
         or deferred to the next: a worker killed after such a push and restarted must not
         push it again, or the round would get it twice (the chaos soak found this)."""
-        out = []
-        for k, e in self._entries.items():
-            held = e.applied.get(worker, 0)
-            if self.sync:
-                held += (worker in e.pushers) + sum(1 for d in e.deferred if d[0] == worker)
-            out.append([k, held])
-        return out
+        return [[k, self._held(e, worker) if self.sync else e.applied.get(worker, 0)]
+                for k, e in self._entries.items()]
 
     def restore(self, reader: Reader, counters: bool = False) -> None:
         """Set every key this engine holds from a checkpoint (its part of each key, on
@@ -790,4 +821,5 @@ class Engine(UnevenRounds):
         entry.waiting, entry.deferred, entry.pulls = [], [], []
         entry.pushers.clear()
         entry.next_rank = 0
+        entry.tags = None
         entry.early = entry.sparse_parts = entry.part_workers = entry.again = None

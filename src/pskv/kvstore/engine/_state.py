@@ -17,6 +17,7 @@ from ...nd.sparse import RowSparseNDArray
 from . import _tables as tables
 from .._snapshot import Reader, ShardCopy
 from .._table_rules import table_copy
+from ._positions import mark_pairs, marks_of
 
 __all__ = ["copy_entry", "restore", "shard_copy"]
 
@@ -24,8 +25,10 @@ __all__ = ["copy_entry", "restore", "shard_copy"]
 def copy_entry(engine: Any, key: Any, entry: Any) -> tuple[dict[str, Any], Any, Any]:
     """The copy of ``key`` (its ``entry``): its metadata, its value (a table's arrays by
     name), its optimizer state."""
-    counts = {"round": entry.round,
-              "applied": [[w, n] for w, n in sorted(entry.applied.items())]}
+    counts: dict[str, Any] = {"round": entry.round,
+                              "applied": [[w, n] for w, n in sorted(entry.applied.items())]}
+    if entry.marks:
+        counts["marks"] = mark_pairs(entry.marks)
     if entry.table is not None:
         fields, arrays = table_copy(entry.table)
         return {"key": entry.name, "id": key, **fields, **counts}, arrays, None
@@ -89,11 +92,13 @@ def restore(engine: Any, reader: Reader, counters: bool) -> None:
             if counters:
                 e.round = reader.round(e.name)
                 e.applied = reader.applied(e.name, e.table.shard[0])
+                e.marks = marks_of(reader.meta(e.name, e.table.shard[0]).get("marks"))
     for (e, _start, _stop), value in zip(plan, values, strict=True):
         np.copyto(e.stored._data, value)
         if counters:
             e.round = reader.round(e.name)
             e.applied = reader.applied(e.name)
+            e.marks = marks_of(reader.meta(e.name).get("marks"))
         st = states[e.name]
         if st is not None and isinstance(getattr(upd, "states", None), dict):
             upd.states[e.name] = st

@@ -36,6 +36,7 @@ class UnevenRounds:
     _add_early: Callable[[Key, Any], None]
     _close_round: Callable[..., None]
     _fail_entry: Callable[[Any, KVStoreError], None]
+    _sealed_for: Callable[[Key, Any], bool]
 
     def worker_left(self, worker: int, joined: bool, epoch: int = 0) -> None:
         """``worker`` joined in join epoch ``epoch`` (``kv.join``: it counts as pushing
@@ -56,7 +57,8 @@ class UnevenRounds:
                     continue
                 if entry.table is None and not entry.sparse:
                     self._add_early(key, entry)
-                if len(entry.pushers | self.joined) == self.num_workers:
+                if len(entry.pushers | self.joined) == self.num_workers and \
+                        self._sealed_for(key, entry):
                     self._close_round(key, entry,
                                       self._clock() if self.events.times_updates else 0.0)
             return

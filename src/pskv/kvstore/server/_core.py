@@ -520,9 +520,11 @@ class KVServer:
         engine = shard.engine
         held = ticket if engine.sync else None        # dist_async: applied at once
 
+        tag = body.get("step")        # a data position's step (validate: an int or none)
+
         def pushes() -> None:
             for k, kind, part in items:
-                engine.push(k, worker, part, kind, held)
+                engine.push(k, worker, part, kind, held, tag)
         try:
             engine.request(ticket, pushes)
         except Exception as err:  # an update failed (dist_async): answered, flush not held
@@ -581,6 +583,22 @@ class KVServer:
                      arrays: list[np.ndarray]) -> list[np.ndarray] | None:
         """A worker that switched to this backup: what of its pushes this server holds."""
         self._send(conn, Command.ACK, ts, {"applied": shard.engine.applied_by(worker)})
+        return None
+
+    def _cmd_seal(self, shard: Shard, conn: Connection,
+                  worker: int, ts: int, body: dict[str, Any],
+                  arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+        """A worker's seal of its steps (docs/data.md): ``commit`` false only answers (its
+        pushes before it are here: a link is in order), true closes the rounds waiting."""
+        if body["commit"]:
+            shard.engine.seal(worker, body["step"])
+        return []
+
+    def _cmd_position(self, shard: Shard, conn: Connection,
+                      worker: int, ts: int, body: dict[str, Any],
+                      arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+        """A restarted worker's data position as this shard knows it (docs/data.md)."""
+        self._send(conn, Command.ACK, ts, shard.engine.position_of(worker))
         return None
 
     def _cmd_initial(self, shard: Shard, conn: Connection,
@@ -654,7 +672,8 @@ class KVServer:
         Op.CHECKPOINT: _cmd_checkpoint, Op.RESTORE: _cmd_restore,
         Op.LOOKUP: cmd_lookup, Op.TABLE_STATS: cmd_table_stats, Op.CLOCK: cmd_clock,
         Op.JOINED: _cmd_joined, Op.ADOPT: _cmd_adopt, Op.CHANGES: cmd_changes,
-        Op.EXPLAIN: cmd_explain, Op.HOT_IDS: cmd_hot_ids,
+        Op.EXPLAIN: cmd_explain, Op.HOT_IDS: cmd_hot_ids, Op.SEAL: _cmd_seal,
+        Op.POSITION: _cmd_position,
     }
 
     _handlers: dict[Command, Callable[..., None]] = {
