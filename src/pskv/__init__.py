@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from . import base, ndarray
 from . import kvstore as kv
-from . import lr_scheduler, nd, np, optimizer, test_utils
+from . import data, lr_scheduler, nd, np, optimizer, test_utils
 from .context import Context, cpu, cpu_pinned, current_context, gpu, num_gpus
 from .errors import (CheckpointError, ClusterError, ClusterTimeoutError, ConfigError, KeyAlreadyInitializedError,
                      KeyNotInitializedError, KeyTypeError, KVStoreError, MXNetError,
@@ -49,6 +49,7 @@ __all__ = [
     "cpu_pinned",
     "create",
     "current_context",
+    "data",
     "gpu",
     "kv",
     "kvstore",

@@ -176,7 +176,7 @@ def test_version_is_defined_once() -> None:
 # ---- the API reference ----------------------------------------------------------------------
 PUBLIC_MODULES = ["pskv", "pskv.kv", "pskv.nd", "pskv.nd.sparse", "pskv.np", "pskv.context",
                   "pskv.optimizer", "pskv.lr_scheduler", "pskv.compression", "pskv.errors", "pskv.table",
-                  "pskv.launch", "pskv.server", "pskv.sinks", "pskv.torch", "pskv.testing", "pskv.top", "pskv.stream", "pskv.serving",
+                  "pskv.launch", "pskv.server", "pskv.sinks", "pskv.torch", "pskv.testing", "pskv.top", "pskv.stream", "pskv.serving", "pskv.data",
                   "pskv.examples.train", "pskv.examples.train_torch",
                   "pskv.examples.sparse_logreg", "pskv.examples.train_ctr", "pskv.tour"]
 

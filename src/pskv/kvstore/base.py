@@ -203,6 +203,19 @@ class KVStoreBase:
     def close(self) -> None:
         """Release the store's resources (a store without any has nothing to do)."""
 
+    def _data_position(self) -> int:
+        """A :class:`pskv.data.Sampler` trains through this store: the step to train first
+        (docs/data.md). A store in one process has nothing to resume: 0."""
+        return 0
+
+    def _data_step(self, step: int) -> None:
+        """The sampler's next step begins (a store in one process has nothing to seal)."""
+
+    def _data_sealing(self) -> bool:
+        """Whether pushes are sealed before each wait (a Sampler trains through a dist
+        store): a step's pushes should then all go before its first wait."""
+        return False
+
     def __enter__(self: S) -> S:
         return self
 

@@ -111,6 +111,8 @@ class Synchronizer:
                 self.bucket_of[i] = bucket
         self.countdown = [self.passes] * len(params)
         self.next_send = 0                  # the first bucket not yet sent
+        #: a data position's seals are on (pskv.data): push every bucket, pull at the end
+        self.sealed = False
         self.lock = threading.Lock()
         self.executor: ThreadPoolExecutor | None = None
         self.handles: list[Any] = []
@@ -238,6 +240,8 @@ class Synchronizer:
     def _send_ready(self) -> None:
         """Fill and send complete buckets in order (lock held)."""
         last = len(self.buckets) - 1
+        if self.next_send == 0:           # a step begins: a Sampler may have begun since
+            self.sealed = self.kv._data_sealing()
         while self.next_send <= last:
             bucket = self.buckets[self.next_send]
             if bucket.waiting > 0:
@@ -284,13 +288,31 @@ class Synchronizer:
         if with_buffers:       # one message: the buffers ride with the last bucket
             keys += self.buffers.keys
             values += self.buffers.flats
-        if bucket.weights is None:
+        if self.sealed:
+            # a data position (pskv.data): every bucket is pushed before the step's one
+            # wait, so that no round of the step closes before all of it is on the servers
+            # (docs/data.md D5); synchronize() pulls them all
+            self.kv.push(keys, values)
+        elif bucket.weights is None:
             # the sum, in place; out= names the same tensors so that the reply is read
             # straight into them (the push has left them by then: the round's result comes
             # after every push of it), not into a buffer and copied
             self.kv.pushpull(keys, values, out=values)
         else:
             self.kv.pushpull(bucket.key, bucket.flat, out=bucket.weights)
+
+    def _pull_all(self) -> None:
+        """Every bucket's round result (and the buffers'), in one pull: the pushes were
+        all sent first (``sealed``)."""
+        keys: list[str] = []
+        outs: list[torch.Tensor] = []
+        for bucket in self.buckets:
+            keys.append(bucket.key)
+            outs.append(bucket.flat if bucket.weights is None else bucket.weights)
+        if self.buffers is not None:
+            keys += self.buffers.keys
+            outs += self.buffers.flats
+        self.kv.pull(keys, out=outs)
 
     # ---- in step() --------------------------------------------------------------------
     def synchronize(self) -> None:
@@ -307,6 +329,8 @@ class Synchronizer:
                     bucket.future.result()
                 if bucket.landed is not None:
                     th.cuda.current_stream(bucket.flat.device).wait_event(bucket.landed)
+            if self.sealed and self.buckets:
+                self._pull_all()
             if not self.buckets and self.buffers is not None:
                 self.buffers.fill()
                 self.kv.pushpull(self.buffers.keys, self.buffers.flats)

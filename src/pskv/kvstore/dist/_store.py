@@ -441,6 +441,10 @@ class DistKVStore(TableMethods, KVStoreBase):
     def _collective(self, call: str, payload: dict[str, Any] | None = None) \
             -> dict[str, dict[str, Any]]:
         """A barrier of the workers that also checks they all made the same ``call``."""
+        if self._kv.seals is not None:      # the others' rounds may wait for this seal
+            self._send_held()
+            with self._unlocked():
+                self._kv.seals.seal()
         with self._unlocked():
             payloads: dict[str, dict[str, Any]] = self._po.barrier(
                 "worker", {"call": call, **(payload or {})})
@@ -850,6 +854,27 @@ class DistKVStore(TableMethods, KVStoreBase):
                 self._zctx.close()
                 self._reducer.close()
                 self._device.close()
+
+    def _data_position(self) -> int:
+        """A :class:`pskv.data.Sampler` trains through this store: tag pushes with its
+        step from now on; the step to train first (a restarted worker's resumes where the
+        servers' state says: docs/data.md)."""
+        with self._lock:
+            self._begin()
+            return self._kv.attach_position()
+
+    def _data_sealing(self) -> bool:
+        """Whether a Sampler's seals are on (see :meth:`KVStoreBase._data_sealing`)."""
+        return self._kv.seals is not None
+
+    def _data_step(self, step: int) -> None:
+        """The sampler's step ``step`` begins: the last one's pushes are sealed first."""
+        with self._lock:
+            self._begin()          # a held push goes out with the step it was made in
+            seals = self._kv.seals
+            if seals is not None:
+                with self._unlocked():
+                    seals.advance(step)
 
     def is_capable(self, capability: str) -> bool:
         """Whether the store supports ``capability``; ``'optimizer'`` is supported."""
