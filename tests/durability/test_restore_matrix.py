@@ -37,9 +37,11 @@ from pskv.testing import InprocCluster
 pytestmark = pytest.mark.timeout(60)
 
 BOUND = 16           # bigarray_bound: keys of 16 elements or more are split across servers
-DENSE = {"tiny": (3,), "edge": (BOUND,), "mid": (4, 5), "big": (7, 9)}
+DENSE = {"tiny": (3,), "edge": (BOUND,), "mid": (4, 5), "big": (7, 9), "wide": (5, 5)}
+DTYPES = {"wide": np.float64}
+FROZEN = ("frozen", (6, 3))    # never pushed before the checkpoint: it holds no state for it
 SPARSE = {"rsp": (7, 3)}
-TABLES = ("emb", "own")
+TABLES = ("emb", "own", "half")
 DIM = 3
 SAVE_AT, STEPS = 3, 6          # save after 3 steps, then 3 more on both jobs
 WAIT = 30.0                    # the most seconds a job's workers may run
@@ -47,17 +49,22 @@ WAIT = 30.0                    # the most seconds a job's workers may run
 
 # ---- the model and its training steps ------------------------------------------------------
 def _optimizer(junk: bool = False) -> Any:
-    """The store's optimizer; the restored job sets it ``junk``: the checkpoint's must win."""
+    """The store's optimizer, Adam: two moments per element and, for a dense key, its
+    update count (the bias correction), so a count that did not come back shows. The
+    restored job sets it ``junk``: the checkpoint's must replace it."""
     if junk:
-        return mx.optimizer.SGD(learning_rate=0.7, momentum=0.2)
-    return mx.optimizer.SGD(learning_rate=0.05, momentum=0.9)
+        return mx.optimizer.Adam(learning_rate=0.5, beta1=0.5)
+    return mx.optimizer.Adam(learning_rate=0.01)
 
 
 def _table_spec(name: str) -> TableSpec:
-    if name == "emb":                # the store's optimizer: a momentum per element
+    if name == "emb":                # the store's Adam: moments and a step per row
         return TableSpec(dim=DIM, init=Normal(0.0, 0.1), seed=5)
-    return TableSpec(dim=DIM, init=Uniform(-0.1, 0.1), seed=6, state_layout="rowwise",
-                     optimizer=mx.optimizer.AdaGrad(learning_rate=0.2))
+    if name == "own":                # its own AdaGrad, one accumulator per row
+        return TableSpec(dim=DIM, init=Uniform(-0.1, 0.1), seed=6, state_layout="rowwise",
+                         optimizer=mx.optimizer.AdaGrad(learning_rate=0.2))
+    return TableSpec(dim=DIM, init=Normal(0.0, 0.5), seed=7, dtype="bfloat16",
+                     optimizer=mx.optimizer.SGD(learning_rate=0.1, momentum=0.9))
 
 
 def _rng(*seed: int) -> np.random.Generator:
@@ -67,8 +74,10 @@ def _rng(*seed: int) -> np.random.Generator:
 def _init(kv: Any, junk: bool = False) -> None:
     """Every key; ``junk``: other initial values (the checkpoint's must replace them)."""
     for i, (k, shape) in enumerate(DENSE.items()):
-        value = _rng(99 if junk else 0, i).standard_normal(shape).astype(np.float32)
-        kv.init(k, mx.nd.array(value))
+        value = _rng(99 if junk else 0, i).standard_normal(shape)
+        kv.init(k, mx.nd.array(value.astype(DTYPES.get(k, np.float32)), dtype=DTYPES.get(k, np.float32)))
+    kv.init(FROZEN[0], mx.nd.array(_rng(99 if junk else 5).standard_normal(FROZEN[1])
+                                   .astype(np.float32)))
     for i, (k, shape) in enumerate(SPARSE.items()):
         value = _rng(99 if junk else 1, i).standard_normal(shape).astype(np.float32)
         kv.init(k, mx.nd.array(value).tostype("row_sparse"))
@@ -76,8 +85,9 @@ def _init(kv: Any, junk: bool = False) -> None:
         kv.init(t, _table_spec(t))
 
 
-def _dense_grad(i: int, step: int, rank: int, shape: tuple[int, ...]) -> np.ndarray:
-    return _rng(2, i, step, rank).standard_normal(shape).astype(np.float32)
+def _dense_grad(i: int, step: int, rank: int, shape: tuple[int, ...],
+                dtype: Any = np.float32) -> np.ndarray:
+    return _rng(2, i, step, rank).standard_normal(shape).astype(dtype)
 
 
 def _sparse_grad(i: int, step: int, rank: int, shape: tuple[int, ...]) -> tuple[Any, Any]:
@@ -109,8 +119,9 @@ def _push_all(kv: Any, step: int, ranks: tuple[int, ...]) -> None:
     a dist_sync round of both workers applies: their gradients summed, table pushes
     concatenated in worker order, docs/embeddings.md D3)."""
     for i, (k, shape) in enumerate(DENSE.items()):
-        grads = [_dense_grad(i, step, r, shape) for r in ranks]
-        kv.push(k, mx.nd.array(grads[0] if len(grads) == 1 else np.add(*grads)))
+        dtype = DTYPES.get(k, np.float32)
+        grads = [_dense_grad(i, step, r, shape, dtype) for r in ranks]
+        kv.push(k, mx.nd.array(grads[0] if len(grads) == 1 else np.add(*grads), dtype=dtype))
     for i, (k, shape) in enumerate(SPARSE.items()):
         total = np.zeros(shape, np.float32)
         touched = np.zeros(shape[0], bool)
@@ -128,20 +139,24 @@ def _push_all(kv: Any, step: int, ranks: tuple[int, ...]) -> None:
                        np.concatenate([b[2] for b in batches])))
 
 
-def _train(kv: Any, first: int, last: int) -> None:
-    """Steps ``first`` to ``last - 1`` on any store. dist_async: worker 0 pushes, then
-    worker 1, with a barrier after each (every push applied before anyone leaves it), so
-    that every job applies them in the same order."""
-    local = kv.type == "local"
+def _train(kv: Any, first: int, last: int, frozen: bool = False) -> None:
+    """Steps ``first`` to ``last - 1`` on any store (``frozen``: the key FROZEN too).
+    dist_async: worker 0 pushes, then worker 1, with a barrier after each (every push
+    applied before anyone leaves it), so that every job applies them in the same order."""
+    def push(ranks: tuple[int, ...]) -> None:
+        _push_all(kv, step, ranks)
+        if frozen:
+            kv.push(FROZEN[0], mx.nd.ones(FROZEN[1]) * len(ranks))
+
     for step in range(first, last):
-        if local:
-            _push_all(kv, step, (0, 1))
+        if kv.type == "local":
+            push((0, 1))
         elif kv.type == "dist_sync":
-            _push_all(kv, step, (kv.rank,))
+            push((kv.rank,))
         else:
             for turn in range(kv.num_workers):
                 if kv.rank == turn:
-                    _push_all(kv, step, (kv.rank,))
+                    push((kv.rank,))
                 kv.barrier()
         for k in DENSE:
             kv.pull(k)
@@ -150,13 +165,14 @@ def _train(kv: Any, first: int, last: int) -> None:
 def _observe(kv: Any) -> dict[str, np.ndarray]:
     """What a worker reads of every key: dense values, the row_sparse key's rows, every
     table ID's row and whether the table holds it (an eval lookup: it inserts nothing)."""
-    got = {k: kv.pull(k).asnumpy() for k in DENSE}
+    got = {k: kv.pull(k).asnumpy() for k in (*DENSE, FROZEN[0])}
     for k, shape in SPARSE.items():
         out = mx.nd.zeros(shape)
         kv.pull(k, out=out)
         got[k] = out.asnumpy()
-    for t in TABLES:
-        got[t], got[f"{t} found"] = kv.lookup(t, UNIVERSE, train=False)
+    for t in TABLES:     # a local store reads as often as the two workers do (counters)
+        for _reader in range(2 if kv.type == "local" else 1):
+            got[t], got[f"{t} found"] = kv.lookup(t, UNIVERSE, train=False)
     if kv.type != "local":
         kv.barrier()          # no worker reads after another's next push
     return got
@@ -250,7 +266,7 @@ def _target(ck: str, again: str, end: str) -> Any:
     def job(kv: Any) -> Any:
         _init(kv, junk=True)
         kv.set_optimizer(_optimizer(junk=True))
-        _train(kv, STEPS, STEPS + 1)    # rows, states and counts the checkpoint lacks
+        _train(kv, STEPS, STEPS + 1, frozen=True)   # rows, states, counts it lacks
         kv.load_checkpoint(ck)
         kv.save_checkpoint(again)
         loaded = _observe(kv)
@@ -261,12 +277,12 @@ def _target(ck: str, again: str, end: str) -> Any:
     return job
 
 
-def _run(job: Any, servers: int | None, store_type: str) -> list[Any]:
+def _run(job: Any, servers: int | None, store_type: str, bound: int = BOUND) -> list[Any]:
     """``job`` on a local store (``servers`` None) or on every worker of a cluster of
     ``servers`` servers and 2 workers; its result per worker."""
     if servers is None:
         return [job(mx.kv.create("local"))]
-    with InprocCluster(num_workers=2, num_servers=servers, bigarray_bound=BOUND) as cluster:
+    with InprocCluster(num_workers=2, num_servers=servers, bigarray_bound=bound) as cluster:
         results = cluster.run(job, store_type, timeout=WAIT)
     for got in results.values():
         if isinstance(got, BaseException):
@@ -275,11 +291,14 @@ def _run(job: Any, servers: int | None, store_type: str) -> list[Any]:
     return [results[0], results[1]]
 
 
-def _check(tmp_path: Any, source: tuple[str, int | None], target: tuple[str, int | None]) -> None:
+def _check(tmp_path: Any, source: tuple[str, int | None], target: tuple[str, int | None],
+           bound2: int = BOUND) -> None:
+    """``source`` (store type, servers) trains and saves; ``target`` (its
+    ``bigarray_bound`` ``bound2``) loads, and both train on."""
     ck, ref_end = str(tmp_path / "ck"), str(tmp_path / "ref-end")
     again, end = str(tmp_path / "again"), str(tmp_path / "end")
     ref = _run(_source(ck, ref_end), source[1], source[0])
-    got = _run(_target(ck, again, end), target[1], target[0])
+    got = _run(_target(ck, again, end), target[1], target[0], bound2)
     saved, after = ref[0]
     for rank, (r_saved, r_after) in enumerate(ref):    # every worker read the same
         assert_same(r_saved, saved, f"reference worker {rank} at the checkpoint")
@@ -288,6 +307,12 @@ def _check(tmp_path: Any, source: tuple[str, int | None], target: tuple[str, int
     want = contents(ck)
     assert want["emb"]["ids"].size == saved["emb found"].sum()
     assert want["own"]["state0"].shape == (want["own"]["ids"].size, 1)     # row-wise
+    assert "adam_t" in want["emb"] and want["half"]["values"].dtype == np.uint16
+    assert want["frozen state"] == [None] and len(want["big state"]) == 2   # Adam's moments
+    if source[1] is not None:
+        reader = Reader(ck)
+        assert len(reader.parts["big"]) == source[1]      # split across the servers
+        reader.close()
     for rank, (loaded, resumed) in enumerate(got):
         assert_same(loaded, saved, f"worker {rank} after load_checkpoint")
         assert_same(resumed, after, f"worker {rank} after {STEPS - SAVE_AT} more steps")
@@ -309,6 +334,12 @@ def test_sync_checkpoint_restores_onto_any_server_count(tmp_path: Any, servers: 
 def test_async_checkpoint_restores_onto_another_server_count(tmp_path: Any, servers: int,
                                                              servers2: int) -> None:
     _check(tmp_path, ("dist_async", servers), ("dist_async", servers2))
+
+
+def test_sync_checkpoint_restores_onto_another_placement_of_as_many_servers(
+        tmp_path: Any) -> None:
+    """2 servers, but no key split on the second job (a bigarray_bound above them all)."""
+    _check(tmp_path, ("dist_sync", 2), ("dist_sync", 2), bound2=10**6)
 
 
 def test_local_store_checkpoint_restores_onto_three_servers(tmp_path: Any) -> None:
