@@ -40,7 +40,7 @@ BOUND = 16           # bigarray_bound: keys of 16 elements or more are split acr
 DENSE = {"tiny": (3,), "edge": (BOUND,), "mid": (4, 5), "big": (7, 9), "wide": (5, 5)}
 DTYPES = {"wide": np.float64}
 FROZEN = ("frozen", (6, 3))    # never pushed before the checkpoint: it holds no state for it
-SPARSE = {"rsp": (7, 3)}
+SPARSE = {"rsp": (7, 3), "pair": (2, 4)}   # rows split: 7 over 1-3 servers, 2 over 1-2
 TABLES = ("emb", "own", "half")
 DIM = 3
 SAVE_AT, STEPS = 3, 6          # save after 3 steps, then 3 more on both jobs
@@ -92,8 +92,9 @@ def _dense_grad(i: int, step: int, rank: int, shape: tuple[int, ...],
 
 def _sparse_grad(i: int, step: int, rank: int, shape: tuple[int, ...]) -> tuple[Any, Any]:
     rng = _rng(3, i, step, rank)
-    rows = np.sort(rng.choice(shape[0], 3, replace=False)).astype(np.int64)
-    return rows, rng.standard_normal((3,) + shape[1:]).astype(np.float32)
+    n = min(3, shape[0] - 1)
+    rows = np.sort(rng.choice(shape[0], n, replace=False)).astype(np.int64)
+    return rows, rng.standard_normal((n,) + shape[1:]).astype(np.float32)
 
 
 def _table_batch(t: int, step: int, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -336,10 +337,13 @@ def test_async_checkpoint_restores_onto_another_server_count(tmp_path: Any, serv
     _check(tmp_path, ("dist_async", servers), ("dist_async", servers2))
 
 
-def test_sync_checkpoint_restores_onto_another_placement_of_as_many_servers(
-        tmp_path: Any) -> None:
-    """2 servers, but no key split on the second job (a bigarray_bound above them all)."""
-    _check(tmp_path, ("dist_sync", 2), ("dist_sync", 2), bound2=10**6)
+@pytest.mark.parametrize(("servers2", "bound2"), [(2, 10**6), (3, 2)],
+                         ids=["2to2-nothing-split", "2to3-everything-split"])
+def test_sync_checkpoint_restores_onto_another_placement(tmp_path: Any, servers2: int,
+                                                         bound2: int) -> None:
+    """Another bigarray_bound on the second job: no dense key split over its servers, or
+    every one of them, a key of 3 elements in 3 parts of 1."""
+    _check(tmp_path, ("dist_sync", 2), ("dist_sync", servers2), bound2=bound2)
 
 
 def test_local_store_checkpoint_restores_onto_three_servers(tmp_path: Any) -> None:
