@@ -352,3 +352,43 @@ def test_local_store_checkpoint_restores_onto_three_servers(tmp_path: Any) -> No
 
 def test_three_servers_checkpoint_restores_onto_a_local_store(tmp_path: Any) -> None:
     _check(tmp_path, ("dist_sync", 3), ("local", None))
+
+
+def test_a_checkpoint_without_an_optimizer_leaves_no_state_of_the_loading_job(
+        tmp_path: Any) -> None:
+    """A checkpoint of a job without an optimizer (its pushes assign the sums) loaded by a
+    job that has one: whether that job trained before the load or not, it holds and does
+    the same afterwards, its optimizer starting afresh (2 servers onto 3 and onto 1;
+    tests/unit/test_optimizer_states.py has the cause)."""
+    ck = str(tmp_path / "ck")
+
+    def source(kv: Any) -> None:
+        _init(kv)
+        _train(kv, 0, SAVE_AT)
+        kv.save_checkpoint(ck)
+
+    def target(name: str, train_first: bool) -> Any:
+        def job(kv: Any) -> Any:
+            _init(kv, junk=True)
+            kv.set_optimizer(_optimizer())
+            if train_first:
+                _train(kv, STEPS, STEPS + 1, frozen=True)
+            kv.load_checkpoint(ck)
+            kv.save_checkpoint(str(tmp_path / f"{name}-again"))
+            loaded = _observe(kv)
+            _train(kv, SAVE_AT, STEPS)
+            after = _observe(kv)
+            kv.save_checkpoint(str(tmp_path / f"{name}-end"))
+            return loaded, after
+        return job
+
+    _run(source, 2, "dist_sync")
+    want = _run(target("fresh", False), 1, "dist_sync")[0]
+    got = _run(target("trained", True), 3, "dist_sync")
+    for rank, (loaded, after) in enumerate(got):
+        assert_same(loaded, want[0], f"worker {rank} after load_checkpoint")
+        assert_same(after, want[1], f"worker {rank} after {STEPS - SAVE_AT} more steps")
+    for when in ("again", "end"):
+        assert_same(contents(str(tmp_path / f"trained-{when}")),
+                    contents(str(tmp_path / f"fresh-{when}")), when)
+    assert contents(str(tmp_path / "fresh-again"))["big state"] == [None]
