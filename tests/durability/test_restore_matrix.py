@@ -74,8 +74,9 @@ def _rng(*seed: int) -> np.random.Generator:
 def _init(kv: Any, junk: bool = False) -> None:
     """Every key; ``junk``: other initial values (the checkpoint's must replace them)."""
     for i, (k, shape) in enumerate(DENSE.items()):
-        value = _rng(99 if junk else 0, i).standard_normal(shape)
-        kv.init(k, mx.nd.array(value.astype(DTYPES.get(k, np.float32)), dtype=DTYPES.get(k, np.float32)))
+        dtype = DTYPES.get(k, np.float32)
+        value = _rng(99 if junk else 0, i).standard_normal(shape).astype(dtype)
+        kv.init(k, mx.nd.array(value, dtype=dtype))
     kv.init(FROZEN[0], mx.nd.array(_rng(99 if junk else 5).standard_normal(FROZEN[1])
                                    .astype(np.float32)))
     for i, (k, shape) in enumerate(SPARSE.items()):

@@ -112,7 +112,7 @@ def _forget(upd: Any, names: list[Any]) -> None:
         for name in names:
             states.pop(name, None)
             upd.states_synced.pop(name, None)
-    opt = getattr(upd, "optimizer", None)
+    opt: Any = getattr(upd, "optimizer", None)
     counts = getattr(opt, "_all_index_update_counts", None)
     if isinstance(counts, dict):
         for per_device in counts.values():
