@@ -191,3 +191,47 @@ def test_truncated_states_raise() -> None:
 def test_get_updater_rejects_non_optimizers() -> None:
     with pytest.raises(pskv.ConfigError):
         pskv.optimizer.get_updater("sgd")  # type: ignore[arg-type]
+
+
+def test_a_checkpoint_without_an_optimizer_leaves_no_state_or_count_behind(
+        tmp_path: Any) -> None:
+    """A store that trained with an optimizer, then loads a checkpoint taken without one,
+    keeps its optimizer but none of its states or update counts (they were made on the
+    values the load replaced): its next steps are those of a store that set the optimizer
+    and loaded the checkpoint without training first (dense and table keys alike)."""
+    from pskv.table import Normal, TableSpec
+    ids = np.array([3, -8, 2**40], np.int64)
+
+    def init(kv: Any) -> None:
+        kv.init("w", pskv.nd.zeros((2, 3)))
+        kv.init("emb", TableSpec(dim=3, init=Normal(0.0, 0.1), seed=1))
+
+    saved = pskv.kv.create("local")            # no optimizer: a push assigns
+    init(saved)
+    saved.push("w", pskv.nd.ones((2, 3)) * 2)
+    saved.push("emb", (ids, np.full((3, 3), 0.5, np.float32)))
+    saved.save_checkpoint(str(tmp_path))
+
+    def resumed(train_first: bool) -> tuple[Any, ...]:
+        kv = pskv.kv.create("local")
+        init(kv)
+        kv.set_optimizer(pskv.optimizer.Adam(learning_rate=0.1))
+        if train_first:       # Adam's moments and counts for both keys
+            for _ in range(3):
+                kv.push("w", pskv.nd.ones((2, 3)) * 5)
+                kv.lookup("emb", ids)
+                kv.push("emb", (ids, np.full((3, 3), 5.0, np.float32)))
+            assert sorted(kv._engine.updater.optimizer._index_update_count) == ["emb", "w"]
+        kv.load_checkpoint(str(tmp_path))
+        upd = kv._engine.updater
+        left = (sorted(upd.states), upd.optimizer.num_update,
+                [sorted(c) for c in upd.optimizer._all_index_update_counts.values()])
+        kv.push("w", pskv.nd.ones((2, 3)))
+        kv.push("emb", (ids, np.ones((3, 3), np.float32)))
+        return left, kv.pull("w").asnumpy(), kv.lookup("emb", ids, train=False)[0]
+
+    fresh, trained = resumed(False), resumed(True)
+    assert trained[0] == fresh[0] == ([], 0, [[]])
+    for got, want in zip(trained[1:], fresh[1:]):
+        np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(fresh[1], np.full((2, 3), 3.0, np.float32))   # Adam ran

@@ -85,6 +85,8 @@ def restore(engine: Any, reader: Reader, counters: bool) -> None:
         # a worker's repeat of the spec it sent keeps the restored states (R: restarts)
         engine._opt_spec = reader.optimizer_sent() or spec
     upd = engine.updater
+    if spec is None:      # every key of the checkpoint (a local store's tables too)
+        _forget(upd, list(reader.parts))
     for e in engine._entries.values():
         if e.table is not None:
             e.table = made[e.name]
@@ -103,6 +105,26 @@ def restore(engine: Any, reader: Reader, counters: bool) -> None:
         if st is not None and isinstance(getattr(upd, "states", None), dict):
             upd.states[e.name] = st
             upd.states_synced[e.name] = False
+
+
+def _forget(upd: Any, names: list[Any]) -> None:
+    """A checkpoint taken without an optimizer holds no optimizer state and no update
+    count: the store's own optimizer (if it has one) keeps none for the keys ``names``
+    either, since they were made on the values the load replaces. Its next update of a
+    key starts afresh, as after ``set_optimizer`` and a load with no push between."""
+    states = getattr(upd, "states", None)
+    if isinstance(states, dict):
+        for name in names:
+            states.pop(name, None)
+            upd.states_synced.pop(name, None)
+    opt: Any = getattr(upd, "optimizer", None)
+    counts = getattr(opt, "_all_index_update_counts", None)
+    if isinstance(counts, dict):
+        for per_device in counts.values():
+            for name in names:
+                per_device.pop(name, None)
+        opt.num_update = max([opt.begin_num_update] +
+                             [n for per_device in counts.values() for n in per_device.values()])
 
 
 def units(shape: tuple[int, ...], sparse: bool) -> int:
