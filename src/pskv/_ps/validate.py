@@ -156,6 +156,8 @@ def _push(meta: Meta, arrays: list[np.ndarray]) -> None:
 def _pull(meta: Meta, arrays: list[np.ndarray]) -> None:
     if arrays:
         raise ProtocolError(f"PULL carries no arrays, got {len(arrays)}")
+    if isinstance(meta.body, dict) and not isinstance(meta.body.get("now", False), bool):
+        raise _fail(meta, "now", "true or false", meta.body.get("now"))
 
 
 def _rsp_pull(meta: Meta, arrays: list[np.ndarray]) -> None:

@@ -125,6 +125,10 @@ class KVWorker:
         self.failover: Failover | None = None
         #: the data position's step tags and seals (``seals.py``), once a Sampler attaches
         self.seals: Seals | None = None
+        #: a restarted worker: each shard's answer to POSITION when its first run trained
+        #: through a data position (None: it did not); until a Sampler attaches, its pulls
+        #: read the values as they are, not after its first run's unsealed pushes
+        self.resume_from: dict[int, Any] | None = None
         #: every live server admitted this worker: only then may failover send them
         #: commands (a server refuses anything before the HELLO handshake)
         self._connected = False
@@ -162,6 +166,7 @@ class KVWorker:
                         self.failover.pushes.applied_before(shard, applied_counts(meta.body))
                 # set after the handshakes, which go to each server itself
                 self.failover.host = hosts
+                self.resume_from = self._positions(len(hosts))
             # a server that died while this worker connected: its shards move to their
             # backups now that every live server has admitted this worker
             self._connected = True
@@ -224,6 +229,8 @@ class KVWorker:
             cmd, body, arrays = Command.PULL, None, ()
         if self.seals is not None and cmd in (Command.PUSH, Command.PUSHPULL):
             body = self.seals.tagged(server, body)
+        elif self.resume_from is not None and cmd == Command.PULL:
+            body = {"now": True}
         ts = -next(self._ts) if negative else next(self._ts)
         if into is not None:
             with self._mutex:
@@ -263,6 +270,18 @@ class KVWorker:
             self._dirty.add(server)
         return ts
 
+    def _positions(self, shards: int) -> dict[int, Any] | None:
+        """Each shard's answer to POSITION, or None when none has a mark or a seal of this
+        worker's (its first run trained without a data position)."""
+        tss = {s: self.request(s, Command.COMMAND, body=command(Op.POSITION))
+               for s in range(shards)}
+        got = {s: self.wait(ts, what="the servers' data positions")[0].body
+               for s, ts in tss.items()}
+        if all(isinstance(p, dict) and not p.get("marks") and p.get("sealed", -1) < 0
+               for p in got.values()):
+            return None
+        return got
+
     def attach_position(self) -> int:
         """Tag this worker's pushes with a data position's step from now on (``seals.py``);
         return the step to train first: 0, or for a restarted worker where it resumes (W3).
@@ -271,13 +290,9 @@ class KVWorker:
             return self.seals.step
         step, sealed, counts = 0, None, {}
         fo = self.failover
-        if self.po.rejoin and fo is not None:
-            shards = range(len(fo.host))
-            tss = {s: self.request(s, Command.COMMAND, body=command(Op.POSITION))
-                   for s in shards}
-            step, sealed, counts = resume(
-                {s: self.wait(ts, what="the servers' data positions")[0].body
-                 for s, ts in tss.items()})
+        if self.resume_from is not None and fo is not None:
+            step, sealed, counts = resume(self.resume_from)
+            self.resume_from = None
             with fo.route:
                 for s, held in counts.items():
                     fo.pushes.resume(s, held)

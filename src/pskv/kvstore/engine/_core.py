@@ -749,10 +749,11 @@ class Engine(UnevenRounds, DataPositions):
         if ticket.remaining == 0 and not ticket.abandoned:
             self.events.done(self, ticket)
 
-    def pull(self, key: Key, worker: int, ticket: Ticket) -> None:
-        """``ticket`` reads ``key``: after this worker's pending push of it, if any."""
+    def pull(self, key: Key, worker: int, ticket: Ticket, now: bool = False) -> None:
+        """``ticket`` reads ``key``: after this worker's pending push of it, if any (not
+        with ``now``: a restarted worker reads what its first run's pushes left)."""
         entry = self._entries[key]
-        if self.sync and self._pushed(entry, worker):
+        if self.sync and not now and self._pushed(entry, worker):
             ticket.remaining += 1
             entry.pulls.append((worker, ticket))
         elif entry.refused and worker in entry.refused:

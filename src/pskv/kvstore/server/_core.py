@@ -543,10 +543,12 @@ class KVServer:
         check_reply(stored, rows, self.cfg.max_reply_bytes, self._where())
         ticket = Ticket(conn, ts, Command.PULL, keys, rows)
         engine = shard.engine
+        # a restarted worker before its Sampler resumed: as they are (docs/data.md D4)
+        now = isinstance(body, dict) and body.get("now") is True
 
         def pulls() -> None:
             for k in keys:
-                engine.pull(k, worker, ticket)   # after this worker's push of it
+                engine.pull(k, worker, ticket, now)   # after this worker's push of it
         engine.request(ticket, pulls)
 
     def _on_rsp_pull(self, shard: Shard, conn: Connection,

@@ -1,0 +1,120 @@
+"""Exactly-once training with the data position on the servers (issue #32, docs/data.md):
+a pskv.torch job reads a counting data set through ``pskv.data.Sampler`` under
+``pskv-launch`` with replicas and restarts, workers and servers are SIGKILLed, and the job
+must end with every sample trained exactly once and, in ``dist_sync``, the weights and the
+optimizer states of the run where nothing died, bit for bit."""
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pskv.launch import launch
+from test_chaos import SERVERS, SIZE, Chaos
+
+pytestmark = [pytest.mark.timeout(900)]
+
+SCRIPT = Path(__file__).parent / "scripts" / "train_data.py"
+
+
+def _job(out: Path, store_type: str, epochs: int, workers: int, servers: int,
+         env: dict[str, str] | None = None, chaos: Chaos | None = None) -> int:
+    out.mkdir()
+    sockets = tempfile.mkdtemp(prefix="pskv-data")
+    thread = watch = None
+    if chaos is not None:
+        thread = threading.Thread(target=chaos.run, name="chaos", daemon=True)
+        thread.start()
+        # no kill once a worker is near the last step: a worker killed while the job
+        # closes is not restarted (the job is over) and the launch would report it
+        last = epochs * (96 // (workers * 4)) - 3
+        watch = threading.Thread(target=_stop_near, args=(out, last, chaos), daemon=True)
+        watch.start()
+    try:
+        result = launch([sys.executable, str(SCRIPT), str(out), str(epochs), store_type],
+                        workers, servers, max_restarts=50, timeout=600,
+                        env={"PSKV_REPLICAS": "1", "PSKV_HEARTBEAT_TIMEOUT": "20",
+                             "PSKV_CONNECT_TIMEOUT": "60", "TMPDIR": sockets, **(env or {})},
+                        server_command=[sys.executable, "-m", "pskv.server"],
+                        stderr=None if chaos is None else chaos.copies)  # type: ignore[arg-type]
+    finally:
+        if chaos is not None and thread is not None:
+            chaos.stop.set()
+            thread.join(30)
+        shutil.rmtree(sockets, ignore_errors=True)
+    return result.returncode
+
+
+def _stop_near(out: Path, last: int, chaos: Chaos) -> None:
+    """Stop ``chaos`` once some worker of the job in ``out`` began step ``last``."""
+    while not chaos.stop.wait(0.05):
+        for p in out.glob("steps-*.txt"):
+            try:
+                steps = p.read_text().split()
+            except OSError:
+                continue
+            if steps and int(steps[-1]) >= last:
+                chaos.stop.set()
+                return
+
+
+def _final(out: Path) -> tuple[dict[str, np.ndarray], bytes]:
+    with np.load(out / "final.npz") as data:
+        return {k: data[k] for k in data.files}, (out / "states.bin").read_bytes()
+
+
+def _steps(out: Path, rank: int) -> list[list[int]]:
+    """The steps each run of worker ``rank`` began, run by run."""
+    runs = sorted(out.glob(f"steps-{rank}-*.txt"), key=lambda p: int(p.stem.split("-")[2]))
+    return [[int(x) for x in p.read_text().split()] for p in runs]
+
+
+def _same(got: Path, want: Path) -> None:
+    (gv, gs), (wv, ws) = _final(got), _final(want)
+    assert sorted(gv) == sorted(wv)
+    for k in wv:
+        np.testing.assert_array_equal(gv[k], wv[k], err_msg=k)
+    assert gs == ws, "the optimizer states differ"
+
+
+def test_a_worker_killed_mid_step_resumes_at_that_step_with_the_calm_bits(tmp_path: Path) -> None:
+    assert _job(tmp_path / "calm", "dist_sync", 2, 2, 2) == 0
+    # worker 1 dies in step 7 after backward pushed its buckets and "seen", before the seal
+    assert _job(tmp_path / "die", "dist_sync", 2, 2, 2,
+                env={"DIE_WORKER": "1", "DIE_STEP": "7"}) == 0
+    runs = _steps(tmp_path / "die", 1)
+    # resumed where it died (7), not at 0; or at the last step it sealed (6), made again
+    # with every push dropped, when no push of step 7 had left it (D4)
+    assert runs[0][-1] == 7 and runs[1][0] in (6, 7), runs
+    assert runs[0][:runs[1][0]] + runs[1] == _steps(tmp_path / "calm", 1)[0]
+    _same(tmp_path / "die", tmp_path / "calm")
+
+
+def test_sync_job_under_chaos_trains_each_sample_once_with_the_calm_bits(
+        tmp_path: Path) -> None:
+    epochs = 6
+    assert _job(tmp_path / "calm", "dist_sync", epochs, SIZE, SERVERS) == 0
+    chaos = Chaos(21, interval=3.0)
+    code = _job(tmp_path / "chaos", "dist_sync", epochs, SIZE, SERVERS,
+                env={"PACE": "0.08"}, chaos=chaos)
+    assert code == 0, chaos.kills
+    assert chaos.kills, "the job ended before anything was killed: raise its epochs"
+    _same(tmp_path / "chaos", tmp_path / "calm")
+    print(f"\n{len(chaos.kills)} kills: " + ", ".join(f"{w} at {t:.0f} s"
+                                                      for t, w in chaos.kills))
+
+
+def test_async_job_with_a_worker_killed_trains_each_sample_once(tmp_path: Path) -> None:
+    epochs = 3
+    assert _job(tmp_path / "die", "dist_async", epochs, 2, 2,
+                env={"DIE_WORKER": "0", "DIE_STEP": "9"}) == 0
+    values, _ = _final(tmp_path / "die")
+    # "seen" starts at 0 and each push of a sample adds exactly 1 (SGD of rate 1)
+    np.testing.assert_array_equal(values["value:seen"], np.full(96, float(epochs)))
+    runs = _steps(tmp_path / "die", 0)
+    assert len(runs) == 2 and runs[1][0] in (8, 9), runs
