@@ -91,7 +91,7 @@ def test_bad_arguments_say_which_and_why(kwargs: dict, match: str) -> None:
 
 
 def test_a_torch_data_loader_takes_it_as_its_batch_sampler() -> None:
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="DataLoader needs torch: pip install -e .[torch]")
     ds = torch.utils.data.TensorDataset(torch.arange(10.0), torch.arange(10))
     s = mx.data.Sampler(mx.kv.create("local"), 10, 3, shuffle=False)
     loader = torch.utils.data.DataLoader(ds, batch_sampler=s)
