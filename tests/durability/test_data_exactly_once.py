@@ -5,8 +5,10 @@ must end with every sample trained exactly once and, in ``dist_sync``, the weigh
 optimizer states of the run where nothing died, bit for bit."""
 from __future__ import annotations
 
+import os
 import shutil
 import sys
+import time
 import tempfile
 import threading
 from pathlib import Path
@@ -17,7 +19,18 @@ import pytest
 from pskv.launch import launch
 from test_chaos import SERVERS, SIZE, Chaos
 
-pytestmark = [pytest.mark.timeout(900)]
+
+
+def _soak() -> float:
+    """Seconds of kills of the long soak (``CHAOS_SECONDS``; 0: the CI variant, which kills
+    until the job nears its end). ``CHAOS_INTERVAL``: seconds between two kills."""
+    return float(os.environ.get("CHAOS_SECONDS", "0"))
+
+
+#: steps a second the paced chaos job makes, about (3 workers, PACE 0.08 s)
+PACED_STEPS_PER_S = 8
+
+pytestmark = [pytest.mark.timeout(900 + 4 * _soak())]
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_data.py"
 
@@ -37,7 +50,7 @@ def _job(out: Path, store_type: str, epochs: int, workers: int, servers: int,
         watch.start()
     try:
         result = launch([sys.executable, str(SCRIPT), str(out), str(epochs), store_type],
-                        workers, servers, max_restarts=50, timeout=600,
+                        workers, servers, max_restarts=100000, timeout=600 + 3 * _soak(),
                         env={"PSKV_REPLICAS": "1", "PSKV_HEARTBEAT_TIMEOUT": "20",
                              "PSKV_CONNECT_TIMEOUT": "60", "TMPDIR": sockets, **(env or {})},
                         server_command=[sys.executable, "-m", "pskv.server"],
@@ -97,16 +110,30 @@ def test_a_worker_killed_mid_step_resumes_at_that_step_with_the_calm_bits(tmp_pa
 
 def test_sync_job_under_chaos_trains_each_sample_once_with_the_calm_bits(
         tmp_path: Path) -> None:
-    epochs = 6
+    # steps of the job: 8 an epoch with 3 workers; the soak's job outlasts its kills
+    epochs = max(6, int(_soak() * PACED_STEPS_PER_S / 8))
+    start = time.monotonic()
     assert _job(tmp_path / "calm", "dist_sync", epochs, SIZE, SERVERS) == 0
-    chaos = Chaos(21, interval=3.0)
+    calm_s = time.monotonic() - start
+    chaos = Chaos(int(os.environ.get("CHAOS_SEED", "21")),
+                  interval=float(os.environ.get("CHAOS_INTERVAL", "3")),
+                  seconds=_soak() or None)
+    start = time.monotonic()
     code = _job(tmp_path / "chaos", "dist_sync", epochs, SIZE, SERVERS,
                 env={"PACE": "0.08"}, chaos=chaos)
+    chaos_s = time.monotonic() - start
     assert code == 0, chaos.kills
     assert chaos.kills, "the job ended before anything was killed: raise its epochs"
     _same(tmp_path / "chaos", tmp_path / "calm")
-    print(f"\n{len(chaos.kills)} kills: " + ", ".join(f"{w} at {t:.0f} s"
-                                                      for t, w in chaos.kills))
+    # every worker began every step, each at least once (a step made again after a kill
+    # pushes nothing the servers hold: "seen" above says each sample counted once)
+    steps = epochs * 96 // (SIZE * 4)
+    for rank in range(SIZE):
+        began = {t for run in _steps(tmp_path / "chaos", rank) for t in run}
+        assert began == set(range(steps)), rank
+    print(f"\nchaos data dist_sync: {len(chaos.kills)} faults survived in {chaos_s:.0f} s "
+          f"({steps} steps, the calm run {calm_s:.0f} s unpaced): "
+          + ", ".join(f"{w} at {t:.0f} s" for t, w in chaos.kills))
 
 
 def test_async_job_with_a_worker_killed_trains_each_sample_once(tmp_path: Path) -> None:
