@@ -28,7 +28,7 @@ def _soak() -> float:
 
 
 #: steps a second the paced chaos job makes, about (3 workers, PACE 0.08 s)
-PACED_STEPS_PER_S = 8
+PACED_STEPS_PER_S = 6
 
 pytestmark = [pytest.mark.timeout(900 + 4 * _soak())]
 
