@@ -1,0 +1,122 @@
+"""pskv.data's Sampler with the features a training loop combines it with (docs/data.md):
+a dynamic table key trained by lookups and row pushes beside dense keys, pskv.torch's
+DistributedOptimizer (buckets on the servers' or the collective path) and its Embedding
+module, uneven data over 3 workers, and ``kv.join`` / ``opt.join`` at the end. Thread
+clusters: every loop ends, each sample is trained once an epoch, and in ``dist_sync`` the
+values are those of the same loop without a Sampler, bit for bit."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+import pskv as mx
+from pskv.table import Normal, TableSpec
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
+
+
+@dataclass
+class _Split:
+    """What a Sampler reads of a store: the same split, without the store's seals."""
+    rank: int
+    num_workers: int
+
+    def _data_position(self) -> int:
+        return 0
+
+    def _data_step(self, step: int) -> None:
+        pass
+
+
+def _ok(results: dict[int, Any]) -> dict[int, Any]:
+    for value in results.values():
+        if isinstance(value, BaseException):
+            raise value
+    return results
+
+
+def _both(run_threads: Any, fn: Callable[[Any, bool], Any], store_type: str,
+          workers: int = 2, servers: int = 2, **kw: Any) -> tuple[dict[int, Any], Any]:
+    """``fn(kv, sampled)`` with a Sampler; and without one in ``dist_sync`` (else None)."""
+    got = _ok(run_threads(lambda kv: fn(kv, True), num_workers=workers,
+                          num_servers=servers, store_type=store_type, **kw))
+    want = None
+    if store_type == "dist_sync":
+        want = _ok(run_threads(lambda kv: fn(kv, False), num_workers=workers,
+                               num_servers=servers, store_type=store_type, **kw))
+    return got, want
+
+
+def _sampler(kv: Any, sampled: bool, n: int, batch: int, epochs: int) -> Any:
+    """This worker's batches: a Sampler of ``kv``, or the same split as a list."""
+    if sampled:
+        s = mx.data.Sampler(kv, n, batch, epochs=epochs, seed=3)
+        assert s.start == 0 and kv._data_sealing()
+        return s
+    return list(mx.data.Sampler(_Split(kv.rank, kv.num_workers), n, batch, epochs=epochs,
+                                seed=3))
+
+
+# ---- 1. a dynamic table key beside dense keys -----------------------------------------
+N1, DIM = 40, 4
+
+
+def _ids(idx: np.ndarray) -> np.ndarray:
+    """Raw 64-bit IDs of the samples (shared between samples: a round sums rows)."""
+    return (idx % 13).astype(np.int64) * 1_000_003 - 2**40
+
+
+def _table_loop(kv: Any, sampled: bool, opt: Callable[[], Any],
+                readback: bool = False) -> dict[str, np.ndarray]:
+    """A step: pull "w", a training lookup of the samples' IDs, a row push of gradients
+    that depend on the rows and "w", pushes of "seen" and "w"; ``readback``: then an eval
+    lookup of the rows just pushed (it waits for this worker's round, D5)."""
+    kv.init("emb", TableSpec(dim=DIM, init=Normal(0.0, 0.1), seed=11,
+                             optimizer=mx.optimizer.AdaGrad(learning_rate=0.1)))
+    kv.init(["seen", "w"], [mx.nd.zeros(N1), mx.nd.ones(DIM)])
+    kv.set_optimizer(opt())
+    batches = _sampler(kv, sampled, N1, 3, 2)
+    w = mx.nd.zeros(DIM)
+    for idx in batches:
+        kv.pull("w", out=w)
+        ids = _ids(idx)
+        rows, found = kv.lookup("emb", ids)
+        assert found.all()
+        wv = w.asnumpy()
+        grads = (rows * wv * 0.1 + idx[:, None] / 100.0).astype(np.float32)
+        seen = np.zeros(N1, np.float32)
+        np.add.at(seen, idx, -1.0)
+        kv.push("emb", (ids, grads))
+        kv.push(["seen", "w"], [mx.nd.array(seen),
+                                mx.nd.array((rows.sum(0) * 0.01 + wv * 0.05).astype(np.float32))])
+        if readback:
+            after, _ = kv.lookup("emb", ids, train=False)
+            assert not np.array_equal(after, rows)
+    kv.barrier()
+    every = _ids(np.arange(13))
+    rows, found = kv.lookup("emb", every, train=False)
+    out = {k: kv.pull(k).asnumpy() for k in ("seen", "w")}
+    out["emb"], out["found"] = rows, found
+    kv.barrier()
+    return out
+
+
+@pytest.mark.parametrize("readback", [False, True])
+@pytest.mark.parametrize("store_type", ["dist_sync", "dist_async"])
+def test_a_table_key_beside_dense_keys(run_threads: Any, store_type: str,
+                                       readback: bool) -> None:
+    def opt() -> Any:
+        return mx.optimizer.SGD(learning_rate=1.0)   # "seen" counts each sample's pushes
+
+    got, want = _both(run_threads, lambda kv, s: _table_loop(kv, s, opt, readback),
+                      store_type)
+    for r in got.values():
+        np.testing.assert_array_equal(r["seen"], np.full(N1, 2.0))
+        assert r["found"].all()
+    if want is not None:
+        for k in ("seen", "w", "emb"):
+            np.testing.assert_array_equal(got[0][k], want[0][k], err_msg=k)
+            np.testing.assert_array_equal(got[1][k], want[0][k], err_msg=k)
