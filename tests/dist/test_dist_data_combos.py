@@ -120,3 +120,89 @@ def test_a_table_key_beside_dense_keys(run_threads: Any, store_type: str,
         for k in ("seen", "w", "emb"):
             np.testing.assert_array_equal(got[0][k], want[0][k], err_msg=k)
             np.testing.assert_array_equal(got[1][k], want[0][k], err_msg=k)
+
+
+# ---- 2. pskv.torch: DistributedOptimizer (servers or collective path), Embedding -------
+N2, F2 = 36, 5
+
+
+def _torch_loop(kv: Any, sampled: bool, collective: bool, embedding: bool,
+                overlap: bool = True) -> dict[str, np.ndarray]:
+    """A torch MLP trained by torch's SGD on the averaged gradients
+    (``update_on_kvstore=False``, buckets of a few parameters each: several keys a step),
+    beside a table of the samples' IDs through ``pt.Embedding``; every step also pushes
+    its samples to "seen" (no store optimizer: a round's value is the sum of the pushes,
+    added up here)."""
+    import torch
+
+    import pskv.torch as pt
+    width = F2 + (DIM if embedding else 0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(width, 8), torch.nn.Tanh(),
+                              torch.nn.Linear(8, 1))
+    init = np.random.default_rng(1)    # not torch's global generator: the workers are threads
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.copy_(torch.from_numpy(init.uniform(-0.5, 0.5, tuple(p.shape)).astype(np.float32)))
+    emb = pt.Embedding(kv, "emb", TableSpec(
+        dim=DIM, init=Normal(0.0, 0.1), seed=5,
+        optimizer=mx.optimizer.SGD(learning_rate=0.2))) if embedding else None
+    opt = pt.DistributedOptimizer(torch.optim.SGD(mlp.parameters(), lr=0.1, momentum=0.9),
+                                  mlp.named_parameters(), kv, bucket_cap_mb=0.00003,
+                                  collective_bytes=1 if collective else None,
+                                  overlap=overlap)
+    kv.set_collective("seen", False) if collective else None
+    kv.init("seen", mx.nd.zeros(N2))
+    on_path = sorted(str(k) for k, rec in kv._store.items() if getattr(rec, "collective", 0))
+    if collective:
+        assert len(on_path) >= 2, on_path       # every bucket sums among the workers
+    rng = np.random.default_rng(7)
+    x = torch.tensor(rng.standard_normal((N2, F2)), dtype=torch.float32)
+    y = torch.tensor(rng.standard_normal((N2, 1)), dtype=torch.float32)
+    seen = np.zeros(N2, np.float32)
+    got = mx.nd.zeros(N2)
+    for idx in _sampler(kv, sampled, N2, 4, 2):
+        ib = torch.from_numpy(idx)
+        xb = x[ib]
+        if emb is not None:
+            xb = torch.cat([xb, emb(torch.from_numpy(_ids(idx)))], dim=1)
+        loss = torch.nn.functional.mse_loss(mlp(xb), y[ib])
+        opt.zero_grad()
+        loss.backward()
+        one = np.zeros(N2, np.float32)
+        np.add.at(one, idx, 1.0)
+        kv.push("seen", mx.nd.array(one))
+        opt.step()
+        kv.pull("seen", out=got)
+        seen += got.asnumpy()
+    if emb is not None:
+        emb.synchronize()
+    kv.barrier()
+    out = {f"p{i}": p.detach().numpy().copy() for i, p in enumerate(mlp.parameters())}
+    out["seen"] = seen
+    if emb is not None:
+        out["emb"] = kv.lookup("emb", _ids(np.arange(13)), train=False)[0]
+        emb.close()
+    kv.barrier()
+    opt.close()
+    return out
+
+
+@pytest.mark.parametrize("collective, embedding, overlap", [
+    (False, False, True), (True, False, True), (True, True, True), (False, True, False)])
+def test_torch_distributed_optimizer_and_embedding(run_threads: Any, collective: bool,
+                                                   embedding: bool, overlap: bool) -> None:
+    pytest.importorskip("torch", reason="pskv.torch needs torch: pip install 'pskv[torch]'")
+    got, want = _both(run_threads, lambda kv, s: _torch_loop(kv, s, collective, embedding,
+                                                             overlap), "dist_sync")
+    for r in got.values():
+        np.testing.assert_array_equal(r["seen"], np.full(N2, 2.0))
+    for k in want[0]:
+        for r in (0, 1):
+            np.testing.assert_array_equal(got[r][k], want[0][k], err_msg=k)
+
+
+def test_torch_with_embedding_in_dist_async_runs_to_the_end(run_threads: Any) -> None:
+    pytest.importorskip("torch", reason="pskv.torch needs torch: pip install 'pskv[torch]'")
+    got, _ = _both(run_threads, lambda kv, s: _torch_loop(kv, s, False, True), "dist_async")
+    for r in got.values():
+        assert np.isfinite(r["emb"]).all() and np.isfinite(r["p0"]).all()
