@@ -127,12 +127,14 @@ N2, F2 = 36, 5
 
 
 def _torch_loop(kv: Any, sampled: bool, collective: bool, embedding: bool,
-                overlap: bool = True) -> dict[str, np.ndarray]:
+                overlap: bool = True, n: int = N2, join: bool = False,
+                on_kvstore: bool = False) -> dict[str, np.ndarray]:
     """A torch MLP trained by torch's SGD on the averaged gradients
     (``update_on_kvstore=False``, buckets of a few parameters each: several keys a step),
     beside a table of the samples' IDs through ``pt.Embedding``; every step also pushes
     its samples to "seen" (no store optimizer: a round's value is the sum of the pushes,
-    added up here)."""
+    added up here). ``join``: ``opt.join()`` after the last step; ``on_kvstore``: the
+    store's SGD updates the weights instead (and counts "seen" itself)."""
     import torch
 
     import pskv.torch as pt
@@ -146,21 +148,26 @@ def _torch_loop(kv: Any, sampled: bool, collective: bool, embedding: bool,
     emb = pt.Embedding(kv, "emb", TableSpec(
         dim=DIM, init=Normal(0.0, 0.1), seed=5,
         optimizer=mx.optimizer.SGD(learning_rate=0.2))) if embedding else None
-    opt = pt.DistributedOptimizer(torch.optim.SGD(mlp.parameters(), lr=0.1, momentum=0.9),
-                                  mlp.named_parameters(), kv, bucket_cap_mb=0.00003,
-                                  collective_bytes=1 if collective else None,
-                                  overlap=overlap)
+    if on_kvstore:
+        opt = pt.DistributedOptimizer(None, mlp.named_parameters(), kv, bucket_cap_mb=0.00003,
+                                      update_on_kvstore=True, overlap=overlap,
+                                      kv_optimizer=mx.optimizer.SGD(learning_rate=1.0))
+    else:
+        opt = pt.DistributedOptimizer(
+            torch.optim.SGD(mlp.parameters(), lr=0.1, momentum=0.9), mlp.named_parameters(),
+            kv, bucket_cap_mb=0.00003, collective_bytes=1 if collective else None,
+            overlap=overlap)
     kv.set_collective("seen", False) if collective else None
-    kv.init("seen", mx.nd.zeros(N2))
+    kv.init("seen", mx.nd.zeros(n))
     on_path = sorted(str(k) for k, rec in kv._store.items() if getattr(rec, "collective", 0))
     if collective:
         assert len(on_path) >= 2, on_path       # every bucket sums among the workers
     rng = np.random.default_rng(7)
-    x = torch.tensor(rng.standard_normal((N2, F2)), dtype=torch.float32)
-    y = torch.tensor(rng.standard_normal((N2, 1)), dtype=torch.float32)
-    seen = np.zeros(N2, np.float32)
-    got = mx.nd.zeros(N2)
-    for idx in _sampler(kv, sampled, N2, 4, 2):
+    x = torch.tensor(rng.standard_normal((n, F2)), dtype=torch.float32)
+    y = torch.tensor(rng.standard_normal((n, 1)), dtype=torch.float32)
+    seen = np.zeros(n, np.float32)
+    got = mx.nd.zeros(n)
+    for idx in _sampler(kv, sampled, n, 4, 2):
         ib = torch.from_numpy(idx)
         xb = x[ib]
         if emb is not None:
@@ -168,15 +175,20 @@ def _torch_loop(kv: Any, sampled: bool, collective: bool, embedding: bool,
         loss = torch.nn.functional.mse_loss(mlp(xb), y[ib])
         opt.zero_grad()
         loss.backward()
-        one = np.zeros(N2, np.float32)
-        np.add.at(one, idx, 1.0)
+        one = np.zeros(n, np.float32)
+        np.add.at(one, idx, -1.0 if on_kvstore else 1.0)
         kv.push("seen", mx.nd.array(one))
         opt.step()
-        kv.pull("seen", out=got)
-        seen += got.asnumpy()
+        if not on_kvstore:
+            kv.pull("seen", out=got)
+            seen += got.asnumpy()
     if emb is not None:
         emb.synchronize()
+    if join:
+        opt.join(timeout=20)
     kv.barrier()
+    if on_kvstore:
+        seen = kv.pull("seen").asnumpy()
     out = {f"p{i}": p.detach().numpy().copy() for i, p in enumerate(mlp.parameters())}
     out["seen"] = seen
     if emb is not None:
@@ -206,3 +218,72 @@ def test_torch_with_embedding_in_dist_async_runs_to_the_end(run_threads: Any) ->
     got, _ = _both(run_threads, lambda kv, s: _torch_loop(kv, s, False, True), "dist_async")
     for r in got.values():
         assert np.isfinite(r["emb"]).all() and np.isfinite(r["p0"]).all()
+
+
+# ---- 3. uneven data over 3 workers; kv.join() / opt.join() ----------------------------
+N3, BATCH3, EPOCHS3 = 50, 4, 2          # 50 = 4 steps of 3 x 4, and 2 left over per epoch
+
+
+def _uneven_loop(kv: Any, sampled: bool, join: str) -> dict[str, np.ndarray]:
+    """The counting loop of test_dist_data.py; ``join``: "" none, "end" kv.join() after the
+    last step, "epoch" after each epoch's last step, "early" worker 2 stops after step 2
+    and joins (the others train on, then join)."""
+    kv.init(["seen", "w"], [mx.nd.zeros(N3), mx.nd.ones(8)])
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=1.0))
+    batches = _sampler(kv, sampled, N3, BATCH3, EPOCHS3)
+    per = (N3 // (kv.num_workers * BATCH3))
+    w = mx.nd.zeros(8)
+    sizes = []
+    for t, idx in enumerate(batches):
+        if join == "early" and kv.rank == 2 and t == 3:
+            break
+        sizes.append(len(idx))
+        kv.pull("w", out=w)
+        seen = np.zeros(N3, np.float32)
+        np.add.at(seen, idx, -1.0)
+        grad = (w.asnumpy() * 0.05 + idx.sum() / 1000.0).astype(np.float32)
+        kv.push(["seen", "w"], [mx.nd.array(seen), mx.nd.array(grad)])
+        if join == "epoch" and t % per == per - 1:
+            kv.join(timeout=20)
+    if join in ("end", "early"):
+        kv.join(timeout=20)
+    kv.barrier()
+    out = {k: kv.pull(k).asnumpy() for k in ("seen", "w")}
+    out["sizes"] = np.array(sizes)
+    return out
+
+
+@pytest.mark.parametrize("join", ["", "end", "epoch", "early"])
+@pytest.mark.parametrize("store_type", ["dist_sync", "dist_async"])
+def test_uneven_data_over_three_workers(run_threads: Any, store_type: str, join: str) -> None:
+    got, want = _both(run_threads, lambda kv, s: _uneven_loop(kv, s, join), store_type,
+                      workers=3)
+    if join != "early":
+        for r in got.values():
+            np.testing.assert_array_equal(r["seen"], np.full(N3, float(EPOCHS3)))
+        # every worker takes the same steps; the last of an epoch takes the rest (D2)
+        assert [list(got[r]["sizes"]) for r in range(3)] == [
+            [4, 4, 4, 5] * 2, [4, 4, 4, 5] * 2, [4, 4, 4, 4] * 2]
+    if want is not None:
+        for k in ("seen", "w"):
+            for r in range(3):
+                np.testing.assert_array_equal(got[r][k], want[0][k], err_msg=k)
+
+
+@pytest.mark.parametrize("on_kvstore", [False, True])
+@pytest.mark.parametrize("store_type", ["dist_sync", "dist_async"])
+def test_torch_uneven_data_and_opt_join(run_threads: Any, store_type: str,
+                                        on_kvstore: bool) -> None:
+    """3 workers, 46 samples (3 steps of 3 x 4 and 10 left over), opt.join() at the end."""
+    pytest.importorskip("torch", reason="pskv.torch needs torch: pip install 'pskv[torch]'")
+    if store_type == "dist_async" and not on_kvstore:
+        pytest.skip("without a store optimizer a dist_async push replaces the value: "
+                    "nothing to count")
+    got, want = _both(run_threads, lambda kv, s: _torch_loop(
+        kv, s, False, True, n=46, join=True, on_kvstore=on_kvstore), store_type, workers=3)
+    for r in got.values():
+        np.testing.assert_array_equal(r["seen"], np.full(46, 2.0))
+    if want is not None:
+        for k in want[0]:
+            for r in range(3):
+                np.testing.assert_array_equal(got[r][k], want[0][k], err_msg=k)
