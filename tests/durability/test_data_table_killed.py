@@ -46,15 +46,24 @@ def _steps(out: Path, rank: int) -> list[list[int]]:
     return [[int(x) for x in p.read_text().split()] for p in runs]
 
 
-@pytest.mark.parametrize("store_type", ["dist_sync", "dist_async"])
-def test_a_table_job_with_a_server_and_a_worker_killed(tmp_path: Path,
-                                                       store_type: str) -> None:
+@pytest.mark.parametrize("store_type, die_at", [("dist_sync", "pushes"),
+                                                ("dist_sync", "lookup"),
+                                                ("dist_async", "pushes")])
+def test_a_table_job_with_a_server_and_a_worker_killed(tmp_path: Path, store_type: str,
+                                                       die_at: str) -> None:
+    """Server 1 dies after 25 rounds (its backup, server 0, takes its shards over and it
+    comes back as a backup); worker 0 dies in step 24 after its table push went (its
+    small dense push was held: it never left) or before it pushed anything of the step.
+    The restarted worker resumes at step 24 (or 23, made again with every push dropped),
+    and, in the step it resumes at, reads the rows and weights its first run read."""
     epochs = 4                        # 10 steps an epoch (60 samples, 2 workers x 3)
-    die = {"DIE_SERVER": "1", "DIE_AFTER": "rounds:25", "DIE_WORKER": "0", "DIE_STEP": "24"}
+    die = {"DIE_SERVER": "1", "DIE_AFTER": "rounds:25", "DIE_WORKER": "0", "DIE_STEP": "24",
+           "DIE_AT": die_at}
     assert _job(tmp_path / "killed", store_type, epochs, die) == 0
     assert (tmp_path / "killed" / "died-1").exists(), "server 1 was not killed"
     runs = _steps(tmp_path / "killed", 0)
     assert len(runs) == 2 and runs[0][-1] == 24 and runs[1][0] in (23, 24), runs
+    assert runs[0][:runs[1][0]] + runs[1] == list(range(10 * epochs))
     got = _final(tmp_path / "killed")
     np.testing.assert_array_equal(got["seen"], np.full(N, float(epochs)))
     assert got["found"].all()

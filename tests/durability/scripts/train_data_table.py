@@ -7,7 +7,8 @@ then pushes "w"'s gradient and ``-1`` for each of its samples to "seen" (the sto
 rate 1: "seen" counts each sample's pushes). Every worker appends the steps it begins to
 OUT/steps-<rank>-<restart>.txt; rank 0 writes "w", "seen" and an eval lookup of every ID to
 OUT/final.npz. DIE_WORKER and DIE_STEP: that worker SIGKILLs itself on its first run in the
-middle of that step, after its pushes and before the step's seal. Servers die through
+middle of that step, after its pushes and before the step's seal (DIE_AT=lookup: after
+its lookup, before it pushed anything of the step). Servers die through
 tests/durability/scripts/server.py (DIE_SERVER, DIE_AFTER).
 """
 from __future__ import annotations
@@ -47,6 +48,9 @@ def main() -> None:
             kv.pull("w", out=w)
             ids = ids_of(idx)
             rows, _found = kv.lookup("emb", ids)
+            if die and sampler.step == int(os.environ["DIE_STEP"]) and \
+                    os.environ.get("DIE_AT") == "lookup":
+                os.kill(os.getpid(), signal.SIGKILL)       # nothing of the step left it
             wv = w.asnumpy()
             grads = (rows * wv * 0.1 + idx[:, None] / 100.0).astype(np.float32)
             seen = np.zeros(N, np.float32)
