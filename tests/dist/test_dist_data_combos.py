@@ -128,13 +128,14 @@ N2, F2 = 36, 5
 
 def _torch_loop(kv: Any, sampled: bool, collective: bool, embedding: bool,
                 overlap: bool = True, n: int = N2, join: bool = False,
-                on_kvstore: bool = False) -> dict[str, np.ndarray]:
+                on_kvstore: bool = False, prefetch: bool = False) -> dict[str, np.ndarray]:
     """A torch MLP trained by torch's SGD on the averaged gradients
     (``update_on_kvstore=False``, buckets of a few parameters each: several keys a step),
     beside a table of the samples' IDs through ``pt.Embedding``; every step also pushes
     its samples to "seen" (no store optimizer: a round's value is the sum of the pushes,
     added up here). ``join``: ``opt.join()`` after the last step; ``on_kvstore``: the
-    store's SGD updates the weights instead (and counts "seen" itself)."""
+    store's SGD updates the weights instead (and counts "seen" itself); ``prefetch``: the
+    Embedding looks up the next batch's IDs on its thread during the step."""
     import torch
 
     import pskv.torch as pt
@@ -167,11 +168,15 @@ def _torch_loop(kv: Any, sampled: bool, collective: bool, embedding: bool,
     y = torch.tensor(rng.standard_normal((n, 1)), dtype=torch.float32)
     seen = np.zeros(n, np.float32)
     got = mx.nd.zeros(n)
-    for idx in _sampler(kv, sampled, n, 4, 2):
+    batches = _sampler(kv, sampled, n, 4, 2)
+    ahead = list(mx.data.Sampler(_Split(kv.rank, kv.num_workers), n, 4, epochs=2, seed=3))
+    for t, idx in enumerate(batches):
         ib = torch.from_numpy(idx)
         xb = x[ib]
         if emb is not None:
             xb = torch.cat([xb, emb(torch.from_numpy(_ids(idx)))], dim=1)
+            if prefetch and t + 1 < len(ahead):
+                emb.prefetch(torch.from_numpy(_ids(ahead[t + 1])))
         loss = torch.nn.functional.mse_loss(mlp(xb), y[ib])
         opt.zero_grad()
         loss.backward()
@@ -199,13 +204,15 @@ def _torch_loop(kv: Any, sampled: bool, collective: bool, embedding: bool,
     return out
 
 
-@pytest.mark.parametrize("collective, embedding, overlap", [
-    (False, False, True), (True, False, True), (True, True, True), (False, True, False)])
+@pytest.mark.parametrize("collective, embedding, overlap, prefetch", [
+    (False, False, True, False), (True, False, True, False), (True, True, True, False),
+    (False, True, False, False), (True, True, True, True)])
 def test_torch_distributed_optimizer_and_embedding(run_threads: Any, collective: bool,
-                                                   embedding: bool, overlap: bool) -> None:
+                                                   embedding: bool, overlap: bool,
+                                                   prefetch: bool) -> None:
     pytest.importorskip("torch", reason="pskv.torch needs torch: pip install 'pskv[torch]'")
-    got, want = _both(run_threads, lambda kv, s: _torch_loop(kv, s, collective, embedding,
-                                                             overlap), "dist_sync")
+    got, want = _both(run_threads, lambda kv, s: _torch_loop(
+        kv, s, collective, embedding, overlap, prefetch=prefetch), "dist_sync")
     for r in got.values():
         np.testing.assert_array_equal(r["seen"], np.full(N2, 2.0))
     for k in want[0]:
@@ -270,20 +277,39 @@ def test_uneven_data_over_three_workers(run_threads: Any, store_type: str, join:
                 np.testing.assert_array_equal(got[r][k], want[0][k], err_msg=k)
 
 
-@pytest.mark.parametrize("on_kvstore", [False, True])
-@pytest.mark.parametrize("store_type", ["dist_sync", "dist_async"])
+@pytest.mark.parametrize("store_type, on_kvstore, collective", [
+    ("dist_sync", False, False), ("dist_sync", False, True), ("dist_sync", True, False),
+    ("dist_async", True, False)])
 def test_torch_uneven_data_and_opt_join(run_threads: Any, store_type: str,
-                                        on_kvstore: bool) -> None:
-    """3 workers, 46 samples (3 steps of 3 x 4 and 10 left over), opt.join() at the end."""
+                                        on_kvstore: bool, collective: bool) -> None:
+    """3 workers, 46 samples (3 steps of 3 x 4 and 10 left over), opt.join() at the end.
+    (dist_async without a store optimizer: a push replaces the value, nothing to count.)"""
     pytest.importorskip("torch", reason="pskv.torch needs torch: pip install 'pskv[torch]'")
-    if store_type == "dist_async" and not on_kvstore:
-        pytest.skip("without a store optimizer a dist_async push replaces the value: "
-                    "nothing to count")
     got, want = _both(run_threads, lambda kv, s: _torch_loop(
-        kv, s, False, True, n=46, join=True, on_kvstore=on_kvstore), store_type, workers=3)
+        kv, s, collective, True, n=46, join=True, on_kvstore=on_kvstore), store_type,
+        workers=3)
     for r in got.values():
         np.testing.assert_array_equal(r["seen"], np.full(46, 2.0))
     if want is not None:
         for k in want[0]:
             for r in range(3):
                 np.testing.assert_array_equal(got[r][k], want[0][k], err_msg=k)
+
+
+# ---- what cannot work: a second Sampler of a store, a second pass (D9) ------------------
+def test_a_sampler_per_epoch_or_a_second_pass_is_refused(run_threads: Any) -> None:
+    """A Sampler made per epoch would start at the step the first one reached (and train
+    one batch of the epoch); a second pass would train every sample again."""
+    from pskv.errors import ConfigError
+
+    def fn(kv: Any) -> list[int]:
+        first = mx.data.Sampler(kv, 20, 2, epochs=1, seed=0)
+        steps = [len(list(first))]
+        with pytest.raises(ConfigError, match="has a Sampler already"):
+            mx.data.Sampler(kv, 20, 2, epochs=1, seed=1)
+        with pytest.raises(ConfigError, match="iterated a second time"):
+            steps.append(len(list(first)))
+        return steps
+
+    for steps in _ok(run_threads(fn)).values():
+        assert steps == [5]
