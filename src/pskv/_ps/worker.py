@@ -255,10 +255,10 @@ class KVWorker:
         the round of those pushes; that round waits for a commit this worker sends only
         after them (W1)."""
         if cmd in (Command.PULL, Command.RSP_PULL):
-            now = fo.catching_up(server, keys)
+            now = list(dict.fromkeys(fo.catching_up(server, keys)))
             if now:
                 return {**(body if isinstance(body, dict) else {}),
-                        "now": True if len(now) == len(keys) else now}
+                        "now": True if len(now) == len(set(keys)) else now}
         elif cmd == Command.COMMAND and isinstance(body, dict) and \
                 body.get("op") == Op.LOOKUP.value and type(body.get("key")) is int and \
                 fo.catching_up(server, [body["key"]]):
