@@ -4,7 +4,7 @@
 keeps where this worker is in the servers' replicated state with its pushes: a worker
 killed and restarted (``pskv-launch --max-restarts``) resumes at the first step whose
 pushes the servers do not all hold, and a push of that step that a server holds is not
-applied again. docs/data.md has the rules (D1-D8) and how it works.
+applied again. docs/data.md has the rules (D1-D9) and how it works.
 
 >>> import numpy as np, pskv as mx
 >>> kv = mx.kv.create('local')
@@ -37,6 +37,8 @@ class Sampler:
 
     Create it before the first push of the training loop: from then on each push carries
     the step, and a restarted worker's sampler starts at the step the servers say (D4).
+    One Sampler per store, iterated once (its one pass covers every epoch); a second
+    Sampler of the store, or a second pass, raises ConfigError (D9).
 
     Parameters
     ----------
@@ -85,6 +87,7 @@ class Sampler:
         self.step = self.start - 1
         self._order: tuple[int, np.ndarray] | None = None
         self._followed = False
+        self._passes = {"iterated": 0, "followed": 0}
 
     @property
     def epoch(self) -> int:
@@ -110,7 +113,20 @@ class Sampler:
         part = np.array_split(self._order[1][s * per:hi], self.num_workers)
         return part[self.rank if rank is None else rank].copy()
 
+    def _one_pass(self, what: str) -> None:
+        """D9: one pass deals every epoch's batches; a second would train them again."""
+        self._passes[what] += 1
+        if self._passes[what] > 1:
+            raise ConfigError(
+                f"Sampler: {what} a second time. One pass deals the batches of all "
+                f"{self.epochs} epochs (steps {self.start} to {self.num_steps - 1}), each "
+                "sample once an epoch; a second pass would train them again and move the "
+                "data position back. Loop over the sampler (or its loader) once, not once "
+                "per epoch: sampler.epoch says which epoch a batch is of. See docs/data.md "
+                "D9.")
+
     def __iter__(self) -> Iterator[np.ndarray]:
+        self._one_pass("iterated")       # by the loop, or by the loader follow() reads
         for t in range(self.start, self.num_steps):
             if not self._followed:
                 self._begin(t)
@@ -121,6 +137,7 @@ class Sampler:
         sampler and may fetch ahead, as ``DataLoader(num_workers > 0)`` does), each as the
         training loop's next step (D6): the step then advances when the loop takes a batch,
         not when the loader asks for the next indices."""
+        self._one_pass("followed")
         self._followed = True
         step = self.start
         for item in batches:

@@ -98,3 +98,29 @@ def test_a_torch_data_loader_takes_it_as_its_batch_sampler() -> None:
     assert len(loader) == 3
     assert [ib.tolist() for _x, ib in s.follow(loader)] == [[0, 1, 2], [3, 4, 5],
                                                           [6, 7, 8, 9]]
+
+
+def test_one_sampler_per_store_and_one_pass() -> None:
+    """D9: a second Sampler of a store (it would start at the first one's step) and a
+    second pass of a Sampler (it would train every sample again) raise ConfigError."""
+    kv = mx.kv.create("local")
+    s = mx.data.Sampler(kv, 12, 3, epochs=2, shuffle=False)
+    with pytest.raises(ConfigError, match="has a Sampler already.*epochs=E"):
+        mx.data.Sampler(kv, 12, 3)
+    assert len(list(s)) == 8                         # one pass: both epochs
+    with pytest.raises(ConfigError, match="iterated a second time.*sampler.epoch"):
+        next(iter(s))
+    s2 = mx.data.Sampler(mx.kv.create("local"), 12, 3, shuffle=False)
+    assert len(list(s2.follow(iter(s2)))) == 4       # a loader that reads it: one pass
+    with pytest.raises(ConfigError, match="followed a second time"):
+        next(s2.follow(range(4)))
+
+
+def test_a_data_loader_looped_once_per_epoch_is_refused() -> None:
+    torch = pytest.importorskip("torch", reason="DataLoader needs torch: pip install -e .[torch]")
+    ds = torch.utils.data.TensorDataset(torch.arange(12.0))
+    s = mx.data.Sampler(mx.kv.create("local"), 12, 3, epochs=2)
+    loader = torch.utils.data.DataLoader(ds, batch_sampler=s)
+    assert len(list(loader)) == 8
+    with pytest.raises(ConfigError, match="iterated a second time"):
+        list(loader)                                 # the second epoch of the torch idiom

@@ -193,6 +193,12 @@ class Failover:
         with self._lock:
             return self.pushes.drop_applied(server, keys, body, arrays)
 
+    def catching_up(self, server: int, pks: Sequence[int]) -> list[int]:
+        """The ps_keys of ``pks`` whose pushes ``server`` holds are not all made again yet
+        (``PushLog.catching_up``)."""
+        with self._lock:
+            return self.pushes.catching_up(server, pks)
+
     # ---- message in ------------------------------------------------------------------------
     def answered(self, ts: int, ok: bool) -> None:
         """The reply to ``ts`` came (``ok``: not an ERROR): no longer sent again."""

@@ -154,6 +154,11 @@ class PushLog:
                 self._skip[(srv, pk)] = have
         self.skipping = bool(self._skip)
 
+    def catching_up(self, server: int, pks: Sequence[int]) -> list[int]:
+        """The ps_keys of ``pks`` of which ``server`` holds pushes this restarted worker
+        has not made again yet (they will be dropped when it does)."""
+        return [pk for pk in pks if (server, pk) in self._skip]
+
     def drop_applied(self, server: int, keys: Sequence[int], body: Any,
                      arrays: Sequence[np.ndarray]) \
             -> tuple[list[int], Any, list[np.ndarray]]:

@@ -10,7 +10,8 @@ W1. A seal asks every server this worker pushed to since the last seal to answer
     link is in order). Only once every server has answered does it send them all the
     commit (``commit`` true), which lets their rounds of the step close
     (:mod:`pskv.kvstore.engine._positions` P3). So no round of a step closes anywhere
-    before every push of the step is on its server.
+    before every push of the step is on its server. A seal that finds another thread's
+    in flight waits for it, then seals what was pushed since.
 W2. The last step committed is kept, and sent again to a server that takes a shard over or
     comes back (``Failover``), after the pushes it lacks.
 W3. A restarted worker resumes (:func:`resume`) at the step ``r``: the highest step any
@@ -18,6 +19,12 @@ W3. A restarted worker resumes (:func:`resume`) at the step ``r``: the highest s
     step ``r`` or later that a shard holds is not sent again: the worker's count of its
     pushes of the key starts at the count the shard held before step ``r``, and the
     pushes made again up to the count it holds now are dropped (``PushLog.resume``).
+    Until it has made them again, its reads of such a key (pulls, table lookups) read
+    the value as it is, not after the round of those pushes; and the commit of step
+    ``r`` goes to such a shard at the first wait after they are made again (or when the
+    next step begins, or at a flush), not at the step's first wait: a step that reads
+    its weights before it pushes (pull, compute, push) reads the values of the step
+    before again, as its first run did.
 """
 from __future__ import annotations
 
@@ -45,25 +52,48 @@ class Seals:
 
     def __init__(self, links: _Links, step: int = 0) -> None:
         self._links = links
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         #: the step this worker's pushes are tagged with now
         self.step = step
         #: the last step committed (W2), or None
         self.sealed: int | None = None
         self._dirty: set[int] = set()     # shards pushed to since the last seal
         self._sealing = False
+        #: a restarted worker's shards holding its pushes of ``step`` (W3), not made again
+        self._resumed: set[int] = set()
+        self._resumed_step = step
 
     def tagged(self, shard: int, body: Any) -> dict[str, Any]:
         """A push message's ``body`` with this worker's step; ``shard`` is unsealed now."""
         with self._lock:
             self._dirty.add(shard)
+            self._resumed.discard(shard)
             step = self.step
         return {**(body if isinstance(body, dict) else {}), "step": step}
 
-    def seal(self) -> None:
-        """W1: seal the pushes made since the last seal (nothing if none)."""
+    def resumed(self, shards: set[int]) -> None:
+        """W3: ``shards`` hold pushes of the step this restarted worker resumes at. Each
+        is sealed at the first wait after this worker made those pushes again (they are
+        dropped, and :meth:`tagged` is told), as the first run's were, and at the latest
+        when the next step begins or the worker flushes: not at the step's first wait,
+        which may come before its pushes (a pull of the weights), where the first run had
+        not committed the step and read the values of the step before."""
         with self._lock:
-            if self._sealing or not self._dirty:
+            self._resumed = set(shards)
+            self._resumed_step = self.step
+
+    def seal(self, final: bool = False) -> None:
+        """W1: seal the pushes made since the last seal (nothing if none). ``final``: a
+        flush (close, join): the resumed step's shards too (W3)."""
+        with self._lock:
+            if final:
+                self._dirty |= self._resumed
+                self._resumed = set()
+            while self._sealing:
+                # another thread's seal is in flight: it may not cover what this thread
+                # pushed since it began, and this thread's next wait may need that
+                self._lock.wait()
+            if not self._dirty:
                 return
             self._sealing = True
             shards, self._dirty = sorted(self._dirty), set()
@@ -81,9 +111,14 @@ class Seals:
         finally:
             with self._lock:
                 self._sealing = False
+                self._lock.notify_all()
 
     def advance(self, step: int) -> None:
         """The next step begins: seal the last one's pushes first."""
+        with self._lock:
+            if self._resumed and step > self._resumed_step:
+                self._dirty |= self._resumed       # the resumed step ends (W3)
+                self._resumed = set()
         self.seal()
         with self._lock:
             self.step = step

@@ -156,14 +156,24 @@ def _push(meta: Meta, arrays: list[np.ndarray]) -> None:
 def _pull(meta: Meta, arrays: list[np.ndarray]) -> None:
     if arrays:
         raise ProtocolError(f"PULL carries no arrays, got {len(arrays)}")
-    if isinstance(meta.body, dict) and not isinstance(meta.body.get("now", False), bool):
-        raise _fail(meta, "now", "true or false", meta.body.get("now"))
+    _now(meta)
+
+
+def _now(meta: Meta) -> None:
+    """A pull's ``now`` (docs/data.md D4): true, false, or the keys of the message that
+    a restarted worker reads as they are."""
+    now = meta.body.get("now", False) if isinstance(meta.body, dict) else False
+    if not isinstance(now, bool) and not (
+            isinstance(now, list) and len(set(now)) == len(now) and
+            all(type(k) is int and k in meta.keys for k in now)):
+        raise _fail(meta, "now", "true, false or a list of the message's keys", now)
 
 
 def _rsp_pull(meta: Meta, arrays: list[np.ndarray]) -> None:
     if len(arrays) != len(meta.keys) or not all(
             a.ndim == 1 and a.dtype.kind in "iu" for a in arrays):
         raise ProtocolError("row_sparse pull needs one 1-d integer row-id array per key")
+    _now(meta)
 
 
 def _pairs(meta: Meta, body: dict[str, Any], field: str) -> None:
@@ -218,6 +228,8 @@ def _lookup(meta: Meta, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
     _int(meta, body, "key", -(1 << 63), 1 << 63)
     if not isinstance(body.get("train"), bool):
         raise _fail(meta, "train", "true or false", body.get("train"))
+    if not isinstance(body.get("now", False), bool):      # as a pull's (docs/data.md D4)
+        raise _fail(meta, "now", "true or false", body.get("now"))
     if len(arrays) != 1 or arrays[0].ndim != 1 or arrays[0].dtype.kind not in "iu":
         raise ProtocolError("a table lookup carries one 1-d integer array of IDs")
 

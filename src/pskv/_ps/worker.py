@@ -231,6 +231,8 @@ class KVWorker:
             body = self.seals.tagged(server, body)
         elif self.resume_from is not None and cmd == Command.PULL:
             body = {"now": True}
+        elif self.seals is not None and fo is not None and fo.pushes.skipping:
+            body = self._read_now(fo, server, cmd, keys, body)
         ts = -next(self._ts) if negative else next(self._ts)
         if into is not None:
             with self._mutex:
@@ -244,6 +246,24 @@ class KVWorker:
         else:
             fo.send(server, cmd, ts, keys, body, arrays, lenders)
         return ts
+
+    @staticmethod
+    def _read_now(fo: Any, server: int, cmd: Command, keys: Sequence[int], body: Any) -> Any:
+        """A restarted worker in the step it resumed at (``seals.py`` W3): a read of a key
+        whose pushes of that step ``server`` holds, before this worker has made them
+        again, reads the value as it is (as its first run did at this point), not after
+        the round of those pushes; that round waits for a commit this worker sends only
+        after them (W1)."""
+        if cmd in (Command.PULL, Command.RSP_PULL):
+            now = list(dict.fromkeys(fo.catching_up(server, keys)))
+            if now:
+                return {**(body if isinstance(body, dict) else {}),
+                        "now": True if len(now) == len(set(keys)) else now}
+        elif cmd == Command.COMMAND and isinstance(body, dict) and \
+                body.get("op") == Op.LOOKUP.value and type(body.get("key")) is int and \
+                fo.catching_up(server, [body["key"]]):
+            return {**body, "now": True}
+        return body
 
     def settle(self) -> None:
         """Before a call that sent PUSHPULLs returns: copy the arrays failover borrowed
@@ -261,8 +281,13 @@ class KVWorker:
         """
         fo = self.failover
         if fo is not None and fo.pushes.skipping:
+            made = len(keys)
             keys, body, arrays = fo.skip_applied(server, keys, body, arrays)
             lenders = None
+            if len(keys) < made and self.seals is not None:
+                # pushes made again that the shard holds: their step's commit goes at
+                # the next wait, as the first run's would have (seals.py W3)
+                self.seals.tagged(server, None)
             if not keys:
                 return 0
         ts = self.request(server, cmd, keys, body, arrays, negative=True, lenders=lenders)
@@ -305,11 +330,9 @@ class KVWorker:
             for s in counts:
                 self.request(s, Command.COMMAND, negative=True,
                              body=command(Op.SEAL, step=sealed, commit=True))
-        # shards holding pushes of the step resumed at: seal them at the first wait, even
-        # if every push made again is dropped (their rounds wait for that commit)
-        for s, held in counts.items():
-            if any(h > c for c, h in held.values()):
-                seals.tagged(s, None)
+        # shards holding pushes of the step resumed at: sealed once those pushes are made
+        # again (dropped: see push), or when the next step begins if they are not
+        seals.resumed({s for s, held in counts.items() if any(h > c for c, h in held.values())})
         return step
 
     def close(self) -> None:
@@ -595,7 +618,7 @@ class KVWorker:
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every push sent so far has been applied; raise what any of them got."""
         if self.seals is not None:
-            self.seals.seal()
+            self.seals.seal(final=True)
         with self._mutex:
             servers, self._dirty = sorted(self._dirty), set()
         if servers:

@@ -205,8 +205,25 @@ class KVStoreBase:
 
     def _data_position(self) -> int:
         """A :class:`pskv.data.Sampler` trains through this store: the step to train first
-        (docs/data.md). A store in one process has nothing to resume: 0."""
+        (docs/data.md). A store in one process has nothing to resume: 0. A second Sampler
+        of the store is refused, as a dist store refuses it (D9)."""
+        self._claim_data_position()
         return 0
+
+    def _claim_data_position(self) -> None:
+        """D9: a store keeps one data position per worker, so one Sampler trains through
+        it; a second raises ConfigError (it would start at the first one's step)."""
+        if getattr(self, "_data_sampler", False):
+            raise ConfigError(
+                "Sampler: this store has a Sampler already, and a store keeps one data "
+                "position per worker (a second Sampler would start where the first one is, "
+                "and a restarted worker could not tell them apart). Make one Sampler for "
+                "the whole job, with epochs=E (sampler.epoch says which epoch a batch is "
+                "of), and iterate it once; split data that nothing is pushed for "
+                "(evaluation) without the store, e.g. "
+                "numpy.array_split(indices, kv.num_workers)[kv.rank] or torch's "
+                "DistributedSampler. See docs/data.md D9.")
+        self._data_sampler = True
 
     def _data_step(self, step: int) -> None:
         """The sampler's next step begins (a store in one process has nothing to seal)."""

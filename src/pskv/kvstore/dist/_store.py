@@ -860,6 +860,7 @@ class DistKVStore(TableMethods, KVStoreBase):
         step from now on; the step to train first (a restarted worker's resumes where the
         servers' state says: docs/data.md)."""
         with self._lock:
+            self._claim_data_position()      # one Sampler per store (docs/data.md D9)
             self._begin()
             return self._kv.attach_position()
 

@@ -543,12 +543,14 @@ class KVServer:
         check_reply(stored, rows, self.cfg.max_reply_bytes, self._where())
         ticket = Ticket(conn, ts, Command.PULL, keys, rows)
         engine = shard.engine
-        # a restarted worker before its Sampler resumed: as they are (docs/data.md D4)
-        now = isinstance(body, dict) and body.get("now") is True
+        # a restarted worker before its Sampler resumed, or in the step it resumed at
+        # before it made its pushes of a key again: as they are (docs/data.md D4)
+        now = body.get("now") if isinstance(body, dict) else None
+        as_is = set(keys) if now is True else set(now) if isinstance(now, list) else set()
 
         def pulls() -> None:
             for k in keys:
-                engine.pull(k, worker, ticket, now)   # after this worker's push of it
+                engine.pull(k, worker, ticket, k in as_is)   # after this worker's push of it
         engine.request(ticket, pulls)
 
     def _on_rsp_pull(self, shard: Shard, conn: Connection,

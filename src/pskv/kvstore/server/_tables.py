@@ -41,7 +41,10 @@ def cmd_lookup(server: Any, shard: Any, conn: Any, worker: int, ts: int,
                        server.cfg.max_reply_bytes, server._where())
     ids = check_lookup(table, arrays[0], bool(body["train"]))
     ticket = Ticket(conn, ts, Command.COMMAND, (key,), rows=[ids], train=bool(body["train"]))
-    engine.request(ticket, lambda: engine.pull(key, worker, ticket))
+    # a restarted worker that has not made its pushes of the step it resumed at again
+    # reads the rows as they are (docs/data.md D4)
+    now = body.get("now") is True
+    engine.request(ticket, lambda: engine.pull(key, worker, ticket, now))
     return None
 
 
