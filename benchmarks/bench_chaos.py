@@ -94,6 +94,7 @@ def _data_main(args: argparse.Namespace, argv: list[str] | None) -> int:
         print(f"the data soak failed (exit {code}): nothing written; the output is in {path}")
         return 1
     roles = [w.split(" at ")[0].split()[0] for w in report["kills"].split(", ")]
+    last = max(int(w.split(" at ")[1].split()[0]) for w in report["kills"].split(", "))
     data = {"benchmark": "bench_chaos --data", "time": _common.timestamp(),
             "machine": _common.machine_info(), **_common.commit_info(),
             "command": _common.command_line(argv), "seconds": args.seconds,
@@ -104,7 +105,8 @@ def _data_main(args: argparse.Namespace, argv: list[str] | None) -> int:
           "job (DistributedOptimizer(update_on_kvstore=True), SGD with momentum on the "
           "servers) reading a counting data set through pskv.data.Sampler, 3 servers and 3 "
           "workers under pskv-launch with PSKV_REPLICAS=1 and --max-restarts, a random "
-          f"server or worker SIGKILLed about every {args.interval:g} s for {args.seconds:g} s. "
+          f"server or worker SIGKILLed about every {args.interval:g} s for {args.seconds:g} s "
+          f"(the last kill {last} s into the job; none near its last step). "
           "Asserted by tests/durability/test_data_exactly_once.py: the values (the model "
           "and the per-sample counter \"seen\"), the optimizer states and the steps every "
           "worker trained equal the calm run's, bit for bit.\n\n"
