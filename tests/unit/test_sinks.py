@@ -387,3 +387,27 @@ def test_keys_and_targets_as_typed(tmp_path):
     sink.close()
     with pytest.raises(ConfigError, match="neither"):
         make_sink("s3://bucket", "emb")
+
+
+def test_the_sink_command_waits_for_its_key_to_be_initialized() -> None:
+    """Started beside a job, the sink may ask before the workers' kv.init (CI found it
+    exiting: "key ... is not on server 0"): it waits, bounded."""
+    import threading
+
+    from pskv.errors import KeyNotInitializedError
+    from pskv.sinks._run import wait_for_key
+
+    class Early:
+        asked = 0
+
+        def versions(self, key: str) -> list[int]:
+            self.asked += 1
+            if self.asked < 3:
+                raise KeyNotInitializedError(f"key {key!r} is not on server 0")
+            return [0, 0]
+
+    src = Early()
+    wait_for_key(src, "emb", threading.Event(), timeout=30)
+    assert src.asked == 3
+    with pytest.raises(KeyNotInitializedError, match="not on server 0"):
+        wait_for_key(Early(), "emb", threading.Event(), timeout=0)

@@ -7,9 +7,10 @@ import logging
 import signal
 import sys
 import threading
+import time
 from typing import Any, Iterable, Protocol, Sequence
 
-from ..errors import ConfigError, KVStoreError
+from ..errors import ConfigError, KeyNotInitializedError, KVStoreError
 from ..table import ChangeBatch
 from ._files import FileSink
 from ._redis import RedisSink
@@ -113,6 +114,29 @@ def run_sink(source: Source, key: Any, sink: Sink, *, interval: float = 0.2,
     return sink.position()
 
 
+#: seconds ``python -m pskv.sinks`` waits for its table key to be initialized: started
+#: beside a job (``pskv-launch --sink``), it may ask before the workers' ``kv.init``
+KEY_WAIT_S = 300.0
+
+
+def wait_for_key(source: Any, key: Any, stop: threading.Event,
+                 timeout: float = KEY_WAIT_S) -> None:
+    """Return once table ``key`` is on every shard of ``source`` (a ``pskv.stream.Reader``'s
+    ``versions``, a store's ``table_versions``), or ``stop`` is set; KeyNotInitializedError, saying so, if it is not
+    after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    versions = getattr(source, "versions", None) or source.table_versions     # a store's
+    while True:
+        try:
+            versions(key)
+            return
+        except KeyNotInitializedError:
+            if time.monotonic() >= deadline:
+                raise
+        if stop.wait(0.2):
+            return
+
+
 # ---- the command ----------------------------------------------------------------------
 def _source() -> Source:
     """The stream of the job this process is pointed at (``pskv.stream.Reader.from_env``),
@@ -202,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     old = signal.signal(signal.SIGTERM, lambda *_: stop.set()) \
         if threading.current_thread() is threading.main_thread() else None
     try:
+        wait_for_key(source, key, stop)
         run_sink(source, key, sink, interval=args.interval, stop=stop)
     except KeyboardInterrupt:
         return 130
