@@ -6,7 +6,6 @@ clusters: every loop ends, each sample is trained once an epoch, and in ``dist_s
 values are those of the same loop without a Sampler, bit for bit."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -14,21 +13,9 @@ import pytest
 
 import pskv as mx
 from pskv.table import Normal, TableSpec
+from test_dist_data import _Split
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
-
-
-@dataclass
-class _Split:
-    """What a Sampler reads of a store: the same split, without the store's seals."""
-    rank: int
-    num_workers: int
-
-    def _data_position(self) -> int:
-        return 0
-
-    def _data_step(self, step: int) -> None:
-        pass
 
 
 def _ok(results: dict[int, Any]) -> dict[int, Any]:
