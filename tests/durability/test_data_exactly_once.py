@@ -19,6 +19,10 @@ import pytest
 from pskv.launch import launch
 from test_chaos import SERVERS, SIZE, Chaos
 
+# the job is a pskv.torch program (scripts/train_data.py)
+pytest.importorskip("torch", reason="the data job trains with pskv.torch: "
+                                    "pip install -e '.[test,torch]'")
+
 
 
 def _soak() -> float:
