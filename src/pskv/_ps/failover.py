@@ -31,7 +31,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from ..errors import NodeFailedError
-from .membership import Event, ServerLost
+from .membership import Event, ServerLost, ShardMoved
 from .message import Command, Meta
 from .ops import Op, command, parse
 from .replay import PushLog, backup_of, rest_step
@@ -247,6 +247,8 @@ class Failover:
                     return
                 if isinstance(event, ServerLost):
                     self._failover(event.rank)
+                elif isinstance(event, ShardMoved):
+                    self._moved(event.shard, event.host)
                 else:
                     self._rejoin(event.rank)
         finally:
@@ -277,6 +279,22 @@ class Failover:
                 self._resend(shard, meta.body)
                 log.info("worker %d: server %d died; shard %d now on server %d",
                             self.rank, server, shard, backup)
+
+    def _moved(self, shard: int, host: int) -> None:
+        """``shard`` was handed to server ``host`` (a server added into its slot), which
+        has every change of it: its requests go there from now on; it is told what of
+        this worker's pushes it lacks (those that waited in the old server's open rounds,
+        which ended them unanswered) and gets the unanswered requests again."""
+        with self.route:
+            if self.host[shard] == host:
+                return
+            old, self.host[shard] = self.host[shard], host
+            ts = self.links.next_ts()
+            self.links.send(host, Command.COMMAND, ts, body=command(Op.APPLIED, shard=shard))
+            meta = self.links.await_reply(ts, f"server {host} to take shard {shard} back")
+            self._resend(shard, meta.body)
+            log.info("worker %d: shard %d moved from server %d to server %d", self.rank,
+                     shard, old, host)
 
     def _resend(self, shard: int, body: Any) -> None:
         """Send the server of ``shard`` this worker's pushes it has not applied (``body``:

@@ -4,8 +4,10 @@ The Postoffice (the scheduler link) publishes a :class:`Membership` at admission
 replaces it, never mutates it, when the scheduler says a server moved (a restart);
 readers on any thread take the current one and see a consistent whole. Changes other
 components act on arrive as typed events on the Postoffice's one queue:
-:class:`ServerLost` (a dead server whose backup takes its shards over) and
-:class:`ServerRejoined` (a restarted server, at the endpoints of the new membership).
+:class:`ServerLost` (a dead or removed server whose backup takes its shards over),
+:class:`ServerRejoined` (a restarted or added server, at the endpoints of the new
+membership) and :class:`ShardMoved` (a shard handed back to the server added into its
+slot: docs/durability.md, "Adding and removing servers").
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
-__all__ = ["Event", "Membership", "ServerLost", "ServerRejoined", "frozen_servers"]
+__all__ = ["Event", "Membership", "ServerLost", "ServerRejoined", "ShardMoved",
+           "frozen_servers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,12 +29,24 @@ class ServerLost:
 
 @dataclass(frozen=True, slots=True)
 class ServerRejoined:
-    """Server ``rank`` was restarted; the membership holds its new endpoints."""
+    """Server ``rank`` was restarted (or added into its removed slot); the membership
+    holds its new endpoints. ``handback``: told to the server that serves the slot's shard
+    when the new process was *added*: it hands the shard back once its copy is there."""
 
     rank: int
+    handback: bool = False
 
 
-Event = ServerLost | ServerRejoined
+@dataclass(frozen=True, slots=True)
+class ShardMoved:
+    """Shard ``shard`` is served by server ``host`` from now on: a planned move (the
+    server that served it sent every change there first, then stopped serving it)."""
+
+    shard: int
+    host: int
+
+
+Event = ServerLost | ServerRejoined | ShardMoved
 
 
 def frozen_servers(servers: Sequence[Mapping[str, str]]) -> tuple[Mapping[str, str], ...]:

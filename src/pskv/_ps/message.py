@@ -132,6 +132,8 @@ class Command(enum.IntEnum):
     SEGMENT = 14       # worker -> worker on one host: a key's shared memory, its descriptor
                        # passed with the message (collective path, shm.py)
     WORKER_LEFT = 15   # scheduler -> nodes: a worker joined (kv.join) or closed its store
+    SHARD_MOVED = 16   # server -> scheduler -> nodes: a shard was handed to another server
+                       # (a server added to a running job gets its slot's shard back)
     INIT = 20
     PUSH = 21
     PULL = 22

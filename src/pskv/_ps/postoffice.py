@@ -33,7 +33,8 @@ from .auth import prove, warn_without_secret
 from .crypt import curve_keys, derive, unseal
 from .config import ClusterConfig
 from .hostid import host_id
-from .membership import Event, Membership, ServerLost, ServerRejoined, frozen_servers
+from .membership import (Event, Membership, ServerLost, ServerRejoined, ShardMoved,
+                         frozen_servers)
 from .message import Command, decode, error_from_body, short
 from .zeromq import ZmqContext, curve_client, recv_message, send_message
 
@@ -382,10 +383,17 @@ class Postoffice:
                 body["endpoints"] = dict(endpoints)
             self._post(Command.PEER_LOST, body)
 
-    def goodbye(self) -> None:
-        """Tell the scheduler this node is done (no reply is awaited)."""
+    def goodbye(self, retire: bool = False) -> None:
+        """Tell the scheduler this node is done (no reply is awaited); ``retire``: a server
+        removed from a running job (its backup serves its shard at once)."""
         if self._thread is not None and self._thread.is_alive():
-            self._post(Command.GOODBYE, None)
+            self._post(Command.GOODBYE, {"retire": True} if retire else None)
+
+    def shard_moved(self, shard: int, host: int) -> None:
+        """Tell the scheduler this server handed ``shard`` to server ``host`` (it has every
+        change of it); the scheduler tells every node (``ShardMoved``)."""
+        if self._thread is not None and self._thread.is_alive():
+            self._post(Command.SHARD_MOVED, {"shard": shard, "host": host})
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop the control thread (after sending anything queued)."""
@@ -487,7 +495,8 @@ class Postoffice:
                     and 0 <= body["rank"] < len(self.servers) \
                     and isinstance(endpoints, dict) \
                     and all(isinstance(v, str) for v in endpoints.values()):
-                log.info("%s %d: server %d was restarted", self.role, self.rank, body["rank"])
+                log.info("%s %d: server %d was %s", self.role, self.rank, body["rank"],
+                         "added" if body.get("added") is True else "restarted")
                 servers = list(self.membership.servers)
                 servers[body["rank"]] = {str(k): v for k, v in endpoints.items()}
                 keys = list(self.membership.keys)
@@ -496,7 +505,17 @@ class Postoffice:
                 self.membership = dataclasses.replace(self.membership,
                                                       servers=frozen_servers(servers),
                                                       keys=tuple(keys))
-                self._events.put(ServerRejoined(body["rank"]))
+                self._events.put(ServerRejoined(body["rank"], body.get("handback") is True))
+        elif cmd == Command.SHARD_MOVED:
+            got = body if isinstance(body, dict) else {}
+            shard, host = got.get("shard"), got.get("host")
+            if type(shard) is not int or type(host) is not int or \
+                    not 0 <= shard < len(self.servers) or not 0 <= host < len(self.servers):
+                log.error("%s %d: a SHARD_MOVED without a shard and a server: %s",
+                          self.role, self.rank, short(body, 200))
+                return
+            log.info("%s %d: shard %d moved to server %d", self.role, self.rank, shard, host)
+            self._events.put(ShardMoved(shard, host))
         elif cmd == Command.WORKER_LEFT:
             got = body if isinstance(body, dict) else {}
             rank, joined, epoch = got.get("rank"), got.get("joined"), got.get("epoch")

@@ -69,6 +69,9 @@ class _Node:
     metrics_port: int = 0       # where it serves /metrics, as its heartbeats say (0: not)
     metrics_host: str = ""
     joined: bool = False        # a worker that called kv.join (uneven data)
+    #: a server removed from the running job (pskv-launch --remove-server): its slot may
+    #: take a new process (--add-server), which gets the slot's shard handed back
+    retired: bool = False
 
 
 @dataclass(slots=True)
@@ -182,9 +185,9 @@ class Scheduler:
             self._reader(ident, ts, body)
             return
         claimed = body.get("rank")
-        if self._admitted and self.cfg.max_restarts and ident not in self._nodes:
+        if self._admitted and ident not in self._nodes:
             old = next((n for n in self._members(role) if n.rank == claimed), None)
-            if old is not None:
+            if old is not None and (self.cfg.max_restarts or old.retired):
                 # a restart takes the rank once its holder is found dead (at once if it
                 # is): a live rank is never handed over, with its key, to whoever asks
                 self._claims[ident] = (old, ts, body, time.monotonic())
@@ -405,8 +408,13 @@ class Scheduler:
         if node.role == "server":
             self._epochs[node.rank] += 1    # new pair keys: the old incarnation's are void
         self._nodes[ident] = node
-        log.warning("scheduler: %s %d rejoined (restarted)", node.role, node.rank)
-        if self.metrics is not None:
+        if old.retired:     # added into its removed slot: its shard is handed back to it
+            log.warning("scheduler: server %d added (into its removed slot); server %d "
+                        "hands its shard back once it has a copy", node.rank,
+                        self._hosts[node.rank])
+        else:
+            log.warning("scheduler: %s %d rejoined (restarted)", node.role, node.rank)
+        if self.metrics is not None and not old.retired:
             self.metrics.restarts.inc()
         self.loop.admit_now(ident, node)
         self._send(ident, Command.ADMIT, ts, self._admission(node, rejoin=True))
@@ -417,6 +425,10 @@ class Scheduler:
                 if node.role == "server" and other.role == "worker":
                     told.update(self._sealed(other, {"key": self._pair(other.rank,
                                                                         node.rank)}))
+                if old.retired:
+                    told["added"] = True
+                    if other.role == "server" and other.rank == self._hosts[node.rank]:
+                        told["handback"] = True
                 self._send(other.ident, Command.NODE_REJOINED, 0, told)
 
     @staticmethod
@@ -622,14 +634,52 @@ class Scheduler:
         elif meta.cmd == Command.BARRIER:
             self._barrier(node, meta.ts, meta.body)
         elif meta.cmd == Command.GOODBYE:
-            if node.role == "server":
+            if node.role == "server" and isinstance(meta.body, dict) and \
+                    meta.body.get("retire") is True:
+                self._retire(node)
+            elif node.role == "server":
                 node.state = "closed"
             else:
                 self._goodbye(node)
+        elif meta.cmd == Command.SHARD_MOVED and node.role == "server":
+            self._shard_moved(node, meta.body["shard"], meta.body["host"])
         elif meta.cmd == Command.PEER_LOST:
             self._peer_lost(node, meta.body)
         else:
             raise ProtocolError(f"the scheduler does not take {meta.cmd.name}")
+
+    def _retire(self, node: _Node) -> None:
+        """Server ``node`` was removed from the running job (pskv-launch --remove-server)
+        after its backup had every change: its shard moves to the backup at once (no
+        grace, no heartbeat timeout), and its slot waits, without a deadline, for a server
+        added into it."""
+        if node.state != "alive" or not self._admitted:
+            return
+        self._fail(node, "was removed from the job (pskv-launch --remove-server)")
+        if node.state == "dead" and not self._failed:
+            node.retired, node.dead_since = True, 0.0
+            log.warning("scheduler: server %d removed; its slot is free for "
+                        "pskv-launch --add-server %d", node.rank, node.rank)
+
+    def _shard_moved(self, node: _Node, shard: int, host: int) -> None:
+        """Server ``node`` handed ``shard`` back to ``host``, the server added into that
+        shard's slot (it has every change): every other node hears it. Anything else is
+        refused: a server moves only a shard it serves, to the slot it belongs to."""
+        target = next((n for n in self._live() if n.role == "server" and n.rank == host),
+                      None)
+        if not (shard < len(self._hosts) and self._hosts[shard] == node.rank
+                and host == shard and target is not None):
+            log.error("scheduler: server %d says it moved shard %d to server %d, which is "
+                      "not a handback this scheduler asked for; ignored", node.rank, shard,
+                      host)
+            return
+        self._hosts[shard] = host
+        log.warning("scheduler: shard %d moved from server %d to server %d", shard,
+                    node.rank, host)
+        for other in self._live():
+            if other is not node:
+                self._send(other.ident, Command.SHARD_MOVED, 0,
+                           {"shard": shard, "host": host})
 
     def _peer_lost(self, reporter: _Node, body: dict[str, Any]) -> None:
         """``reporter``'s connection to a peer broke: unless that peer says GOODBYE within

@@ -87,6 +87,10 @@ def _barrier(meta: Meta, arrays: list[np.ndarray]) -> None:
     _str(meta, body, "group", ("worker", "server", "all", "join"))
 
 
+def _shard_moved(meta: Meta, arrays: list[np.ndarray]) -> None:  # server/_moves.py
+    [_int(meta, _body(meta), f, 0, _MAX_RANK) for f in ("shard", "host")]
+
+
 def _peer_lost(meta: Meta, arrays: list[np.ndarray]) -> None:
     body = _body(meta)
     _str(meta, body, "role", ROLES)
@@ -422,7 +426,7 @@ def _command(meta: Meta, arrays: list[np.ndarray]) -> None:
 
 _CHECKS: dict[Command, Callable[[Meta, list[np.ndarray]], None]] = {
     Command.HELLO: _hello, Command.BARRIER: _barrier, Command.HEARTBEAT: _none,
-    Command.GOODBYE: _none, Command.PEER_LOST: _peer_lost,
+    Command.GOODBYE: _none, Command.PEER_LOST: _peer_lost, Command.SHARD_MOVED: _shard_moved,
     Command.INIT: _init, Command.PUSH: _push, Command.PUSHPULL: _push, Command.PULL: _pull,
     Command.RSP_PULL: _rsp_pull, Command.COMMAND: _command, Command.FLUSH: _none,
 }

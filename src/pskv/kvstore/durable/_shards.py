@@ -4,8 +4,9 @@ A server serves its own shard (what it was placed) and, with ``PSKV_REPLICAS=1``
 primary died, the shard it kept the backup of (docs/durability.md). :class:`Shards` is that
 table, the server's durability wing: it takes a shard over from the backups
 (:meth:`Shards.get`), starts serving a shard with its backup link and periodic checkpoints
-(:meth:`Shards.serve`), and makes a restarted server the new backup of the shards it backs
-(:meth:`Shards.rejoined`). Each served :class:`Shard` is its engine's one
+(:meth:`Shards.serve`), makes a restarted server the new backup of the shards it backs
+(:meth:`Shards.rejoined`), and hands a shard back to the server added into its slot
+(:meth:`Shards.hand_back`: docs/durability.md, "Adding and removing servers"). Each served :class:`Shard` is its engine's one
 :class:`pskv.kvstore.engine._core.RoundObserver`: an applied round goes to the backup first, then to the
 periodic checkpoint. The request handlers of ``KVServer`` receive the :class:`Shard` a
 request is for, never a swapped attribute.
@@ -34,7 +35,7 @@ from ..engine._core import Engine
 from ._backups import Backups
 from ._replica import Replicator
 
-__all__ = ["TakeoverPending", "Shard", "Shards"]
+__all__ = ["HandedBack", "TakeoverPending", "Shard", "Shards"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,16 @@ class TakeoverPending(ProtocolError):
                          "backup takes a shard over only once the scheduler reports its "
                          "server dead")
         self.shard, self.source = shard, source
+
+
+class HandedBack(ProtocolError):
+    """A request for a shard this server handed back to the server added into its slot:
+    never answered here (its worker sends it there once the scheduler's word reaches it,
+    ``failover.py``); the requests that waited in the shard's rounds end so too."""
+
+    def __init__(self, shard: int, host: int) -> None:
+        super().__init__(f"shard {shard} was handed to server {host}")
+        self.shard, self.host = shard, host
 
 
 class Shard:
@@ -130,17 +141,31 @@ class Shards:
         #: before then may be taken over; a worker alone cannot make a backup split the
         #: shard of a server that lives (or of its restarted self, which sent a new copy)
         self.lost: dict[int, float] = {}
+        #: shards to hand back to the server added into their slot, once it has the copy
+        self.handing: set[int] = set()
+        #: shard -> the server it was handed to: requests naming it are not answered here
+        self.moved: dict[int, int] = {}
+        #: shard -> when the scheduler said it was handed here (``ShardMoved``): the copy
+        #: held of it, complete since, may be served
+        self.handed: dict[int, float] = {}
 
     def get(self, index: int | None) -> Shard:
         """The shard a request names (None: this server's own), taken over from the
-        backups if its primary died."""
+        backups if its primary died or handed it here; HandedBack for a shard this
+        server handed to another."""
         if index is None:
             rank = self.po.rank
-            return self.served.get(rank) or Shard(rank, self.own)
+            shard = self.served.get(rank)
+            if shard is not None or self.backups is None or not self.cfg.restart:
+                return shard or Shard(rank, self.own)
+            index = rank        # restarted or added: its own shard only once handed back
+        if index in self.moved and index not in self.served:
+            raise HandedBack(index, self.moved[index])
         shard = self.served.get(index)
         if shard is None and self.backups is not None:
             held = self.backups.held_from(index)
-            if held is not None and self.lost.get(held[0], float("-inf")) < held[1]:
+            if held is not None and max(self.lost.get(held[0], float("-inf")),
+                                        self.handed.get(index, float("-inf"))) < held[1]:
                 raise TakeoverPending(index, held[0])
             engine = self.backups.take(index)
             if engine is None and held is None and self._first_backup_of(index):
@@ -153,8 +178,10 @@ class Shards:
                 log.info("server %d: serves shard %d now, empty: its server died before "
                          "its first copy reached this backup", self.po.rank, index)
             elif engine is not None:
-                log.info("server %d: serves shard %d now, as its backup (its server died)",
-                            self.po.rank, index)
+                log.info("server %d: serves shard %d now, as its backup (%s)", self.po.rank,
+                         index, "handed back" if index in self.handed else
+                         "its server died or was removed")
+                self.moved.pop(index, None)
             if engine is not None:
                 engine.num_workers = self.po.num_workers
                 shard = self.serve(index, engine)
@@ -217,10 +244,52 @@ class Shards:
             return True
         return self.lost[server] < self._rejoined.get(server, float("-inf"))
 
-    def rejoined(self, rank: int) -> None:
+    def applied_by(self, worker: int) -> dict[int, int]:
+        """What of ``worker``'s pushes this server's own shard holds (its HELLO answer):
+        nothing while a restarted server serves no shard of its own."""
+        shard = self.served.get(self.po.rank)
+        engine = shard.engine if shard is not None else self.own
+        return engine.applied_by(worker)
+
+    def hand_back(self) -> list[tuple[int, Engine]]:
+        """Each shard to hand back whose new server now has every change of it: served
+        here no more (its backup link closed, its engine returned so that its waiting
+        requests can be ended unanswered); the caller tells the scheduler. A shard whose
+        new server is not connected yet waits (it connects at the shard's next change)."""
+        done: list[tuple[int, Engine]] = []
+        for index in sorted(self.handing):
+            shard = self.served.get(index)
+            repl = shard.replicator if shard is not None else None
+            if shard is None or repl is None or repl.backup != index:
+                self.handing.discard(index)         # not served here, or another backup
+                continue
+            if not repl.up:
+                if repl.endpoints is None:          # its new server was lost meanwhile
+                    self.handing.discard(index)
+                else:
+                    repl.send(ReplOp.NOOP, {})      # connect: the whole shard
+                continue
+            repl.drain()
+            if not repl.up:
+                continue
+            self.handing.discard(index)
+            del self.served[index]
+            repl.close()
+            shard.engine.observer = None
+            self.moved[index] = index
+            done.append((index, shard.engine))
+            log.info("server %d: handed shard %d back to server %d", self.po.rank, index,
+                     index)
+        return done
+
+    def rejoined(self, rank: int, handback: bool = False) -> None:
         """Server ``rank`` was restarted: the new backup of the shards served here that it
-        backs (it gets the whole shard at once, then every change)."""
+        backs (it gets the whole shard at once, then every change). ``handback``: it was
+        added into its removed slot, and its slot's shard, served here, goes back to it
+        once it has the copy (:meth:`hand_back`)."""
         self._rejoined[rank] = self._clock()
+        if handback and rank in self.served and rank != self.po.rank:
+            self.handing.add(rank)
         for shard in self.served.values():
             repl = shard.replicator
             if repl is not None and repl.backup == rank:

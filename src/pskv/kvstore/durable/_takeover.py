@@ -22,7 +22,7 @@ import time
 from typing import Any, Callable
 
 from ...errors import ClusterError
-from ..._ps.membership import ServerRejoined
+from ..._ps.membership import ServerRejoined, ShardMoved
 from ._shards import Shards
 
 __all__ = ["Takeovers"]
@@ -80,12 +80,19 @@ class Takeovers:
                 self._rerun(deadline, request, expire)
 
     def events(self) -> None:
-        """Act on the servers' deaths and restarts the scheduler reported: a restarted
-        server becomes the backup of the shards here it backs; a dead one's shards may
-        now be taken over, so the parked requests run again."""
+        """Act on the servers' deaths, restarts and moves the scheduler reported: a
+        restarted server becomes the backup of the shards here it backs (an added one
+        gets its shard handed back); a dead one's shards, or a shard handed here, may now
+        be taken over, so the parked requests run again."""
         while (event := self._next_event()) is not None:
             if isinstance(event, ServerRejoined):
-                self.shards.rejoined(event.rank)
+                self.shards.rejoined(event.rank, event.handback)
+            elif isinstance(event, ShardMoved):
+                # handed here: its copy is complete (its server sent every change before
+                # it told the scheduler), so the requests parked for it run now
+                if event.host == self.shards.po.rank:
+                    self.shards.handed[event.shard] = self._clock()
+                    self.retry()
             else:   # its shard is taken over when a worker asks for it
                 self.shards.lost[event.rank] = self._clock()
                 self.retry()

@@ -49,10 +49,11 @@ from .._snapshot import checkpoint_path
 from ._observed import server_state
 from ..durable._backups import Backups
 from ._staleness import cmd_clock, park_read
+from ._moves import Moves
 from ..engine._entries import init_entries
 from ._tables import (cmd_changes, cmd_explain, cmd_hot_ids, cmd_lookup, cmd_table_stats,
                       stats_reply)
-from ..durable._shards import TakeoverPending, Shard, Shards
+from ..durable._shards import HandedBack, TakeoverPending, Shard, Shards
 from ..durable._takeover import Takeovers
 
 __all__ = ["KVServer"]
@@ -173,7 +174,8 @@ class KVServer:
         self._left: Any = None
         #: the join epoch the workers said began (Op.JOINED): every worker joined before
         self._join_epoch = 0
-        self._flushes: dict[Any, list[int]] = {}  # per worker: FLUSH requests waiting
+        #: per worker: FLUSH requests waiting, with the shard each names
+        self._flushes: dict[Any, list[tuple[int, int]]] = {}
         self._router = router
         # the serving objects (the loop, the shards, the staleness gate, the stragglers'
         # watch, the checkpoints, the takeovers) are made by _build_serving, from the
@@ -214,6 +216,8 @@ class KVServer:
         self.takeovers = Takeovers(self.shards, po.next_event,
                                    min(2.0 + 3 * cfg.heartbeat_interval,
                                        cfg.request_timeout / 2), self._rerun)
+        #: shards handed back, and this server's removal (pskv-launch --remove-server)
+        self.moves = Moves(self)
         if self.metrics is not None:
             self._closing.callback(self.metrics.close)        # closed first
 
@@ -295,7 +299,7 @@ class KVServer:
             log.debug("%s: worker %d connected", self.loop.name, rank)
         # what of this worker's pushes is applied here: a restarted worker skips those; and
         # this server's proof of its own rank, under the key only it and that worker hold
-        reply: dict[str, Any] = {"applied": self.shards.get(None).engine.applied_by(rank)}
+        reply: dict[str, Any] = {"applied": self.shards.applied_by(rank)}
         if isinstance(nonce, str) and isinstance(wnonce, str):
             reply["proof"] = server_proof(self._key_for("worker", rank), self.po.job,
                                           self.po.rank, rank, nonce, wnonce)
@@ -331,6 +335,11 @@ class KVServer:
         index = meta.body.get("shard") if isinstance(meta.body, dict) else None
         try:
             shard = self.shards.get(index)
+        except HandedBack as moved:     # its worker sends it to the new server (moves)
+            log.debug("%s: %s from worker %s for shard %d, handed to server %d: not "
+                      "answered here", self._where(), meta.cmd.name, worker, moved.shard,
+                      moved.host)
+            return
         except TakeoverPending:
             if last:
                 raise
@@ -448,7 +457,8 @@ class KVServer:
             self._send(ticket.peer, Command.DATA, ticket.ts, arrays=values)
 
     def _answer_error(self, ticket: Ticket, err: KVStoreError) -> None:
-        self._error(ticket.peer, ticket.ts, err)
+        if not isinstance(err, HandedBack):     # else its worker sends it again (moves)
+            self._error(ticket.peer, ticket.ts, err)
         if ticket.cmd == Command.PUSH:
             self._push_done(ticket.peer)
 
@@ -456,7 +466,7 @@ class KVServer:
         left = self._open.get(conn, 1) - 1
         self._open[conn] = left
         if left <= 0:
-            for ts in self._flushes.pop(conn, ()):
+            for ts, _index in self._flushes.pop(conn, ()):
                 self._send(conn, Command.ACK, ts)
 
     def _on_flush(self, shard: Shard, conn: Connection,
@@ -465,7 +475,7 @@ class KVServer:
         if self._open.get(conn, 0) <= 0:
             self._send(conn, Command.ACK, ts)
         else:
-            self._flushes.setdefault(conn, []).append(ts)
+            self._flushes.setdefault(conn, []).append((ts, shard.index))
 
     # ---- request handlers --------------------------------------------------------------------
     def _where(self) -> str:
@@ -716,6 +726,9 @@ class KVServer:
                 self.snapshots.reap()
                 if self.backups is not None:
                     self.takeovers.events()
+                    self.moves.hand_back()
+                    if self.moves.retiring():
+                        return True
                 self._workers_left()
                 if self.po.failure is not None and not failed_seen:
                     failed_seen = True
@@ -736,10 +749,11 @@ class KVServer:
                     return True
                 return self.po.shutdown.is_set() and not self._draining()
 
-            self.loop.run(stop)
+            with self.moves.signal():
+                self.loop.run(stop)
             if self.po.scheduler_lost.is_set():
                 return 1
-            self.po.goodbye()
+            self.po.goodbye(retire=self.moves.retired)
             return 0
         finally:
             self._closing.close()
