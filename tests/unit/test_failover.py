@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pskv._ps.failover import Failover, applied_counts
-from pskv._ps.membership import ServerLost, ServerRejoined
+from pskv._ps.membership import ServerLost, ServerRejoined, ShardMoved
 from pskv._ps.message import Command, Meta
 from pskv._ps.ops import Op, command, parse
 from pskv.errors import NodeFailedError
@@ -316,3 +316,31 @@ def test_a_push_dropped_while_catching_up_goes_to_the_backup_that_lacks_it() -> 
              if c == Command.PUSH]
     assert again == [(1, (7,), 2.0)]
     assert _made_again(fo, 3.0) == [7]
+
+
+def test_a_shard_handed_back_gets_what_it_lacks_and_the_unanswered_requests_once() -> None:
+    """Shard 2 served by server 0 (its server was removed) is handed back to server 2,
+    added into its slot (docs/durability.md, "Adding and removing servers"): the pushes
+    server 0 ended unanswered in its open round go to server 2 again, then the requests
+    not answered, and every later request goes to server 2 untagged."""
+    fo, links = _failover(servers=3)
+    fo.host = [0, 1, 0]
+    _push(fo, 2, 7, 1.0, 1)
+    _push(fo, 2, 7, 2.0, 2)
+    fo.send(2, Command.PULL, 3, [7], None, [])
+    sent = links.take()
+    assert [(s, b) for s, *_x, b, _a in sent] == [(0, {"kinds": "d", "shard": 2}),
+                                                  (0, {"kinds": "d", "shard": 2}),
+                                                  (0, {"shard": 2})]
+    links.applied[2] = {7: 1}                # server 0 handed over one applied push
+    fo.recover(iter([ShardMoved(2, 2), None]).__next__)
+    sent = links.take()
+    assert sent[0][:2] == (2, Command.COMMAND) and parse(sent[0][4]) is Op.APPLIED
+    again = [(s, c, ts, b) for s, c, ts, _k, b, _ in sent[1:]]
+    assert [a[:2] for a in again] == [(2, Command.PUSH), (2, Command.PULL)]
+    assert float(sent[1][5][0][0]) == 2.0 and again[0][3] == {"kinds": "d"}
+    assert again[1][2:] == (3, None)        # same ts, no tag: server 2 serves its own shard
+    assert fo.host == [0, 1, 2] and links.dropped == []
+    fo.answered(3, True)
+    fo.recover(iter([ShardMoved(2, 2), None]).__next__)      # said twice: nothing again
+    assert links.take() == []

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from pskv._ps.membership import ServerLost, ServerRejoined
+from pskv._ps.membership import ServerLost, ServerRejoined, ShardMoved
 from pskv._ps.ops import ReplOp
 from pskv.errors import ClusterError
-from pskv.kvstore.durable._shards import Shards, TakeoverPending
+from pskv.kvstore.durable._shards import HandedBack, Shards, TakeoverPending
 from pskv.kvstore.durable._takeover import Takeovers
 from pskv.kvstore.engine._core import Engine
 
@@ -48,7 +48,10 @@ class Link:
         self.up = True
 
     def close(self) -> None:
-        pass
+        self.closed = True
+
+    def drain(self) -> None:
+        self.sent.append("drained")
 
 
 class World:
@@ -56,7 +59,8 @@ class World:
     server it came from, when)), the membership events the scheduler will send, and the
     requests its takeovers ran again."""
 
-    def __init__(self, rank: int, held: dict[int, tuple[int, float]] | None = None) -> None:
+    def __init__(self, rank: int, held: dict[int, tuple[int, float]] | None = None,
+                 restart: int = 0) -> None:
         self.clock = Clock()
         self.links: list[Link] = []
         self.unreachable: set[int] = set()
@@ -77,7 +81,7 @@ class World:
             def empty(self) -> Engine:
                 return Engine(num_workers=2)
 
-        self.shards = Shards(SimpleNamespace(restart=0), None, po,  # type: ignore[arg-type]
+        self.shards = Shards(SimpleNamespace(restart=restart), None, po,  # type: ignore[arg-type]
                              SimpleNamespace(start=lambda engine, index, n: None),
                              Held(), Engine(),  # type: ignore[arg-type]
                              replicator=lambda *a: Link(self, *a), clock=self.clock)
@@ -220,3 +224,67 @@ def test_the_first_copy_wait_is_bounded_and_says_what_to_check() -> None:
                        r"within 7 s.*PSKV_CONNECT_TIMEOUT"):
         w.takeovers.await_first_copy(0, timeout=7)
     assert w.clock.now - start == pytest.approx(7)
+
+
+def test_a_shard_is_handed_back_to_the_server_added_into_its_slot_once_it_has_the_copy() \
+        -> None:
+    """Server 0 serves shard 2 (server 2 was removed); server 2 is added: server 0 sends
+    it the whole shard, then (every change drained) serves shard 2 no more: a request
+    naming it is never answered here (HandedBack), and the engine comes back to end the
+    requests that waited in its rounds."""
+    w = World(rank=0, held={2: (2, 50.0)})
+    w.events.append(ServerLost(2))
+    w.takeovers.events()
+    w.request(2, "pull")                         # taken over as server 2's backup
+    (link,) = w.links
+    engine = w.shards.served[2].engine
+    w.shards.hand_back()                         # nothing asked yet
+    assert 2 in w.shards.served and link.sent == []
+    w.unreachable.add(2)                         # added, but not reachable yet
+    w.events.append(ServerRejoined(2, handback=True))
+    w.takeovers.events()
+    assert w.shards.handing == {2} and w.shards.hand_back() == [] and 2 in w.shards.served
+    w.unreachable.discard(2)
+    assert w.shards.hand_back() == []            # connects now: the whole shard goes
+    assert link.up and link.sent == [ReplOp.NOOP]
+    assert w.shards.hand_back() == [(2, engine)]
+    assert link.sent == [ReplOp.NOOP, "drained"] and link.closed
+    assert 2 not in w.shards.served and w.shards.moved == {2: 2} and not w.shards.handing
+    assert engine.observer is None
+    with pytest.raises(HandedBack, match="shard 2 was handed to server 2"):
+        w.shards.get(2)
+
+
+def test_a_restarted_server_is_not_asked_to_hand_back_and_a_plain_restart_hands_nothing() \
+        -> None:
+    w = World(rank=0, held={2: (2, 50.0)})
+    w.events.append(ServerLost(2))
+    w.takeovers.events()
+    w.request(2, "pull")
+    w.events.append(ServerRejoined(2))           # restarted after a death: stays a backup
+    w.takeovers.events()
+    assert not w.shards.handing and w.shards.hand_back() == [] and 2 in w.shards.served
+
+
+def test_the_added_server_serves_its_own_shard_only_once_the_scheduler_says_it_moved() \
+        -> None:
+    """Server 2, added (a restarted process), holds the copy server 0 sent it; a worker's
+    request for shard 2 waits until the scheduler's SHARD_MOVED, which comes only after
+    server 0 sent every change, then takes the copy over."""
+    w = World(rank=2, held={2: (0, 50.0)}, restart=1)
+    w.request(None, "pull")                      # untagged: its own shard, not served yet
+    assert (w.ran, len(w.takeovers)) == ([], 1)
+    w.events.append(ShardMoved(1, 0))            # another shard's news: still waits
+    w.takeovers.events()
+    assert (w.ran, len(w.takeovers)) == ([], 1)
+    w.clock.now += 1
+    w.events.append(ShardMoved(2, 2))
+    w.takeovers.events()
+    ((name, last, shard),) = w.ran
+    assert (name, last, shard.index, len(w.takeovers)) == ("pull", False, 2, 0)
+    assert w.shards.served[2] is shard
+
+
+def test_a_server_never_restarted_serves_its_own_shard_from_its_own_engine() -> None:
+    w = World(rank=2, held={2: (0, 50.0)})
+    assert w.shards.get(None).engine is w.shards.own

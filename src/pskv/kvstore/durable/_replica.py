@@ -125,8 +125,10 @@ class Replicator:
         body, arrays = encode_copy(self.engine.snapshot(), self.engine.sync,
                                    self.engine.stream_states())
         self._call(Command.COMMAND, change(ReplOp.STATE, self.shard, body), arrays)
-        log.info("server %d: server %d is the backup of shard %d (%d keys copied)", self.me,
-                 self.backup, self.shard, len(body["entries"]))
+        #: bytes of the last whole copy sent (the log line says it; bench_reshard reads it)
+        self.copied_bytes = sum(int(a.nbytes) for a in arrays)
+        log.info("server %d: server %d is the backup of shard %d (%d keys copied, %d bytes)",
+                 self.me, self.backup, self.shard, len(body["entries"]), self.copied_bytes)
         self._open_ring(conn)
 
     def _open_ring(self, conn: Connection) -> None:
