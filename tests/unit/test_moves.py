@@ -36,10 +36,15 @@ def _server(rank: int = 2, backups: bool = True, served: Any = None,
             handed: list[Any] | None = None) -> Any:
     served = {rank: SimpleNamespace(replicator=Repl())} if served is None else served
     said: list[tuple[int, int]] = []
-    return SimpleNamespace(backups=object() if backups else None,
+    kept: dict[int, Any] = {}
+
+    def adopt(shard: int, engine: Engine) -> str:
+        kept[shard] = engine
+        return f"token-{shard}"
+    return SimpleNamespace(backups=SimpleNamespace(adopt=adopt, kept=kept) if backups else None,
                            shards=FakeShards(served, handed), _flushes={},
-                           po=SimpleNamespace(rank=rank, shard_moved=lambda *a: said.append(a),
-                                              said=said))
+                           po=SimpleNamespace(rank=rank, num_servers=3, said=said,
+                                              shard_moved=lambda *a: said.append(a)))
 
 
 def test_asked_to_leave_it_drains_its_backup_first_then_leaves() -> None:
@@ -78,4 +83,14 @@ def test_a_handed_back_shard_ends_its_waiting_requests_unanswered_and_is_announc
     (err,) = ended
     assert isinstance(err, HandedBack) and (err.shard, err.host) == (2, 2)
     assert server._flushes == {"conn": [(6, 0)]}       # the flush naming shard 2 waits no more
-    assert server.po.said == [(2, 2)]
+    # server 0 is the backup of shard 2 once server 2 serves it: it keeps the engine as
+    # that copy, and the scheduler passes the token on (no whole copy comes back)
+    assert server.backups.kept == {2: engine} and server.po.said == [(2, 2, "token-2")]
+
+
+def test_a_server_that_will_not_back_the_shard_up_keeps_no_copy() -> None:
+    engine = Engine(num_workers=2)
+    engine.fail_all = lambda err: None                 # type: ignore[method-assign]
+    server = _server(rank=1, handed=[(2, engine)])     # shard 2's backup is server 0
+    Moves(server).hand_back()
+    assert server.backups.kept == {} and server.po.said == [(2, 2, "")]

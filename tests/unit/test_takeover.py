@@ -253,6 +253,12 @@ def test_a_shard_is_handed_back_to_the_server_added_into_its_slot_once_it_has_th
     assert engine.observer is None
     with pytest.raises(HandedBack, match="shard 2 was handed to server 2"):
         w.shards.get(2)
+    # server 2 dies: server 0, its backup (it kept the copy it handed), takes it over again
+    w.held[2] = (2, w.clock.now)
+    w.clock.now += 1
+    w.events.append(ServerLost(2))
+    w.takeovers.events()
+    assert w.shards.moved == {} and w.shards.get(2).index == 2
 
 
 def test_a_restarted_server_is_not_asked_to_hand_back_and_a_plain_restart_hands_nothing() \

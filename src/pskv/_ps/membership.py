@@ -44,6 +44,9 @@ class ShardMoved:
 
     shard: int
     host: int
+    #: told to ``host`` only: the token of the copy the server that handed the shard
+    #: kept as its backup (``Backups.adopt``), so that no whole copy goes back to it
+    copy: str = ""
 
 
 Event = ServerLost | ServerRejoined | ShardMoved

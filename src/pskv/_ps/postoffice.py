@@ -389,11 +389,12 @@ class Postoffice:
         if self._thread is not None and self._thread.is_alive():
             self._post(Command.GOODBYE, {"retire": True} if retire else None)
 
-    def shard_moved(self, shard: int, host: int) -> None:
+    def shard_moved(self, shard: int, host: int, copy: str = "") -> None:
         """Tell the scheduler this server handed ``shard`` to server ``host`` (it has every
-        change of it); the scheduler tells every node (``ShardMoved``)."""
+        change of it) and kept the copy ``copy`` names; the scheduler tells every node
+        (``ShardMoved``)."""
         if self._thread is not None and self._thread.is_alive():
-            self._post(Command.SHARD_MOVED, {"shard": shard, "host": host})
+            self._post(Command.SHARD_MOVED, {"shard": shard, "host": host, "copy": copy})
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop the control thread (after sending anything queued)."""
@@ -515,7 +516,9 @@ class Postoffice:
                           self.role, self.rank, short(body, 200))
                 return
             log.info("%s %d: shard %d moved to server %d", self.role, self.rank, shard, host)
-            self._events.put(ShardMoved(shard, host))
+            copy = got.get("copy")
+            self._events.put(ShardMoved(shard, host, copy if isinstance(copy, str) and
+                                        len(copy) <= 64 else ""))
         elif cmd == Command.WORKER_LEFT:
             got = body if isinstance(body, dict) else {}
             rank, joined, epoch = got.get("rank"), got.get("joined"), got.get("epoch")

@@ -642,7 +642,9 @@ class Scheduler:
             else:
                 self._goodbye(node)
         elif meta.cmd == Command.SHARD_MOVED and node.role == "server":
-            self._shard_moved(node, meta.body["shard"], meta.body["host"])
+            copy = meta.body.get("copy")
+            self._shard_moved(node, meta.body["shard"], meta.body["host"],
+                              copy if isinstance(copy, str) and len(copy) <= 64 else "")
         elif meta.cmd == Command.PEER_LOST:
             self._peer_lost(node, meta.body)
         else:
@@ -661,7 +663,7 @@ class Scheduler:
             log.warning("scheduler: server %d removed; its slot is free for "
                         "pskv-launch --add-server %d", node.rank, node.rank)
 
-    def _shard_moved(self, node: _Node, shard: int, host: int) -> None:
+    def _shard_moved(self, node: _Node, shard: int, host: int, copy: str) -> None:
         """Server ``node`` handed ``shard`` back to ``host``, the server added into that
         shard's slot (it has every change): every other node hears it. Anything else is
         refused: a server moves only a shard it serves, to the slot it belongs to."""
@@ -678,8 +680,9 @@ class Scheduler:
                     node.rank, host)
         for other in self._live():
             if other is not node:
-                self._send(other.ident, Command.SHARD_MOVED, 0,
-                           {"shard": shard, "host": host})
+                self._send(other.ident, Command.SHARD_MOVED, 0, {
+                    "shard": shard, "host": host, **({"copy": copy} if other is target
+                                                     else {})})
 
     def _peer_lost(self, reporter: _Node, body: dict[str, Any]) -> None:
         """``reporter``'s connection to a peer broke: unless that peer says GOODBYE within

@@ -7,6 +7,7 @@ side, and the protocol, are ``_replica``'s docstring.
 from __future__ import annotations
 
 import functools
+import secrets
 import logging
 import threading
 import time
@@ -100,6 +101,10 @@ class Backups:
         #: shard -> the server whose whole copy this is (the one that serves it), and when
         #: the copy came (a death reported after that is its death, not a past one's)
         self.source: dict[int, tuple[int, float]] = {}
+        #: shard -> the token of a copy this server kept when it handed the shard back
+        #: (its engine, as it was): the new server's link names it instead of sending
+        #: the whole shard again (``Replicator.have``)
+        self.adopted: dict[int, str] = {}
         self._po: Postoffice | None = None
         tls = server_context(*cfg.tls) if cfg.tls is not None else None
         self._listeners = [StreamListener(host=cfg.node_host,
@@ -178,6 +183,19 @@ class Backups:
             self.source.pop(shard, None)
             return self.engines.pop(shard, None)
 
+    def adopt(self, shard: int, engine: Engine) -> str:
+        """Keep ``engine``, the shard this server just handed back to its slot's server
+        (which holds the same copy), as this server's backup copy of it; the token the
+        new server's link names to skip the whole copy (``Replicator.have``)."""
+        token = secrets.token_hex(8)
+        with self.lock:
+            engine.observer = None
+            self.engines[shard] = engine
+            self.logs[shard] = RoundLog(engine, self._pool)
+            self.source[shard] = (shard, time.monotonic())
+            self.adopted[shard] = token
+        return token
+
     def alloc_for(self, meta: Meta) -> Any:
         """Where the arrays of a round to be logged land: buffers of the pool, which the
         log then keeps without a copy (ServeLoop calls this for each message)."""
@@ -231,7 +249,16 @@ class Backups:
             raise ProtocolError(f"backups take replication commands, not {meta.cmd.name} "
                                 f"{short(body.get('op'))}")
         if op is ReplOp.NOOP:
-            self._loop().send(conn, Command.ACK, meta.ts)
+            have = body.get("have")
+            reply = None
+            if isinstance(have, str):   # a primary asks whether its copy is here already
+                with self.lock:
+                    ok = self.adopted.get(shard) == have and shard in self.engines
+                    self.adopted.pop(shard, None)
+                    if ok:
+                        self.source[shard] = (int(peer), time.monotonic())
+                reply = {"have": ok}
+            self._loop().send(conn, Command.ACK, meta.ts, reply)
             return
         if op is ReplOp.RING:
             self._map_ring(conn, peer, body)

@@ -93,6 +93,12 @@ class Replicator:
         #: shared memory the batches' arrays go through to a backup on this host (None:
         #: the link carries them; ``_ps/ring.py``)
         self._ring: RingWriter | None = None
+        #: the token of the copy the backup kept when it handed this shard here (its
+        #: engine, identical to this one): the first connection names it instead of
+        #: sending the whole shard (``Backups.adopt``); used once
+        self.have: str | None = None
+        #: bytes of the last whole copy sent (the log line says it; bench_reshard reads it)
+        self.copied_bytes = 0
 
     def aim(self, announced: Mapping[str, str]) -> None:
         """The backup is the server the scheduler announced at ``announced`` (the next
@@ -122,10 +128,20 @@ class Replicator:
         if challenge.cmd == Command.CHALLENGE:
             self._call(Command.HELLO, {**hello, **prove(self._po.server_key, PURPOSE,
                                                         challenge.body, "server", self.me)}, ())
+        have, self.have = self.have, None
+        if have is not None:
+            got = self._call(Command.COMMAND, change(ReplOp.NOOP, self.shard, {"have": have}),
+                             ())
+            if isinstance(got.body, dict) and got.body.get("have") is True:
+                self.copied_bytes = 0
+                log.info("server %d: server %d is the backup of shard %d (it kept its copy "
+                         "when it handed the shard here: 0 bytes)", self.me, self.backup,
+                         self.shard)
+                self._open_ring(conn)
+                return
         body, arrays = encode_copy(self.engine.snapshot(), self.engine.sync,
                                    self.engine.stream_states())
         self._call(Command.COMMAND, change(ReplOp.STATE, self.shard, body), arrays)
-        #: bytes of the last whole copy sent (the log line says it; bench_reshard reads it)
         self.copied_bytes = sum(int(a.nbytes) for a in arrays)
         log.info("server %d: server %d is the backup of shard %d (%d keys copied, %d bytes)",
                  self.me, self.backup, self.shard, len(body["entries"]), self.copied_bytes)

@@ -148,6 +148,9 @@ class Shards:
         #: shard -> when the scheduler said it was handed here (``ShardMoved``): the copy
         #: held of it, complete since, may be served
         self.handed: dict[int, float] = {}
+        #: shard -> the token of the copy the server that handed it here kept as its
+        #: backup: the backup link names it instead of sending the whole shard
+        self.kept: dict[int, str] = {}
 
     def get(self, index: int | None) -> Shard:
         """The shard a request names (None: this server's own), taken over from the
@@ -228,6 +231,7 @@ class Shards:
                                                 engine)
             if self._alive(backup):     # else it is aimed at once it is back (rejoined)
                 shard.replicator.aim(self.po.servers[backup])
+            shard.replicator.have = self.kept.pop(index, None) or None
         engine.observer = shard
         if shard.replicator is not None:
             # the backup gets the whole shard now, before anyone is answered: a takeover

@@ -92,9 +92,14 @@ class Takeovers:
                 # it told the scheduler), so the requests parked for it run now
                 if event.host == self.shards.po.rank:
                     self.shards.handed[event.shard] = self._clock()
+                    self.shards.kept[event.shard] = event.copy
                     self.retry()
             else:   # its shard is taken over when a worker asks for it
                 self.shards.lost[event.rank] = self._clock()
+                # a shard handed to it is this server's again to take over, if it kept
+                # the copy (its backup): requests naming it are no longer left unanswered
+                for shard in [s for s, h in self.shards.moved.items() if h == event.rank]:
+                    del self.shards.moved[shard]
                 self.retry()
 
     def await_first_copy(self, rank: int, timeout: float) -> None:

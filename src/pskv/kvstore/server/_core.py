@@ -336,6 +336,11 @@ class KVServer:
         try:
             shard = self.shards.get(index)
         except HandedBack as moved:     # its worker sends it to the new server (moves)
+            if not last and meta.cmd == Command.COMMAND and parse(meta.body) is Op.APPLIED:
+                # a worker failing over to this server, the backup of the server the shard
+                # was handed to: that server died, and the scheduler's word follows
+                self.takeovers.park(deadline, (conn, worker, meta, arrays))
+                return
             log.debug("%s: %s from worker %s for shard %d, handed to server %d: not "
                       "answered here", self._where(), meta.cmd.name, worker, moved.shard,
                       moved.host)

@@ -28,6 +28,7 @@ import signal
 import threading
 from typing import Any, Iterator
 
+from ..._ps.replay import backup_of
 from ..durable._shards import HandedBack
 
 __all__ = ["RETIRE_SIGNAL", "Moves"]
@@ -73,7 +74,13 @@ class Moves:
             engine.fail_all(moved)
             for conn, waiting in list(server._flushes.items()):
                 server._flushes[conn] = [(ts, i) for ts, i in waiting if i != index]
-            server.po.shard_moved(index, index)
+            # the shard as handed is the new server's copy: kept as its backup, so that
+            # the new server's link to this one (its backup) sends no whole copy back
+            copy = ""
+            if server.backups is not None and \
+                    backup_of(index, index, server.po.num_servers) == server.po.rank:
+                copy = server.backups.adopt(index, engine)
+            server.po.shard_moved(index, index, copy)
 
     def retiring(self) -> bool:
         """Whether to leave the job now: asked to, and every shard served here is its
