@@ -15,12 +15,11 @@ A refused request is ``{"ok": false, "error": "..."}``, saying what is wrong and
 
 Invariant: the socket thread never touches the supervisor's process table. It hands each
 parsed request to the watch loop (:class:`Requests`: a queue, then ``wake``) and waits for
-the answer, which the watch loop computes with :func:`answer` over the small :class:`Slots`
+the answer, which the watch loop computes with ``_slots.answer`` over the small ``Slots``
 interface the supervisor implements; so every change to the job happens in one thread.
 """
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import os
@@ -34,9 +33,10 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from ..errors import ClusterTimeoutError, ConfigError
+from ._slots import Op, Request, Slots, answer, refuse as _refuse
 
 __all__ = ["MAX_REQUEST", "READ_S", "REPLY_S", "ControlSocket", "Op", "Request", "Requests",
-           "Slot", "Slots", "answer", "control", "parse_request"]
+           "control", "parse_request"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,27 +54,6 @@ _ACCEPT_POLL_S = 0.2
 _WAIT_POLL_S = 0.2
 #: sun_path of struct sockaddr_un holds 108 bytes, the terminating NUL included
 _MAX_PATH = 107
-
-
-class Op(enum.Enum):
-    """The requests, by their word on the wire."""
-
-    REMOVE_SERVER = "remove-server"
-    ADD_SERVER = "add-server"
-    STATUS = "status"
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One parsed request line: the op and, for add and remove, the server rank."""
-
-    op: Op
-    server: int | None = None
-
-    @property
-    def line(self) -> str:
-        """The request as sent: ``remove-server 2``."""
-        return self.op.value if self.server is None else f"{self.op.value} {self.server}"
 
 
 def _usage() -> str:
@@ -118,104 +97,7 @@ def parse_request(data: bytes) -> Request:
     return Request(op, server)
 
 
-# -- the watch loop's side --------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Slot:
-    """A server rank as the control channel sees it.
-
-    ``state``: ``running``, ``retiring`` (sent SIGUSR1, not yet exited), ``retired`` (exited
-    0 after it; its backup serves its shard), ``restarting`` (dead, waiting out its
-    back-off before a ``--max-restarts`` restart), ``exited`` (any other end).
-    """
-
-    server: int
-    state: str
-    pid: int
-    returncode: int | None = None
-
-    def as_json(self) -> dict[str, object]:
-        return {"server": self.server, "state": self.state, "pid": self.pid,
-                "returncode": self.returncode}
-
-
-class Slots(Protocol):
-    """What the supervisor lets the control channel see and do (called in its watch loop)."""
-
-    def slots(self) -> list[Slot]:
-        """Every server rank, in rank order."""
-
-    def replicated(self) -> bool:
-        """Whether the servers run with ``PSKV_REPLICAS=1`` (their own environment)."""
-
-    def ending(self) -> str | None:
-        """Why the job takes no change now (it is ending), or None."""
-
-    def retire(self, server: int) -> Slot:
-        """Send SIGUSR1 to running server `server`; its slot after."""
-
-    def rejoin(self, server: int) -> Slot:
-        """Start retired server `server`'s command again; its slot after."""
-
-
-def _refuse(error: str, server: int | None = None) -> dict[str, object]:
-    reply: dict[str, object] = {"ok": False, "error": error}
-    if server is not None:
-        reply["server"] = server
-    return reply
-
-
-def answer(request: Request, slots: Slots) -> dict[str, object]:
-    """Carry out `request` on `slots` and the JSON reply to it (one slot out at a time)."""
-    current = slots.slots()
-    if request.op is Op.STATUS:
-        return {"ok": True, "servers": [s.as_json() for s in current],
-                "ending": slots.ending() is not None}
-    r = request.server
-    assert r is not None, "parse_request gives add and remove a rank"
-    by_rank = {s.server: s for s in current}
-    if r not in by_rank:
-        ranks = ", ".join(str(s.server) for s in current) or "none"
-        return _refuse(f"there is no server {r} in this job (its server ranks: {ranks}). "
-                       "Pass one of those ranks; status lists them.", r)
-    why = slots.ending()
-    if why is not None:
-        return _refuse(f"the job takes no {request.op.value} now: {why}.", r)
-    slot = by_rank[r]
-    out = [s for s in current if s.server != r and s.state in ("retiring", "retired")]
-    if request.op is Op.REMOVE_SERVER:
-        if len(current) < 2:
-            return _refuse(f"the job has {len(current)} server; a server can be removed "
-                           "only when another one takes its shard (start the job with "
-                           "-s 2 or more and PSKV_REPLICAS=1).", r)
-        if not slots.replicated():
-            return _refuse("the servers run without backups (PSKV_REPLICAS is not 1 in "
-                           "their environment), so a removed server's shard would be lost. "
-                           "Start the job with --env PSKV_REPLICAS:1 to remove servers.", r)
-        if out:
-            return _refuse(f"server {out[0].server} is {out[0].state}: one server slot is "
-                           f"out at a time. Add server {out[0].server} back first "
-                           f"(add-server {out[0].server}), or wait until it has retired.", r)
-        if slot.state != "running":
-            return _refuse(f"server {r} is {slot.state}, not running: only a running server "
-                           "can be removed.", r)
-        slot = slots.retire(r)
-        return {"ok": True, "server": r, "state": slot.state, "pid": slot.pid}
-    if slot.state == "retiring":
-        return _refuse(f"server {r} is still retiring: add it back once it has retired "
-                       "(status says so).", r)
-    if slot.state != "retired":
-        if out:
-            return _refuse(f"server {r} is {slot.state}, not retired: only a server that "
-                           f"retired after remove-server can be added back, and server "
-                           f"{out[0].server} is the one {out[0].state}.", r)
-        return _refuse(f"server {r} is {slot.state}: every server slot of this job is in "
-                       "use (the servers are slots fixed at launch, -s is the most a job "
-                       "has). Only a server removed with remove-server can be added back.",
-                       r)
-    slot = slots.rejoin(r)
-    return {"ok": True, "server": r, "state": "starting", "pid": slot.pid}
-
-
+# -- the hand-over to the watch loop ---------------------------------------------------
 class _Pending:
     """A request waiting for the watch loop; claimed by it, or abandoned by the socket
     thread when no answer came in time (never both: an abandoned request is not done)."""

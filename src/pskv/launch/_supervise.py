@@ -30,8 +30,9 @@ from typing import IO, Callable, Sequence, TextIO
 from .._ps.config import ENV_JOIN_STATUS, ENV_MAX_RESTARTS, ENV_RESTART, Role, replicas_setting
 from ..errors import CommandError, ConfigError  # CommandError: re-exported here too
 from ._backoff import Backoff
-from ._control import ControlSocket, Requests, Slot
+from ._control import ControlSocket, Requests
 from ._output import Console, Output
+from ._slots import Slot
 from ._spec import ProcessSpec
 
 __all__ = ["CommandError", "EXIT_TIMEOUT", "LaunchResult", "ProcessResult", "exit_status", "run_processes"]
