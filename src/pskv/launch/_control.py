@@ -335,17 +335,16 @@ def _ask(path: str, line: str, timeout: float) -> dict[str, object]:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
-        try:
-            sock.connect(path)
-        except (FileNotFoundError, ConnectionRefusedError) as err:
-            raise ConfigError(f"no pskv-launch listens at {path!r} ({err.strerror}). Pass "
-                              "the --control PATH of a running job.") from err
+        sock.connect(path)
         sock.sendall(line.encode() + b"\n")
         data = _read_line(sock, _MAX_REPLY)
     except TimeoutError as err:
         raise ClusterTimeoutError(f"the launcher at {path!r} did not answer {line!r} "
                                   f"within {timeout:.3g} s. Ask again, or raise the "
                                   "timeout.") from err
+    except OSError as err:       # no such file, nobody listening, not a socket
+        raise ConfigError(f"no pskv-launch listens at {path!r} ({err.strerror}). Pass "
+                          "the --control PATH of a running job.") from err
     except ValueError as err:
         raise ConfigError(f"the launcher at {path!r} sent a reply over {_MAX_REPLY} bytes: "
                           "is it a pskv-launch control socket?") from err
