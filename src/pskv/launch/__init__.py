@@ -288,7 +288,8 @@ def _parser() -> _Parser:
                    "non-loopback address by default")
     p.add_argument("--port", type=int, help="the scheduler's port; a free one by default")
     p.add_argument("--timeout", type=float, metavar="SECONDS",
-                   help="kill everything and exit 124 after SECONDS")
+                   help="kill everything and exit 124 after SECONDS; with --status, "
+                   "--remove-server or --add-server: wait up to SECONDS for the reply (10)")
     p.add_argument("--server-command", type=str, metavar="CMD",
                    help="what the scheduler and servers run, split like a shell line but "
                    "never run by one (default: python -m pskv.server)")
