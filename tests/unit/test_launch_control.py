@@ -1,7 +1,8 @@
 """pskv-launch --control without sockets: the request lines, the rules over the server slots
 (a fake supervisor), the hand-over to the watch loop, and the flags.
 
-The real supervisor, socket and CLI with fake server processes: tests/dist/test_launch_control.py.
+The real supervisor, socket and CLI with fake server processes:
+tests/dist/test_launch_control_jobs.py.
 """
 from __future__ import annotations
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.metadata
-import json
 import logging
 import os
 import shlex
@@ -22,7 +21,7 @@ from typing import Mapping, NoReturn, Sequence, TextIO
 
 from ..errors import ConfigError
 from ._beside import Sidecars, beside_env, sink
-from ._control import control
+from ._control import ask_cli, cli_request, control
 from ._env import get_secret, parse_env_pair
 from ._hosts import is_host_list
 from ._launchers import REGISTRY
@@ -392,57 +391,11 @@ def parse_args(argv: Sequence[str] | None = None,
     (2, 2, (('A', '1'),), ('python', 'train.py', '--lr', '0.1'))
     """
     args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
-    if _request(args) is not None:
+    if cli_request(args) is not None:
         raise ConfigError("--remove-server, --add-server and --status ask a running job, "
                           "they launch none. Run them with pskv-launch (main), or call "
                           "pskv.launch.control(path, request, server).")
     return _spec(args, os.environ if environ is None else environ)
-
-
-_REQUEST_FLAGS = ("--remove-server", "--add-server", "--status")
-
-
-def _request(args: argparse.Namespace) -> tuple[str, int | None] | None:
-    """The control request of the command line (None: it launches a job); ConfigError for
-    a request given with a job's flags, or two requests."""
-    given = [(flag, value) for flag, value in zip(_REQUEST_FLAGS, (
-        args.remove_server, args.add_server, args.status or None)) if value is not None]
-    if not given:
-        if args.wait is not None:
-            raise ConfigError("--wait waits for --remove-server R to retire. Pass it with "
-                              "--control PATH --remove-server R, or drop it.")
-        return None
-    if len(given) > 1:
-        raise ConfigError(f"{' and '.join(f for f, _ in given)}: one request at a time. "
-                          "Pass one of them.")
-    flag, value = given[0]
-    if args.control is None:
-        raise ConfigError(f"{flag} asks a running job: pass its socket with --control PATH "
-                          "(the --control PATH it was launched with).")
-    if args.num_workers is not None or args.command:
-        raise ConfigError(f"{flag} asks a running job and launches none: drop -n and the "
-                          "command.")
-    if args.wait is not None and flag != "--remove-server":
-        raise ConfigError(f"--wait waits for --remove-server R to retire, not for {flag}. "
-                          "Drop --wait.")
-    for name, seconds in (("--wait", args.wait), ("--timeout", args.timeout)):
-        if seconds is not None and not 0 < seconds < float("inf"):
-            raise ConfigError(f"{name} {seconds}: pass a positive number of seconds.")
-    if flag != "--status" and value < 0:
-        raise ConfigError(f"{flag} {value}: a server rank is 0 or more. --status lists "
-                          "them.")
-    return flag[2:], None if flag == "--status" else int(value)
-
-
-def _ask(args: argparse.Namespace, request: str, server: int | None) -> int:
-    """Send the request, print the JSON reply; 0 when it is ok, else 1."""
-    try:
-        reply = control(args.control, request, server, wait=args.wait,
-                        timeout=10.0 if args.timeout is None else args.timeout)
-    except (ConfigError, TimeoutError) as err:   # no job at PATH, or no answer in time
-        reply = {"ok": False, "error": str(err)}
-    print(json.dumps(reply))
-    return 0 if reply.get("ok") is True else 1
 
 
 def _spec(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchSpec:
@@ -475,7 +428,8 @@ def _spec(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchSpec:
         timeout=args.timeout, port=args.port, host_ip=args.host_ip,
         server_command=server_command, image=args.image, namespace=args.namespace,
         job_name=args.job_name, dry_run=args.dry_run, max_restarts=args.max_restarts,
-        sinks=tuple(args.sink), control=args.control, pods=pod_options(args.values, restart_policy=args.restart_policy,
+        control=args.control,
+        sinks=tuple(args.sink), pods=pod_options(args.values, restart_policy=args.restart_policy,
                          service_account=args.service_account,
                          image_pull_secrets=args.image_pull_secret, labels=args.label,
                          annotations=args.annotation, requests=args.requests,
@@ -497,9 +451,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                             format="pskv-launch %(levelname)s: %(message)s")
     try:
         args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
-        request = _request(args)
+        request = cli_request(args)
         if request is not None:
-            return _ask(args, *request)
+            return ask_cli(args, *request)
         spec = _spec(args, os.environ)
         logging.getLogger("pskv").setLevel(spec.log_level or logging.INFO)
         return launch_spec(spec).returncode

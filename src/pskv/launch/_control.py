@@ -20,6 +20,7 @@ interface the supervisor implements; so every change to the job happens in one t
 """
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -29,14 +30,13 @@ import stat
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 from ..errors import ClusterTimeoutError, ConfigError
 from ._slots import Op, Request, Slots, answer, refuse as _refuse
 
 __all__ = ["MAX_REQUEST", "READ_S", "REPLY_S", "ControlSocket", "Op", "Request", "Requests",
-           "control", "parse_request"]
+           "ask_cli", "cli_request", "control", "parse_request"]
 
 logger = logging.getLogger(__name__)
 
@@ -437,3 +437,51 @@ def control(path: str, request: str, server: int | None = None, *, timeout: floa
             return {**_refuse(f"server {server} is still retiring after {wait:.3g} s. Ask "
                               "status later.", server), "state": state}
         time.sleep(_WAIT_POLL_S)
+
+
+# -- pskv-launch --control PATH --status | --remove-server R | --add-server R -------------
+_REQUEST_FLAGS = ("--remove-server", "--add-server", "--status")
+
+
+def cli_request(args: argparse.Namespace) -> tuple[str, int | None] | None:
+    """The control request of the command line (None: it launches a job); ConfigError for
+    a request given with a job's flags, or two requests."""
+    given = [(flag, value) for flag, value in zip(_REQUEST_FLAGS, (
+        args.remove_server, args.add_server, args.status or None)) if value is not None]
+    if not given:
+        if args.wait is not None:
+            raise ConfigError("--wait waits for --remove-server R to retire. Pass it with "
+                              "--control PATH --remove-server R, or drop it.")
+        return None
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(f for f, _ in given)}: one request at a time. "
+                          "Pass one of them.")
+    flag, value = given[0]
+    if args.control is None:
+        raise ConfigError(f"{flag} asks a running job: pass its socket with --control PATH "
+                          "(the --control PATH it was launched with).")
+    if args.num_workers is not None or args.command:
+        raise ConfigError(f"{flag} asks a running job and launches none: drop -n and the "
+                          "command.")
+    if args.wait is not None and flag != "--remove-server":
+        raise ConfigError(f"--wait waits for --remove-server R to retire, not for {flag}. "
+                          "Drop --wait.")
+    for name, seconds in (("--wait", args.wait), ("--timeout", args.timeout)):
+        if seconds is not None and not 0 < seconds < float("inf"):
+            raise ConfigError(f"{name} {seconds}: pass a positive number of seconds.")
+    if flag != "--status" and value < 0:
+        raise ConfigError(f"{flag} {value}: a server rank is 0 or more. --status lists "
+                          "them.")
+    return flag[2:], None if flag == "--status" else int(value)
+
+
+def ask_cli(args: argparse.Namespace, request: str, server: int | None) -> int:
+    """Send the request, print the JSON reply (the command's output); 0 when it is ok,
+    else 1."""
+    try:
+        reply = control(args.control, request, server, wait=args.wait,
+                        timeout=10.0 if args.timeout is None else args.timeout)
+    except (ConfigError, TimeoutError) as err:   # no job at PATH, or no answer in time
+        reply = {"ok": False, "error": str(err)}
+    print(json.dumps(reply))
+    return 0 if reply.get("ok") is True else 1

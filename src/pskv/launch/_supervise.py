@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Callable, Sequence, TextIO
 
-from .._ps.config import ENV_JOIN_STATUS, ENV_MAX_RESTARTS, ENV_RESTART, Role, replicas_setting
+from .._ps.config import (ENV_JOIN_STATUS, ENV_MAX_RESTARTS, ENV_RESTART, Role,
+                          replicas_setting)
 from ..errors import CommandError, ConfigError  # CommandError: re-exported here too
 from ._backoff import Backoff
 from ._control import ControlSocket, Requests

@@ -1,9 +1,9 @@
 """pskv-launch --control with real processes: the supervisor, its socket, the CLI.
 
 The servers are small fake ones (``SERVER``): each records its start (``PSKV_RESTART``,
-``PSKV_MAX_RESTARTS``) once it handles SIGUSR1 and, on SIGUSR1, exits as its mode file says (0, 3, or 0 once a
-release file appears), so these tests check the launcher's half of live resharding without
-the servers' half. Every job has a timeout, and every process is reaped by the supervisor.
+``PSKV_MAX_RESTARTS``) once it handles SIGUSR1 and, on SIGUSR1, exits as its mode file
+says (0, 3, or 0 once a release file appears), so these tests check the launcher's half of
+live resharding without the servers' half. Every job has a timeout, and every process is reaped by the supervisor.
 """
 from __future__ import annotations
 
