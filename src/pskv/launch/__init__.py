@@ -21,6 +21,7 @@ from typing import Mapping, NoReturn, Sequence, TextIO
 
 from ..errors import ConfigError
 from ._beside import Sidecars, beside_env, sink
+from ._control import ask_cli, cli_request, control
 from ._env import get_secret, parse_env_pair
 from ._hosts import is_host_list
 from ._launchers import REGISTRY
@@ -30,8 +31,8 @@ from ._spec import (DEFAULT_SERVER_COMMAND, INHERITING, LAUNCHERS, LauncherName,
 from ._supervise import CommandError, LaunchResult, ProcessResult, run_processes
 from .._ps.config import LOG_LEVELS, Role, log_level, warn_unknown_env
 
-__all__ = ["LaunchResult", "LaunchSpec", "ProcessResult", "build_processes", "launch",
-           "launch_spec", "main", "parse_args"]
+__all__ = ["LaunchResult", "LaunchSpec", "ProcessResult", "build_processes", "control",
+           "launch", "launch_spec", "main", "parse_args"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def launch_spec(spec: LaunchSpec, *, stdout: TextIO | None = None,
                                # servers serve stream readers that are behind a while (E10)
                                shutdown_timeout=max(spec.shutdown_timeout, STREAM_DRAIN + 3)
                                if beside else spec.shutdown_timeout, stdout=stdout,
-                               stderr=stderr)
+                               stderr=stderr, control=spec.control)
     finally:
         early = sidecars.exited() if sidecars is not None else []
         if sidecars is not None:
@@ -144,7 +145,7 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
            stdout: TextIO | None = None, stderr: TextIO | None = None,
            max_restarts: int = 0,
            kubernetes_values: Mapping[str, object] | None = None,
-           sinks: Sequence[str] = ()) -> LaunchResult:
+           sinks: Sequence[str] = (), control: str | None = None) -> LaunchResult:
     """Launch a distributed job and wait for it, as ``pskv-launch`` does.
 
     Runs one scheduler, `num_servers` servers (``python -m pskv.server``) and `num_workers`
@@ -203,6 +204,10 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
     sinks : sequence of str
         ``KEY=URL`` each, as ``--sink``: sinks of tables' change streams started beside
         the job (local launcher; docs/embeddings.md, Sinks).
+    control : str, optional
+        As ``--control PATH``: take ``remove-server R``, ``add-server R`` and ``status``
+        requests on a Unix socket at this path while the job runs (see `control`; local
+        and slurm launchers; docs/durability.md).
 
     Returns
     -------
@@ -229,7 +234,7 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int | None = N
         shutdown_timeout=shutdown_timeout, hosts=hosts, log_level=log_level, log_dir=log_dir,
         max_restarts=max_restarts, image=image, namespace=namespace, job_name=job_name,
         dry_run=dry_run, pods=None if kubernetes_values is None
-        else pod_options(values=kubernetes_values), sinks=tuple(sinks),
+        else pod_options(values=kubernetes_values), sinks=tuple(sinks), control=control,
         server_command=DEFAULT_SERVER_COMMAND if server_command is None
         else tuple(server_command))
     return launch_spec(spec, stdout=stdout, stderr=stderr)
@@ -255,7 +260,8 @@ def _parser() -> _Parser:
     p = _Parser(prog="pskv-launch", description="Launch a distributed pskv job: a scheduler, "
                 "servers and workers (the command), as MXNet's tools/launch.py.")
     p.add_argument("--version", action="version", version=f"pskv-launch {version()}")
-    p.add_argument("-n", "-np", "--num-workers", required=True, type=int,
+    # required to launch a job (parse_args checks it), not to ask a running one (--status)
+    p.add_argument("-n", "-np", "--num-workers", type=int,
                    help="number of worker processes to launch (-np as horovodrun)")
     p.add_argument("-s", "--num-servers", type=int,
                    help="number of server processes to launch; defaults to NUM_WORKERS")
@@ -281,7 +287,8 @@ def _parser() -> _Parser:
                    "non-loopback address by default")
     p.add_argument("--port", type=int, help="the scheduler's port; a free one by default")
     p.add_argument("--timeout", type=float, metavar="SECONDS",
-                   help="kill everything and exit 124 after SECONDS")
+                   help="kill everything and exit 124 after SECONDS; with --status, "
+                   "--remove-server or --add-server: wait up to SECONDS for the reply (10)")
     p.add_argument("--server-command", type=str, metavar="CMD",
                    help="what the scheduler and servers run, split like a shell line but "
                    "never run by one (default: python -m pskv.server)")
@@ -299,6 +306,24 @@ def _parser() -> _Parser:
                    help="start a worker or server that died again, with its rank, up to N "
                    "times each; a server reloads its shard from the newest checkpoint "
                    "(PSKV_CHECKPOINT_DIR) or its backup (PSKV_REPLICAS=1); default 0")
+    p.add_argument("--control", type=str, metavar="PATH",
+                   help="listen on a Unix socket at PATH (mode 0600, removed at the end) "
+                   "for remove-server R, add-server R and status while the job runs "
+                   "(local and slurm launchers; docs/durability.md); with --remove-server, "
+                   "--add-server or --status: send that request to the job at PATH")
+    ctl = p.add_argument_group("a running job's control channel (with --control PATH, "
+                               "without -n and command)")
+    ctl.add_argument("--remove-server", type=int, metavar="R",
+                     help="retire server R: SIGUSR1, its backup takes its shard "
+                     "(PSKV_REPLICAS=1), it exits 0 and is not restarted")
+    ctl.add_argument("--add-server", type=int, metavar="R",
+                     help="start retired server R again; its shard is handed back to it")
+    ctl.add_argument("--status", action="store_true",
+                     help="print each server's state (running, retiring, retired, "
+                     "restarting, exited) and pid as JSON")
+    ctl.add_argument("--wait", type=float, metavar="SECONDS",
+                     help="with --remove-server: wait up to SECONDS until the server has "
+                     "retired")
     k8s = p.add_argument_group("kubernetes")
     k8s.add_argument("--image", type=str,
                      help="the container image of every pod (with pskv and the command)")
@@ -365,8 +390,18 @@ def parse_args(argv: Sequence[str] | None = None,
     >>> spec.num_workers, spec.num_servers, spec.env, spec.command
     (2, 2, (('A', '1'),), ('python', 'train.py', '--lr', '0.1'))
     """
-    env = os.environ if environ is None else environ
     args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    if cli_request(args) is not None:
+        raise ConfigError("--remove-server, --add-server and --status ask a running job, "
+                          "they launch none. Run them with pskv-launch (main), or call "
+                          "pskv.launch.control(path, request, server).")
+    return _spec(args, os.environ if environ is None else environ)
+
+
+def _spec(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchSpec:
+    if args.num_workers is None:
+        raise ConfigError("the following arguments are required: -n/-np/--num-workers. "
+                          "See pskv-launch --help.")
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -393,6 +428,7 @@ def parse_args(argv: Sequence[str] | None = None,
         timeout=args.timeout, port=args.port, host_ip=args.host_ip,
         server_command=server_command, image=args.image, namespace=args.namespace,
         job_name=args.job_name, dry_run=args.dry_run, max_restarts=args.max_restarts,
+        control=args.control,
         sinks=tuple(args.sink), pods=pod_options(args.values, restart_policy=args.restart_policy,
                          service_account=args.service_account,
                          image_pull_secrets=args.image_pull_secret, labels=args.label,
@@ -406,13 +442,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``pskv-launch`` command; returns the exit status (see LaunchResult.returncode).
 
     A bad command line returns 2; a command that cannot be found returns 127, one that
-    cannot be executed 126, as a shell would.
+    cannot be executed 126, as a shell would. With ``--control PATH`` and one of
+    ``--remove-server R``, ``--add-server R`` or ``--status`` it asks the running job at
+    PATH instead, prints its JSON reply and returns 0 when the reply is ok, else 1.
     """
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format="pskv-launch %(levelname)s: %(message)s")
     try:
-        spec = parse_args(argv)
+        args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+        request = cli_request(args)
+        if request is not None:
+            return ask_cli(args, *request)
+        spec = _spec(args, os.environ)
         logging.getLogger("pskv").setLevel(spec.log_level or logging.INFO)
         return launch_spec(spec).returncode
     except CommandError as err:

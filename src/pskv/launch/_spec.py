@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ._k8s_options import PodOptions
 
 __all__ = ["DEFAULT_SERVER_COMMAND", "ENV_NAME", "EnvPairs", "K8S_NAME_MAX", "LAUNCHERS",
-           "LaunchSpec", "LauncherName", "MANAGED", "ProcessSpec", "RESERVED_ENV",
+           "CONTROLLED", "LaunchSpec", "LauncherName", "MANAGED", "ProcessSpec", "RESERVED_ENV",
            "RESTARTING", "backed_up", "check_env_name", "check_restarts", "servers_env"]
 
 LauncherName = Literal["local", "ssh", "mpi", "slurm", "kubernetes", "ray"]
@@ -29,12 +29,22 @@ LAUNCHERS: tuple[str, ...] = ("local", "ssh", "mpi", "slurm", "kubernetes", "ray
 #: launchers that restart a dead process (--max-restarts): themselves, or (kubernetes)
 #: through the pods' restartPolicy OnFailure
 RESTARTING: tuple[str, ...] = ("local", "ssh", "slurm", "kubernetes", "ray")
+#: launchers whose servers take --control's remove-server: pskv-launch starts each server
+#: process itself, and SIGUSR1 to what it started reaches the server (srun forwards it)
+CONTROLLED: tuple[str, ...] = ("local", "slurm")
 #: launchers whose processes inherit the launcher's environment (local, slurm's
 #: --export=ALL) or its PSKV_* variables (ssh)
 INHERITING: tuple[str, ...] = ("local", "ssh", "mpi", "slurm")
 #: launchers that take the hosts from a cluster manager, not from -H
 MANAGED: tuple[str, ...] = ("slurm", "kubernetes", "ray")
 
+#: why --control cannot reach the servers of the other launchers
+_UNCONTROLLED: dict[str, str] = {
+    "ssh": "a signal to the local ssh client does not reach the remote server",
+    "mpi": "mpirun starts the servers and knows nothing of pskv's ranks",
+    "kubernetes": "the servers run in pods, not under pskv-launch",
+    "ray": "the servers run in Ray actors, not under pskv-launch",
+}
 #: a Kubernetes object name part (RFC 1123 label); job names get role suffixes appended
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 K8S_NAME_MAX = 40
@@ -216,6 +226,10 @@ class LaunchSpec:
     sinks : tuple of str
         ``KEY=URL`` each (``--sink``): a sink of table ``KEY``'s change stream started
         beside the job (``python -m pskv.sinks``; local launcher; ``launch._beside``).
+    control : str, optional
+        ``--control PATH``: the Unix socket at which the running job takes
+        ``remove-server R``, ``add-server R`` and ``status`` (local and slurm launchers;
+        docs/durability.md, "Adding and removing servers while the job runs").
 
     Examples
     --------
@@ -249,6 +263,7 @@ class LaunchSpec:
     max_restarts: int = 0
     pods: PodOptions | None = None
     sinks: tuple[str, ...] = ()
+    control: str | None = None
 
     def __post_init__(self) -> None:
         # frozen: normalise through object.__setattr__, as attrs converters do
@@ -297,6 +312,15 @@ class LaunchSpec:
                 f"rank ({', '.join(RESTARTING)}), not --launcher {self.launcher} (mpirun "
                 "starts the processes, knows nothing of pskv's ranks and ends the job when "
                 "one dies). Drop --max-restarts, or use one of those launchers.")
+        if self.control is not None and self.launcher not in CONTROLLED:
+            raise ConfigError(
+                f"--control works with the launchers whose server processes pskv-launch "
+                f"starts and signals itself ({', '.join(CONTROLLED)}), not --launcher "
+                f"{self.launcher} ({_UNCONTROLLED[str(self.launcher)]}). Drop --control, or "
+                "use one of those launchers.")
+        if self.control is not None and not self.control:
+            raise ConfigError("--control PATH is empty. Pass the path of the job's control "
+                              "socket, e.g. --control /tmp/job.sock.")
         self._check_managed()
         setattr_(self, "env", _pairs(self.env, "--env"))
         setattr_(self, "env_server", _pairs(self.env_server, "--env-server"))

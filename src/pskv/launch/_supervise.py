@@ -27,10 +27,13 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Callable, Sequence, TextIO
 
-from .._ps.config import ENV_JOIN_STATUS, ENV_MAX_RESTARTS, ENV_RESTART, Role
+from .._ps.config import (ENV_JOIN_STATUS, ENV_MAX_RESTARTS, ENV_RESTART, Role,
+                          replicas_setting)
 from ..errors import CommandError, ConfigError  # CommandError: re-exported here too
 from ._backoff import Backoff
+from ._control import ControlSocket, Requests
 from ._output import Console, Output
+from ._slots import Slot
 from ._spec import ProcessSpec
 
 __all__ = ["CommandError", "EXIT_TIMEOUT", "LaunchResult", "ProcessResult", "exit_status", "run_processes"]
@@ -188,8 +191,21 @@ class _Supervisor:
                  grace_period: float, shutdown_timeout: float, stdout: TextIO,
                  stderr: TextIO, log_dir: str | None = None, max_restarts: int = 0,
                  backed_up: bool = False, check_joined: bool = False,
+                 control: str | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.procs = list(procs)
+        #: the control socket's path (--control; ``_control.py``), and its requests, which
+        #: the watch loop answers: servers sent SIGUSR1 (by label) until they exit, those
+        #: that exited 0 after it (not restarted, not a failure), and how often each
+        #: retired server was started again (add-server)
+        self.control = control
+        self.wake = threading.Event()
+        self.requests = Requests(self.wake)
+        self.retiring: set[str] = set()
+        self.retired: set[str] = set()
+        self.rejoins: dict[str, int] = {}
+        #: why the job takes no add or remove any more (its workers have finished)
+        self.ending_why: str | None = None
         #: the file the scheduler writes how far the job joined to (PSKV_JOIN_STATUS), in
         #: a directory of this run's own; None: not checked (the scheduler runs elsewhere)
         self.check_joined = check_joined
@@ -209,7 +225,6 @@ class _Supervisor:
         #: every child's output shares it: whose partial line is on the console
         self.console = Console(self.lock)
         self.children: list[_Child] = []
-        self.wake = threading.Event()
         self.signum: int | None = None
         self.signals = 0
         self.preexec = _die_with_launcher()
@@ -238,9 +253,11 @@ class _Supervisor:
         env.update(ps.env)
         if ps.role is Role.SCHEDULER and self.joined is not None:
             env[ENV_JOIN_STATUS] = self.joined
-        if self.max_restarts:     # the scheduler waits for a dead node's replacement
-            env[ENV_MAX_RESTARTS] = str(self.max_restarts)
-            env[ENV_RESTART] = str(self.restarts.get(ps.label, 0))
+        # every start after the first counts, restarts and add-server's alike
+        count = self.restarts.get(ps.label, 0) + self.rejoins.get(ps.label, 0)
+        if self.max_restarts or count:  # the scheduler waits for a dead node's replacement
+            env[ENV_MAX_RESTARTS] = str(max(self.max_restarts, 1))
+            env[ENV_RESTART] = str(count)
         try:
             popen = subprocess.Popen(
                 list(ps.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -323,8 +340,78 @@ class _Supervisor:
         logger.warning("%s (pid %d) exited with status %d; its backup serves its shard "
                        "(PSKV_REPLICAS=1), so the job goes on with %d of %d servers",
                        child.spec.where, child.popen.pid, exit_status(rc),
-                       len(servers) - len(survived) - 1, len(servers))
+                       len(servers) - len(survived) - len(self.retired) - 1, len(servers))
         return True
+
+    # -- the control channel (``_control.Slots``; called in the watch loop) ----------------
+    def _servers(self) -> dict[int, _Child]:
+        return {c.spec.rank: c for c in self.children
+                if c.spec.role is Role.SERVER and c.spec.rank is not None}
+
+    def _slot(self, child: _Child) -> Slot:
+        label, rc = child.spec.label, child.popen.poll()
+        if label in self.retired or (label in self.retiring and rc == 0):
+            state = "retired"
+        elif rc is None:
+            state = "retiring" if label in self.retiring else "running"
+        else:
+            state = "restarting" if self._waiting(child) else "exited"
+        assert child.spec.rank is not None, "only ranked servers are slots"
+        return Slot(child.spec.rank, state, child.popen.pid, rc)
+
+    def slots(self) -> list[Slot]:
+        return [self._slot(c) for _, c in sorted(self._servers().items())]
+
+    def replicated(self) -> bool:
+        def on(ps: ProcessSpec) -> bool:
+            try:    # the environment _spawn gives the server, read as the server reads it
+                return replicas_setting({**os.environ, **dict(ps.env)}) == 1
+            except ConfigError:
+                return False
+        servers = self._servers().values()
+        return bool(servers) and all(on(c.spec) for c in servers)
+
+    def ending(self) -> str | None:
+        if self.ending_why is None and self._scheduler_gone():
+            return "its scheduler has exited"
+        return self.ending_why
+
+    def retire(self, server: int) -> Slot:
+        """SIGUSR1 to the server's process (not its group: the server retires itself)."""
+        child = self._servers()[server]
+        self.retiring.add(child.spec.label)
+        logger.info("retiring %s (pid %d): sent SIGUSR1 (control channel)", child.spec.label,
+                    child.popen.pid)
+        try:
+            os.kill(child.popen.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass     # it has just exited: the watch loop reports how
+        return self._slot(child)
+
+    def rejoin(self, server: int) -> Slot:
+        """Start a retired server's command again, as its next restart."""
+        child = self._servers()[server]
+        label = child.spec.label
+        self.rejoins[label] = self.rejoins.get(label, 0) + 1
+        new = self._spawn(child.spec)
+        self.retired.discard(label)
+        self.retiring.discard(label)
+        self.children[self.children.index(child)] = new
+        logger.info("adding %s back (pid %d, %s=%d; control channel)", label, new.popen.pid,
+                    ENV_RESTART, self.restarts.get(label, 0) + self.rejoins[label])
+        return self._slot(new)
+
+    def _retiring_ended(self, child: _Child, rc: int) -> None:
+        """A server sent SIGUSR1 exited: retired with status 0, else a death like any."""
+        label = child.spec.label
+        self.retiring.discard(label)
+        if rc == 0:
+            self.retired.add(label)
+            logger.info("%s (pid %d) retired: its backup serves its shard; add-server %d "
+                        "starts it again", child.spec.where, child.popen.pid, child.spec.rank)
+        else:
+            logger.warning("%s (pid %d) exited with status %d while retiring", child.spec.where,
+                           child.popen.pid, exit_status(rc))
 
     def _running(self) -> list[_Child]:
         return [c for c in self.children if c.running]
@@ -397,22 +484,31 @@ class _Supervisor:
             except OSError as err:
                 raise ConfigError(f"cannot create --log-dir {self.log_dir!r}: {err.strerror}. "
                                   "Pass a directory you can write.") from err
-        previous = self._install()
+        control = None
+        if self.control is not None:    # before anything starts: ConfigError for a bad PATH
+            control = ControlSocket(self.control, self.requests.submit)
+            control.open()
         try:
+            previous = self._install()
             try:
-                if self.check_joined:
-                    self.joined = os.path.join(tempfile.mkdtemp(prefix="pskv-launch-"),
-                                               "joined")
-                for ps in self.procs:
-                    if self.signum is not None:
-                        break
-                    self.children.append(self._spawn(ps))
-                reason, failed = self._watch()
+                try:
+                    if self.check_joined:
+                        self.joined = os.path.join(tempfile.mkdtemp(prefix="pskv-launch-"),
+                                                   "joined")
+                    for ps in self.procs:
+                        if self.signum is not None:
+                            break
+                        self.children.append(self._spawn(ps))
+                    reason, failed = self._watch()
+                finally:
+                    self.requests.close("the job has ended")
+                    self._finish()
             finally:
-                self._finish()
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            if control is not None:
+                control.close()
         results = {id(c): c.result() for c in self.children}
         first = results[id(failed)] if failed is not None else None
         if reason == "signal":
@@ -445,6 +541,8 @@ class _Supervisor:
             restarted = False
             for c in self.children:
                 rc = c.popen.poll()
+                if rc is not None and c.spec.label in self.retiring:
+                    self._retiring_ended(c, rc)
                 if rc is None or rc == 0 or c in after_workers or c in survived:
                     continue
                 if self._waiting(c):
@@ -482,6 +580,7 @@ class _Supervisor:
                              c.spec.where, c.popen.pid, exit_status(rc))
                 self._stop(self.children)
                 return "failed", c
+            self.requests.serve(self)   # the control channel's requests (--control)
             if restarted:
                 continue            # look at the new child's status first
             gone = self._abandoned() if shutdown_deadline is None else None
@@ -510,6 +609,7 @@ class _Supervisor:
                 # wait out their connect timeout, so after shutdown_timeout they are stopped,
                 # quietly: the job has succeeded, and --timeout only caps this wait
                 shutdown_deadline = now + self.shutdown_timeout
+                self.ending_why = "every worker has finished"
                 if deadline is not None:
                     shutdown_deadline = min(shutdown_deadline, deadline)
                 logger.debug("all %d workers finished; waiting up to %.3g s for %s to exit",
@@ -534,7 +634,7 @@ def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
                   stdout: TextIO | None = None,
                   stderr: TextIO | None = None, log_dir: str | None = None,
                   max_restarts: int = 0, backed_up: bool = False,
-                  check_joined: bool = False) -> LaunchResult:
+                  check_joined: bool = False, control: str | None = None) -> LaunchResult:
     """Start `procs` in order and supervise them until the job ends.
 
     The first process that exits non-zero stops all others (SIGTERM, then SIGKILL after
@@ -569,6 +669,12 @@ def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
         joined to (``PSKV_JOIN_STATUS``), and a worker that exits 0 without joining while
         other workers wait at the scheduler (it made a ``'local'`` store) is named in an
         ERROR and ends the job at once (status 1).
+    control : str, optional
+        Listen on a Unix socket at this path (mode 0600, removed at the end) for
+        ``remove-server R``, ``add-server R`` and ``status`` (``pskv-launch --control``;
+        ``launch/_control.py``). A server sent SIGUSR1 by ``remove-server`` that exits 0
+        is retired: not restarted, not a failure; ``add-server`` starts it again with
+        ``PSKV_RESTART`` one more than before and ``PSKV_MAX_RESTARTS`` at least 1.
 
     Returns
     -------
@@ -584,4 +690,4 @@ def run_processes(procs: Sequence[ProcessSpec], *, timeout: float | None = None,
                        stdout=sys.stdout if stdout is None else stdout,
                        stderr=sys.stderr if stderr is None else stderr, log_dir=log_dir,
                        max_restarts=max_restarts, backed_up=backed_up,
-                       check_joined=check_joined).run()
+                       check_joined=check_joined, control=control).run()
