@@ -177,6 +177,8 @@ class KVServer:
         #: per worker: FLUSH requests waiting, with the shard each names
         self._flushes: dict[Any, list[tuple[int, int]]] = {}
         self._router = router
+        #: shards handed back, and this server's removal (pskv-launch --remove-server)
+        self.moves = Moves(self)
         # the serving objects (the loop, the shards, the staleness gate, the stragglers'
         # watch, the checkpoints, the takeovers) are made by _build_serving, from the
         # admission
@@ -216,8 +218,6 @@ class KVServer:
         self.takeovers = Takeovers(self.shards, po.next_event,
                                    min(2.0 + 3 * cfg.heartbeat_interval,
                                        cfg.request_timeout / 2), self._rerun)
-        #: shards handed back, and this server's removal (pskv-launch --remove-server)
-        self.moves = Moves(self)
         if self.metrics is not None:
             self._closing.callback(self.metrics.close)        # closed first
 
@@ -704,6 +704,10 @@ class KVServer:
     # ---- loop ---------------------------------------------------------------------------------
     def run(self) -> int:
         """Join the cluster and serve until the scheduler says SHUTDOWN; return 0."""
+        with self.moves.signal():       # a removal asked before it serves waits for it
+            return self._run()
+
+    def _run(self) -> int:
         try:
             self.po.start()
             self._build_serving()
@@ -754,8 +758,7 @@ class KVServer:
                     return True
                 return self.po.shutdown.is_set() and not self._draining()
 
-            with self.moves.signal():
-                self.loop.run(stop)
+            self.loop.run(stop)
             if self.po.scheduler_lost.is_set():
                 return 1
             self.po.goodbye(retire=self.moves.retired)
