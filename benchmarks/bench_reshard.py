@@ -84,12 +84,15 @@ def worker(out: Path, rows: int, batch: int) -> None:
 class Log(io.TextIOBase):
     """The job's stderr: kept (with when each line came) and searched."""
 
-    def __init__(self) -> None:
+    def __init__(self, echo: bool = False) -> None:
+        self.echo = echo
         self.lines: list[tuple[float, str]] = []
         self._part = ""
         self.lock = threading.Lock()
 
     def write(self, text: str) -> int:
+        if self.echo:
+            sys.stderr.write(text)
         with self.lock:
             parts = (self._part + text).split("\n")
             self._part = parts.pop()
@@ -116,7 +119,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="pskv-reshard-"))
     out, sock = tmp / "out", str(tmp / "control.sock")
     out.mkdir()
-    log = Log()
+    log = Log(echo=args.timeline)
     env = {"PSKV_REPLICAS": "1", "PSKV_HEARTBEAT_TIMEOUT": "30", "PSKV_CONNECT_TIMEOUT": "120",
            "PSKV_REQUEST_TIMEOUT": "300", "PSKV_LOG_LEVEL": "INFO"}
     result: dict[str, Any] = {}
@@ -154,6 +157,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         (out / "stop").write_text("1")
         job.join(600)
     steps = [json.loads((out / f"steps-{r}.json").read_text()) for r in range(2)]
+    if args.timeline:       # the long steps beside what the servers said meanwhile
+        t0 = marks["add"][0] - 1.0
+        print(f"timeline from {t0:.3f}")
+        long = sorted((a, b, r) for r, ws in enumerate(steps) for a, b in ws
+                      if b - a > 0.05 and a >= t0)
+        said = [(at, line) for at, line in log.lines if at >= t0 and "] " in line and
+                ("shard" in line or "server 2" in line)]
+        for at, what in sorted([(a, f"worker {r}: step of {(b - a) * 1000:.0f} ms")
+                                for a, b, r in long] + said)[:80]:
+            print(f"{at - t0:8.3f}  {what[:150]}")
     table = args.rows * DIM * 4 * 2
     calm = [b - a for ws in steps for a, b in ws
             for lo, hi in (marks["calm_a"], marks["calm_b"], marks["calm_c"])
@@ -211,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=2048)
     p.add_argument("--calm", type=float, default=8.0, help="seconds between moves")
     p.add_argument("--no-write", action="store_true")
+    p.add_argument("--timeline", action="store_true",
+                   help="print the long steps beside the servers' lines about shards")
     p.add_argument("--worker", type=str, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:

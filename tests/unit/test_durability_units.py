@@ -367,7 +367,7 @@ def test_a_primary_reads_every_buffered_acknowledgment_before_it_sleeps(monkeypa
     repl = Replicator.__new__(Replicator)
     repl.cfg = SimpleNamespace(request_timeout=5.0)  # type: ignore[assignment]
     repl.backup, repl._conn, repl._outstanding = 1, Buffered(n), set(range(1, n + 1))
-    repl._batch, repl._batch_bytes = [], 0
+    repl._batch, repl._batch_bytes, repl._copy = [], 0, None
     repl.drain()
     assert repl.pending == 0 and repl.up        # every one taken, and the link kept
 
@@ -409,7 +409,8 @@ def _linked(engine: Engine) -> tuple[Any, _Link]:
                                max_message_bytes=4 << 30)
     repl.engine, repl.shard, repl.backup, repl.endpoints = engine, 0, 1, {}
     repl._conn, repl._ts, repl._outstanding, repl._batch = link, 0, set(), []
-    repl._batch_bytes, repl._ring = 0, None
+    repl._batch_bytes, repl._ring, repl._copy, repl._held = 0, None, None, []
+    repl._copy_over = True
     shard = Shard(0, engine, replicator=repl)
     engine.observer = shard
     return shard, link
@@ -565,7 +566,7 @@ def _shards_with_fakes(monkeypatch: Any, rank: int, held: dict[int, int],
                      engine: Engine) -> None:
             self.shard, self.backup, self.endpoints = shard, backup, None
             self.sent: list[Any] = []
-            self.up = False
+            self.up, self.copying = False, False
             links.append(self)
 
         def aim(self, announced: Any) -> None:

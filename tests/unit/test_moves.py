@@ -15,7 +15,7 @@ from pskv.kvstore.server._moves import Moves
 
 class Repl:
     def __init__(self, up: bool = True) -> None:
-        self.up, self.backup, self.drained = up, 0, 0
+        self.up, self.backup, self.drained, self.copying = up, 0, 0, False
 
 
 class FakeShards:

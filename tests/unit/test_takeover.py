@@ -35,7 +35,7 @@ class Link:
         self.world, self.shard, self.backup = world, shard, backup
         self.endpoints: Any = None
         self.sent: list[Any] = []
-        self.up = False
+        self.up, self.copying = False, False
         world.links.append(self)
 
     def aim(self, announced: Any) -> None:

@@ -105,6 +105,10 @@ class Backups:
         #: (its engine, as it was): the new server's link names it instead of sending
         #: the whole shard again (``Replicator.have``)
         self.adopted: dict[int, str] = {}
+        #: shard -> set once the whole copy being installed now is in place: it is built
+        #: outside ``lock`` (a copy of hundreds of MB takes a second), so that taking
+        #: another shard over does not wait for it; taking this one waits (:meth:`_settled`)
+        self._installing: dict[int, threading.Event] = {}
         self._po: Postoffice | None = None
         tls = server_context(*cfg.tls) if cfg.tls is not None else None
         self._listeners = [StreamListener(host=cfg.node_host,
@@ -173,9 +177,16 @@ class Backups:
             ring.close()
         self._rings.clear()
 
+    def _settled(self, shard: int) -> None:
+        """Wait until a whole copy of ``shard`` being installed is in place."""
+        installing = self._installing.get(shard)
+        if installing is not None:
+            installing.wait(self.cfg.request_timeout)
+
     def take(self, shard: int) -> Engine | None:
         """The copy of ``shard``, to serve it (its primary died), with every round it
         logged applied; it is no longer updated."""
+        self._settled(shard)
         with self.lock:
             log_ = self.logs.pop(shard, None)
             if log_ is not None:
@@ -231,6 +242,7 @@ class Backups:
     def held_from(self, shard: int) -> tuple[int, float] | None:
         """The server whose copy of ``shard`` this server holds and when the copy came
         (None: it holds none)."""
+        self._settled(shard)
         with self.lock:
             return self.source.get(shard) if shard in self.engines else None
 
@@ -271,6 +283,21 @@ class Backups:
             land = self.alloc_for(meta)
             arrays = ring.read(body["ring"], land or (lambda i, dtype, shape: None),
                                self.cfg.max_message_bytes)
+        if op is ReplOp.STATE:      # built outside the lock, put in place under it
+            installing = self._installing[shard] = threading.Event()
+            try:
+                engine = self._make()
+                install_copy(engine, body, arrays)
+                with self.lock:
+                    self.engines[shard] = engine
+                    self.logs[shard] = RoundLog(engine, self._pool)
+                    self.source[shard] = (int(peer), time.monotonic())
+                    self.adopted.pop(shard, None)
+            finally:
+                del self._installing[shard]
+                installing.set()
+            self._loop().send(conn, Command.ACK, meta.ts)
+            return
         with self.lock:
             if op is ReplOp.ROUNDS and shard in self.engines:
                 # the rounds are safe once they are here: acknowledge, then log or apply
@@ -282,19 +309,13 @@ class Backups:
                     self._round(shard, one, arrays[pos:pos + n])
                     pos += n
                 return
-            if op is ReplOp.STATE:
-                engine = self.engines[shard] = self._make()
-                self.logs[shard] = RoundLog(engine, self._pool)
-                install_copy(engine, body, arrays)
-                self.source[shard] = (int(peer), time.monotonic())
-            else:
-                engine = self.engines.get(shard)
-                if engine is None:
-                    raise ProtocolError(f"{op} for shard {shard}, which this server does not "
-                                        "back up (its whole copy, r_state, comes first)")
-                self.logs[shard].flush()            # every logged round before the change
-                apply_change(engine, op, body, arrays, self.cfg.max_key_bytes,
-                             f"server {self._po.rank if self._po else '?'}")
+            engine = self.engines.get(shard)
+            if engine is None:
+                raise ProtocolError(f"{op} for shard {shard}, which this server does not "
+                                    "back up (its whole copy, r_state, comes first)")
+            self.logs[shard].flush()            # every logged round before the change
+            apply_change(engine, op, body, arrays, self.cfg.max_key_bytes,
+                         f"server {self._po.rank if self._po else '?'}")
         self._loop().send(conn, Command.ACK, meta.ts)
 
     def _round(self, shard: int, body: dict[str, Any], arrays: list[np.ndarray]) -> None:

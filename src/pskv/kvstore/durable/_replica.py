@@ -9,7 +9,10 @@ counters and the optimizer's counts (:class:`Replicator`; the rounds one request
 as one ``r_rounds`` message, queued without copies); the backup logs the rounds of
 dense keys and applies them when its copy is needed, the others at once
 (:mod:`._backup_log`), so both stay bit-identical. A new backup first gets the whole
-shard (:func:`encode_copy`). To a backup on the same host (a plain Unix-socket link) the
+shard (:func:`encode_copy`): copied in memory on the loop thread (the only pause), then
+sent on a thread of its own while the server serves on; the changes made meanwhile are
+kept (copied) and follow it, in order, once the backup acknowledged it. Until then the
+shard has no backup, as it had none before the copy began, so answers do not wait for it. To a backup on the same host (a plain Unix-socket link) the
 batches' arrays go through a ring of shared memory the primary offers (``r_ring``,
 :mod:`.._ps.ring`), and the link carries their headers.
 Invariant: a request is answered only after the backup acknowledged every change it saw,
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 import zlib
 from dataclasses import replace
@@ -99,6 +103,17 @@ class Replicator:
         self.have: str | None = None
         #: bytes of the last whole copy sent (the log line says it; bench_reshard reads it)
         self.copied_bytes = 0
+        #: the thread sending the whole copy (None: none in flight), what it raised, and
+        #: the changes made meanwhile (their arrays copied), sent once it is done
+        self._copy: threading.Thread | None = None
+        self._copy_error: KVStoreError | None = None
+        self._copy_keys = 0
+        self._held: list[tuple[ReplOp, dict[str, Any], list[np.ndarray]]] = []
+        #: guards ``_held`` and ``_copy_over`` between the loop thread and the copy thread
+        self._copy_lock = threading.Lock()
+        #: the copy thread has sent the whole copy and every change kept meanwhile: the
+        #: loop thread sends from now on
+        self._copy_over = True
 
     def aim(self, announced: Mapping[str, str]) -> None:
         """The backup is the server the scheduler announced at ``announced`` (the next
@@ -108,8 +123,16 @@ class Replicator:
 
     @property
     def up(self) -> bool:
-        """Whether the backup is connected (else changes are not replicated)."""
-        return self._conn is not None
+        """Whether the backup is connected and has its whole copy (else changes are not
+        replicated, or are kept until the copy is in place)."""
+        if self._copy is not None and self._copy_over:
+            self._poll_copy(wait=None)      # over: the thread is ending
+        return self._conn is not None and self._copy is None
+
+    @property
+    def copying(self) -> bool:
+        """Whether the whole copy is still on its way to the backup."""
+        return self._copy is not None and not self.up
 
     @property
     def pending(self) -> int:
@@ -141,11 +164,56 @@ class Replicator:
                 return
         body, arrays = encode_copy(self.engine.snapshot(), self.engine.sync,
                                    self.engine.stream_states())
-        self._call(Command.COMMAND, change(ReplOp.STATE, self.shard, body), arrays)
         self.copied_bytes = sum(int(a.nbytes) for a in arrays)
+        self._copy_keys = len(body["entries"])
+        self._copy_error, self._copy_over = None, False
+        self._copy = threading.Thread(target=self._send_copy, args=(body, arrays),
+                                      name=f"pskv-copy-shard-{self.shard}", daemon=True)
+        self._copy.start()
+
+    def _send_copy(self, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        """The copy thread: the whole shard to the backup, then the changes kept meanwhile,
+        in order, until none is left, each batch acknowledged (the loop thread touches the
+        link only once this is over, and only keeps changes until then)."""
+        try:
+            self._call(Command.COMMAND, change(ReplOp.STATE, self.shard, body), arrays)
+            while True:
+                with self._copy_lock:
+                    held, self._held = self._held, []
+                    if not held:
+                        self._copy_over = True
+                        return
+                assert self._conn is not None
+                for op, one, arrs in held:
+                    self._ts += 1
+                    self._outstanding.add(self._ts)
+                    self._conn.send(Command.COMMAND, self._ts, (),
+                                    change(op, self.shard, one), arrs)
+                self._wait()
+        except KVStoreError as err:
+            with self._copy_lock:
+                self._copy_error, self._copy_over, self._held = err, True, []
+
+    def _poll_copy(self, wait: float | None = 0.0) -> None:
+        """If the whole copy is over (or once it is, within ``wait`` seconds; None: for as
+        long as it takes): the changes kept meanwhile follow it, in order, then the ring."""
+        thread = self._copy
+        assert thread is not None
+        thread.join(wait)
+        if thread.is_alive():
+            return
+        self._copy = None
+        if self._copy_error is not None:
+            err, self._copy_error = self._copy_error, None
+            self._lost(err)
+            return
         log.info("server %d: server %d is the backup of shard %d (%d keys copied, %d bytes)",
-                 self.me, self.backup, self.shard, len(body["entries"]), self.copied_bytes)
-        self._open_ring(conn)
+                 self.me, self.backup, self.shard, self._copy_keys, self.copied_bytes)
+        try:
+            assert self._conn is not None
+            self._open_ring(self._conn)
+        except KVStoreError as err:
+            self._lost(err)
 
     def _open_ring(self, conn: Connection) -> None:
         """Offer the backup a ring (``_ps/ring.py``) where the link is a plain Unix socket
@@ -175,6 +243,12 @@ class Replicator:
 
     def close(self) -> None:
         """Forget the backup (it died, or another takes its place)."""
+        if self._copy is not None:          # the copy thread ends once its link is closed
+            if self._conn is not None:
+                self._conn.close()
+            self._copy.join(self.cfg.request_timeout)
+            self._copy, self._copy_error, self._held = None, None, []
+            self._copy_over = True
         self._outstanding.clear()
         self._batch.clear()
         if self._ring is not None:
@@ -191,6 +265,12 @@ class Replicator:
         every change before it (or is found dead); else :meth:`drain` waits for it."""
         if op is not ReplOp.ROUNDS:
             self.flush()            # the rounds before this change go first
+        if self._copy is not None:
+            with self._copy_lock:
+                if not self._copy_over:     # kept, copied, for the copy thread to send
+                    self._held.append((op, body, [np.array(a, copy=True) for a in arrays]))
+                    return
+            self._poll_copy(wait=None)      # over: the loop thread sends from now on
         if (self._conn is None and self.endpoints is None) or \
                 (op is ReplOp.NOOP and self._conn is not None):
             return
@@ -199,7 +279,14 @@ class Replicator:
                 assert self.endpoints is not None
                 self._connect(self.endpoints)
                 if op.applied_first:
-                    return      # the whole copy just sent has it already
+                    return      # the whole copy just taken has it already
+                if self._copy is not None:      # it follows the copy
+                    with self._copy_lock:
+                        if not self._copy_over:
+                            self._held.append((op, body,
+                                               [np.array(a, copy=True) for a in arrays]))
+                            return
+                    self._poll_copy(wait=None)
             self._ts += 1
             self._outstanding.add(self._ts)
             assert self._conn is not None
@@ -228,10 +315,15 @@ class Replicator:
                                   "arrays": [len(arrays) for _, arrays in batch]},
                   [a for _, arrays in batch for a in arrays], wait=False)
 
-    def drain(self) -> None:
+    def drain(self, copy: bool = False) -> None:
         """Send the queued rounds, and wait until the backup has applied every change sent
-        (before answering anyone)."""
+        (before answering anyone); not for a backup still getting its whole copy, unless
+        ``copy`` (then for the copy too: a handback)."""
         self.flush()
+        if self._copy is not None:
+            if not copy:
+                return
+            self._poll_copy(wait=None)
         if self._outstanding:
             try:
                 self._wait()

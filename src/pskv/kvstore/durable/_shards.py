@@ -216,6 +216,8 @@ class Shards:
         repl = self.served[index].replicator
         if repl is None or repl.up or not self._alive(repl.backup):
             return True
+        if repl.copying:
+            return False
         repl.aim(self.po.servers[repl.backup])
         repl.send(ReplOp.NOOP, {})          # connects, then sends the whole shard
         return repl.up
@@ -267,6 +269,8 @@ class Shards:
             if shard is None or repl is None or repl.backup != index:
                 self.handing.discard(index)         # not served here, or another backup
                 continue
+            if repl.copying:
+                continue                            # its whole copy is on its way
             if not repl.up:
                 if repl.endpoints is None:          # its new server was lost meanwhile
                     self.handing.discard(index)

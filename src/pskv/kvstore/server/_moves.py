@@ -98,6 +98,8 @@ class Moves:
                    "by its own")
         else:
             repl = shards.served[server.po.rank].replicator
+            if repl is not None and repl.copying:
+                return False        # its backup is getting its whole copy: leaves after
             if repl is None or not repl.up:
                 why = "its backup is not connected (it is down or still getting its copy)"
         if why is not None:
