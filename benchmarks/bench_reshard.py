@@ -137,21 +137,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         control(sock, "remove-server", 2, wait=120)          # to 2 servers (not measured)
         time.sleep(args.calm)
         marks["calm_a"] = (time.time() - args.calm, time.time())
-        t = time.time()
-        control(sock, "add-server", 2)                      # 2 -> 3
-        _wait("shard 2 served by server 2", lambda: any(
-            m[1] == "2" and m[2] == "2" for _, m in log.since(t, SERVES)))
-        done = max(at for at, m in log.since(t, SERVES) if m[1] == "2")
-        marks["add"] = (t, done)
-        time.sleep(args.calm)
+
+        def move(name: str, request: str, host: str) -> None:
+            """Send ``request`` for server 2; the move is over once ``host`` serves
+            shard 2 (its log line); then a calm window."""
+            t = time.time()
+            control(sock, request, 2, **({"wait": 120} if request == "remove-server" else {}))
+            _wait(f"shard 2 served by server {host}", lambda: any(
+                m[1] == host and m[2] == "2" for _, m in log.since(t, SERVES)))
+            marks[name] = (t, max(at for at, m in log.since(t, SERVES) if m[1] == host))
+            time.sleep(args.calm)
+        move("add", "add-server", "2")                       # 2 -> 3
         marks["calm_b"] = (time.time() - args.calm + 1.0, time.time())
-        t = time.time()
-        control(sock, "remove-server", 2, wait=120)          # 3 -> 2
-        _wait("shard 2 served by server 0", lambda: any(
-            m[1] == "0" and m[2] == "2" for _, m in log.since(t, SERVES)))
-        done = max(at for at, m in log.since(t, SERVES) if m[1] == "0")
-        marks["remove"] = (t, done)
-        time.sleep(args.calm)
+        move("remove", "remove-server", "0")                 # 3 -> 2
         marks["calm_c"] = (time.time() - args.calm + 1.0, time.time())
     finally:
         (out / "stop").write_text("1")

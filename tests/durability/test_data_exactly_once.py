@@ -12,12 +12,14 @@ import time
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from pskv.launch import launch
+from pskv.launch import control, launch
 from test_chaos import SERVERS, SIZE, Chaos
+from test_reshard import Lines, _await_handback
 
 # the job is a pskv.torch program (scripts/train_data.py)
 pytest.importorskip("torch", reason="the data job trains with pskv.torch: "
@@ -41,10 +43,18 @@ SCRIPT = Path(__file__).parent / "scripts" / "train_data.py"
 
 
 def _job(out: Path, store_type: str, epochs: int, workers: int, servers: int,
-         env: dict[str, str] | None = None, chaos: Chaos | None = None) -> int:
+         env: dict[str, str] | None = None, chaos: Chaos | None = None,
+         moves: Any = None) -> int:
+    """Run the data job; ``moves(out, sock, log)``, on a thread, adds and removes servers
+    through the launcher's control channel while it trains."""
     out.mkdir()
     sockets = tempfile.mkdtemp(prefix="pskv-data")
+    sock = os.path.join(sockets, "control")
+    log = Lines()
     thread = watch = None
+    if moves is not None:
+        thread = threading.Thread(target=moves, args=(out, sock, log), daemon=True)
+        thread.start()
     if chaos is not None:
         # the kills begin once every worker trains (see the note on _started)
         thread = threading.Thread(target=_after_start, args=(out, workers, chaos),
@@ -61,11 +71,15 @@ def _job(out: Path, store_type: str, epochs: int, workers: int, servers: int,
                         env={"PSKV_REPLICAS": "1", "PSKV_HEARTBEAT_TIMEOUT": "20",
                              "PSKV_CONNECT_TIMEOUT": "60", "TMPDIR": sockets, **(env or {})},
                         server_command=[sys.executable, "-m", "pskv.server"],
-                        stderr=None if chaos is None else chaos.copies)  # type: ignore[arg-type]
+                        control=sock if moves is not None else None,
+                        stderr=chaos.copies if chaos is not None else   # type: ignore[arg-type]
+                        log if moves is not None else None)
     finally:
         if chaos is not None and thread is not None:
             chaos.stop.set()
             thread.join(30)
+        elif thread is not None:
+            thread.join(60)
         shutil.rmtree(sockets, ignore_errors=True)
     return result.returncode
 
@@ -95,6 +109,19 @@ def _stop_near(out: Path, last: int, chaos: Chaos) -> None:
             if steps and int(steps[-1]) >= last:
                 chaos.stop.set()
                 return
+
+
+def _began(out: Path, rank: int) -> int:
+    """The last step worker ``rank`` of the job in ``out`` began (-1: none yet)."""
+    steps = [int(x) for p in out.glob(f"steps-{rank}-*.txt") for x in p.read_text().split()]
+    return max(steps, default=-1)
+
+
+def _await_began(out: Path, step: int) -> None:
+    deadline = time.monotonic() + 300
+    while _began(out, 0) < step:
+        assert time.monotonic() < deadline, f"worker 0 did not begin step {step} in 300 s"
+        time.sleep(0.05)
 
 
 def _final(out: Path) -> tuple[dict[str, np.ndarray], bytes]:
@@ -180,3 +207,30 @@ def test_async_job_under_chaos_trains_each_sample_once(tmp_path: Path) -> None:
     np.testing.assert_array_equal(values["value:seen"], np.full(96, float(epochs)))
     print(f"\nchaos data dist_async: {len(chaos.kills)} faults: "
           + ", ".join(f"{w} at {t:.0f} s" for t, w in chaos.kills))
+
+
+def test_a_sync_job_whose_server_is_removed_and_added_trains_with_the_calm_bits(
+        tmp_path: Path) -> None:
+    """The data position (seals and marks) moves with its shard: server 2 is removed while
+    the Sampler's job trains (its backup serves its shard and the workers' commits), then
+    added back (the shard, with its marks, handed back to it); the job ends as the calm
+    run, weights, "seen" and optimizer states bit for bit, every step begun once."""
+    moved: list[str] = []
+
+    def moves(out: Path, sock: str, log: Lines) -> None:
+        _await_began(out, 8)
+        got = control(sock, "remove-server", 2, wait=60)
+        moved.append(got.get("state", got.get("error", "")))
+        _await_began(out, 24)
+        mark = len(log.lines)
+        moved.append(str(control(sock, "add-server", 2).get("ok")))
+        _await_handback(log, mark, 2)
+        moved.append("handed back")
+
+    assert _job(tmp_path / "calm", "dist_sync", 5, 2, 3) == 0
+    assert _job(tmp_path / "moved", "dist_sync", 5, 2, 3, env={"PACE": "0.05"},
+                moves=moves) == 0
+    assert moved == ["retired", "True", "handed back"], moved
+    _same(tmp_path / "moved", tmp_path / "calm")
+    for rank in range(2):
+        assert _steps(tmp_path / "moved", rank) == _steps(tmp_path / "calm", rank), rank
