@@ -222,8 +222,9 @@ def _markdown(rep: dict[str, Any], data: dict[str, Any]) -> str:
                                           for r in rep["runs"]) + "."]
     lines += ["", "The add's longest step is the one during which each server takes its "
               "in-memory copy of the shard it sends (the shard handed back, and the "
-              "neighbour's backup: two servers at once, on 2 cores shared with the workers and the new server); the copies then travel "
-              "on threads while training goes on, and the handback itself waits for nothing "
+              "neighbour's backup: two servers at once, on 2 cores shared with the workers "
+              "and the new server); the copies then travel on threads while training goes "
+              "on, and the handback itself waits for nothing "
               "but the last changes. The remove copies nothing: the backup has the shard. "
               "Bytes moved are every whole copy sent until the next move: the shard handed "
               "back (1/3 of the table) and the neighbour shard's backup, which the removal "
