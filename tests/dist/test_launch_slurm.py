@@ -6,6 +6,12 @@ starts munged on its own socket, then slurmctld and slurmd in the foreground, ea
 own process group; at the end it stops them by pid. It skips, saying why, when that cannot
 be done here (not root, slurm-wlm or munge missing, a daemon that does not come up).
 The job runs as ``salloc -N1 -n5 --overcommit python -m pskv.launch --launcher slurm ...``.
+
+The last test runs ``tests/durability/scripts/train_reshard.py`` (dist_sync) with
+``--control``: server 2 removed at a quarter of the steps (the launcher sends SIGUSR1 to its
+``srun``, which passes it on to the server in its step; the server retires and exits 0),
+added back at half (a new ``srun`` step), its shard handed back; the result is the fixed-size
+run's, bit for bit (docs/slurm.md, "Adding and removing servers").
 """
 from __future__ import annotations
 
@@ -18,13 +24,16 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import IO, Callable, Iterator, Sequence
 
+import numpy as np
 import pytest
 
 from pskv._ps.config import Role
+from pskv.launch import control
 from pskv.launch._net import free_port
 from pskv.launch._spec import ProcessSpec
 from pskv.launch._supervise import run_processes
@@ -147,14 +156,20 @@ def slurm() -> Iterator[SlurmBed]:
             bed.stop()
 
 
-def salloc(bed: SlurmBed, *launch_args: str, timeout: float = 240) -> tuple[int, str, str]:
+def _salloc_start(bed: SlurmBed, launch_args: Sequence[str],
+                  timeout: float) -> subprocess.Popen[str]:
+    """``salloc ... python -m pskv.launch --launcher slurm ARGS``, in its own session."""
     env = dict(bed.env, PYTHONPATH=os.pathsep.join(
         [str(REPO / "src"), bed.env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     argv = ["salloc", "-N1", "-n5", "--overcommit", "--time=5", sys.executable, "-m",
             "pskv.launch", "--launcher", "slurm", "--timeout", str(timeout - 30),
             *launch_args]
-    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True, cwd=REPO)
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, cwd=REPO)
+
+
+def salloc(bed: SlurmBed, *launch_args: str, timeout: float = 240) -> tuple[int, str, str]:
+    p = _salloc_start(bed, launch_args, timeout)
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -203,3 +218,137 @@ def test_supervisor_names_the_host_of_a_failed_process(
     assert result.returncode == 3
     assert result.failed is not None and result.failed.host == "node7"
     assert "worker 1 on node7" in caplog.text and "status 3" in caplog.text
+
+
+# -- servers removed and added under slurm (--control; docs/durability.md) ----------------
+RESHARD = REPO / "tests" / "durability" / "scripts" / "train_reshard.py"
+RESHARD_STEPS = 160
+RESHARD_TIMEOUT_S = 270.0
+
+
+class _Job:
+    """A salloc'ed pskv-launch job in the background; its output kept line by line."""
+
+    def __init__(self, bed: SlurmBed, launch_args: Sequence[str], timeout: float) -> None:
+        self.proc = _salloc_start(bed, launch_args, timeout)
+        self.out: list[str] = []
+        self.lines: list[str] = []          # stderr
+        self.pumps = [threading.Thread(target=self._pump, args=(pipe, into), daemon=True)
+                      for pipe, into in ((self.proc.stdout, self.out),
+                                         (self.proc.stderr, self.lines))]
+        for t in self.pumps:
+            t.start()
+
+    @staticmethod
+    def _pump(pipe: IO[str] | None, into: list[str]) -> None:
+        assert pipe is not None
+        for line in pipe:
+            into.append(line.rstrip("\n"))
+
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def text(self) -> str:
+        return "\n".join(self.out + self.lines)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"the salloc'ed job did not finish in {timeout:g} s:\n{self.text()}")
+        for t in self.pumps:
+            t.join(10)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+            for t in self.pumps:
+                t.join(10)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
+
+
+def _progress(out: Path) -> int:
+    try:
+        return int((out / "progress").read_text())
+    except (OSError, ValueError):
+        return -1
+
+
+def _await_step(out: Path, step: int, job: _Job) -> None:
+    deadline = time.monotonic() + 180
+    while _progress(out) < step:
+        assert job.running, f"the job ended before step {step}:\n{job.text()}"
+        assert time.monotonic() < deadline, f"the job did not reach step {step} in 180 s"
+        time.sleep(0.05)
+
+
+def _reshard_job(bed: SlurmBed, out: Path,
+                 moves: Callable[[Path, str, _Job], None] | None = None) -> _Job:
+    """train_reshard.py (dist_sync) on 2 workers and 3 server slots, replicas on, under
+    salloc; ``moves(out, sock, job)`` acts on it through --control while it trains."""
+    out.mkdir()
+    sockets = tempfile.mkdtemp(prefix="pskv-reshard-")
+    sock = os.path.join(sockets, "control")
+    args = ["-n", "2", "-s", "3", "--env", "PSKV_REPLICAS:1",
+            "--env", "PSKV_HEARTBEAT_TIMEOUT:20", "--env", "PSKV_CONNECT_TIMEOUT:60",
+            *(["--control", sock] if moves is not None else []),
+            sys.executable, str(RESHARD), str(out), str(RESHARD_STEPS), "dist_sync"]
+    job = _Job(bed, args, RESHARD_TIMEOUT_S + 30)
+    try:
+        if moves is not None:
+            moves(out, sock, job)
+        rc = job.wait(RESHARD_TIMEOUT_S + 60)
+    finally:
+        job.kill()
+        shutil.rmtree(sockets, ignore_errors=True)
+    assert rc == 0, job.text()
+    return job
+
+
+def _result(out: Path) -> dict[str, np.ndarray]:
+    with np.load(out / "result.npz") as data:
+        return {k: data[k] for k in data.files}
+
+
+def _remove_then_add_server_2(out: Path, sock: str, job: _Job) -> None:
+    _await_step(out, RESHARD_STEPS // 4, job)
+    got = control(sock, "remove-server", 2, wait=60)
+    # retired: srun passed the launcher's SIGUSR1 on to the server, which exited 0
+    assert got["ok"] and got["state"] == "retired", (got, job.text())
+    _await_step(out, RESHARD_STEPS // 2, job)              # trains on 2 servers
+    mark = len(job.lines)
+    got = control(sock, "add-server", 2)
+    assert got["ok"], got
+    deadline = time.monotonic() + 120                      # then on 3 again
+    while not any("shard 2 moved from server" in line and line.endswith("to server 2")
+                  for line in job.lines[mark:]):
+        assert job.running, f"the job ended before shard 2 was handed back:\n{job.text()}"
+        assert time.monotonic() < deadline, "shard 2 was not handed back in 120 s"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(2 * RESHARD_TIMEOUT_S + 120)
+def test_a_server_removed_and_added_back_under_slurm_ends_as_the_fixed_size_run(
+        slurm: SlurmBed, tmp_path: Path) -> None:
+    start = time.monotonic()
+    _reshard_job(slurm, tmp_path / "fixed")
+    fixed_s = time.monotonic() - start
+    moved = _reshard_job(slurm, tmp_path / "moved", _remove_then_add_server_2)
+    logging.getLogger(__name__).info("fixed run %.1f s, moved run %.1f s", fixed_s,
+                                     time.monotonic() - start - fixed_s)
+    text = moved.text()
+    assert "server 2 on" in text and "retired: its backup serves its shard" in text, text
+    want, got = _result(tmp_path / "fixed"), _result(tmp_path / "moved")
+    assert sorted(got) == sorted(want)
+    assert bool(want["found"].all()) and len(want["ids"]) > 500
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)

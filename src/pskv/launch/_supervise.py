@@ -377,7 +377,10 @@ class _Supervisor:
         return self.ending_why
 
     def retire(self, server: int) -> Slot:
-        """SIGUSR1 to the server's process (not its group: the server retires itself)."""
+        """SIGUSR1 to the server's process (not its group: the server retires itself).
+
+        Under slurm the process is the server's ``srun``, which forwards the signal to the
+        server, its step's task (docs/slurm.md, "Adding and removing servers")."""
         child = self._servers()[server]
         self.retiring.add(child.spec.label)
         logger.info("retiring %s (pid %d): sent SIGUSR1 (control channel)", child.spec.label,
