@@ -164,8 +164,15 @@ def test_a_server_added_then_killed_leaves_its_shard_to_the_server_that_kept_its
         mark = len(log.lines)
         assert control(sock, "add-server", 2)["ok"]
         _await_handback(log, mark, 2)
-        kept = [line for line in log.lines[mark:] if "it kept its copy" in line]
-        assert kept, "the server that handed shard 2 back sent a whole copy back instead"
+        # server 2 links to its backup (server 0) when it first serves shard 2, just after
+        deadline = time.monotonic() + 60
+        said = "server 2: server 0 is the backup of shard 2"
+        while not any(said in line for line in log.lines[mark:]):
+            assert time.monotonic() < deadline, "server 2 never linked to shard 2's backup"
+            time.sleep(0.05)
+        linked = [line for line in log.lines[mark:] if said in line]
+        assert any("it kept its copy" in line for line in linked), \
+            f"the server that handed shard 2 back got a whole copy back instead: {linked}"
         _await_step(out, _progress(out) + 20, job)
         os.kill(_server_pid(sock, 2), signal.SIGKILL)
 

@@ -21,6 +21,7 @@ class Repl:
 class FakeShards:
     def __init__(self, served: dict[int, Any], handed: list[Any] | None = None) -> None:
         self.served = served
+        self.deferred: dict[int, Any] = {}
         self._handed = handed or []
         self.drained = 0
 

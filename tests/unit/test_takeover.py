@@ -294,3 +294,43 @@ def test_the_added_server_serves_its_own_shard_only_once_the_scheduler_says_it_m
 def test_a_server_never_restarted_serves_its_own_shard_from_its_own_engine() -> None:
     w = World(rank=2, held={2: (0, 50.0)})
     assert w.shards.get(None).engine is w.shards.own
+
+
+def test_an_added_servers_other_copies_wait_until_its_own_shard_is_back_there() -> None:
+    """Server 1 serves shard 1, whose backup is slot 2; server 2 is added: shard 1's copy
+    goes only once shard 2 was handed back to server 2 (one whole copy at a time), or
+    DEFER_S later at the latest."""
+    from pskv.kvstore.durable._shards import DEFER_S
+    for news in ("moved", "late"):
+        w = World(rank=1)
+        w.shards.serve(1, w.shards.own)
+        (link,) = w.links
+        link.sent.clear()
+        w.clock.now += 1
+        w.events.append(ServerRejoined(2, added=True))
+        w.takeovers.events()
+        assert link.endpoints is None and link.sent == [] and 1 in w.shards.deferred
+        w.events.append(ShardMoved(0, 0))        # another server's news: still waits
+        w.takeovers.events()
+        assert link.sent == []
+        if news == "moved":
+            w.events.append(ShardMoved(2, 2))
+            w.takeovers.events()
+        else:
+            w.clock.now += DEFER_S - 1
+            w.shards.copy_deferred()
+            assert link.sent == []
+            w.clock.now += 2
+            w.shards.copy_deferred()
+        assert (link.endpoints, link.sent, w.shards.deferred) == ("server-2", [ReplOp.NOOP],
+                                                                  {}), news
+
+
+def test_a_restarted_server_gets_its_copies_at_once() -> None:
+    w = World(rank=1)
+    w.shards.serve(1, w.shards.own)
+    (link,) = w.links
+    link.sent.clear()
+    w.events.append(ServerRejoined(2))
+    w.takeovers.events()
+    assert (link.endpoints, link.sent, w.shards.deferred) == ("server-2", [ReplOp.NOOP], {})

@@ -35,6 +35,10 @@ class ServerRejoined:
 
     rank: int
     handback: bool = False
+    #: added into its removed slot (not restarted after a death): the servers whose shards
+    #: it backs send it their copies once its own shard is handed back to it, so that no
+    #: two whole copies are taken at once (``Shards.rejoined``)
+    added: bool = False
 
 
 @dataclass(frozen=True, slots=True)

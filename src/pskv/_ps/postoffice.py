@@ -506,7 +506,8 @@ class Postoffice:
                 self.membership = dataclasses.replace(self.membership,
                                                       servers=frozen_servers(servers),
                                                       keys=tuple(keys))
-                self._events.put(ServerRejoined(body["rank"], body.get("handback") is True))
+                self._events.put(ServerRejoined(body["rank"], body.get("handback") is True,
+                                                body.get("added") is True))
         elif cmd == Command.SHARD_MOVED:
             got = body if isinstance(body, dict) else {}
             shard, host = got.get("shard"), got.get("host")

@@ -35,9 +35,12 @@ from ..engine._core import Engine
 from ._backups import Backups
 from ._replica import Replicator
 
-__all__ = ["HandedBack", "TakeoverPending", "Shard", "Shards"]
+__all__ = ["DEFER_S", "HandedBack", "TakeoverPending", "Shard", "Shards"]
 
 log = logging.getLogger(__name__)
+#: seconds a copy to an added server waits, at most, for that server's own shard to be
+#: handed back to it (``Shards.rejoined``)
+DEFER_S = 30.0
 
 
 class TakeoverPending(ProtocolError):
@@ -151,6 +154,9 @@ class Shards:
         #: shard -> the token of the copy the server that handed it here kept as its
         #: backup: the backup link names it instead of sending the whole shard
         self.kept: dict[int, str] = {}
+        #: shard -> (the added server that backs it, when its copy goes at the latest):
+        #: the copy waits until that server's own shard was handed back to it
+        self.deferred: dict[int, tuple[int, float]] = {}
 
     def get(self, index: int | None) -> Shard:
         """The shard a request names (None: this server's own), taken over from the
@@ -290,20 +296,42 @@ class Shards:
                      index)
         return done
 
-    def rejoined(self, rank: int, handback: bool = False) -> None:
+    def rejoined(self, rank: int, handback: bool = False, added: bool = False) -> None:
         """Server ``rank`` was restarted: the new backup of the shards served here that it
         backs (it gets the whole shard at once, then every change). ``handback``: it was
         added into its removed slot, and its slot's shard, served here, goes back to it
-        once it has the copy (:meth:`hand_back`)."""
+        once it has the copy (:meth:`hand_back`). ``added`` (the same, told to every
+        server): the other shards it backs get their copies once its own shard is back
+        there (:meth:`copy_deferred`; at most :data:`DEFER_S` later), so that the whole
+        copy the handback waits for is the only one taken meanwhile."""
         self._rejoined[rank] = self._clock()
         if handback and rank in self.served and rank != self.po.rank:
             self.handing.add(rank)
         for shard in self.served.values():
             repl = shard.replicator
             if repl is not None and repl.backup == rank:
-                repl.aim(self.po.servers[rank])
                 repl.close()
+                if added and shard.index != rank:
+                    repl.endpoints = None       # no backup until then, as while it was out
+                    self.deferred[shard.index] = (rank, self._clock() + DEFER_S)
+                    continue
+                repl.aim(self.po.servers[rank])
                 repl.send(ReplOp.NOOP, {})       # connect now: the whole shard, then this
+
+    def copy_deferred(self, rank: int | None = None) -> None:
+        """Send the copies deferred for server ``rank`` (its own shard is back there), and
+        any deferred for longer than :data:`DEFER_S` (None: only those)."""
+        now = self._clock()
+        for index, (backup, latest) in sorted(self.deferred.items()):
+            if backup != rank and now < latest:
+                continue
+            del self.deferred[index]
+            shard = self.served.get(index)
+            repl = shard.replicator if shard is not None else None
+            if repl is None or repl.backup != backup or not self._alive(backup):
+                continue
+            repl.aim(self.po.servers[backup])
+            repl.send(ReplOp.NOOP, {})
 
     def flush(self) -> None:
         """Send every backup the rounds queued for it (at the end of each request: the

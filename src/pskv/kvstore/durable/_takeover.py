@@ -86,10 +86,11 @@ class Takeovers:
         be taken over, so the parked requests run again."""
         while (event := self._next_event()) is not None:
             if isinstance(event, ServerRejoined):
-                self.shards.rejoined(event.rank, event.handback)
+                self.shards.rejoined(event.rank, event.handback, event.added)
             elif isinstance(event, ShardMoved):
                 # handed here: its copy is complete (its server sent every change before
                 # it told the scheduler), so the requests parked for it run now
+                self.shards.copy_deferred(event.host)    # its own shard is back there
                 if event.host == self.shards.po.rank:
                     self.shards.handed[event.shard] = self._clock()
                     self.shards.kept[event.shard] = event.copy

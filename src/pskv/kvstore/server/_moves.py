@@ -69,6 +69,8 @@ class Moves:
         that waited in its rounds end unanswered (their workers send them there), and the
         scheduler hears that it moved."""
         server = self.server
+        if server.shards.deferred:
+            server.shards.copy_deferred()       # those that waited too long
         for index, engine in server.shards.hand_back():
             moved = HandedBack(index, index)
             engine.fail_all(moved)
