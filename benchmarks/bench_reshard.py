@@ -220,16 +220,17 @@ def _markdown(rep: dict[str, Any], data: dict[str, Any]) -> str:
                       f"{r['add']['pause_s'] * 1000:.0f} ms" for r in rep["runs"]) +
                   "; remove " + ", ".join(f"{r['remove']['pause_s'] * 1000:.0f} ms"
                                           for r in rep["runs"]) + "."]
-    lines += ["", "The add's longest step is the one during which each server takes its "
-              "in-memory copy of the shard it sends (the shard handed back, and the "
-              "neighbour's backup: two servers at once, on 2 cores shared with the workers "
-              "and the new server); the copies then travel on threads while training goes "
-              "on, and the handback itself waits for nothing "
-              "but the last changes. The remove copies nothing: the backup has the shard. "
-              "Bytes moved are every whole copy sent until the next move: the shard handed "
-              "back (1/3 of the table) and the neighbour shard's backup, which the removal "
-              "had left without one; none goes back to the server that handed the shard "
-              "over (it keeps its copy as the backup)."]
+    lines += ["", "The add's longest step comes as the new server starts and is admitted "
+              "and the server handing its shard back takes its in-memory copy (2 cores "
+              "shared by 2 workers, 3 servers and the scheduler; `--timeline` shows it); "
+              "the copy then travels on a thread while training goes on, the neighbour "
+              "shard's backup copy waits until the handback is done (one whole copy at a "
+              "time), and the handback itself waits for the last changes only. The remove "
+              "copies nothing: the backup has the shard. Bytes moved are every whole copy "
+              "sent until the next move: the shard handed back (1/3 of the table) and the "
+              "neighbour shard's backup, which the removal had left without one; none goes "
+              "back to the server that handed the shard over (it keeps its copy as the "
+              "backup)."]
     return "\n".join(lines) + "\n"
 
 
