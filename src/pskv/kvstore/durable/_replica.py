@@ -190,9 +190,11 @@ class Replicator:
                     self._conn.send(Command.COMMAND, self._ts, (),
                                     change(op, self.shard, one), arrs)
                 self._wait()
-        except KVStoreError as err:
+        except Exception as err:    # its link closed under it (close()), or broke
+            lost = err if isinstance(err, KVStoreError) else NodeFailedError(
+                f"the copy to server {self.backup} stopped: {type(err).__name__}: {err}")
             with self._copy_lock:
-                self._copy_error, self._copy_over, self._held = err, True, []
+                self._copy_error, self._copy_over, self._held = lost, True, []
 
     def _poll_copy(self, wait: float | None = 0.0) -> None:
         """If the whole copy is over (or once it is, within ``wait`` seconds; None: for as
