@@ -109,19 +109,19 @@ class _Pending:
         self._lock = threading.Lock()
         self._state = "new"     # new -> claimed -> answered, or new -> abandoned
 
-    def claim(self) -> bool:
+    def _leave_new(self, state: str) -> bool:
+        """Move from ``new`` to ``state``; False if another thread moved it first."""
         with self._lock:
             if self._state != "new":
                 return False
-            self._state = "claimed"
+            self._state = state
             return True
 
+    def claim(self) -> bool:
+        return self._leave_new("claimed")
+
     def abandon(self) -> bool:
-        with self._lock:
-            if self._state != "new":
-                return False
-            self._state = "abandoned"
-            return True
+        return self._leave_new("abandoned")
 
     def answer(self, reply: dict[str, object]) -> None:
         self.reply = reply

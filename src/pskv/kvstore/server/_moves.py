@@ -49,7 +49,6 @@ class Moves:
         self.asked = threading.Event()
         #: left: the server's GOODBYE says so
         self.retired = False
-        self._refused = False
 
     @contextlib.contextmanager
     def signal(self) -> Iterator[None]:
@@ -104,11 +103,9 @@ class Moves:
                 return False        # its backup is getting its whole copy: leaves after
             if repl is None or not repl.up:
                 why = "its backup is not connected (it is down or still getting its copy)"
-        if why is not None:
-            if not self._refused:
-                log.error("server %d: asked to leave the job, but cannot: %s; it serves "
-                          "on", server.po.rank, why)
-                self._refused = True
+        if why is not None:         # said once for each time it is asked
+            log.error("server %d: asked to leave the job, but cannot: %s; it serves on",
+                      server.po.rank, why)
             self.asked.clear()
             return False
         shards.drain()
